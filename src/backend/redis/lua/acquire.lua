@@ -1,0 +1,33 @@
+-- Acquires a reentrant lock for a holder.
+--
+-- KEYS[1]  the lock hash: field <holder> = hold count, '~a' = last attempt id, '~f' = token
+-- KEYS[2]  the fencing counter (never expires)
+-- ARGV[1]  holder id
+-- ARGV[2]  lease in milliseconds
+-- ARGV[3]  attempt id (lets a caller whose reply was lost undo this attempt)
+-- ARGV[4]  '1' to issue a fencing token
+--
+-- Returns {1, count, token} when the holder now holds the lock (token -1 without fencing),
+-- or {0, pttl} when another holder has it (pttl -1 when the key has no expiry).
+local lock = KEYS[1]
+local holder = ARGV[1]
+local count
+if redis.call('EXISTS', lock) == 0 then
+  count = 1
+  redis.call('HSET', lock, holder, 1, '~a', ARGV[3])
+elseif redis.call('HEXISTS', lock, holder) == 1 then
+  count = redis.call('HINCRBY', lock, holder, 1)
+  redis.call('HSET', lock, '~a', ARGV[3])
+else
+  return {0, redis.call('PTTL', lock)}
+end
+redis.call('PEXPIRE', lock, ARGV[2])
+local token = -1
+if ARGV[4] == '1' then
+  token = redis.call('HGET', lock, '~f')
+  if not token then
+    token = redis.call('INCR', KEYS[2])
+    redis.call('HSET', lock, '~f', token)
+  end
+end
+return {1, count, tonumber(token)}

@@ -1,0 +1,41 @@
+-- Releases one hold (or all holds) of a holder, owner-checked; when the lock becomes free,
+-- either grants it to a hand-off holder in the same step or publishes the release.
+--
+-- KEYS[1]  the lock hash
+-- KEYS[2]  the fencing counter
+-- ARGV[1]  releasing holder id
+-- ARGV[2]  release channel
+-- ARGV[3]  '1' to release every hold of the holder, '0' for one
+-- ARGV[4]  hand-off holder id, or '' for none
+-- ARGV[5]  hand-off lease in milliseconds
+-- ARGV[6]  hand-off attempt id
+-- ARGV[7]  '1' to issue a fencing token to the hand-off holder
+--
+-- Returns {0} when the holder does not hold the lock (nothing changed), {1, remaining} when
+-- holds remain, {2} when the lock was freed and the release published, {3, token} when it was
+-- handed off (token -1 without fencing).
+local lock = KEYS[1]
+local holder = ARGV[1]
+if redis.call('HEXISTS', lock, holder) == 0 then
+  return {0}
+end
+if ARGV[3] ~= '1' then
+  local remaining = redis.call('HINCRBY', lock, holder, -1)
+  if remaining > 0 then
+    return {1, remaining}
+  end
+end
+redis.call('DEL', lock)
+local next = ARGV[4]
+if next ~= '' then
+  redis.call('HSET', lock, next, 1, '~a', ARGV[6])
+  redis.call('PEXPIRE', lock, ARGV[5])
+  local token = -1
+  if ARGV[7] == '1' then
+    token = redis.call('INCR', KEYS[2])
+    redis.call('HSET', lock, '~f', token)
+  end
+  return {3, token}
+end
+redis.call('PUBLISH', ARGV[2], 'released')
+return {2}

@@ -1,0 +1,204 @@
+//! The one pub/sub connection of a backend, shared by every waiter of every key.
+//!
+//! A task owns the connection. Waiters register a [`Listener`] per key; the first listener of a
+//! channel asks the task to subscribe and waits for Redis to confirm, the last one leaving makes
+//! the task unsubscribe. The task compares what is wanted with what is subscribed rather than
+//! replaying requests, so a subscribe and an unsubscribe of the same channel racing each other
+//! always end in the state the listeners want. After a reconnect it subscribes every wanted
+//! channel again and wakes every listener, since releases published while it was away are lost:
+//! each waiter then checks the lock once more.
+
+use std::{
+    collections::HashSet,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use futures_util::StreamExt;
+use redis::{
+    Client,
+    aio::{PubSubSink, PubSubStream},
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{Listener, Listeners};
+
+/// A request to the task: make sure `channel` is subscribed, then answer.
+type Subscribe = (String, oneshot::Sender<()>);
+
+/// The handle the backend keeps.
+#[derive(Debug)]
+pub(super) struct PubSub {
+    listeners: Arc<Listeners>,
+    requests: mpsc::UnboundedSender<Subscribe>,
+    reconnects: Arc<AtomicU64>,
+    timeout: Duration,
+}
+
+impl PubSub {
+    /// Starts the task on the current runtime. It stops when `stop` is cancelled.
+    pub(super) fn start(client: Client, timeout: Duration, stop: CancellationToken) -> Self {
+        let (requests, request_rx) = mpsc::unbounded_channel();
+        let (emptied, emptied_rx) = mpsc::unbounded_channel();
+        let listeners = Arc::new(Listeners::reporting_to(emptied));
+        let reconnects = Arc::new(AtomicU64::new(0));
+        let task = Task {
+            client,
+            listeners: listeners.clone(),
+            requests: request_rx,
+            emptied: emptied_rx,
+            reconnects: reconnects.clone(),
+            timeout,
+            stop,
+        };
+        tokio::spawn(task.run());
+        Self {
+            listeners,
+            requests,
+            reconnects,
+            timeout,
+        }
+    }
+
+    /// Listens on `channel`. Resolves once Redis confirmed the subscription, or after the
+    /// timeout when the connection is down (the reconnect will subscribe and wake the listener).
+    pub(super) async fn listen(&self, channel: String) -> Listener {
+        let (listener, first) = self.listeners.add(channel.clone());
+        if first {
+            let (done, confirmed) = oneshot::channel();
+            if self.requests.send((channel, done)).is_ok() {
+                let _ = tokio::time::timeout(self.timeout, confirmed).await;
+            }
+        }
+        listener
+    }
+
+    /// How many channels have listeners.
+    pub(super) fn channel_count(&self) -> usize {
+        self.listeners.channel_count()
+    }
+
+    /// How many times the connection was re-established.
+    pub(super) fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Relaxed)
+    }
+}
+
+struct Task {
+    client: Client,
+    listeners: Arc<Listeners>,
+    requests: mpsc::UnboundedReceiver<Subscribe>,
+    emptied: mpsc::UnboundedReceiver<String>,
+    reconnects: Arc<AtomicU64>,
+    timeout: Duration,
+    stop: CancellationToken,
+}
+
+/// Why a connection ended.
+enum Ended {
+    Stopped,
+    Broken,
+}
+
+impl Task {
+    async fn run(mut self) {
+        let mut backoff = Duration::from_millis(20);
+        let mut connected_before = false;
+        loop {
+            let connect = tokio::time::timeout(self.timeout, self.client.get_async_pubsub());
+            let pubsub = tokio::select! {
+                () = self.stop.cancelled() => return,
+                result = connect => result,
+            };
+            match pubsub {
+                Ok(Ok(pubsub)) => {
+                    backoff = Duration::from_millis(20);
+                    if connected_before {
+                        self.reconnects.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!("release notification connection re-established");
+                    }
+                    connected_before = true;
+                    let (sink, stream) = pubsub.split();
+                    if let Ended::Stopped = self.serve(sink, stream).await {
+                        return;
+                    }
+                    tracing::warn!("release notification connection lost; reconnecting");
+                }
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "release notification connection failed");
+                }
+                Err(_) => tracing::debug!("release notification connection timed out"),
+            }
+            tokio::select! {
+                () = self.stop.cancelled() => return,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// Serves one connection until it breaks or the backend stops.
+    async fn serve(&mut self, mut sink: PubSubSink, mut stream: PubSubStream) -> Ended {
+        let mut subscribed = HashSet::new();
+        for channel in self.listeners.channels() {
+            if !self.reconcile(&mut sink, &mut subscribed, channel).await {
+                return Ended::Broken;
+            }
+        }
+        // Releases published while disconnected are lost: every waiter checks again.
+        self.listeners.notify_all();
+        loop {
+            tokio::select! {
+                () = self.stop.cancelled() => return Ended::Stopped,
+                message = stream.next() => match message {
+                    Some(message) => self.listeners.notify(message.get_channel_name()),
+                    None => return Ended::Broken,
+                },
+                Some((channel, done)) = self.requests.recv() => {
+                    let ok = self.reconcile(&mut sink, &mut subscribed, channel).await;
+                    let _ = done.send(());
+                    if !ok {
+                        return Ended::Broken;
+                    }
+                }
+                Some(channel) = self.emptied.recv() => {
+                    if !self.reconcile(&mut sink, &mut subscribed, channel).await {
+                        return Ended::Broken;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Subscribes or unsubscribes `channel` so the connection matches the listeners. Returns
+    /// false when the connection failed.
+    async fn reconcile(
+        &self,
+        sink: &mut PubSubSink,
+        subscribed: &mut HashSet<String>,
+        channel: String,
+    ) -> bool {
+        let wanted = self.listeners.is_listened(&channel);
+        let result = if wanted && !subscribed.contains(&channel) {
+            let result = tokio::time::timeout(self.timeout, sink.subscribe(&channel)).await;
+            subscribed.insert(channel);
+            result
+        } else if !wanted && subscribed.remove(&channel) {
+            tokio::time::timeout(self.timeout, sink.unsubscribe(&channel)).await
+        } else {
+            return true;
+        };
+        match result {
+            Ok(Ok(())) => true,
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "subscription change failed");
+                false
+            }
+            Err(_) => false,
+        }
+    }
+}

@@ -1,0 +1,746 @@
+//! The lock engine: [`LockClient`], its builder and lock requests.
+
+use std::{
+    fmt,
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use tokio::{runtime::Handle, sync::Notify};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    backend::{AcquireReply, Backend, Grant, Listen, Release, ReleaseReply},
+    clock::BootInstant,
+    error::{BackendError, ConfigError, LockError},
+    guard::LockGuard,
+    holder::Holder,
+    key::{self, KeyError, LockKey},
+    lease::Lease,
+    local::{Slot, Table, Turn},
+    watchdog::{self, Held},
+};
+
+/// Settings of a [`LockClient`]; `Default` states every default in one place.
+#[derive(Clone, Debug)]
+struct Config {
+    prefix: String,
+    lease: Lease,
+    wait: Duration,
+    max_key_len: usize,
+    max_hold: Option<Duration>,
+    max_waiters_per_key: usize,
+    handoff_streak: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            prefix: "tower-lock:".to_owned(),
+            lease: Lease::DEFAULT,
+            wait: Duration::from_secs(5),
+            max_key_len: key::DEFAULT_MAX_KEY_LEN,
+            max_hold: None,
+            max_waiters_per_key: 1024,
+            handoff_streak: 16,
+        }
+    }
+}
+
+/// Builds a [`LockClient`]. Made by [`LockClient::builder`].
+#[derive(Debug)]
+#[must_use]
+pub struct LockClientBuilder<B> {
+    backend: B,
+    config: Config,
+}
+
+impl<B: Backend> LockClientBuilder<B> {
+    /// The prefix of every backend key this client uses. Must not contain `{` or `}`.
+    /// Defaults to `"tower-lock:"`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.config.prefix = prefix.into();
+        self
+    }
+
+    /// The lease used when a request does not set one. Defaults to
+    /// `Lease::watchdog(Duration::from_secs(30))`.
+    pub fn lease(mut self, lease: Lease) -> Self {
+        self.config.lease = lease;
+        self
+    }
+
+    /// How long [`LockRequest::acquire`] waits when a request does not say. Zero means try
+    /// once. Defaults to 5 seconds.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.config.wait = wait;
+        self
+    }
+
+    /// The longest user key accepted, in bytes. Defaults to 512.
+    pub fn max_key_len(mut self, max: usize) -> Self {
+        self.config.max_key_len = max;
+        self
+    }
+
+    /// The longest the watchdog keeps renewing one lock; after that the lease runs out and the
+    /// guard reports itself lost. Defaults to no limit.
+    pub fn max_hold(mut self, max: Duration) -> Self {
+        self.config.max_hold = Some(max);
+        self
+    }
+
+    /// How many acquires may wait for one key in this client at once; one more fails at once
+    /// with [`LockError::TooManyWaiters`]. Defaults to 1024.
+    pub fn max_waiters_per_key(mut self, max: usize) -> Self {
+        self.config.max_waiters_per_key = max;
+        self
+    }
+
+    /// How many times in a row a release may hand the lock straight to a waiter of this client
+    /// before it releases for real, giving waiters in other processes their turn. Zero disables
+    /// hand-off. Defaults to 16.
+    pub fn handoff_streak(mut self, max: u32) -> Self {
+        self.config.handoff_streak = max;
+        self
+    }
+
+    /// Builds the client. Its watchdog starts with the first lock it takes, on that caller's
+    /// tokio runtime.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the setting that cannot work: a prefix with braces, a zero lease,
+    /// a zero `max_key_len`.
+    pub fn build(self) -> Result<LockClient<B>, ConfigError> {
+        let config = self.config;
+        if !key::valid_prefix(&config.prefix) {
+            return Err(ConfigError::PrefixBraces(config.prefix));
+        }
+        if config.lease.duration().is_zero() {
+            return Err(ConfigError::ZeroLease);
+        }
+        if config.max_key_len == 0 {
+            return Err(ConfigError::ZeroMaxKeyLen);
+        }
+        let shared = Arc::new(Shared {
+            backend: self.backend,
+            config,
+            table: Table::default(),
+            id: uuid::Uuid::new_v4().simple().to_string(),
+            sequence: AtomicU64::new(0),
+            stop: CancellationToken::new(),
+            watchdog_wake: Notify::new(),
+            runtime: OnceLock::new(),
+        });
+        Ok(LockClient {
+            inner: Arc::new(ClientInner { shared }),
+        })
+    }
+}
+
+/// The lock engine: acquires, renews and releases locks in a [`Backend`].
+///
+/// Cheap to clone; clones share the watchdog, the waiter queues and the backend connections.
+/// Dropping the last clone (and the last guard) stops the background tasks.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_lock::{Lease, LockClient, MemoryBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let locks = LockClient::builder(MemoryBackend::new())
+///     .prefix("shop:")
+///     .lease(Lease::watchdog(Duration::from_secs(30)))
+///     .wait(Duration::from_secs(5))
+///     .build()?;
+///
+/// let guard = locks.lock("order:42").fencing().acquire().await?;
+/// assert_eq!(guard.fencing_token(), Some(1));
+///
+/// // Someone else cannot have it meanwhile.
+/// let busy = locks.lock("order:42").try_acquire().await;
+/// assert!(matches!(busy, Err(tower_lock::LockError::WaitTimeout { .. })));
+///
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct LockClient<B: Backend> {
+    inner: Arc<ClientInner<B>>,
+}
+
+impl<B: Backend> Clone for LockClient<B> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<B: Backend> fmt::Debug for LockClient<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockClient")
+            .field("id", &self.inner.shared.id)
+            .field("config", &self.inner.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Owned by every client clone and every guard; stops the background work when the last goes.
+pub(crate) struct ClientInner<B: Backend> {
+    pub(crate) shared: Arc<Shared<B>>,
+}
+
+impl<B: Backend> Drop for ClientInner<B> {
+    fn drop(&mut self) {
+        self.shared.stop.cancel();
+    }
+}
+
+/// State shared by the client, its guards and its watchdog task.
+pub(crate) struct Shared<B: Backend> {
+    pub(crate) backend: B,
+    config: Config,
+    pub(crate) table: Table<B::Listener>,
+    id: String,
+    sequence: AtomicU64,
+    pub(crate) stop: CancellationToken,
+    pub(crate) watchdog_wake: Notify,
+    runtime: OnceLock<Handle>,
+}
+
+impl LockClient<crate::MemoryBackend> {
+    /// A client on a fresh [`MemoryBackend`](crate::MemoryBackend) with default settings.
+    pub fn in_memory() -> Self {
+        Self::builder(crate::MemoryBackend::new())
+            .build()
+            .unwrap_or_else(|_| unreachable!("the default configuration is valid"))
+    }
+}
+
+impl<B: Backend> LockClient<B> {
+    /// Starts building a client on `backend`.
+    pub fn builder(backend: B) -> LockClientBuilder<B> {
+        LockClientBuilder {
+            backend,
+            config: Config::default(),
+        }
+    }
+
+    /// A request for the lock named `key`, to configure and then
+    /// [`acquire`](LockRequest::acquire). The key is validated and escaped here; an invalid key
+    /// fails at acquire time with [`LockError::InvalidKey`].
+    pub fn lock(&self, key: impl AsRef<[u8]>) -> LockRequest<'_, B> {
+        let config = &self.inner.shared.config;
+        LockRequest {
+            client: self,
+            key: LockKey::new(&config.prefix, key.as_ref(), config.max_key_len),
+            wait: config.wait,
+            lease: config.lease,
+            fencing: false,
+            holder: None,
+        }
+    }
+
+    /// A new holder identity of this client, for [`Holder::scope`].
+    pub fn holder(&self) -> Holder {
+        self.inner.shared.new_holder()
+    }
+
+    /// The backend this client uses.
+    pub fn backend(&self) -> &B {
+        &self.inner.shared.backend
+    }
+
+    /// How many keys this client holds or waits for right now.
+    pub fn active_keys(&self) -> usize {
+        self.inner.shared.table.key_count()
+    }
+
+    /// How many acquires of this client are waiting right now.
+    pub fn waiters(&self) -> usize {
+        self.inner.shared.table.waiter_count()
+    }
+
+    /// Releases every lock this client holds, fails every waiting acquire with
+    /// [`LockError::ShutDown`], and stops the background tasks. Guards still alive report
+    /// themselves lost.
+    pub async fn shutdown(&self) {
+        let shared = &self.inner.shared;
+        shared.stop.cancel();
+        let held = shared.table.drain_held();
+        let releases = held.iter().map(|held| async move {
+            held.lost.cancel();
+            let release = Release {
+                key: &held.key,
+                holder: held.holder.id(),
+                all: true,
+                handoff: None,
+            };
+            if let Err(error) = shared.backend.release(release).await {
+                tracing::warn!(key = %held.key, %error, "release at shutdown failed");
+            }
+        });
+        futures_util::future::join_all(releases).await;
+        shared.backend.shutdown().await;
+        tracing::debug!(released = held.len(), "lock client shut down");
+    }
+}
+
+/// One lock acquisition to configure. Made by [`LockClient::lock`].
+#[must_use = "a lock request does nothing until acquired"]
+pub struct LockRequest<'a, B: Backend> {
+    client: &'a LockClient<B>,
+    key: Result<LockKey, KeyError>,
+    wait: Duration,
+    lease: Lease,
+    fencing: bool,
+    holder: Option<Holder>,
+}
+
+impl<B: Backend> fmt::Debug for LockRequest<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockRequest")
+            .field("key", &self.key)
+            .field("wait", &self.wait)
+            .field("lease", &self.lease)
+            .field("fencing", &self.fencing)
+            .field("holder", &self.holder)
+            .finish()
+    }
+}
+
+impl<B: Backend> LockRequest<'_, B> {
+    /// How long to wait for the lock. Zero means try once. Defaults to the client's `wait`.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// The lease to hold the lock with. Defaults to the client's `lease`.
+    pub fn lease(mut self, lease: Lease) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Issue a fencing token with the lock ([`LockGuard::fencing_token`]). Off by default: the
+    /// counter is a backend key per lock name that never expires.
+    pub fn fencing(mut self) -> Self {
+        self.fencing = true;
+        self
+    }
+
+    /// Acquire as `holder` instead of the current [`Holder::scope`] (or a fresh holder).
+    pub fn holder(mut self, holder: &Holder) -> Self {
+        self.holder = Some(holder.clone());
+        self
+    }
+
+    /// Acquires the lock, waiting up to the request's `wait` for it.
+    ///
+    /// # Errors
+    /// [`LockError::WaitTimeout`] when another holder kept it for the whole wait,
+    /// [`LockError::InvalidKey`], [`LockError::TooManyWaiters`], [`LockError::Backend`] when the
+    /// backend failed (an acquire whose reply was lost is undone before this returns, where the
+    /// backend can still be reached), [`LockError::ShutDown`].
+    pub async fn acquire(self) -> Result<LockGuard<B>, LockError> {
+        let key = self.key?;
+        let inner = &self.client.inner;
+        let shared = &inner.shared;
+        if shared.stop.is_cancelled() {
+            return Err(LockError::ShutDown);
+        }
+        shared.start_watchdog();
+        let holder = self
+            .holder
+            .or_else(Holder::current)
+            .unwrap_or_else(|| shared.new_holder());
+        let request = Request {
+            key,
+            holder,
+            wait: self.wait,
+            lease: self.lease,
+            fencing: self.fencing,
+        };
+        let started = tokio::time::Instant::now();
+        let result = match shared.table.held_by(&request.key, &request.holder) {
+            Some(held) => shared.reenter(&request, &held).await,
+            None => shared.wait_and_acquire(&request).await,
+        };
+        let waited = started.elapsed();
+        match result {
+            Ok((held, count)) => {
+                tracing::debug!(
+                    key = %request.key,
+                    count,
+                    waited_ms = waited.as_millis() as u64,
+                    token = held.token,
+                    "lock acquired"
+                );
+                Ok(LockGuard::new(inner.clone(), held, count))
+            }
+            Err(error) => {
+                tracing::debug!(
+                    key = %request.key,
+                    waited_ms = waited.as_millis() as u64,
+                    %error,
+                    "lock not acquired"
+                );
+                Err(error)
+            }
+        }
+    }
+
+    /// Tries once, without waiting. Same as `.wait(Duration::ZERO).acquire()`.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire).
+    pub async fn try_acquire(self) -> Result<LockGuard<B>, LockError> {
+        self.wait(Duration::ZERO).acquire().await
+    }
+}
+
+/// A validated acquire.
+struct Request {
+    key: LockKey,
+    holder: Holder,
+    wait: Duration,
+    lease: Lease,
+    fencing: bool,
+}
+
+/// A release decided locally (renewal already stopped), with its backend call still to make.
+pub(crate) struct Releasing {
+    held: Arc<Held>,
+    handoff: Option<Slot>,
+}
+
+/// Leaves the waiter queue when the acquire future ends, however it ends.
+struct QueueGuard<'a, L> {
+    table: &'a Table<L>,
+    key: &'a LockKey,
+    id: u64,
+}
+
+impl<L> Drop for QueueGuard<'_, L> {
+    fn drop(&mut self) {
+        self.table.leave(self.key, self.id);
+    }
+}
+
+impl<B: Backend> Shared<B> {
+    fn new_holder(&self) -> Holder {
+        Holder::new(&self.id, self.sequence.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn next_id(&self) -> u64 {
+        self.sequence.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The runtime to spawn background releases on.
+    pub(crate) fn runtime(&self) -> Option<Handle> {
+        Handle::try_current()
+            .ok()
+            .or_else(|| self.runtime.get().cloned())
+    }
+
+    fn start_watchdog(self: &Arc<Self>) {
+        if self.runtime.get().is_some() {
+            return;
+        }
+        let Ok(runtime) = Handle::try_current() else {
+            return;
+        };
+        if self.runtime.set(runtime.clone()).is_ok() {
+            runtime.spawn(watchdog::run(self.clone()));
+        }
+    }
+
+    /// Re-enters a lock the holder already holds here: one round trip, no queueing.
+    async fn reenter(
+        self: &Arc<Self>,
+        request: &Request,
+        held: &Arc<Held>,
+    ) -> Result<(Arc<Held>, u64), LockError> {
+        let attempt = format!("{}#{}", request.holder, self.next_id());
+        let grant = Grant {
+            key: &request.key,
+            holder: request.holder.id(),
+            attempt: &attempt,
+            lease: request.lease,
+            fencing: request.fencing,
+        };
+        let sent_at = BootInstant::now();
+        match self.backend.acquire(grant).await {
+            Ok(AcquireReply::Acquired { count, .. }) => {
+                self.table.reentered(held, sent_at);
+                Ok((held.clone(), count))
+            }
+            // The backend no longer has it for this holder: the lock was lost behind our back.
+            Ok(AcquireReply::Held { .. }) => {
+                self.lose(held, "re-entry found another owner");
+                Err(LockError::Lost)
+            }
+            Err(error) => Err(self.unknown_outcome(grant, error).await),
+        }
+    }
+
+    /// Queues behind local waiters, contends in the backend when first, and waits for a
+    /// release notification, a hand-off or the holder's lease to run out.
+    async fn wait_and_acquire(
+        self: &Arc<Self>,
+        request: &Request,
+    ) -> Result<(Arc<Held>, u64), LockError> {
+        let attempt = format!("{}#{}", request.holder, self.next_id());
+        let id = self.next_id();
+        let mut ticket = self.table.join(
+            id,
+            &request.key,
+            (
+                request.holder.clone(),
+                attempt.clone(),
+                request.lease,
+                request.fencing,
+            ),
+            self.config.max_waiters_per_key,
+        )?;
+        let _queued = QueueGuard {
+            table: &self.table,
+            key: &request.key,
+            id,
+        };
+        let grant = Grant {
+            key: &request.key,
+            holder: request.holder.id(),
+            attempt: &attempt,
+            lease: request.lease,
+            fencing: request.fencing,
+        };
+        let deadline = tokio::time::Instant::now() + request.wait;
+        let mut listener = None;
+        loop {
+            // How long the current holder's lease runs: after it, try again.
+            let retry_in = match self.table.turn(&request.key, id) {
+                Turn::Contend => {
+                    let sent_at = BootInstant::now();
+                    match self.backend.acquire(grant).await {
+                        Ok(AcquireReply::Acquired { count, token }) => {
+                            let held = Held::new(
+                                request.key.clone(),
+                                request.holder.clone(),
+                                request.lease,
+                                token,
+                                sent_at,
+                                self.config.max_hold,
+                            );
+                            self.table.acquired(&request.key, id, held.clone());
+                            self.watchdog_wake.notify_one();
+                            return Ok((held, count));
+                        }
+                        Ok(AcquireReply::Held { ttl }) => {
+                            if request.wait.is_zero() || tokio::time::Instant::now() >= deadline {
+                                return Err(LockError::WaitTimeout { retry_after: ttl });
+                            }
+                            if listener.is_none() {
+                                listener = Some(self.listen(&request.key).await?);
+                                // Check again now that releases can no longer be missed.
+                                continue;
+                            }
+                            ttl
+                        }
+                        Err(error) => return Err(self.unknown_outcome(grant, error).await),
+                    }
+                }
+                Turn::Park(remaining) => {
+                    if request.wait.is_zero() {
+                        return Err(LockError::WaitTimeout {
+                            retry_after: remaining,
+                        });
+                    }
+                    None
+                }
+                Turn::AwaitHandoff => None,
+            };
+            let listening = listener.clone();
+            tokio::select! {
+                biased;
+                () = self.stop.cancelled() => return Err(LockError::ShutDown),
+                handed = &mut ticket.handoff => match handed {
+                    Ok(held) => return Ok((held, 1)),
+                    // Only a dropped table could drop the sender; contend again.
+                    Err(_) => return Err(LockError::ShutDown),
+                },
+                () = ticket.wake.notified() => {}
+                () = notified(listening.as_deref()) => {}
+                () = sleep_opt(retry_in) => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    return Err(LockError::WaitTimeout { retry_after: retry_in });
+                }
+            }
+        }
+    }
+
+    /// The release listener of `key`, subscribing when this client has none yet.
+    async fn listen(&self, key: &LockKey) -> Result<Arc<B::Listener>, LockError> {
+        if let Some(listener) = self.table.listener(key) {
+            return Ok(listener);
+        }
+        let listener = self
+            .backend
+            .listen(key)
+            .await
+            .map_err(|e| LockError::Backend(e.with_key(key.as_str())))?;
+        Ok(self.table.set_listener(key, listener))
+    }
+
+    /// An acquire failed without a clear answer: undo what it may have taken, then report it.
+    async fn unknown_outcome(&self, grant: Grant<'_>, error: BackendError) -> LockError {
+        if error.outcome_unknown() {
+            match self
+                .backend
+                .abandon(grant.key, grant.holder, grant.attempt)
+                .await
+            {
+                Ok(true) => {
+                    tracing::info!(key = %grant.key, "undid an acquire whose reply was lost")
+                }
+                Ok(false) => {}
+                Err(abandon_error) => tracing::warn!(
+                    key = %grant.key,
+                    error = %abandon_error,
+                    "could not undo an acquire whose reply was lost; it expires with its lease"
+                ),
+            }
+        }
+        LockError::Backend(error.with_key(grant.key.as_str()))
+    }
+
+    /// Marks `held` lost, stops renewing it, and frees it in the backend if it is still ours.
+    pub(crate) fn lose(self: &Arc<Self>, held: &Arc<Held>, reason: &'static str) {
+        if held.lost.is_cancelled() {
+            return;
+        }
+        held.lost.cancel();
+        self.table.remove_held(held);
+        tracing::warn!(key = %held.key, holder = %held.holder, reason, "lock lost");
+        // Best effort, owner-checked: if the backend still has it for us (it was unreachable
+        // past our deadline), free it now rather than leave it for a whole lease.
+        if let Some(runtime) = self.runtime() {
+            let shared = self.clone();
+            let held = held.clone();
+            runtime.spawn(async move {
+                let release = Release {
+                    key: &held.key,
+                    holder: held.holder.id(),
+                    all: true,
+                    handoff: None,
+                };
+                let _ = shared.backend.release(release).await;
+            });
+        }
+    }
+
+    /// The synchronous half of a release: stop renewing and pick a waiter to hand off to.
+    pub(crate) fn begin_release(&self, held: Arc<Held>) -> Result<Releasing, LockError> {
+        if held.is_lost() {
+            held.drop_ref();
+            return Err(LockError::Lost);
+        }
+        let (_, handoff) = self.table.release_ref(&held, self.config.handoff_streak);
+        Ok(Releasing { held, handoff })
+    }
+
+    /// The backend half of a release.
+    pub(crate) async fn finish_release(
+        self: &Arc<Self>,
+        releasing: Releasing,
+    ) -> Result<(), LockError> {
+        let Releasing { held, handoff } = releasing;
+        let next = handoff.as_ref().map(|slot| Grant {
+            key: &held.key,
+            holder: slot.holder.id(),
+            attempt: &slot.attempt,
+            lease: slot.lease,
+            fencing: slot.fencing,
+        });
+        let release = Release {
+            key: &held.key,
+            holder: held.holder.id(),
+            all: false,
+            handoff: next,
+        };
+        let sent_at = BootInstant::now();
+        let reply = self.backend.release(release).await;
+        let outcome = match (reply, handoff) {
+            (Ok(ReleaseReply::HandedOff { token }), Some(slot)) => {
+                let next = Held::new(
+                    held.key.clone(),
+                    slot.holder.clone(),
+                    slot.lease,
+                    token,
+                    sent_at,
+                    self.config.max_hold,
+                );
+                self.table.handed_off(next.clone());
+                self.watchdog_wake.notify_one();
+                tracing::debug!(key = %held.key, "lock handed to a local waiter");
+                if let Err(orphan) = slot.deliver(next) {
+                    // The waiter gave up while the lock was on its way: release it in turn.
+                    let releasing = self.begin_release(orphan)?;
+                    return Box::pin(self.finish_release(releasing)).await;
+                }
+                Ok(())
+            }
+            (reply, slot) => {
+                if let Some(slot) = slot {
+                    if let Err(error) = &reply
+                        && error.outcome_unknown()
+                    {
+                        // The hand-off may have happened: undo it before the waiter retries.
+                        let _ = self
+                            .backend
+                            .abandon(&held.key, slot.holder.id(), &slot.attempt)
+                            .await;
+                    }
+                    self.table.restore(&held.key, slot);
+                }
+                match reply {
+                    Ok(ReleaseReply::Released) => {
+                        self.table.released(&held.key);
+                        Ok(())
+                    }
+                    Ok(ReleaseReply::Decremented { .. } | ReleaseReply::HandedOff { .. }) => Ok(()),
+                    Ok(ReleaseReply::NotHeld) => Err(LockError::NotHeld),
+                    Err(error) => Err(LockError::Backend(error.with_key(held.key.as_str()))),
+                }
+            }
+        };
+        tracing::debug!(key = %held.key, ok = outcome.is_ok(), "lock released");
+        outcome
+    }
+
+    /// A release that cannot run (no runtime): put its waiter back; the lease frees the lock.
+    pub(crate) fn abort_release(&self, releasing: Releasing) {
+        if let Some(slot) = releasing.handoff {
+            self.table.restore(&releasing.held.key, slot);
+        }
+    }
+}
+
+async fn notified<L: Listen>(listener: Option<&L>) {
+    match listener {
+        Some(listener) => listener.notified().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_opt(duration: Option<Duration>) {
+    match duration {
+        Some(duration) => tokio::time::sleep(duration).await,
+        None => std::future::pending().await,
+    }
+}

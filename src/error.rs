@@ -1,0 +1,198 @@
+//! Error types: [`LockError`] for lock outcomes, [`BackendError`] for the store underneath.
+
+use std::{error::Error as StdError, fmt, time::Duration};
+
+use crate::key::KeyError;
+
+/// A boxed error from a backend's client library, kept as the source of a [`BackendError`].
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// Why a lock operation did not succeed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// The lock stayed held by another holder for the whole wait.
+    #[error("lock wait timed out")]
+    WaitTimeout {
+        /// How long the current holder's lease still runs, when the backend reported it.
+        retry_after: Option<Duration>,
+    },
+    /// The lock was lost while held: its lease ran out, or another owner took it.
+    #[error("lock lost")]
+    Lost,
+    /// The lock is not held by this holder (released after its lease expired, or twice).
+    #[error("lock not held")]
+    NotHeld,
+    /// The key was refused before any backend call.
+    #[error("invalid lock key: {0}")]
+    InvalidKey(#[from] KeyError),
+    /// The backend failed or could not be reached.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// Too many requests are already waiting for this key in this client.
+    #[error("too many waiters for this lock")]
+    TooManyWaiters,
+    /// The client was shut down.
+    #[error("lock client shut down")]
+    ShutDown,
+}
+
+impl LockError {
+    /// The remaining lease of the current holder, for a `Retry-After` hint.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::WaitTimeout { retry_after } => *retry_after,
+            _ => None,
+        }
+    }
+}
+
+/// What kind of failure a [`BackendError`] is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendErrorKind {
+    /// The backend could not be reached (connection refused or dropped, pool exhausted).
+    Unavailable,
+    /// The backend did not answer within the command timeout. The operation may or may not
+    /// have taken effect on the server.
+    Timeout,
+    /// The key exists but holds data of another type, which is never overwritten.
+    WrongType {
+        /// The type found at the key, as the backend names it (for Redis: `string`, `list`, ...).
+        found: String,
+    },
+    /// The backend refused the command for lack of permission (for Redis: an ACL `NOPERM`).
+    NoPermission,
+    /// The backend answered something the crate does not understand.
+    Protocol,
+    /// Any other backend failure.
+    Other,
+}
+
+/// A failure of the store behind the locks, with the key it concerned and the client library's
+/// error as its source.
+#[derive(Debug)]
+pub struct BackendError {
+    kind: BackendErrorKind,
+    key: Option<String>,
+    source: Option<BoxError>,
+}
+
+impl BackendError {
+    /// A new error of `kind`, with the underlying error as its source.
+    pub fn new(kind: BackendErrorKind, source: impl Into<BoxError>) -> Self {
+        Self {
+            kind,
+            key: None,
+            source: Some(source.into()),
+        }
+    }
+
+    /// A new error of `kind` with no underlying error.
+    pub fn from_kind(kind: BackendErrorKind) -> Self {
+        Self {
+            kind,
+            key: None,
+            source: None,
+        }
+    }
+
+    /// Names the backend key the failed operation concerned.
+    #[must_use]
+    pub fn with_key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> &BackendErrorKind {
+        &self.kind
+    }
+
+    /// The backend key the failed operation concerned, if any.
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    /// Whether the backend could not be reached.
+    pub fn is_unavailable(&self) -> bool {
+        self.kind == BackendErrorKind::Unavailable
+    }
+
+    /// Whether the backend did not answer in time.
+    pub fn is_timeout(&self) -> bool {
+        self.kind == BackendErrorKind::Timeout
+    }
+
+    /// Whether the key holds data of another type.
+    pub fn is_wrong_type(&self) -> bool {
+        matches!(self.kind, BackendErrorKind::WrongType { .. })
+    }
+
+    /// Whether the backend refused the command for lack of permission.
+    pub fn is_no_permission(&self) -> bool {
+        self.kind == BackendErrorKind::NoPermission
+    }
+
+    /// Whether the operation may have taken effect even though it failed (its reply was lost).
+    pub(crate) fn outcome_unknown(&self) -> bool {
+        matches!(
+            self.kind,
+            BackendErrorKind::Timeout | BackendErrorKind::Unavailable | BackendErrorKind::Other
+        )
+    }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            BackendErrorKind::Unavailable => f.write_str("lock backend unavailable")?,
+            BackendErrorKind::Timeout => f.write_str("lock backend timed out")?,
+            BackendErrorKind::WrongType { found } => {
+                write!(f, "lock key holds a value of type `{found}`, not a lock")?;
+            }
+            BackendErrorKind::NoPermission => f.write_str("lock backend denied permission")?,
+            BackendErrorKind::Protocol => f.write_str("unexpected reply from lock backend")?,
+            BackendErrorKind::Other => f.write_str("lock backend error")?,
+        }
+        if let Some(key) = &self.key {
+            write!(f, " (key `{key}`)")?;
+        }
+        if let Some(source) = &self.source {
+            write!(f, ": {source}")?;
+        }
+        Ok(())
+    }
+}
+
+impl StdError for BackendError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}
+
+/// A setting that cannot work, named by the builder method that set it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The key prefix contains `{` or `}`, which would change the Redis Cluster hash slot of
+    /// every lock key.
+    #[error("prefix must not contain `{{` or `}}`: {0:?}")]
+    PrefixBraces(String),
+    /// A lease of zero would expire before it could be used.
+    #[error("lease must be longer than zero")]
+    ZeroLease,
+    /// The maximum key length must leave room for at least one byte.
+    #[error("max_key_len must be at least 1")]
+    ZeroMaxKeyLen,
+    /// Some other setting is out of range.
+    #[error("invalid setting `{setting}`: {reason}")]
+    Invalid {
+        /// The builder method that set it.
+        setting: &'static str,
+        /// Why it cannot work.
+        reason: &'static str,
+    },
+}

@@ -1,0 +1,151 @@
+//! Held locks, as the caller sees them.
+
+use std::{
+    fmt,
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use tokio_util::sync::WaitForCancellationFutureOwned;
+
+use crate::{
+    backend::Backend, client::ClientInner, error::LockError, holder::Holder, key::LockKey,
+    watchdog::Held,
+};
+
+/// A held lock. Release it with [`release`](Self::release) to learn the outcome, or drop it to
+/// release in the background.
+///
+/// While the guard exists the client's watchdog renews a [`Lease::watchdog`](crate::Lease::watchdog)
+/// lease. Dropping the guard stops the renewal at once, even before the release reaches the
+/// backend, so a release that fails leaves a lock that expires within one lease.
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct LockGuard<B: Backend> {
+    client: Arc<ClientInner<B>>,
+    held: Option<Arc<Held>>,
+    count: u64,
+}
+
+impl<B: Backend> LockGuard<B> {
+    pub(crate) fn new(client: Arc<ClientInner<B>>, held: Arc<Held>, count: u64) -> Self {
+        Self {
+            client,
+            held: Some(held),
+            count,
+        }
+    }
+
+    fn held(&self) -> &Held {
+        self.held.as_deref().expect("guard used after release")
+    }
+
+    /// The lock's name in the backend.
+    pub fn key(&self) -> &LockKey {
+        &self.held().key
+    }
+
+    /// The holder the lock is held by.
+    pub fn holder(&self) -> &Holder {
+        &self.held().holder
+    }
+
+    /// How many times the holder held the lock when this guard was made (1 unless re-entered).
+    pub fn hold_count(&self) -> u64 {
+        self.count
+    }
+
+    /// The fencing token, when the lock was acquired with
+    /// [`fencing`](crate::LockRequest::fencing). Tokens rise strictly from one owner to the next;
+    /// a store that rejects writes carrying a token lower than the highest it has seen is safe
+    /// even against a holder that paused past its lease.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.held().token
+    }
+
+    /// Whether the lock is lost: the backend gave it to someone else, or the lease deadline
+    /// passed without a successful renewal. Checked against the clock, so it is accurate even
+    /// when the watchdog has not run yet.
+    pub fn is_lost(&self) -> bool {
+        self.held().is_lost()
+    }
+
+    /// How long the lock is certainly still held without another renewal.
+    pub fn remaining(&self) -> Duration {
+        self.held().remaining()
+    }
+
+    /// Resolves when the lock is lost while held. Never resolves for a lock that is released
+    /// normally.
+    pub fn lost(&self) -> Lost {
+        Lost(Box::pin(self.held().lost.clone().cancelled_owned()))
+    }
+
+    /// Releases one hold of the lock.
+    ///
+    /// # Errors
+    /// [`LockError::Lost`] when the lock was lost while held, [`LockError::NotHeld`] when the
+    /// backend no longer had it for this holder, [`LockError::Backend`] when the release could not
+    /// be confirmed (the lock then expires within one lease, since renewal has stopped).
+    pub async fn release(mut self) -> Result<(), LockError> {
+        let held = self.held.take().expect("guard released twice");
+        let releasing = self.client.shared.begin_release(held)?;
+        self.client.shared.finish_release(releasing).await
+    }
+}
+
+impl<B: Backend> Drop for LockGuard<B> {
+    fn drop(&mut self) {
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        let shared = &self.client.shared;
+        // Renewal stops here, synchronously; only the backend call is spawned.
+        let Ok(releasing) = shared.begin_release(held) else {
+            return;
+        };
+        match shared.runtime() {
+            Some(runtime) => {
+                let shared = shared.clone();
+                runtime.spawn(async move {
+                    if let Err(error) = shared.finish_release(releasing).await {
+                        tracing::debug!(%error, "background release failed");
+                    }
+                });
+            }
+            None => shared.abort_release(releasing),
+        }
+    }
+}
+
+impl<B: Backend> fmt::Debug for LockGuard<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = f.debug_struct("LockGuard");
+        if let Some(held) = &self.held {
+            s.field("key", &held.key)
+                .field("holder", &held.holder)
+                .field("fencing_token", &held.token)
+                .field("lost", &held.is_lost());
+        }
+        s.finish_non_exhaustive()
+    }
+}
+
+/// Resolves when a held lock is lost. Made by [`LockGuard::lost`].
+pub struct Lost(Pin<Box<WaitForCancellationFutureOwned>>);
+
+impl Future for Lost {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+impl fmt::Debug for Lost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lost").finish_non_exhaustive()
+    }
+}

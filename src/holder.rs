@@ -1,0 +1,82 @@
+//! Holder identity: who owns a lock, and how code finds the holder it runs for.
+//!
+//! Redis-based locks in other ecosystems name the owner after the calling thread. Async tasks
+//! move between threads and one task can drive several unrelated futures (`join!`), so here the
+//! owner is an explicit [`Holder`]: `client-uuid:sequence`, made by a
+//! [`LockClient`](crate::LockClient) and never taken from request data. Code that runs inside
+//! [`Holder::scope`] acquires locks as that holder, and so re-enters locks the holder already has
+//! instead of deadlocking on them. Outside any scope, every acquire uses a fresh holder.
+
+use std::{fmt, future::Future, sync::Arc};
+
+tokio::task_local! {
+    static CURRENT: Holder;
+}
+
+/// The identity a lock is held under. Cheap to clone.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Holder {
+    id: Arc<str>,
+}
+
+impl Holder {
+    /// Made only by the client, from its random id and a sequence number.
+    pub(crate) fn new(client_id: &str, sequence: u64) -> Self {
+        Self {
+            id: format!("{client_id}:{sequence}").into(),
+        }
+    }
+
+    /// The id stored in the backend as the lock's owner.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The holder of the current scope, if any.
+    pub fn current() -> Option<Self> {
+        CURRENT.try_with(Self::clone).ok()
+    }
+
+    /// Runs `future` with `self` as the current holder: every acquire inside it that does not
+    /// name a holder uses this one.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_lock::LockError> {
+    /// use tower_lock::{LockClient, MemoryBackend};
+    ///
+    /// let locks = LockClient::builder(MemoryBackend::new()).build().unwrap();
+    /// let holder = locks.holder();
+    /// holder
+    ///     .scope(async {
+    ///         let outer = locks.lock("order:42").acquire().await?;
+    ///         // Same holder, same key: re-enters instead of waiting for itself.
+    ///         let inner = locks.lock("order:42").try_acquire().await?;
+    ///         inner.release().await?;
+    ///         outer.release().await
+    ///     })
+    ///     .await
+    /// # }
+    /// ```
+    pub fn scope<F: Future>(self, future: F) -> impl Future<Output = F::Output> {
+        CURRENT.scope(self, future)
+    }
+
+    /// Runs the synchronous `f` with `self` as the current holder (for code that runs before the
+    /// first poll, such as a tower service's `call`).
+    pub fn sync_scope<R>(self, f: impl FnOnce() -> R) -> R {
+        CURRENT.sync_scope(self, f)
+    }
+}
+
+impl fmt::Debug for Holder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Holder").field(&&*self.id).finish()
+    }
+}
+
+impl fmt::Display for Holder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.id)
+    }
+}

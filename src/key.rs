@@ -1,0 +1,181 @@
+//! Lock keys: how an untrusted user key becomes the name of a lock in the backend.
+//!
+//! A lock named `order:42` under the prefix `tower-lock:` lives at the Redis key
+//! `tower-lock:{order:42}`; every other key of the same lock (its fencing counter, its release
+//! channel) appends a suffix after the closing brace. The braces make the user key the Redis
+//! Cluster hash tag, so all keys of one lock share a hash slot.
+//!
+//! The user key usually comes from request data, so it is escaped before it is placed between
+//! the braces: `%`, `{`, `}`, control bytes, DEL and every byte outside ASCII are
+//! percent-encoded. The encoding is injective (two different user keys never name the same
+//! lock), keeps the hash tag intact, and keeps backend keys printable. Empty keys and keys longer
+//! than the configured maximum (512 bytes by default) are refused before any backend call.
+
+use std::fmt;
+
+use percent_encoding::{AsciiSet, CONTROLS, percent_decode, percent_encode};
+
+/// Bytes escaped inside the hash tag. Non-ASCII bytes are always escaped by `percent_encode`.
+const ESCAPED: &AsciiSet = &CONTROLS.add(b'%').add(b'{').add(b'}');
+
+/// The default maximum length of a user key, in bytes.
+pub const DEFAULT_MAX_KEY_LEN: usize = 512;
+
+/// Why a user key was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The key is empty.
+    #[error("key is empty")]
+    Empty,
+    /// The key is longer than the configured maximum.
+    #[error("key is {len} bytes long, over the maximum of {max}")]
+    TooLong {
+        /// The key's length in bytes.
+        len: usize,
+        /// The configured maximum.
+        max: usize,
+    },
+}
+
+/// A validated, escaped lock name, as the backend stores it.
+///
+/// Backends receive a `LockKey` and derive the names of their own keys from
+/// [`as_str`](Self::as_str) by appending a suffix (see [`derived`](Self::derived)).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct LockKey {
+    name: String,
+}
+
+impl LockKey {
+    /// Builds the lock name for `user_key` under `prefix`.
+    ///
+    /// # Errors
+    /// [`KeyError::Empty`] for an empty key, [`KeyError::TooLong`] for a key over `max_len` bytes.
+    pub(crate) fn new(prefix: &str, user_key: &[u8], max_len: usize) -> Result<Self, KeyError> {
+        if user_key.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        if user_key.len() > max_len {
+            return Err(KeyError::TooLong {
+                len: user_key.len(),
+                max: max_len,
+            });
+        }
+        let mut name = String::with_capacity(prefix.len() + user_key.len() + 2);
+        name.push_str(prefix);
+        name.push('{');
+        name.extend(percent_encode(user_key, ESCAPED));
+        name.push('}');
+        Ok(Self { name })
+    }
+
+    /// The lock's name in the backend, `prefix{escaped key}`.
+    pub fn as_str(&self) -> &str {
+        &self.name
+    }
+
+    /// The name of another key of the same lock: `prefix{escaped key}suffix`. It shares the
+    /// lock's Redis Cluster hash slot.
+    pub fn derived(&self, suffix: &str) -> String {
+        let mut name = String::with_capacity(self.name.len() + suffix.len());
+        name.push_str(&self.name);
+        name.push_str(suffix);
+        name
+    }
+
+    /// The user key this lock was built from, decoded back to its original bytes.
+    pub fn user_key(&self) -> Vec<u8> {
+        let start = self.name.find('{').map_or(0, |i| i + 1);
+        let inner = &self.name[start..self.name.len() - 1];
+        percent_decode(inner.as_bytes()).collect()
+    }
+}
+
+/// Shows the escaped name, cut to a bounded length so a long key cannot flood a log line.
+impl fmt::Debug for LockKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for LockKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const SHOWN: usize = 96;
+        match self.name.get(..SHOWN) {
+            Some(head) if self.name.len() > SHOWN => write!(f, "{head}…"),
+            _ => f.write_str(&self.name),
+        }
+    }
+}
+
+/// Checks a key prefix: braces in it would move the Redis Cluster hash tag.
+pub(crate) fn valid_prefix(prefix: &str) -> bool {
+    !prefix.contains(['{', '}'])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(raw: &[u8]) -> LockKey {
+        LockKey::new("p:", raw, DEFAULT_MAX_KEY_LEN).unwrap()
+    }
+
+    /// Plain keys are kept readable inside the hash tag.
+    #[test]
+    fn plain_key_layout() {
+        assert_eq!(key(b"order:42").as_str(), "p:{order:42}");
+        assert_eq!(key(b"order:42").derived(":fence"), "p:{order:42}:fence");
+    }
+
+    /// Braces, percent signs, control bytes and non-ASCII bytes cannot escape the hash tag.
+    #[test]
+    fn hostile_bytes_are_escaped() {
+        let k = key(b"42}:q{x%\x00\x7f\xff");
+        assert_eq!(k.as_str(), "p:{42%7D:q%7Bx%25%00%7F%FF}");
+        assert_eq!(k.as_str().matches('{').count(), 1);
+        assert_eq!(k.as_str().matches('}').count(), 1);
+    }
+
+    /// Decoding the stored name gives back the exact user key.
+    #[test]
+    fn escaping_round_trips() {
+        for raw in [
+            &b"a"[..],
+            b"{}",
+            b"%25",
+            b"\x00\x01",
+            "ünï".as_bytes(),
+            b"a b",
+        ] {
+            assert_eq!(key(raw).user_key(), raw);
+        }
+    }
+
+    /// Distinct user keys give distinct names, including keys that look like escapes.
+    #[test]
+    fn escaping_is_injective_on_lookalikes() {
+        assert_ne!(key(b"%7B"), key(b"{"));
+        assert_ne!(key(b"a}"), key(b"a%7D"));
+    }
+
+    /// Empty and oversized keys are refused with the reason.
+    #[test]
+    fn refuses_empty_and_long_keys() {
+        assert_eq!(LockKey::new("p:", b"", 8), Err(KeyError::Empty));
+        assert_eq!(
+            LockKey::new("p:", b"123456789", 8),
+            Err(KeyError::TooLong { len: 9, max: 8 })
+        );
+        assert!(LockKey::new("p:", b"12345678", 8).is_ok());
+    }
+
+    /// Prefixes with braces are refused because they would move the hash tag.
+    #[test]
+    fn prefix_validation() {
+        assert!(valid_prefix("tower-lock:"));
+        assert!(!valid_prefix("a{b"));
+        assert!(!valid_prefix("a}b"));
+    }
+}

@@ -1,0 +1,70 @@
+//! How long a lock lives without its holder's attention.
+
+use std::time::Duration;
+
+/// How long a lock stays valid in the backend, and whether the watchdog extends it.
+///
+/// With [`Lease::watchdog`] (the default, 30 seconds) the client's watchdog renews the lease every
+/// third of its length for as long as the guard is held, so a crashed process frees the lock
+/// within one lease while a slow one keeps it. With [`Lease::fixed`] the lock simply expires after
+/// the given time, whether or not the guard is still held; the guard then reports itself lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Lease {
+    duration: Duration,
+    renewed: bool,
+}
+
+impl Lease {
+    /// The default watchdog lease.
+    pub const DEFAULT: Self = Self::watchdog(Duration::from_secs(30));
+
+    /// A lease of `duration`, renewed by the watchdog every `duration / 3` while held.
+    pub const fn watchdog(duration: Duration) -> Self {
+        Self {
+            duration,
+            renewed: true,
+        }
+    }
+
+    /// A lease of `duration` that is never renewed: the lock expires after it.
+    pub const fn fixed(duration: Duration) -> Self {
+        Self {
+            duration,
+            renewed: false,
+        }
+    }
+
+    /// The length of one lease period.
+    pub const fn duration(&self) -> Duration {
+        self.duration
+    }
+
+    /// Whether the watchdog renews this lease.
+    pub const fn is_renewed(&self) -> bool {
+        self.renewed
+    }
+
+    /// The interval between renewals.
+    pub(crate) fn renew_interval(&self) -> Duration {
+        self.duration / 3
+    }
+
+    /// How much earlier than the backend the client considers the lease over, to absorb clock
+    /// rate differences and scheduling delays: 1 % of the lease plus 2 ms.
+    pub(crate) fn drift(&self) -> Duration {
+        self.duration / 100 + Duration::from_millis(2)
+    }
+
+    /// The lease length in whole milliseconds, at least 1.
+    pub(crate) fn millis(&self) -> u64 {
+        u64::try_from(self.duration.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+}
+
+impl Default for Lease {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}

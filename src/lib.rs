@@ -1,0 +1,66 @@
+//! Distributed locks for tower and axum services, correct by default.
+//!
+//! `tower-lock` holds reentrant locks in Redis (or in process), keeps them alive with a
+//! watchdog while they are held, wakes waiters by notification instead of polling, and tells
+//! the holder the moment a lock is lost.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_lock::{Lease, LockClient, MemoryBackend};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let locks = LockClient::builder(MemoryBackend::new())
+//!     .lease(Lease::watchdog(Duration::from_secs(30)))
+//!     .build()?;
+//!
+//! let guard = locks.lock("account:7").acquire().await?;
+//! // ... read, modify and write account 7; no other holder can be here ...
+//! guard.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What is guaranteed, and what is not
+//!
+//! - At most one holder at a time, **as long as pauses, network delays and clock-rate errors
+//!   stay below the lease**. A holder whose process stalls past its lease can wake up believing
+//!   it still holds the lock. The guard notices from its own clock ([`LockGuard::is_lost`],
+//!   [`LockGuard::lost`]), but a write it already sent cannot be recalled. For that case ask for
+//!   a fencing token ([`LockRequest::fencing`]) and have the store reject writes carrying an
+//!   older token than it has seen: it is the only defence that does not depend on timing.
+//! - Redis replication is asynchronous. When a master fails over, a replica promoted before it
+//!   received a lock may grant the same lock again.
+//! - A crashed holder's lock is freed within one lease; a clean release frees it at once and
+//!   wakes the next waiter.
+//!
+//! # Features
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `redis` | yes | [`RedisBackend`]: Redis through bb8-redis and redis-rs |
+//!
+//! The minimum supported Rust version is 1.88.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod backend;
+mod client;
+mod clock;
+pub mod error;
+mod guard;
+mod holder;
+pub mod key;
+mod lease;
+mod local;
+mod watchdog;
+
+#[cfg(feature = "redis")]
+pub use backend::redis::{RedisBackend, RedisBackendBuilder};
+pub use backend::{Backend, memory::MemoryBackend};
+pub use client::{LockClient, LockClientBuilder, LockRequest};
+pub use error::{BackendError, ConfigError, LockError};
+pub use guard::{LockGuard, Lost};
+pub use holder::Holder;
+pub use key::LockKey;
+pub use lease::Lease;

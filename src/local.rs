@@ -1,0 +1,344 @@
+//! What one client holds and waits for, per key.
+//!
+//! Waiters of one key in this client form a FIFO queue. Only the head contends in the backend,
+//! and only while no local holder has the lock: when the lock is held here, the head simply waits
+//! for the holder to hand it over. A release wakes (or hands the lock to) the head alone, so a hot
+//! key costs one backend round trip per hand-off instead of one per waiter, and the connections
+//! and subscriptions used do not grow with the number of waiters.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    time::Duration,
+};
+
+use tokio::sync::{Notify, oneshot};
+
+use crate::{
+    clock::BootInstant,
+    error::LockError,
+    holder::Holder,
+    key::LockKey,
+    lease::Lease,
+    watchdog::{Held, Scan},
+};
+
+/// The per-key state of one client.
+#[derive(Debug)]
+pub(crate) struct Table<L> {
+    keys: Mutex<HashMap<String, KeyState<L>>>,
+}
+
+#[derive(Debug)]
+struct KeyState<L> {
+    held: Vec<Arc<Held>>,
+    waiters: VecDeque<Slot>,
+    /// Hand-offs in flight: the lock is on its way to a local waiter.
+    handing_off: u32,
+    /// Consecutive hand-offs without a real release.
+    streak: u32,
+    /// The release listener, shared by whichever waiter is head.
+    listener: Option<Arc<L>>,
+}
+
+impl<L> Default for KeyState<L> {
+    fn default() -> Self {
+        Self {
+            held: Vec::new(),
+            waiters: VecDeque::new(),
+            handing_off: 0,
+            streak: 0,
+            listener: None,
+        }
+    }
+}
+
+impl<L> KeyState<L> {
+    fn held_here(&self) -> bool {
+        self.handing_off > 0 || self.held.iter().any(|held| !held.lost.is_cancelled())
+    }
+
+    fn is_idle(&self) -> bool {
+        self.held.is_empty() && self.waiters.is_empty() && self.handing_off == 0
+    }
+
+    fn wake_head(&self) {
+        if let Some(head) = self.waiters.front() {
+            head.wake.notify_one();
+        }
+    }
+}
+
+/// A queued waiter, with what it asks for and where to deliver a hand-off.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    id: u64,
+    pub(crate) holder: Holder,
+    pub(crate) attempt: String,
+    pub(crate) lease: Lease,
+    pub(crate) fencing: bool,
+    handoff: oneshot::Sender<Arc<Held>>,
+    wake: Arc<Notify>,
+}
+
+/// A waiter's place in the queue, held by its acquire future.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    pub(crate) wake: Arc<Notify>,
+    pub(crate) handoff: oneshot::Receiver<Arc<Held>>,
+}
+
+/// What a waiter should do next.
+#[derive(Debug)]
+pub(crate) enum Turn {
+    /// Try the backend.
+    Contend,
+    /// Wait: the lock is held here or another waiter is ahead. Carries the local holder's
+    /// remaining lease when known.
+    Park(Option<Duration>),
+    /// A holder is handing the lock over to this waiter right now.
+    AwaitHandoff,
+}
+
+impl<L> Default for Table<L> {
+    fn default() -> Self {
+        Self {
+            keys: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<L> Table<L> {
+    // A std mutex: every critical section is a few queue operations, never an await.
+    fn keys(&self) -> MutexGuard<'_, HashMap<String, KeyState<L>>> {
+        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The live entry of `holder` for `key`, if it holds it here.
+    pub(crate) fn held_by(&self, key: &LockKey, holder: &Holder) -> Option<Arc<Held>> {
+        self.keys()
+            .get(key.as_str())?
+            .held
+            .iter()
+            .find(|held| held.holder == *holder && !held.is_lost())
+            .cloned()
+    }
+
+    /// Queues a waiter.
+    ///
+    /// # Errors
+    /// [`LockError::TooManyWaiters`] when `max_waiters` already wait for the key.
+    pub(crate) fn join(
+        &self,
+        id: u64,
+        key: &LockKey,
+        request: (Holder, String, Lease, bool),
+        max_waiters: usize,
+    ) -> Result<Ticket, LockError> {
+        let mut keys = self.keys();
+        let state = keys.entry(key.as_str().to_owned()).or_default();
+        if state.waiters.len() >= max_waiters {
+            return Err(LockError::TooManyWaiters);
+        }
+        let (tx, rx) = oneshot::channel();
+        let wake = Arc::new(Notify::new());
+        let (holder, attempt, lease, fencing) = request;
+        state.waiters.push_back(Slot {
+            id,
+            holder,
+            attempt,
+            lease,
+            fencing,
+            handoff: tx,
+            wake: wake.clone(),
+        });
+        Ok(Ticket { wake, handoff: rx })
+    }
+
+    /// Decides what waiter `id` does next.
+    pub(crate) fn turn(&self, key: &LockKey, id: u64) -> Turn {
+        let keys = self.keys();
+        let Some(state) = keys.get(key.as_str()) else {
+            return Turn::AwaitHandoff;
+        };
+        match state.waiters.iter().position(|slot| slot.id == id) {
+            None => Turn::AwaitHandoff,
+            Some(0) if !state.held_here() => Turn::Contend,
+            Some(_) => Turn::Park(
+                state
+                    .held
+                    .iter()
+                    .find(|held| !held.lost.is_cancelled())
+                    .map(|held| held.remaining()),
+            ),
+        }
+    }
+
+    /// Waiter `id` acquired the lock in the backend.
+    pub(crate) fn acquired(&self, key: &LockKey, id: u64, held: Arc<Held>) {
+        let mut keys = self.keys();
+        let state = keys.entry(key.as_str().to_owned()).or_default();
+        state.waiters.retain(|slot| slot.id != id);
+        state.held.push(held);
+        state.streak = 0;
+        if state.waiters.is_empty() {
+            state.listener = None;
+        }
+    }
+
+    /// A holder re-entered a lock it holds here.
+    pub(crate) fn reentered(&self, held: &Held, sent_at: BootInstant) {
+        let _keys = self.keys();
+        held.add_ref(sent_at);
+    }
+
+    /// Waiter `id` leaves the queue (timed out, failed or dropped).
+    pub(crate) fn leave(&self, key: &LockKey, id: u64) {
+        let mut keys = self.keys();
+        let Some(state) = keys.get_mut(key.as_str()) else {
+            return;
+        };
+        let Some(pos) = state.waiters.iter().position(|slot| slot.id == id) else {
+            return;
+        };
+        state.waiters.remove(pos);
+        if pos == 0 {
+            state.wake_head();
+        }
+        if state.waiters.is_empty() {
+            state.listener = None;
+        }
+        if state.is_idle() {
+            keys.remove(key.as_str());
+        }
+    }
+
+    /// The listener the head waits on, if there is one yet.
+    pub(crate) fn listener(&self, key: &LockKey) -> Option<Arc<L>> {
+        self.keys().get(key.as_str())?.listener.clone()
+    }
+
+    /// Stores a new listener for `key` while it has waiters; returns the one to use.
+    pub(crate) fn set_listener(&self, key: &LockKey, listener: L) -> Arc<L> {
+        let listener = Arc::new(listener);
+        let mut keys = self.keys();
+        match keys.get_mut(key.as_str()) {
+            Some(state) if !state.waiters.is_empty() => {
+                state.listener.get_or_insert(listener).clone()
+            }
+            _ => listener,
+        }
+    }
+
+    /// One guard of `held` is being released: drops the reference, and when it was the last,
+    /// removes the entry (renewal stops at once) and takes the head waiter for a hand-off unless
+    /// the streak of hand-offs reached `max_streak`.
+    pub(crate) fn release_ref(&self, held: &Arc<Held>, max_streak: u32) -> (bool, Option<Slot>) {
+        let mut keys = self.keys();
+        if held.drop_ref() > 0 {
+            return (false, None);
+        }
+        let Some(state) = keys.get_mut(held.key.as_str()) else {
+            return (true, None);
+        };
+        let before = state.held.len();
+        state.held.retain(|other| !Arc::ptr_eq(other, held));
+        // Hand off only a lock this entry still holds: a lost one may already be another's.
+        if state.held.len() == before || held.is_lost() || state.streak >= max_streak {
+            return (true, None);
+        }
+        let slot = state.waiters.pop_front();
+        if slot.is_some() {
+            state.handing_off += 1;
+            state.streak += 1;
+        }
+        (true, slot)
+    }
+
+    /// A hand-off succeeded: `held` is now held here for the waiter.
+    pub(crate) fn handed_off(&self, held: Arc<Held>) {
+        let mut keys = self.keys();
+        let state = keys.entry(held.key.as_str().to_owned()).or_default();
+        state.handing_off = state.handing_off.saturating_sub(1);
+        state.held.push(held);
+        if state.waiters.is_empty() {
+            state.listener = None;
+        }
+    }
+
+    /// A hand-off did not happen: the waiter goes back to the head of the queue and re-checks.
+    pub(crate) fn restore(&self, key: &LockKey, slot: Slot) {
+        let mut keys = self.keys();
+        let state = keys.entry(key.as_str().to_owned()).or_default();
+        state.handing_off = state.handing_off.saturating_sub(1);
+        slot.wake.notify_one();
+        state.waiters.push_front(slot);
+    }
+
+    /// The lock was really released (or lost): the next waiter contends again.
+    pub(crate) fn released(&self, key: &LockKey) {
+        let mut keys = self.keys();
+        if let Some(state) = keys.get_mut(key.as_str()) {
+            state.streak = 0;
+            state.wake_head();
+            if state.is_idle() {
+                keys.remove(key.as_str());
+            }
+        }
+    }
+
+    /// Removes a lost entry; the head waiter may now contend.
+    pub(crate) fn remove_held(&self, held: &Arc<Held>) {
+        let mut keys = self.keys();
+        if let Some(state) = keys.get_mut(held.key.as_str()) {
+            state.held.retain(|other| !Arc::ptr_eq(other, held));
+            state.wake_head();
+            if state.is_idle() {
+                keys.remove(held.key.as_str());
+            }
+        }
+    }
+
+    /// Removes every held entry (at shutdown) and wakes every waiter.
+    pub(crate) fn drain_held(&self) -> Vec<Arc<Held>> {
+        let mut keys = self.keys();
+        let mut drained = Vec::new();
+        for state in keys.values_mut() {
+            drained.append(&mut state.held);
+            for slot in &state.waiters {
+                slot.wake.notify_one();
+            }
+        }
+        keys.retain(|_, state| !state.is_idle());
+        drained
+    }
+
+    /// Looks at every held entry for the watchdog.
+    pub(crate) fn scan(&self, now: BootInstant) -> Scan {
+        let keys = self.keys();
+        let mut scan = Scan::default();
+        for held in keys.values().flat_map(|state| &state.held) {
+            if !held.lost.is_cancelled() {
+                scan.add(held, now);
+            }
+        }
+        scan
+    }
+
+    /// How many keys have local state (held or waited on).
+    pub(crate) fn key_count(&self) -> usize {
+        self.keys().len()
+    }
+
+    /// How many waiters are queued across all keys.
+    pub(crate) fn waiter_count(&self) -> usize {
+        self.keys().values().map(|state| state.waiters.len()).sum()
+    }
+}
+
+impl Slot {
+    /// Delivers a handed-off lock to the waiter; gives it back if the waiter has left.
+    pub(crate) fn deliver(self, held: Arc<Held>) -> Result<(), Arc<Held>> {
+        self.handoff.send(held)
+    }
+}
