@@ -11,6 +11,7 @@ use std::{
 
 use tokio::{runtime::Handle, sync::Notify};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::{
     backend::{AcquireReply, Backend, Grant, Listen, Release, ReleaseReply},
@@ -45,7 +46,7 @@ impl Default for Config {
             max_key_len: key::DEFAULT_MAX_KEY_LEN,
             max_hold: None,
             max_waiters_per_key: 1024,
-            handoff_streak: 16,
+            handoff_streak: 4,
         }
     }
 }
@@ -101,8 +102,9 @@ impl<B: Backend> LockClientBuilder<B> {
     }
 
     /// How many times in a row a release may hand the lock straight to a waiter of this client
-    /// before it releases for real, giving waiters in other processes their turn. Zero disables
-    /// hand-off. Defaults to 16.
+    /// before it releases for real, giving waiters in other processes their turn. While no
+    /// other process was seen waiting for the key, the streak may run eight times longer.
+    /// Zero disables hand-off. Defaults to 4.
     pub fn handoff_streak(mut self, max: u32) -> Self {
         self.config.handoff_streak = max;
         self
@@ -367,9 +369,11 @@ impl<B: Backend> LockRequest<'_, B> {
             fencing: self.fencing,
         };
         let started = tokio::time::Instant::now();
+        let span =
+            tracing::debug_span!("lock_acquire", key = %request.key, holder = %request.holder);
         let result = match shared.table.held_by(&request.key, &request.holder) {
-            Some(held) => shared.reenter(&request, &held).await,
-            None => shared.wait_and_acquire(&request).await,
+            Some(held) => shared.reenter(&request, &held).instrument(span).await,
+            None => shared.wait_and_acquire(&request).instrument(span).await,
         };
         let waited = started.elapsed();
         match result {
@@ -417,6 +421,8 @@ struct Request {
 pub(crate) struct Releasing {
     held: Arc<Held>,
     handoff: Option<Slot>,
+    /// The hand-off streak ended: local waiters let other processes go first.
+    yield_turn: bool,
 }
 
 /// Leaves the waiter queue when the acquire future ends, however it ends.
@@ -546,9 +552,12 @@ impl<B: Backend> Shared<B> {
                                 return Err(LockError::WaitTimeout { retry_after: ttl });
                             }
                             if listener.is_none() {
-                                listener = Some(self.listen(&request.key).await?);
-                                // Check again now that releases can no longer be missed.
-                                continue;
+                                let (shared_listener, fresh) = self.listen(&request.key).await?;
+                                listener = Some(shared_listener);
+                                if fresh {
+                                    // Check again now that releases can no longer be missed.
+                                    continue;
+                                }
                             }
                             ttl
                         }
@@ -563,8 +572,17 @@ impl<B: Backend> Shared<B> {
                     }
                     None
                 }
+                Turn::Yield(pause) => {
+                    if request.wait.is_zero() {
+                        return Err(LockError::WaitTimeout {
+                            retry_after: Some(pause),
+                        });
+                    }
+                    Some(pause)
+                }
                 Turn::AwaitHandoff => None,
             };
+            tracing::trace!(?retry_in, "waiting for the lock");
             let listening = listener.clone();
             tokio::select! {
                 biased;
@@ -584,17 +602,18 @@ impl<B: Backend> Shared<B> {
         }
     }
 
-    /// The release listener of `key`, subscribing when this client has none yet.
-    async fn listen(&self, key: &LockKey) -> Result<Arc<B::Listener>, LockError> {
+    /// The release listener of `key`, subscribing when this client has none yet; the flag
+    /// tells whether it is new (the lock must then be checked again).
+    async fn listen(&self, key: &LockKey) -> Result<(Arc<B::Listener>, bool), LockError> {
         if let Some(listener) = self.table.listener(key) {
-            return Ok(listener);
+            return Ok((listener, false));
         }
         let listener = self
             .backend
             .listen(key)
             .await
             .map_err(|e| LockError::Backend(e.with_key(key.as_str())))?;
-        Ok(self.table.set_listener(key, listener))
+        Ok((self.table.set_listener(key, listener), true))
     }
 
     /// An acquire failed without a clear answer: undo what it may have taken, then report it.
@@ -650,8 +669,12 @@ impl<B: Backend> Shared<B> {
             held.drop_ref();
             return Err(LockError::Lost);
         }
-        let (_, handoff) = self.table.release_ref(&held, self.config.handoff_streak);
-        Ok(Releasing { held, handoff })
+        let (handoff, yield_turn) = self.table.release_ref(&held, self.config.handoff_streak);
+        Ok(Releasing {
+            held,
+            handoff,
+            yield_turn,
+        })
     }
 
     /// The backend half of a release.
@@ -659,7 +682,11 @@ impl<B: Backend> Shared<B> {
         self: &Arc<Self>,
         releasing: Releasing,
     ) -> Result<(), LockError> {
-        let Releasing { held, handoff } = releasing;
+        let Releasing {
+            held,
+            handoff,
+            yield_turn,
+        } = releasing;
         let next = handoff.as_ref().map(|slot| Grant {
             key: &held.key,
             holder: slot.holder.id(),
@@ -674,7 +701,15 @@ impl<B: Backend> Shared<B> {
             handoff: next,
         };
         let sent_at = BootInstant::now();
+        let started = tokio::time::Instant::now();
         let reply = self.backend.release(release).await;
+        // When listeners elsewhere heard the release, they learn of it about when we do and
+        // need one more round trip to reach the backend: hold local waiters back for two.
+        let own = u64::from(self.table.listener(&held.key).is_some());
+        let others_heard = matches!(reply, Ok(ReleaseReply::Released { notified }) if notified.is_none_or(|n| n > own));
+        let yield_for = (yield_turn && others_heard).then(|| {
+            (started.elapsed() * 2).clamp(Duration::from_micros(200), Duration::from_millis(20))
+        });
         let outcome = match (reply, handoff) {
             (Ok(ReleaseReply::HandedOff { token }), Some(slot)) => {
                 let next = Held::new(
@@ -708,12 +743,16 @@ impl<B: Backend> Shared<B> {
                     }
                     self.table.restore(&held.key, slot);
                 }
+                // Unless holds remain, the head waiter looks again, whatever happened.
+                if !matches!(reply, Ok(ReleaseReply::Decremented { .. })) {
+                    self.table.released(&held.key, others_heard, yield_for);
+                }
                 match reply {
-                    Ok(ReleaseReply::Released) => {
-                        self.table.released(&held.key);
-                        Ok(())
-                    }
-                    Ok(ReleaseReply::Decremented { .. } | ReleaseReply::HandedOff { .. }) => Ok(()),
+                    Ok(
+                        ReleaseReply::Released { .. }
+                        | ReleaseReply::Decremented { .. }
+                        | ReleaseReply::HandedOff { .. },
+                    ) => Ok(()),
                     Ok(ReleaseReply::NotHeld) => Err(LockError::NotHeld),
                     Err(error) => Err(LockError::Backend(error.with_key(held.key.as_str()))),
                 }
@@ -728,6 +767,7 @@ impl<B: Backend> Shared<B> {
         if let Some(slot) = releasing.handoff {
             self.table.restore(&releasing.held.key, slot);
         }
+        self.table.released(&releasing.held.key, false, None);
     }
 }
 

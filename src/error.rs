@@ -56,6 +56,9 @@ pub enum BackendErrorKind {
     /// The backend did not answer within the command timeout. The operation may or may not
     /// have taken effect on the server.
     Timeout,
+    /// The connection failed while the command was in flight. The operation may or may not
+    /// have taken effect on the server.
+    Interrupted,
     /// The key exists but holds data of another type, which is never overwritten.
     WrongType {
         /// The type found at the key, as the backend names it (for Redis: `string`, `list`, ...).
@@ -114,9 +117,12 @@ impl BackendError {
         self.key.as_deref()
     }
 
-    /// Whether the backend could not be reached.
+    /// Whether the backend could not be reached, before or during the command.
     pub fn is_unavailable(&self) -> bool {
-        self.kind == BackendErrorKind::Unavailable
+        matches!(
+            self.kind,
+            BackendErrorKind::Unavailable | BackendErrorKind::Interrupted
+        )
     }
 
     /// Whether the backend did not answer in time.
@@ -138,7 +144,7 @@ impl BackendError {
     pub(crate) fn outcome_unknown(&self) -> bool {
         matches!(
             self.kind,
-            BackendErrorKind::Timeout | BackendErrorKind::Unavailable | BackendErrorKind::Other
+            BackendErrorKind::Timeout | BackendErrorKind::Interrupted | BackendErrorKind::Other
         )
     }
 }
@@ -148,6 +154,9 @@ impl fmt::Display for BackendError {
         match &self.kind {
             BackendErrorKind::Unavailable => f.write_str("lock backend unavailable")?,
             BackendErrorKind::Timeout => f.write_str("lock backend timed out")?,
+            BackendErrorKind::Interrupted => {
+                f.write_str("lock backend connection failed mid-command")?;
+            }
             BackendErrorKind::WrongType { found } => {
                 write!(f, "lock key holds a value of type `{found}`, not a lock")?;
             }

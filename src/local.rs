@@ -12,7 +12,10 @@ use std::{
     time::Duration,
 };
 
-use tokio::sync::{Notify, oneshot};
+use tokio::{
+    sync::{Notify, oneshot},
+    time::Instant,
+};
 
 use crate::{
     clock::BootInstant,
@@ -37,8 +40,13 @@ struct KeyState<L> {
     handing_off: u32,
     /// Consecutive hand-offs without a real release.
     streak: u32,
+    /// The last real release reached waiters in other processes.
+    contended_elsewhere: bool,
     /// The release listener, shared by whichever waiter is head.
     listener: Option<Arc<L>>,
+    /// After a streak ended, local waiters hold back until then so that waiters in other
+    /// processes, woken by the published release, get the lock first.
+    yield_until: Option<Instant>,
 }
 
 impl<L> Default for KeyState<L> {
@@ -48,7 +56,9 @@ impl<L> Default for KeyState<L> {
             waiters: VecDeque::new(),
             handing_off: 0,
             streak: 0,
+            contended_elsewhere: false,
             listener: None,
+            yield_until: None,
         }
     }
 }
@@ -96,6 +106,8 @@ pub(crate) enum Turn {
     /// Wait: the lock is held here or another waiter is ahead. Carries the local holder's
     /// remaining lease when known.
     Park(Option<Duration>),
+    /// Wait this long before contending: other processes have their turn.
+    Yield(Duration),
     /// A holder is handing the lock over to this waiter right now.
     AwaitHandoff,
 }
@@ -157,13 +169,19 @@ impl<L> Table<L> {
 
     /// Decides what waiter `id` does next.
     pub(crate) fn turn(&self, key: &LockKey, id: u64) -> Turn {
-        let keys = self.keys();
-        let Some(state) = keys.get(key.as_str()) else {
+        let mut keys = self.keys();
+        let Some(state) = keys.get_mut(key.as_str()) else {
             return Turn::AwaitHandoff;
         };
         match state.waiters.iter().position(|slot| slot.id == id) {
             None => Turn::AwaitHandoff,
-            Some(0) if !state.held_here() => Turn::Contend,
+            Some(0) if !state.held_here() => match state.yield_until.take() {
+                Some(until) if until > Instant::now() => {
+                    state.yield_until = Some(until);
+                    Turn::Yield(until - Instant::now())
+                }
+                _ => Turn::Contend,
+            },
             Some(_) => Turn::Park(
                 state
                     .held
@@ -183,6 +201,7 @@ impl<L> Table<L> {
         state.streak = 0;
         if state.waiters.is_empty() {
             state.listener = None;
+            state.yield_until = None;
         }
     }
 
@@ -207,6 +226,7 @@ impl<L> Table<L> {
         }
         if state.waiters.is_empty() {
             state.listener = None;
+            state.yield_until = None;
         }
         if state.is_idle() {
             keys.remove(key.as_str());
@@ -231,28 +251,35 @@ impl<L> Table<L> {
     }
 
     /// One guard of `held` is being released: drops the reference, and when it was the last,
-    /// removes the entry (renewal stops at once) and takes the head waiter for a hand-off unless
-    /// the streak of hand-offs reached `max_streak`.
-    pub(crate) fn release_ref(&self, held: &Arc<Held>, max_streak: u32) -> (bool, Option<Slot>) {
+    /// removes the entry (renewal stops at once) and takes the head waiter for a hand-off.
+    /// Once `max_streak` hand-offs happened in a row (eight times as many while no other
+    /// process was seen waiting) it takes none and says the local waiters should yield (the
+    /// second value).
+    pub(crate) fn release_ref(&self, held: &Arc<Held>, max_streak: u32) -> (Option<Slot>, bool) {
         let mut keys = self.keys();
         if held.drop_ref() > 0 {
-            return (false, None);
+            return (None, false);
         }
         let Some(state) = keys.get_mut(held.key.as_str()) else {
-            return (true, None);
+            return (None, false);
         };
         let before = state.held.len();
         state.held.retain(|other| !Arc::ptr_eq(other, held));
         // Hand off only a lock this entry still holds: a lost one may already be another's.
-        if state.held.len() == before || held.is_lost() || state.streak >= max_streak {
-            return (true, None);
+        if state.held.len() == before || held.is_lost() || state.waiters.is_empty() {
+            return (None, false);
         }
-        let slot = state.waiters.pop_front();
-        if slot.is_some() {
-            state.handing_off += 1;
-            state.streak += 1;
+        let limit = if state.contended_elsewhere {
+            max_streak
+        } else {
+            max_streak.saturating_mul(8)
+        };
+        if state.streak >= limit {
+            return (None, true);
         }
-        (true, slot)
+        state.handing_off += 1;
+        state.streak += 1;
+        (state.waiters.pop_front(), false)
     }
 
     /// A hand-off succeeded: `held` is now held here for the waiter.
@@ -263,6 +290,7 @@ impl<L> Table<L> {
         state.held.push(held);
         if state.waiters.is_empty() {
             state.listener = None;
+            state.yield_until = None;
         }
     }
 
@@ -275,11 +303,15 @@ impl<L> Table<L> {
         state.waiters.push_front(slot);
     }
 
-    /// The lock was really released (or lost): the next waiter contends again.
-    pub(crate) fn released(&self, key: &LockKey) {
+    /// The lock was really released (or lost): the next waiter contends again, after
+    /// `yield_for` when local waiters should let other processes go first. `elsewhere` tells
+    /// whether the release reached waiters in other processes.
+    pub(crate) fn released(&self, key: &LockKey, elsewhere: bool, yield_for: Option<Duration>) {
         let mut keys = self.keys();
         if let Some(state) = keys.get_mut(key.as_str()) {
             state.streak = 0;
+            state.contended_elsewhere = elsewhere;
+            state.yield_until = yield_for.map(|pause| Instant::now() + pause);
             state.wake_head();
             if state.is_idle() {
                 keys.remove(key.as_str());

@@ -54,13 +54,16 @@ impl Listeners {
         (listener, first)
     }
 
-    /// Wakes every listener of `channel`.
-    pub(crate) fn notify(&self, channel: &str) {
-        if let Some(entry) = self.lock().get(channel) {
-            for (_, notify) in entry {
-                notify.notify_one();
-            }
+    /// Wakes every listener of `channel`; returns how many there were.
+    pub(crate) fn notify(&self, channel: &str) -> u64 {
+        let channels = self.lock();
+        let Some(entry) = channels.get(channel) else {
+            return 0;
+        };
+        for (_, notify) in entry {
+            notify.notify_one();
         }
+        entry.len() as u64
     }
 
     /// Wakes every listener (after a reconnect, when messages may have been lost).

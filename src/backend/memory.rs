@@ -163,8 +163,10 @@ impl Backend for MemoryBackend {
             return Ok(ReleaseReply::HandedOff { token });
         }
         drop(state);
-        self.listeners.notify(name);
-        Ok(ReleaseReply::Released)
+        let notified = self.listeners.notify(name);
+        Ok(ReleaseReply::Released {
+            notified: Some(notified),
+        })
     }
 
     async fn renew(&self, renewals: &[Renew<'_>]) -> Result<Vec<RenewReply>, BackendError> {

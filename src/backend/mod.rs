@@ -83,7 +83,11 @@ pub enum ReleaseReply {
         remaining: u64,
     },
     /// The lock is free and waiters were notified.
-    Released,
+    Released {
+        /// How many listeners (pub/sub connections, for Redis) the notification reached,
+        /// including the releasing client's own; `None` when the backend cannot tell.
+        notified: Option<u64>,
+    },
     /// The lock went straight to the hand-off grant.
     HandedOff {
         /// The new owner's fencing token, when one was asked for.

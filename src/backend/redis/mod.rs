@@ -265,9 +265,10 @@ impl RedisBackend {
 fn redis_error(error: RedisError) -> BackendError {
     let kind = if error.is_timeout() {
         BackendErrorKind::Timeout
-    } else if error.is_io_error() || error.is_connection_refusal() || error.is_connection_dropped()
-    {
+    } else if error.is_connection_refusal() {
         BackendErrorKind::Unavailable
+    } else if error.is_io_error() || error.is_connection_dropped() {
+        BackendErrorKind::Interrupted
     } else if error.code() == Some("WRONGTYPE") || error.to_string().contains("WRONGTYPE") {
         BackendErrorKind::WrongType {
             found: String::new(),
@@ -362,7 +363,9 @@ impl Backend for RedisBackend {
             (1, Some(remaining)) => Ok(ReleaseReply::Decremented {
                 remaining: u64::try_from(remaining).unwrap_or(0),
             }),
-            (2, _) => Ok(ReleaseReply::Released),
+            (2, notified) => Ok(ReleaseReply::Released {
+                notified: notified.and_then(|n| u64::try_from(n).ok()),
+            }),
             (3, Some(raw_token)) => Ok(ReleaseReply::HandedOff {
                 token: token(raw_token),
             }),

@@ -155,7 +155,9 @@ impl Task {
             tokio::select! {
                 () = self.stop.cancelled() => return Ended::Stopped,
                 message = stream.next() => match message {
-                    Some(message) => self.listeners.notify(message.get_channel_name()),
+                    Some(message) => {
+                        self.listeners.notify(message.get_channel_name());
+                    }
                     None => return Ended::Broken,
                 },
                 Some((channel, done)) = self.requests.recv() => {

@@ -13,7 +13,8 @@
 --
 -- Returns {0} when the holder does not hold the lock (nothing changed), {1, remaining} when
 -- holds remain, {2} when the lock was freed and the release published, {3, token} when it was
--- handed off (token -1 without fencing).
+-- handed off (token -1 without fencing). {2, n} also says how many subscribers the release
+-- reached.
 local lock = KEYS[1]
 local holder = ARGV[1]
 if redis.call('HEXISTS', lock, holder) == 0 then
@@ -37,5 +38,4 @@ if next ~= '' then
   end
   return {3, token}
 end
-redis.call('PUBLISH', ARGV[2], 'released')
-return {2}
+return {2, redis.call('PUBLISH', ARGV[2], 'released')}

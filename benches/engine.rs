@@ -1,0 +1,227 @@
+//! Lock engine throughput and latency against a Redis server this bench starts, each figure
+//! printed beside the Redis `PING` round trip measured in the same run (the machines these run on
+//! are shared and noisy, so ratios travel better than absolute numbers).
+//!
+//! ```text
+//! cargo bench --bench engine                  # 5 s per concurrent workload
+//! BENCH_SECS=1 cargo bench --bench engine     # quicker
+//! ```
+//!
+//! - W1: one task, sequential acquire + release of one key: pairs/s and round trips per pair.
+//! - W2: 64 tasks, each on its own key: pairs/s.
+//! - W3: one client, 16 tasks on one key; each checks no one else is inside: hand-offs/s and
+//!   wait p50/p99/max.
+//! - W3b: four clients (four pub/sub connections, as four processes) × 4 tasks on one key.
+//!
+//! W1–W3 also run on the in-memory backend as a floor for the engine's own overhead.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use support::RedisServer;
+use tower_lock::{Backend, LockClient, MemoryBackend, RedisBackend};
+
+fn main() {
+    let secs: u64 = std::env::var("BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let window = Duration::from_secs(secs);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let server = RedisServer::start();
+    runtime.block_on(async {
+        let url = server.url();
+        let rtt = ping_rtt(&url).await;
+        println!("redis PING round trip: {:.1} µs (median of 2000)", micros(rtt));
+        println!();
+
+        let redis = |n: usize| {
+            let url = url.clone();
+            async move {
+                let mut clients = Vec::new();
+                for _ in 0..n {
+                    let backend = RedisBackend::connect(&url).await.expect("connect");
+                    let mut builder = LockClient::builder(backend);
+                    if let Some(streak) = std::env::var("HANDOFF_STREAK").ok().and_then(|s| s.parse().ok()) {
+                        builder = builder.handoff_streak(streak);
+                    }
+                    clients.push(builder.build().expect("client"));
+                }
+                clients
+            }
+        };
+        let memory = LockClient::builder(MemoryBackend::new()).build().expect("client");
+
+        let w1 = w1(&redis(1).await[0], window).await;
+        let w1_mem = w1_pairs(&memory, window).await;
+        println!(
+            "W1  sequential pairs, 1 task:      {:>9.0} pairs/s  {:>7.1} µs/pair = {:.2} RTT   (memory: {:.0} pairs/s)",
+            1.0 / w1.as_secs_f64(),
+            micros(w1),
+            w1.as_secs_f64() / rtt.as_secs_f64(),
+            w1_mem
+        );
+
+        let w2_redis = w2(&redis(1).await[0], window).await;
+        let w2_mem = w2(&memory, window).await;
+        println!(
+            "W2  64 tasks, own keys:            {w2_redis:>9.0} pairs/s                      (memory: {w2_mem:.0} pairs/s)"
+        );
+
+        let w3 = contend(&redis(1).await, 16, window).await;
+        println!("W3  1 client x 16 tasks, one key:  {}", w3.line(rtt));
+        let w3_mem = contend(std::slice::from_ref(&memory), 16, window).await;
+        println!("    (memory)                       {}", w3_mem.line(rtt));
+
+        let w3b = contend(&redis(4).await, 4, window).await;
+        println!("W3b 4 clients x 4 tasks, one key:  {}", w3b.line(rtt));
+    });
+    drop(server);
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// The median round trip of `PING` on a pooled multiplexed connection, as the engine uses.
+async fn ping_rtt(url: &str) -> Duration {
+    let client = tower_lock::backend::redis::redis::Client::open(url).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let mut samples = Vec::with_capacity(2000);
+    for _ in 0..2000 {
+        let start = Instant::now();
+        let _: String = tower_lock::backend::redis::redis::cmd("PING")
+            .query_async(&mut conn)
+            .await
+            .expect("ping");
+        samples.push(start.elapsed());
+    }
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+/// W1: the mean time of one acquire + release.
+async fn w1<B: Backend>(client: &LockClient<B>, window: Duration) -> Duration {
+    let pairs = w1_pairs(client, window).await;
+    Duration::from_secs_f64(1.0 / pairs)
+}
+
+async fn w1_pairs<B: Backend>(client: &LockClient<B>, window: Duration) -> f64 {
+    let start = Instant::now();
+    let mut pairs = 0u64;
+    while start.elapsed() < window {
+        let guard = client.lock("w1").acquire().await.expect("acquire");
+        guard.release().await.expect("release");
+        pairs += 1;
+    }
+    pairs as f64 / start.elapsed().as_secs_f64()
+}
+
+/// W2: pairs per second over 64 tasks on distinct keys.
+async fn w2<B: Backend>(client: &LockClient<B>, window: Duration) -> f64 {
+    let pairs = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..64 {
+        let (client, pairs) = (client.clone(), pairs.clone());
+        tasks.spawn(async move {
+            let key = format!("w2:{task}");
+            while start.elapsed() < window {
+                let guard = client.lock(&key).acquire().await.expect("acquire");
+                guard.release().await.expect("release");
+                pairs.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    pairs.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Results of a one-key contention run.
+struct Contention {
+    handoffs_per_sec: f64,
+    waits: Vec<Duration>,
+    per_task: Vec<u64>,
+}
+
+impl Contention {
+    fn line(&self, rtt: Duration) -> String {
+        let pct = |p: f64| {
+            let i = ((self.waits.len() as f64 - 1.0) * p).round() as usize;
+            self.waits[i]
+        };
+        let max = self.waits.last().copied().unwrap_or_default();
+        let min_task = self.per_task.iter().min().copied().unwrap_or(0);
+        let max_task = self.per_task.iter().max().copied().unwrap_or(0);
+        format!(
+            "{:>9.0} hand-offs/s  wait p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms  ({:.1} RTT per hand-off; per task {min_task}..{max_task})",
+            self.handoffs_per_sec,
+            pct(0.5).as_secs_f64() * 1e3,
+            pct(0.99).as_secs_f64() * 1e3,
+            max.as_secs_f64() * 1e3,
+            1.0 / self.handoffs_per_sec / rtt.as_secs_f64(),
+        )
+    }
+}
+
+/// W3 / W3b: `tasks` tasks per client on one key; each checks it is alone inside.
+async fn contend<B: Backend>(
+    clients: &[LockClient<B>],
+    tasks: usize,
+    window: Duration,
+) -> Contention {
+    let inside = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for client in clients {
+        for _ in 0..tasks {
+            let (client, inside) = (client.clone(), inside.clone());
+            set.spawn(async move {
+                let mut waits = Vec::new();
+                while start.elapsed() < window {
+                    let asked = Instant::now();
+                    let guard = client
+                        .lock("w3")
+                        .wait(Duration::from_secs(30))
+                        .acquire()
+                        .await
+                        .expect("acquire");
+                    waits.push(asked.elapsed());
+                    assert!(!inside.swap(true, Ordering::SeqCst), "two holders inside");
+                    inside.store(false, Ordering::SeqCst);
+                    guard.release().await.expect("release");
+                }
+                waits
+            });
+        }
+    }
+    let mut waits = Vec::new();
+    let mut per_task = Vec::new();
+    while let Some(result) = set.join_next().await {
+        let task_waits = result.expect("task");
+        per_task.push(task_waits.len() as u64);
+        waits.extend(task_waits);
+    }
+    let elapsed = start.elapsed();
+    waits.sort();
+    Contention {
+        handoffs_per_sec: waits.len() as f64 / elapsed.as_secs_f64(),
+        waits,
+        per_task,
+    }
+}
