@@ -5,9 +5,9 @@
 //! releases. The engine in [`LockClient`](crate::LockClient) builds reentrancy bookkeeping,
 //! waiting, the watchdog and guards on top, the same way for every backend.
 //!
-//! - [`MemoryBackend`]: in this process; for single-instance services, examples and tests of the
+//! - [`MemoryBackend`](memory::MemoryBackend): in this process; for single-instance services, examples and tests of the
 //!   code around the locks.
-//! - `RedisBackend` (feature `redis`, on by default): one Redis node, Lua scripts, pub/sub wake-ups.
+//! - [`RedisBackend`](crate::RedisBackend) (feature `redis`, on by default): one Redis node, Lua scripts, pub/sub wake-ups.
 
 use std::{future::Future, time::Duration};
 

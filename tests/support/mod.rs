@@ -210,7 +210,7 @@ pub enum RespValue {
     /// `$3\r\nabc` or a nil bulk string.
     Bulk(Option<Vec<u8>>),
     /// `*2 ...` or a nil array.
-    Array(Option<Vec<RespValue>>),
+    Array(Option<Vec<Self>>),
 }
 
 impl RespValue {
