@@ -14,14 +14,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::{
-    backend::{AcquireReply, Backend, Grant, Listen, Release, ReleaseReply},
+    backend::{AcquireReply, Backend, Grant, Listen, LockKind, Release, ReleaseReply},
     clock::BootInstant,
     error::{BackendError, ConfigError, LockError},
     guard::LockGuard,
     holder::Holder,
     key::{self, KeyError, LockKey},
     lease::Lease,
-    local::{Slot, Table, Turn},
+    local::{Slot, Table, Turn, Want},
     watchdog::{self, Held},
 };
 
@@ -35,6 +35,7 @@ struct Config {
     max_hold: Option<Duration>,
     max_waiters_per_key: usize,
     handoff_streak: u32,
+    waiter_timeout: Duration,
 }
 
 impl Default for Config {
@@ -47,6 +48,7 @@ impl Default for Config {
             max_hold: None,
             max_waiters_per_key: 1024,
             handoff_streak: 4,
+            waiter_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -110,6 +112,15 @@ impl<B: Backend> LockClientBuilder<B> {
         self
     }
 
+    /// How long a waiter's place in a fair lock's queue (or a waiting writer's claim on a
+    /// read-write lock) survives without being kept alive. A live waiter's client keeps it
+    /// alive; a crashed waiter is purged after this and the next waiter moves up. Defaults to
+    /// 5 seconds.
+    pub fn waiter_timeout(mut self, timeout: Duration) -> Self {
+        self.config.waiter_timeout = timeout;
+        self
+    }
+
     /// Builds the client. Its watchdog starts with the first lock it takes, on that caller's
     /// tokio runtime.
     ///
@@ -126,6 +137,12 @@ impl<B: Backend> LockClientBuilder<B> {
         }
         if config.max_key_len == 0 {
             return Err(ConfigError::ZeroMaxKeyLen);
+        }
+        if config.waiter_timeout < Duration::from_millis(3) {
+            return Err(ConfigError::Invalid {
+                setting: "waiter_timeout",
+                reason: "must be at least 3 ms, so it can be kept alive",
+            });
         }
         let shared = Arc::new(Shared {
             backend: self.backend,
@@ -237,10 +254,59 @@ impl<B: Backend> LockClient<B> {
     /// [`acquire`](LockRequest::acquire). The key is validated and escaped here; an invalid key
     /// fails at acquire time with [`LockError::InvalidKey`].
     pub fn lock(&self, key: impl AsRef<[u8]>) -> LockRequest<'_, B> {
+        self.request(self.key(key.as_ref()), LockKind::Exclusive)
+    }
+
+    /// A request for the fair lock named `key`: waiters get it in the order they asked, across
+    /// every process. It shares its name with [`lock`](Self::lock)'s lock; use one kind per key.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_lock::LockError> {
+    /// let locks = tower_lock::LockClient::in_memory();
+    /// let guard = locks.fair_lock("order:42").acquire().await?;
+    /// guard.release().await
+    /// # }
+    /// ```
+    pub fn fair_lock(&self, key: impl AsRef<[u8]>) -> LockRequest<'_, B> {
+        self.request(self.key(key.as_ref()), LockKind::Fair)
+    }
+
+    /// The read-write lock named `key`: many readers or one writer. A waiting writer holds
+    /// back new readers; the writer may take the read side too and keep it after releasing the
+    /// write side (downgrade), but a reader asking for the write side fails with
+    /// [`LockError::UpgradeRefused`]. Its name is separate from [`lock`](Self::lock)'s.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_lock::LockError> {
+    /// let locks = tower_lock::LockClient::in_memory();
+    /// let rw = locks.read_write_lock("doc:7");
+    /// let a = rw.read().acquire().await?;
+    /// let b = rw.read().acquire().await?; // readers share
+    /// assert!(rw.write().try_acquire().await.is_err());
+    /// a.release().await?;
+    /// b.release().await
+    /// # }
+    /// ```
+    pub fn read_write_lock(&self, key: impl AsRef<[u8]>) -> ReadWriteLock<'_, B> {
+        ReadWriteLock {
+            client: self,
+            key: self.key(key.as_ref()).map(|key| key.with_suffix(":rw")),
+        }
+    }
+
+    fn key(&self, key: &[u8]) -> Result<LockKey, KeyError> {
+        let config = &self.inner.shared.config;
+        LockKey::new(&config.prefix, key, config.max_key_len)
+    }
+
+    fn request(&self, key: Result<LockKey, KeyError>, kind: LockKind) -> LockRequest<'_, B> {
         let config = &self.inner.shared.config;
         LockRequest {
             client: self,
-            key: LockKey::new(&config.prefix, key.as_ref(), config.max_key_len),
+            key,
+            kind,
             wait: config.wait,
             lease: config.lease,
             fencing: false,
@@ -277,13 +343,7 @@ impl<B: Backend> LockClient<B> {
         let held = shared.table.drain_held();
         let releases = held.iter().map(|held| async move {
             held.lost.cancel();
-            let release = Release {
-                key: &held.key,
-                holder: held.holder.id(),
-                all: true,
-                handoff: None,
-            };
-            if let Err(error) = shared.backend.release(release).await {
+            if let Err(error) = shared.backend.release(held.release_all()).await {
                 tracing::warn!(key = %held.key, %error, "release at shutdown failed");
             }
         });
@@ -293,11 +353,39 @@ impl<B: Backend> LockClient<B> {
     }
 }
 
-/// One lock acquisition to configure. Made by [`LockClient::lock`].
+/// Both sides of one read-write lock. Made by [`LockClient::read_write_lock`].
+pub struct ReadWriteLock<'a, B: Backend> {
+    client: &'a LockClient<B>,
+    key: Result<LockKey, KeyError>,
+}
+
+impl<'a, B: Backend> ReadWriteLock<'a, B> {
+    /// A request for the read side, shared with other readers.
+    pub fn read(&self) -> LockRequest<'a, B> {
+        self.client.request(self.key.clone(), LockKind::Read)
+    }
+
+    /// A request for the write side, exclusive.
+    pub fn write(&self) -> LockRequest<'a, B> {
+        self.client.request(self.key.clone(), LockKind::Write)
+    }
+}
+
+impl<B: Backend> fmt::Debug for ReadWriteLock<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadWriteLock")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One lock acquisition to configure. Made by [`LockClient::lock`],
+/// [`LockClient::fair_lock`] and [`ReadWriteLock`].
 #[must_use = "a lock request does nothing until acquired"]
 pub struct LockRequest<'a, B: Backend> {
     client: &'a LockClient<B>,
     key: Result<LockKey, KeyError>,
+    kind: LockKind,
     wait: Duration,
     lease: Lease,
     fencing: bool,
@@ -308,6 +396,7 @@ impl<B: Backend> fmt::Debug for LockRequest<'_, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockRequest")
             .field("key", &self.key)
+            .field("kind", &self.kind)
             .field("wait", &self.wait)
             .field("lease", &self.lease)
             .field("fencing", &self.fencing)
@@ -363,15 +452,24 @@ impl<B: Backend> LockRequest<'_, B> {
             .unwrap_or_else(|| shared.new_holder());
         let request = Request {
             key,
-            holder,
+            want: Arc::new(Want {
+                attempt: format!("{holder}#{}", shared.next_id()),
+                holder,
+                kind: self.kind,
+                lease: self.lease,
+                fencing: self.fencing,
+            }),
             wait: self.wait,
-            lease: self.lease,
-            fencing: self.fencing,
         };
         let started = tokio::time::Instant::now();
-        let span =
-            tracing::debug_span!("lock_acquire", key = %request.key, holder = %request.holder);
-        let result = match shared.table.held_by(&request.key, &request.holder) {
+        let span = tracing::debug_span!(
+            "lock_acquire",
+            key = %request.key,
+            kind = ?request.want.kind,
+            holder = %request.want.holder
+        );
+        let want = &request.want;
+        let result = match shared.table.held_by(&request.key, &want.holder, want.kind) {
             Some(held) => shared.reenter(&request, &held).instrument(span).await,
             None => shared.wait_and_acquire(&request).instrument(span).await,
         };
@@ -411,10 +509,8 @@ impl<B: Backend> LockRequest<'_, B> {
 /// A validated acquire.
 struct Request {
     key: LockKey,
-    holder: Holder,
+    want: Arc<Want>,
     wait: Duration,
-    lease: Lease,
-    fencing: bool,
 }
 
 /// A release decided locally (renewal already stopped), with its backend call still to make.
@@ -426,15 +522,34 @@ pub(crate) struct Releasing {
 }
 
 /// Leaves the waiter queue when the acquire future ends, however it ends.
-struct QueueGuard<'a, L> {
-    table: &'a Table<L>,
-    key: &'a LockKey,
+struct QueueGuard<'a, B: Backend> {
+    shared: &'a Arc<Shared<B>>,
+    request: &'a Request,
     id: u64,
+    /// The waiter has a place in the backend's queue to give up.
+    in_backend: bool,
 }
 
-impl<L> Drop for QueueGuard<'_, L> {
+impl<B: Backend> Drop for QueueGuard<'_, B> {
     fn drop(&mut self) {
-        self.table.leave(self.key, self.id);
+        self.shared.table.leave(&self.request.key, self.id);
+        if !self.in_backend {
+            return;
+        }
+        let Some(runtime) = self.shared.runtime() else {
+            return;
+        };
+        // Leave at once rather than wait to be purged, passing the wake-up on if first.
+        let (shared, key, want) = (
+            self.shared.clone(),
+            self.request.key.clone(),
+            self.request.want.clone(),
+        );
+        runtime.spawn(async move {
+            if let Err(error) = shared.backend.leave(&key, want.holder.id(), want.kind).await {
+                tracing::debug!(key = %key, %error, "leaving the wait queue failed; the entry times out");
+            }
+        });
     }
 }
 
@@ -472,14 +587,7 @@ impl<B: Backend> Shared<B> {
         request: &Request,
         held: &Arc<Held>,
     ) -> Result<(Arc<Held>, u64), LockError> {
-        let attempt = format!("{}#{}", request.holder, self.next_id());
-        let grant = Grant {
-            key: &request.key,
-            holder: request.holder.id(),
-            attempt: &attempt,
-            lease: request.lease,
-            fencing: request.fencing,
-        };
+        let grant = request.want.grant(&request.key, None);
         let sent_at = BootInstant::now();
         match self.backend.acquire(grant).await {
             Ok(AcquireReply::Acquired { count, .. }) => {
@@ -491,6 +599,7 @@ impl<B: Backend> Shared<B> {
                 self.lose(held, "re-entry found another owner");
                 Err(LockError::Lost)
             }
+            Ok(AcquireReply::WouldDeadlock) => Err(LockError::UpgradeRefused),
             Err(error) => Err(self.unknown_outcome(grant, error).await),
         }
     }
@@ -501,31 +610,25 @@ impl<B: Backend> Shared<B> {
         self: &Arc<Self>,
         request: &Request,
     ) -> Result<(Arc<Held>, u64), LockError> {
-        let attempt = format!("{}#{}", request.holder, self.next_id());
+        let want = &request.want;
         let id = self.next_id();
+        // Fair waiters and waiting writers keep a place in the backend's queue while waiting.
+        let queue =
+            (want.kind.queues() && !request.wait.is_zero()).then_some(self.config.waiter_timeout);
         let mut ticket = self.table.join(
             id,
             &request.key,
-            (
-                request.holder.clone(),
-                attempt.clone(),
-                request.lease,
-                request.fencing,
-            ),
+            want.clone(),
+            queue,
             self.config.max_waiters_per_key,
         )?;
-        let _queued = QueueGuard {
-            table: &self.table,
-            key: &request.key,
+        let mut queued = QueueGuard {
+            shared: self,
+            request,
             id,
+            in_backend: false,
         };
-        let grant = Grant {
-            key: &request.key,
-            holder: request.holder.id(),
-            attempt: &attempt,
-            lease: request.lease,
-            fencing: request.fencing,
-        };
+        let grant = want.grant(&request.key, queue);
         let deadline = tokio::time::Instant::now() + request.wait;
         let mut listener = None;
         loop {
@@ -535,11 +638,13 @@ impl<B: Backend> Shared<B> {
                     let sent_at = BootInstant::now();
                     match self.backend.acquire(grant).await {
                         Ok(AcquireReply::Acquired { count, token }) => {
+                            // The backend took it out of its queue in the same step.
+                            queued.in_backend = false;
                             let held = Held::new(
                                 request.key.clone(),
-                                request.holder.clone(),
-                                request.lease,
-                                token,
+                                want.holder.clone(),
+                                want.kind,
+                                (want.lease, token),
                                 sent_at,
                                 self.config.max_hold,
                             );
@@ -548,11 +653,16 @@ impl<B: Backend> Shared<B> {
                             return Ok((held, count));
                         }
                         Ok(AcquireReply::Held { ttl }) => {
+                            if let Some(place) = &ticket.queued {
+                                place.joined(sent_at);
+                                queued.in_backend = true;
+                            }
                             if request.wait.is_zero() || tokio::time::Instant::now() >= deadline {
                                 return Err(LockError::WaitTimeout { retry_after: ttl });
                             }
                             if listener.is_none() {
-                                let (shared_listener, fresh) = self.listen(&request.key).await?;
+                                let (shared_listener, fresh) =
+                                    self.listen(&request.key, want).await?;
                                 listener = Some(shared_listener);
                                 if fresh {
                                     // Check again now that releases can no longer be missed.
@@ -561,6 +671,7 @@ impl<B: Backend> Shared<B> {
                             }
                             ttl
                         }
+                        Ok(AcquireReply::WouldDeadlock) => return Err(LockError::UpgradeRefused),
                         Err(error) => return Err(self.unknown_outcome(grant, error).await),
                     }
                 }
@@ -602,28 +713,35 @@ impl<B: Backend> Shared<B> {
         }
     }
 
-    /// The release listener of `key`, subscribing when this client has none yet; the flag
-    /// tells whether it is new (the lock must then be checked again).
-    async fn listen(&self, key: &LockKey) -> Result<(Arc<B::Listener>, bool), LockError> {
-        if let Some(listener) = self.table.listener(key) {
+    /// The release listener for a waiter of `key`; the flag tells whether it is new (the lock
+    /// must then be checked again). Exclusive waiters share one per key (only the head
+    /// contends); a fair waiter listens for its own name; readers and writers each listen.
+    async fn listen(
+        &self,
+        key: &LockKey,
+        want: &Want,
+    ) -> Result<(Arc<B::Listener>, bool), LockError> {
+        let exclusive = want.kind == LockKind::Exclusive;
+        if exclusive && let Some(listener) = self.table.listener(key) {
             return Ok((listener, false));
         }
+        let only_for = (want.kind == LockKind::Fair).then(|| want.holder.id());
         let listener = self
             .backend
-            .listen(key)
+            .listen(key, only_for)
             .await
             .map_err(|e| LockError::Backend(e.with_key(key.as_str())))?;
-        Ok((self.table.set_listener(key, listener), true))
+        let listener = match exclusive {
+            true => self.table.set_listener(key, listener),
+            false => Arc::new(listener),
+        };
+        Ok((listener, true))
     }
 
     /// An acquire failed without a clear answer: undo what it may have taken, then report it.
     async fn unknown_outcome(&self, grant: Grant<'_>, error: BackendError) -> LockError {
         if error.outcome_unknown() {
-            match self
-                .backend
-                .abandon(grant.key, grant.holder, grant.attempt)
-                .await
-            {
+            match self.backend.abandon(grant).await {
                 Ok(true) => {
                     tracing::info!(key = %grant.key, "undid an acquire whose reply was lost")
                 }
@@ -652,13 +770,7 @@ impl<B: Backend> Shared<B> {
             let shared = self.clone();
             let held = held.clone();
             runtime.spawn(async move {
-                let release = Release {
-                    key: &held.key,
-                    holder: held.holder.id(),
-                    all: true,
-                    handoff: None,
-                };
-                let _ = shared.backend.release(release).await;
+                let _ = shared.backend.release(held.release_all()).await;
             });
         }
     }
@@ -687,18 +799,14 @@ impl<B: Backend> Shared<B> {
             handoff,
             yield_turn,
         } = releasing;
-        let next = handoff.as_ref().map(|slot| Grant {
-            key: &held.key,
-            holder: slot.holder.id(),
-            attempt: &slot.attempt,
-            lease: slot.lease,
-            fencing: slot.fencing,
-        });
         let release = Release {
             key: &held.key,
             holder: held.holder.id(),
             all: false,
-            handoff: next,
+            handoff: handoff
+                .as_ref()
+                .map(|slot| slot.want.grant(&held.key, None)),
+            kind: held.kind,
         };
         let sent_at = BootInstant::now();
         let started = tokio::time::Instant::now();
@@ -714,9 +822,9 @@ impl<B: Backend> Shared<B> {
             (Ok(ReleaseReply::HandedOff { token }), Some(slot)) => {
                 let next = Held::new(
                     held.key.clone(),
-                    slot.holder.clone(),
-                    slot.lease,
-                    token,
+                    slot.want.holder.clone(),
+                    slot.want.kind,
+                    (slot.want.lease, token),
                     sent_at,
                     self.config.max_hold,
                 );
@@ -736,10 +844,7 @@ impl<B: Backend> Shared<B> {
                         && error.outcome_unknown()
                     {
                         // The hand-off may have happened: undo it before the waiter retries.
-                        let _ = self
-                            .backend
-                            .abandon(&held.key, slot.holder.id(), &slot.attempt)
-                            .await;
+                        let _ = self.backend.abandon(slot.want.grant(&held.key, None)).await;
                     }
                     self.table.restore(&held.key, slot);
                 }

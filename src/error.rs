@@ -29,6 +29,10 @@ pub enum LockError {
     /// The backend failed or could not be reached.
     #[error(transparent)]
     Backend(#[from] BackendError),
+    /// A holder of the read side asked for the write side of the same read-write lock; waiting
+    /// would deadlock, so it fails at once.
+    #[error("cannot upgrade a read lock to a write lock")]
+    UpgradeRefused,
     /// Too many requests are already waiting for this key in this client.
     #[error("too many waiters for this lock")]
     TooManyWaiters,

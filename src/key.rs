@@ -70,6 +70,13 @@ impl LockKey {
         Ok(Self { name })
     }
 
+    /// The same lock name with `suffix` appended: another lock with the same hash slot.
+    pub(crate) fn with_suffix(&self, suffix: &str) -> Self {
+        Self {
+            name: self.derived(suffix),
+        }
+    }
+
     /// The lock's name in the backend, `prefix{escaped key}`.
     pub fn as_str(&self) -> &str {
         &self.name
@@ -87,7 +94,8 @@ impl LockKey {
     /// The user key this lock was built from, decoded back to its original bytes.
     pub fn user_key(&self) -> Vec<u8> {
         let start = self.name.find('{').map_or(0, |i| i + 1);
-        let inner = &self.name[start..self.name.len() - 1];
+        let end = self.name.rfind('}').unwrap_or(self.name.len());
+        let inner = &self.name[start..end];
         percent_decode(inner.as_bytes()).collect()
     }
 }

@@ -18,12 +18,13 @@ use tokio::{
 };
 
 use crate::{
+    backend::{Grant, LockKind},
     clock::BootInstant,
     error::LockError,
     holder::Holder,
     key::LockKey,
     lease::Lease,
-    watchdog::{Held, Scan},
+    watchdog::{Held, Queued, Scan},
 };
 
 /// The per-key state of one client.
@@ -64,8 +65,13 @@ impl<L> Default for KeyState<L> {
 }
 
 impl<L> KeyState<L> {
+    /// Whether an exclusive lock of this name is held (or being handed over) here.
     fn held_here(&self) -> bool {
-        self.handing_off > 0 || self.held.iter().any(|held| !held.lost.is_cancelled())
+        self.handing_off > 0
+            || self.held.iter().any(|held| {
+                matches!(held.kind, LockKind::Exclusive | LockKind::Fair)
+                    && !held.lost.is_cancelled()
+            })
     }
 
     fn is_idle(&self) -> bool {
@@ -79,16 +85,40 @@ impl<L> KeyState<L> {
     }
 }
 
+/// What a waiter asks for.
+#[derive(Debug)]
+pub(crate) struct Want {
+    pub(crate) holder: Holder,
+    pub(crate) attempt: String,
+    pub(crate) kind: LockKind,
+    pub(crate) lease: Lease,
+    pub(crate) fencing: bool,
+}
+
+impl Want {
+    /// The backend grant for this waiter.
+    pub(crate) fn grant<'a>(&'a self, key: &'a LockKey, queue: Option<Duration>) -> Grant<'a> {
+        Grant {
+            key,
+            holder: self.holder.id(),
+            attempt: &self.attempt,
+            lease: self.lease,
+            fencing: self.fencing,
+            kind: self.kind,
+            queue,
+        }
+    }
+}
+
 /// A queued waiter, with what it asks for and where to deliver a hand-off.
 #[derive(Debug)]
 pub(crate) struct Slot {
     id: u64,
-    pub(crate) holder: Holder,
-    pub(crate) attempt: String,
-    pub(crate) lease: Lease,
-    pub(crate) fencing: bool,
+    pub(crate) want: Arc<Want>,
     handoff: oneshot::Sender<Arc<Held>>,
     wake: Arc<Notify>,
+    /// Its place in a backend queue, kept alive by the watchdog.
+    queued: Option<Arc<Queued>>,
 }
 
 /// A waiter's place in the queue, held by its acquire future.
@@ -96,6 +126,7 @@ pub(crate) struct Slot {
 pub(crate) struct Ticket {
     pub(crate) wake: Arc<Notify>,
     pub(crate) handoff: oneshot::Receiver<Arc<Held>>,
+    pub(crate) queued: Option<Arc<Queued>>,
 }
 
 /// What a waiter should do next.
@@ -126,13 +157,18 @@ impl<L> Table<L> {
         self.keys.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The live entry of `holder` for `key`, if it holds it here.
-    pub(crate) fn held_by(&self, key: &LockKey, holder: &Holder) -> Option<Arc<Held>> {
+    /// The live entry of `holder` for `key` of `kind`, if it holds it here.
+    pub(crate) fn held_by(
+        &self,
+        key: &LockKey,
+        holder: &Holder,
+        kind: LockKind,
+    ) -> Option<Arc<Held>> {
         self.keys()
             .get(key.as_str())?
             .held
             .iter()
-            .find(|held| held.holder == *holder && !held.is_lost())
+            .find(|held| held.holder == *holder && held.kind == kind && !held.is_lost())
             .cloned()
     }
 
@@ -140,11 +176,14 @@ impl<L> Table<L> {
     ///
     /// # Errors
     /// [`LockError::TooManyWaiters`] when `max_waiters` already wait for the key.
+    /// With `queue_timeout`, the waiter keeps a place in the backend's queue, which the
+    /// watchdog keeps alive.
     pub(crate) fn join(
         &self,
         id: u64,
         key: &LockKey,
-        request: (Holder, String, Lease, bool),
+        want: Arc<Want>,
+        queue_timeout: Option<Duration>,
         max_waiters: usize,
     ) -> Result<Ticket, LockError> {
         let mut keys = self.keys();
@@ -154,17 +193,27 @@ impl<L> Table<L> {
         }
         let (tx, rx) = oneshot::channel();
         let wake = Arc::new(Notify::new());
-        let (holder, attempt, lease, fencing) = request;
+        let queued = queue_timeout.map(|timeout| {
+            Queued::new(
+                key.clone(),
+                want.holder.clone(),
+                want.kind,
+                timeout,
+                wake.clone(),
+            )
+        });
         state.waiters.push_back(Slot {
             id,
-            holder,
-            attempt,
-            lease,
-            fencing,
+            want,
             handoff: tx,
             wake: wake.clone(),
+            queued: queued.clone(),
         });
-        Ok(Ticket { wake, handoff: rx })
+        Ok(Ticket {
+            wake,
+            handoff: rx,
+            queued,
+        })
     }
 
     /// Decides what waiter `id` does next.
@@ -175,6 +224,8 @@ impl<L> Table<L> {
         };
         match state.waiters.iter().position(|slot| slot.id == id) {
             None => Turn::AwaitHandoff,
+            // Fair and read-write waiters each contend; the backend orders them.
+            Some(pos) if state.waiters[pos].want.kind != LockKind::Exclusive => Turn::Contend,
             Some(0) if !state.held_here() => match state.yield_until.take() {
                 Some(until) if until > Instant::now() => {
                     state.yield_until = Some(until);
@@ -265,8 +316,17 @@ impl<L> Table<L> {
         };
         let before = state.held.len();
         state.held.retain(|other| !Arc::ptr_eq(other, held));
-        // Hand off only a lock this entry still holds: a lost one may already be another's.
-        if state.held.len() == before || held.is_lost() || state.waiters.is_empty() {
+        // Hand off only a lock this entry still holds (a lost one may already be another's),
+        // and only between exclusive holders.
+        let exclusive_next = state
+            .waiters
+            .front()
+            .is_some_and(|slot| slot.want.kind == LockKind::Exclusive);
+        if state.held.len() == before
+            || held.is_lost()
+            || held.kind != LockKind::Exclusive
+            || !exclusive_next
+        {
             return (None, false);
         }
         let limit = if state.contended_elsewhere {
@@ -349,9 +409,14 @@ impl<L> Table<L> {
     pub(crate) fn scan(&self, now: BootInstant) -> Scan {
         let keys = self.keys();
         let mut scan = Scan::default();
-        for held in keys.values().flat_map(|state| &state.held) {
-            if !held.lost.is_cancelled() {
-                scan.add(held, now);
+        for state in keys.values() {
+            for held in &state.held {
+                if !held.lost.is_cancelled() {
+                    scan.add(held, now);
+                }
+            }
+            for wait in state.waiters.iter().filter_map(|slot| slot.queued.as_ref()) {
+                scan.add_wait(wait, now);
             }
         }
         scan

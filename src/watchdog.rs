@@ -14,10 +14,11 @@ use std::{
     time::Duration,
 };
 
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    backend::{Backend, Renew, RenewReply},
+    backend::{Backend, LockKind, Release, Renew, RenewReply},
     client::Shared,
     clock::BootInstant,
     holder::Holder,
@@ -30,6 +31,7 @@ use crate::{
 pub(crate) struct Held {
     pub(crate) key: LockKey,
     pub(crate) holder: Holder,
+    pub(crate) kind: LockKind,
     pub(crate) lease: Lease,
     pub(crate) token: Option<u64>,
     pub(crate) lost: CancellationToken,
@@ -55,14 +57,15 @@ impl Held {
     pub(crate) fn new(
         key: LockKey,
         holder: Holder,
-        lease: Lease,
-        token: Option<u64>,
+        kind: LockKind,
+        (lease, token): (Lease, Option<u64>),
         sent_at: BootInstant,
         max_hold: Option<Duration>,
     ) -> Arc<Self> {
         Arc::new(Self {
             key,
             holder,
+            kind,
             lease,
             token,
             lost: CancellationToken::new(),
@@ -74,6 +77,17 @@ impl Held {
                 renew_until: max_hold.map(|max| sent_at + max),
             }),
         })
+    }
+
+    /// A release of every hold of this entry.
+    pub(crate) fn release_all(&self) -> Release<'_> {
+        Release {
+            key: &self.key,
+            holder: self.holder.id(),
+            all: true,
+            handoff: None,
+            kind: self.kind,
+        }
     }
 
     /// Whether the lock is known to be lost, or its deadline has passed.
@@ -149,6 +163,87 @@ impl Held {
     }
 }
 
+/// A waiter's place in a backend wait queue (fair locks, waiting writers), kept alive by the
+/// watchdog while the waiter waits, so that only a waiter that died is ever purged.
+#[derive(Debug)]
+pub(crate) struct Queued {
+    pub(crate) key: LockKey,
+    pub(crate) holder: Holder,
+    pub(crate) kind: LockKind,
+    timeout: Duration,
+    /// Wakes the waiter when its turn came or its place was lost.
+    pub(crate) wake: Arc<Notify>,
+    state: Mutex<QueuedState>,
+}
+
+#[derive(Debug)]
+struct QueuedState {
+    /// The backend has a place for this waiter.
+    active: bool,
+    next_refresh: BootInstant,
+    refreshing: bool,
+}
+
+impl Queued {
+    pub(crate) fn new(
+        key: LockKey,
+        holder: Holder,
+        kind: LockKind,
+        timeout: Duration,
+        wake: Arc<Notify>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            key,
+            holder,
+            kind,
+            timeout,
+            wake,
+            state: Mutex::new(QueuedState {
+                active: false,
+                next_refresh: BootInstant::now(),
+                refreshing: false,
+            }),
+        })
+    }
+
+    /// The waiter's place was (re)taken by a request sent at `sent_at`.
+    pub(crate) fn joined(&self, sent_at: BootInstant) {
+        let mut state = self.state();
+        state.active = true;
+        state.next_refresh = state.next_refresh.max(sent_at + self.timeout / 3);
+    }
+
+    fn check(&self, now: BootInstant) -> Option<Check> {
+        let mut state = self.state();
+        if !state.active || state.refreshing {
+            return None;
+        }
+        if state.next_refresh <= now {
+            state.refreshing = true;
+            return Some(Check::Due);
+        }
+        Some(Check::Later(state.next_refresh))
+    }
+
+    fn refreshed(&self, sent_at: BootInstant, reply: Option<RenewReply>) {
+        let mut state = self.state();
+        state.refreshing = false;
+        match reply {
+            Some(RenewReply::Renewed) => state.next_refresh = sent_at + self.timeout / 3,
+            Some(RenewReply::Ready | RenewReply::NotHeld) => {
+                // Its turn, or its place is gone: either way the waiter tries again now.
+                state.active = false;
+                self.wake.notify_one();
+            }
+            None => state.next_refresh = BootInstant::now() + self.timeout / 10,
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, QueuedState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// What an entry needs.
 pub(crate) enum Check {
     Lost,
@@ -167,8 +262,8 @@ pub(crate) async fn run<B: Backend>(shared: Arc<Shared<B>>) {
         for held in scan.lost {
             shared.lose(&held, "lease deadline passed before a renewal succeeded");
         }
-        if !scan.due.is_empty() {
-            tokio::spawn(renew(shared.clone(), scan.due, now));
+        if !scan.due.is_empty() || !scan.due_waits.is_empty() {
+            tokio::spawn(renew(shared.clone(), scan.due, scan.due_waits, now));
         }
         let sleep = scan
             .next
@@ -181,37 +276,56 @@ pub(crate) async fn run<B: Backend>(shared: Arc<Shared<B>>) {
     }
 }
 
-/// Renews one batch of entries whose renewals were sent at `sent_at`.
-async fn renew<B: Backend>(shared: Arc<Shared<B>>, due: Vec<Arc<Held>>, sent_at: BootInstant) {
-    let renewals: Vec<Renew<'_>> = due
-        .iter()
-        .map(|held| Renew {
-            key: &held.key,
-            holder: held.holder.id(),
-            lease: held.lease,
-        })
-        .collect();
-    let result = shared.backend.renew(&renewals).await;
-    match result {
-        Ok(replies) if replies.len() == due.len() => {
-            tracing::trace!(locks = due.len(), "leases renewed");
-            for (held, reply) in due.iter().zip(replies) {
-                match reply {
-                    RenewReply::Renewed => held.renewed(sent_at),
-                    RenewReply::NotHeld => shared.lose(held, "renewal found another owner"),
-                }
-            }
-        }
+/// Renews one batch of leases and waiter places, sent at `sent_at`, in one backend call.
+async fn renew<B: Backend>(
+    shared: Arc<Shared<B>>,
+    due: Vec<Arc<Held>>,
+    waits: Vec<Arc<Queued>>,
+    sent_at: BootInstant,
+) {
+    let holds = due.iter().map(|held| Renew {
+        key: &held.key,
+        holder: held.holder.id(),
+        lease: held.lease,
+        kind: held.kind,
+        queued: false,
+    });
+    let places = waits.iter().map(|wait| Renew {
+        key: &wait.key,
+        holder: wait.holder.id(),
+        lease: Lease::fixed(wait.timeout),
+        kind: wait.kind,
+        queued: true,
+    });
+    let renewals: Vec<Renew<'_>> = holds.chain(places).collect();
+    let replies = match shared.backend.renew(&renewals).await {
+        Ok(replies) if replies.len() == renewals.len() => Some(replies),
         Ok(_) => {
             tracing::warn!("lease renewal returned the wrong number of replies");
-            due.iter()
-                .for_each(|held| held.renew_failed(BootInstant::now()));
+            None
         }
         Err(error) => {
             tracing::warn!(%error, locks = due.len(), "lease renewal failed; retrying until the deadline");
-            due.iter()
-                .for_each(|held| held.renew_failed(BootInstant::now()));
+            None
         }
+    };
+    drop(renewals);
+    tracing::trace!(
+        locks = due.len(),
+        waiters = waits.len(),
+        ok = replies.is_some(),
+        "leases renewed"
+    );
+    let mut replies = replies.map(Vec::into_iter);
+    for held in &due {
+        match replies.as_mut().and_then(Iterator::next) {
+            Some(RenewReply::NotHeld) => shared.lose(held, "renewal found another owner"),
+            Some(_) => held.renewed(sent_at),
+            None => held.renew_failed(BootInstant::now()),
+        }
+    }
+    for wait in &waits {
+        wait.refreshed(sent_at, replies.as_mut().and_then(Iterator::next));
     }
     shared.watchdog_wake.notify_one();
 }
@@ -221,6 +335,7 @@ async fn renew<B: Backend>(shared: Arc<Shared<B>>, due: Vec<Arc<Held>>, sent_at:
 pub(crate) struct Scan {
     pub(crate) lost: Vec<Arc<Held>>,
     pub(crate) due: Vec<Arc<Held>>,
+    pub(crate) due_waits: Vec<Arc<Queued>>,
     pub(crate) next: Option<BootInstant>,
 }
 
@@ -229,7 +344,19 @@ impl Scan {
         match held.check(now) {
             Check::Lost => self.lost.push(held.clone()),
             Check::Due => self.due.push(held.clone()),
-            Check::Later(at) => self.next = Some(self.next.map_or(at, |next| next.min(at))),
+            Check::Later(at) => self.later(at),
         }
+    }
+
+    pub(crate) fn add_wait(&mut self, wait: &Arc<Queued>, now: BootInstant) {
+        match wait.check(now) {
+            Some(Check::Due) => self.due_waits.push(wait.clone()),
+            Some(Check::Later(at)) => self.later(at),
+            _ => {}
+        }
+    }
+
+    fn later(&mut self, at: BootInstant) {
+        self.next = Some(self.next.map_or(at, |next| next.min(at)));
     }
 }

@@ -2,8 +2,10 @@
 //!
 //! Several local waiters (of several clients sharing one backend) can listen on one lock. Each
 //! gets its own [`Listener`] with its own wake-up permit, so one notification wakes each of them
-//! once and never gets consumed by the wrong one. The backend is told when a channel gains its
-//! first listener and loses its last, to subscribe and unsubscribe.
+//! once and never gets consumed by the wrong one. A listener may be tagged with a holder id: it
+//! then wakes only for notifications that name that holder (a fair lock's next holder). The
+//! backend is told when a channel gains its first listener and loses its last, to subscribe and
+//! unsubscribe.
 
 use std::{
     collections::HashMap,
@@ -14,8 +16,8 @@ use tokio::sync::{Notify, mpsc};
 
 use super::Listen;
 
-/// Each channel's listeners, by listener id.
-type Channels = HashMap<String, Vec<(u64, Arc<Notify>)>>;
+/// Each channel's listeners: id, tag, wake-up.
+type Channels = HashMap<String, Vec<(u64, Option<String>, Arc<Notify>)>>;
 
 /// The listeners of every channel, and where to report channels that lost their last listener.
 #[derive(Debug, Default)]
@@ -34,8 +36,9 @@ impl Listeners {
         }
     }
 
-    /// Adds a listener to `channel`. The flag tells whether it is the channel's first.
-    pub(crate) fn add(self: &Arc<Self>, channel: String) -> (Listener, bool) {
+    /// Adds a listener to `channel`, woken only by notifications naming `tag` when it has one.
+    /// The flag tells whether it is the channel's first.
+    pub(crate) fn add(self: &Arc<Self>, channel: String, tag: Option<&str>) -> (Listener, bool) {
         let id = self
             .next_id
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -43,7 +46,7 @@ impl Listeners {
         let mut channels = self.lock();
         let entry = channels.entry(channel.clone()).or_default();
         let first = entry.is_empty();
-        entry.push((id, notify.clone()));
+        entry.push((id, tag.map(str::to_owned), notify.clone()));
         drop(channels);
         let listener = Listener {
             listeners: self.clone(),
@@ -54,14 +57,17 @@ impl Listeners {
         (listener, first)
     }
 
-    /// Wakes every listener of `channel`; returns how many there were.
-    pub(crate) fn notify(&self, channel: &str) -> u64 {
+    /// Wakes the listeners of `channel` that `payload` concerns: untagged ones, and the one
+    /// tagged with it. Returns how many listened on the channel.
+    pub(crate) fn notify(&self, channel: &str, payload: &str) -> u64 {
         let channels = self.lock();
         let Some(entry) = channels.get(channel) else {
             return 0;
         };
-        for (_, notify) in entry {
-            notify.notify_one();
+        for (_, tag, notify) in entry {
+            if tag.as_deref().is_none_or(|tag| tag == payload) {
+                notify.notify_one();
+            }
         }
         entry.len() as u64
     }
@@ -69,7 +75,7 @@ impl Listeners {
     /// Wakes every listener (after a reconnect, when messages may have been lost).
     pub(crate) fn notify_all(&self) {
         for entry in self.lock().values() {
-            for (_, notify) in entry {
+            for (_, _, notify) in entry {
                 notify.notify_one();
             }
         }
@@ -95,7 +101,7 @@ impl Listeners {
         let Some(entry) = channels.get_mut(channel) else {
             return;
         };
-        entry.retain(|(other, _)| *other != id);
+        entry.retain(|(other, _, _)| *other != id);
         if entry.is_empty() {
             channels.remove(channel);
             if let Some(emptied) = &self.emptied {

@@ -21,6 +21,27 @@ pub mod redis;
 pub use listeners::Listener;
 pub(crate) use listeners::Listeners;
 
+/// The kind of a lock, which decides who may hold it together and in what order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LockKind {
+    /// One holder at a time; waiters are woken in no particular order across processes.
+    Exclusive,
+    /// One holder at a time, granted in the order waiters joined the lock's queue.
+    Fair,
+    /// The read side of a read-write lock: shared with other readers.
+    Read,
+    /// The write side of a read-write lock: exclusive, and waiting writers hold back new readers.
+    Write,
+}
+
+impl LockKind {
+    /// Whether waiters of this kind keep a place in a queue in the backend.
+    pub fn queues(self) -> bool {
+        matches!(self, Self::Fair | Self::Write)
+    }
+}
+
 /// Who is to own a lock, as the backend records it.
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
@@ -36,6 +57,11 @@ pub struct Grant<'a> {
     pub lease: Lease,
     /// Whether to issue a fencing token.
     pub fencing: bool,
+    /// The kind of lock.
+    pub kind: LockKind,
+    /// For kinds that [queue](LockKind::queues): when the lock is busy, join (or stay in) its
+    /// wait queue for this long unless the place is kept alive with [`Backend::renew`].
+    pub queue: Option<Duration>,
 }
 
 /// The answer to an acquire.
@@ -51,9 +77,11 @@ pub enum AcquireReply {
     },
     /// Another holder has the lock.
     Held {
-        /// The lock's remaining lease, when it has one.
+        /// When to try again at the latest: the blocking lease's remaining time, when known.
         ttl: Option<Duration>,
     },
+    /// The holder holds the read side and asked for the write side: waiting would deadlock.
+    WouldDeadlock,
 }
 
 /// A release of one hold (or all of them) by `holder`.
@@ -67,8 +95,10 @@ pub struct Release<'a> {
     /// Release every hold of this holder at once instead of one.
     pub all: bool,
     /// When the lock becomes free, grant it to this waiter in the same step instead of
-    /// publishing the release.
+    /// publishing the release (exclusive locks only).
     pub handoff: Option<Grant<'a>>,
+    /// The kind of lock.
+    pub kind: LockKind,
 }
 
 /// The answer to a release.
@@ -95,26 +125,32 @@ pub enum ReleaseReply {
     },
 }
 
-/// One lease to extend.
+/// One lease to extend, or one place in a wait queue to keep.
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
 pub struct Renew<'a> {
     /// The lock.
     pub key: &'a LockKey,
-    /// The holder that must still own it.
+    /// The holder that must still own it (or be queued for it).
     pub holder: &'a str,
-    /// The new lease, counted from now.
+    /// The new lease (or waiter timeout), counted from now.
     pub lease: Lease,
+    /// The kind of lock.
+    pub kind: LockKind,
+    /// Keep the holder's place in the wait queue instead of extending a hold.
+    pub queued: bool,
 }
 
 /// The answer to one renewal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum RenewReply {
-    /// The lease was extended.
+    /// The lease was extended (or the place in the queue kept).
     Renewed,
-    /// The holder no longer owns the lock.
+    /// The holder no longer owns the lock (or is no longer queued).
     NotHeld,
+    /// The holder is first in the queue and the lock is free: its turn to acquire.
+    Ready,
 }
 
 /// A store that can hold locks. See the [module docs](self).
@@ -144,20 +180,27 @@ pub trait Backend: Send + Sync + 'static {
         renewals: &[Renew<'_>],
     ) -> impl Future<Output = Result<Vec<RenewReply>, BackendError>> + Send;
 
-    /// Undoes what the attempt `attempt` of `holder` took, if it took anything and nothing
-    /// newer has happened to the holder's hold since. Returns whether a hold was undone.
-    fn abandon(
+    /// Undoes what the attempt `grant.attempt` took, if it took anything and nothing newer has
+    /// happened to the holder's hold since. Returns whether a hold was undone.
+    fn abandon(&self, grant: Grant<'_>) -> impl Future<Output = Result<bool, BackendError>> + Send;
+
+    /// Takes `holder` out of the wait queue of `key` (it gave up waiting), passing the wake-up
+    /// on when it was first.
+    fn leave(
         &self,
         key: &LockKey,
         holder: &str,
-        attempt: &str,
-    ) -> impl Future<Output = Result<bool, BackendError>> + Send;
+        kind: LockKind,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
-    /// Registers for release notifications of `key`. Resolves once notifications are flowing,
-    /// so a caller that checks the lock after this cannot miss a release.
+    /// Registers for release notifications of `key`. With `only_for`, only notifications that
+    /// name that holder wake the listener (a fair lock wakes its next holder alone). Resolves
+    /// once notifications are flowing, so a caller that checks the lock after this cannot miss
+    /// a release.
     fn listen(
         &self,
         key: &LockKey,
+        only_for: Option<&str>,
     ) -> impl Future<Output = Result<Self::Listener, BackendError>> + Send;
 
     /// Stops background work (connections, tasks). Called by

@@ -26,7 +26,7 @@ use std::{
     time::Duration,
 };
 
-use redis::{Client, FromRedisValue, RedisError, ScriptInvocation, Value};
+use redis::{Client, FromRedisValue, RedisError, Script, ScriptInvocation, Value};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 pub use bb8;
@@ -38,10 +38,13 @@ use self::{
     pubsub::PubSub,
     scripts::SCRIPTS,
 };
-use super::{AcquireReply, Backend, Grant, Listener, Release, ReleaseReply, Renew, RenewReply};
+use super::{
+    AcquireReply, Backend, Grant, Listener, LockKind, Release, ReleaseReply, Renew, RenewReply,
+};
 use crate::{
     error::{BackendError, BackendErrorKind},
     key::LockKey,
+    lease::Lease,
 };
 
 mod pool;
@@ -52,6 +55,14 @@ mod scripts;
 const FENCE: &str = ":fence";
 /// Suffix of the release channel.
 const CHANNEL: &str = ":released";
+/// Suffix of a fair lock's waiter queue.
+const QUEUE: &str = ":queue";
+/// Suffix of a fair lock's waiter timeouts.
+const TIMEOUTS: &str = ":timeouts";
+/// Suffix of a read-write lock's readers.
+const READERS: &str = ":readers";
+/// Suffix of a read-write lock's waiting writers.
+const WRITERS: &str = ":writers";
 
 /// Locks in one Redis node. See the [module docs](self). Cheap to clone.
 #[derive(Clone)]
@@ -241,7 +252,7 @@ impl RedisBackend {
         BackendError::from_kind(BackendErrorKind::WrongType { found }).with_key(key.as_str())
     }
 
-    /// Runs the renew script for every entry in one pipeline.
+    /// Runs the renewal script of every entry in one pipeline.
     async fn renew_pipeline(
         &self,
         renewals: &[Renew<'_>],
@@ -249,16 +260,65 @@ impl RedisBackend {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for renew in renewals {
-            pipe.cmd("EVALSHA")
-                .arg(SCRIPTS.renew.get_hash())
-                .arg(1)
-                .arg(renew.key.as_str())
-                .arg(renew.holder)
-                .arg(renew.lease.millis());
+            let invocation = renew_invocation(renew);
+            let cmd = pipe.cmd("EVALSHA");
+            cmd.arg(invocation.script.get_hash())
+                .arg(invocation.keys.len());
+            for key in &invocation.keys {
+                cmd.arg(key);
+            }
+            for arg in &invocation.args {
+                cmd.arg(arg);
+            }
         }
         self.with_conn(None, async |conn| pipe.query_async(conn).await)
             .await
     }
+}
+
+/// The script and arguments of one renewal, for a pipeline.
+struct PipelinedScript {
+    script: &'static Script,
+    keys: Vec<String>,
+    args: Vec<String>,
+}
+
+fn renew_invocation(renew: &Renew<'_>) -> PipelinedScript {
+    let key = renew.key;
+    let holder = renew.holder.to_owned();
+    let millis = renew.lease.millis().to_string();
+    let (script, keys, args) = match (renew.kind, renew.queued) {
+        (LockKind::Fair, true) => (
+            &SCRIPTS.fair_wait,
+            vec![
+                key.as_str().to_owned(),
+                key.derived(QUEUE),
+                key.derived(TIMEOUTS),
+            ],
+            vec![holder, millis, key.derived(CHANNEL)],
+        ),
+        (LockKind::Write, true) => (
+            &SCRIPTS.rw_wait,
+            vec![key.derived(WRITERS)],
+            vec![holder, millis, key.derived(CHANNEL)],
+        ),
+        (LockKind::Read | LockKind::Write, _) => (
+            &SCRIPTS.rw_renew,
+            vec![key.as_str().to_owned(), key.derived(READERS)],
+            vec![holder, side(renew.kind).to_owned(), millis],
+        ),
+        _ => (
+            &SCRIPTS.renew,
+            vec![key.as_str().to_owned()],
+            vec![holder, millis],
+        ),
+    };
+    PipelinedScript { script, keys, args }
+}
+
+/// The side argument of the read-write scripts.
+fn side(kind: LockKind) -> &'static str {
+    if kind == LockKind::Write { "w" } else { "r" }
 }
 
 /// Maps a redis-rs error to what the engine needs to know.
@@ -319,43 +379,101 @@ impl Backend for RedisBackend {
     type Listener = Listener;
 
     async fn acquire(&self, grant: Grant<'_>) -> Result<AcquireReply, BackendError> {
-        let mut invocation = SCRIPTS.acquire.prepare_invoke();
-        invocation
-            .key(grant.key.as_str())
-            .key(grant.key.derived(FENCE))
-            .arg(grant.holder)
-            .arg(grant.lease.millis())
-            .arg(grant.attempt)
-            .arg(flag(grant.fencing));
-        let reply: Vec<i64> = self.invoke(&invocation, grant.key).await?;
+        let key = grant.key;
+        let queue = grant
+            .queue
+            .map_or(0, |timeout| Lease::fixed(timeout).millis());
+        let invocation = match grant.kind {
+            LockKind::Fair => {
+                let mut invocation = SCRIPTS.fair_acquire.prepare_invoke();
+                invocation
+                    .key(key.as_str())
+                    .key(key.derived(QUEUE))
+                    .key(key.derived(TIMEOUTS))
+                    .key(key.derived(FENCE))
+                    .arg(grant.holder)
+                    .arg(grant.lease.millis())
+                    .arg(grant.attempt)
+                    .arg(flag(grant.fencing))
+                    .arg(queue);
+                invocation
+            }
+            LockKind::Read | LockKind::Write => {
+                let mut invocation = SCRIPTS.rw_acquire.prepare_invoke();
+                invocation
+                    .key(key.as_str())
+                    .key(key.derived(READERS))
+                    .key(key.derived(WRITERS))
+                    .key(key.derived(FENCE))
+                    .arg(grant.holder)
+                    .arg(side(grant.kind))
+                    .arg(grant.lease.millis())
+                    .arg(grant.attempt)
+                    .arg(flag(grant.fencing))
+                    .arg(queue);
+                invocation
+            }
+            _ => {
+                let mut invocation = SCRIPTS.acquire.prepare_invoke();
+                invocation
+                    .key(key.as_str())
+                    .key(key.derived(FENCE))
+                    .arg(grant.holder)
+                    .arg(grant.lease.millis())
+                    .arg(grant.attempt)
+                    .arg(flag(grant.fencing));
+                invocation
+            }
+        };
+        let reply: Vec<i64> = self.invoke(&invocation, key).await?;
         match reply.as_slice() {
             [1, count, raw_token] => Ok(AcquireReply::Acquired {
                 count: u64::try_from(*count).unwrap_or(1),
                 token: token(*raw_token),
             }),
-            [0, pttl] => Ok(AcquireReply::Held {
-                ttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+            [0, retry] => Ok(AcquireReply::Held {
+                ttl: u64::try_from(*retry).ok().map(Duration::from_millis),
             }),
-            _ => Err(protocol_error("acquire reply").with_key(grant.key.as_str())),
+            [-1] => Ok(AcquireReply::WouldDeadlock),
+            _ => Err(protocol_error("acquire reply").with_key(key.as_str())),
         }
     }
 
     async fn release(&self, release: Release<'_>) -> Result<ReleaseReply, BackendError> {
         let key = release.key;
-        let mut invocation = SCRIPTS.release.prepare_invoke();
-        invocation
-            .key(key.as_str())
-            .key(key.derived(FENCE))
-            .arg(release.holder)
-            .arg(key.derived(CHANNEL))
-            .arg(flag(release.all));
-        match release.handoff {
-            Some(next) => invocation
-                .arg(next.holder)
-                .arg(next.lease.millis())
-                .arg(next.attempt)
-                .arg(flag(next.fencing)),
-            None => invocation.arg("").arg(0).arg("").arg("0"),
+        let invocation = match release.kind {
+            LockKind::Fair => {
+                let mut invocation = SCRIPTS.fair_release.prepare_invoke();
+                invocation
+                    .key(key.as_str())
+                    .key(key.derived(QUEUE))
+                    .key(key.derived(TIMEOUTS))
+                    .arg(release.holder)
+                    .arg(key.derived(CHANNEL))
+                    .arg(flag(release.all));
+                invocation
+            }
+            LockKind::Read | LockKind::Write => {
+                rw_release(key, release.holder, release.kind, release.all, "")
+            }
+            _ => {
+                let mut invocation = SCRIPTS.release.prepare_invoke();
+                invocation
+                    .key(key.as_str())
+                    .key(key.derived(FENCE))
+                    .arg(release.holder)
+                    .arg(key.derived(CHANNEL))
+                    .arg(flag(release.all));
+                match release.handoff {
+                    Some(next) => invocation
+                        .arg(next.holder)
+                        .arg(next.lease.millis())
+                        .arg(next.attempt)
+                        .arg(flag(next.fencing)),
+                    None => invocation.arg("").arg(0).arg("").arg("0"),
+                };
+                invocation
+            }
         };
         let value: Value = self.invoke(&invocation, key).await?;
         match reply_pair(value).map_err(|e| e.with_key(key.as_str()))? {
@@ -369,6 +487,8 @@ impl Backend for RedisBackend {
             (3, Some(raw_token)) => Ok(ReleaseReply::HandedOff {
                 token: token(raw_token),
             }),
+            // Read-write: this holder is done, other holders keep the lock.
+            (3, None) => Ok(ReleaseReply::Released { notified: Some(0) }),
             _ => Err(protocol_error("release reply").with_key(key.as_str())),
         }
     }
@@ -378,19 +498,21 @@ impl Backend for RedisBackend {
             return Ok(Vec::new());
         }
         let mut replies = self.renew_pipeline(renewals).await?;
-        // A pipeline does not reload scripts by itself: load once and resend the batch.
-        // Renewal is idempotent, so entries that succeeded the first time are safe to resend.
+        // A pipeline does not reload scripts by itself: load what is missing and resend the
+        // batch. Renewal is idempotent, so entries that succeeded the first time are safe to
+        // resend.
         if replies
             .iter()
             .any(|reply| reply.as_ref().is_err_and(is_noscript))
         {
-            self.query::<String>(
-                redis::cmd("SCRIPT")
-                    .arg("LOAD")
-                    .arg(include_str!("lua/renew.lua")),
-                None,
-            )
-            .await?;
+            let mut loaded = std::collections::HashSet::new();
+            for renew in renewals {
+                let script = renew_invocation(renew).script;
+                if loaded.insert(script.get_hash()) {
+                    self.with_conn(None, async |conn| script.load_async(conn).await)
+                        .await?;
+                }
+            }
             replies = self.renew_pipeline(renewals).await?;
         }
         Ok(replies
@@ -398,6 +520,7 @@ impl Backend for RedisBackend {
             .zip(renewals)
             .map(|(reply, renew)| match reply {
                 Ok(1) => RenewReply::Renewed,
+                Ok(2) => RenewReply::Ready,
                 Ok(_) => RenewReply::NotHeld,
                 Err(error) => {
                     // A foreign value at the key means the lock is not ours any more.
@@ -408,23 +531,60 @@ impl Backend for RedisBackend {
             .collect())
     }
 
-    async fn abandon(
-        &self,
-        key: &LockKey,
-        holder: &str,
-        attempt: &str,
-    ) -> Result<bool, BackendError> {
-        let mut invocation = SCRIPTS.abandon.prepare_invoke();
-        invocation
-            .key(key.as_str())
-            .arg(holder)
-            .arg(attempt)
-            .arg(key.derived(CHANNEL));
-        let undone: i64 = self.invoke(&invocation, key).await?;
-        Ok(undone == 1)
+    async fn abandon(&self, grant: Grant<'_>) -> Result<bool, BackendError> {
+        let key = grant.key;
+        let undone = match grant.kind {
+            LockKind::Read | LockKind::Write => {
+                let invocation = rw_release(key, grant.holder, grant.kind, false, grant.attempt);
+                let value: Value = self.invoke(&invocation, key).await?;
+                !matches!(reply_pair(value)?, (0, _))
+            }
+            _ => {
+                let mut invocation = SCRIPTS.abandon.prepare_invoke();
+                invocation
+                    .key(key.as_str())
+                    .arg(grant.holder)
+                    .arg(grant.attempt)
+                    .arg(key.derived(CHANNEL));
+                self.invoke::<i64>(&invocation, key).await? == 1
+            }
+        };
+        Ok(undone)
     }
 
-    async fn listen(&self, key: &LockKey) -> Result<Listener, BackendError> {
+    async fn leave(&self, key: &LockKey, holder: &str, kind: LockKind) -> Result<(), BackendError> {
+        let invocation = match kind {
+            LockKind::Fair => {
+                let mut invocation = SCRIPTS.fair_wait.prepare_invoke();
+                invocation
+                    .key(key.as_str())
+                    .key(key.derived(QUEUE))
+                    .key(key.derived(TIMEOUTS))
+                    .arg(holder)
+                    .arg(0)
+                    .arg(key.derived(CHANNEL));
+                invocation
+            }
+            LockKind::Write => {
+                let mut invocation = SCRIPTS.rw_wait.prepare_invoke();
+                invocation
+                    .key(key.derived(WRITERS))
+                    .arg(holder)
+                    .arg(0)
+                    .arg(key.derived(CHANNEL));
+                invocation
+            }
+            _ => return Ok(()),
+        };
+        self.invoke::<i64>(&invocation, key).await?;
+        Ok(())
+    }
+
+    async fn listen(
+        &self,
+        key: &LockKey,
+        only_for: Option<&str>,
+    ) -> Result<Listener, BackendError> {
         let inner = &self.inner;
         let pubsub = inner.pubsub.get_or_init(|| {
             PubSub::start(
@@ -433,10 +593,30 @@ impl Backend for RedisBackend {
                 inner.stop.clone(),
             )
         });
-        Ok(pubsub.listen(key.derived(CHANNEL)).await)
+        Ok(pubsub.listen(key.derived(CHANNEL), only_for).await)
     }
 
     async fn shutdown(&self) {
         self.inner.stop.cancel();
     }
+}
+
+/// The read-write release script, optionally only for one attempt.
+fn rw_release<'a>(
+    key: &LockKey,
+    holder: &str,
+    kind: LockKind,
+    all: bool,
+    attempt: &str,
+) -> ScriptInvocation<'a> {
+    let mut invocation = SCRIPTS.rw_release.prepare_invoke();
+    invocation
+        .key(key.as_str())
+        .key(key.derived(READERS))
+        .arg(holder)
+        .arg(side(kind))
+        .arg(key.derived(CHANNEL))
+        .arg(flag(all))
+        .arg(attempt);
+    invocation
 }

@@ -66,8 +66,8 @@ impl PubSub {
 
     /// Listens on `channel`. Resolves once Redis confirmed the subscription, or after the
     /// timeout when the connection is down (the reconnect will subscribe and wake the listener).
-    pub(super) async fn listen(&self, channel: String) -> Listener {
-        let (listener, first) = self.listeners.add(channel.clone());
+    pub(super) async fn listen(&self, channel: String, only_for: Option<&str>) -> Listener {
+        let (listener, first) = self.listeners.add(channel.clone(), only_for);
         if first {
             let (done, confirmed) = oneshot::channel();
             if self.requests.send((channel, done)).is_ok() {
@@ -156,7 +156,8 @@ impl Task {
                 () = self.stop.cancelled() => return Ended::Stopped,
                 message = stream.next() => match message {
                     Some(message) => {
-                        self.listeners.notify(message.get_channel_name());
+                        let payload: String = message.get_payload().unwrap_or_default();
+                        self.listeners.notify(message.get_channel_name(), &payload);
                     }
                     None => return Ended::Broken,
                 },

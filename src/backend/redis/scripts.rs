@@ -10,6 +10,13 @@ pub(super) struct Scripts {
     pub(super) release: Script,
     pub(super) renew: Script,
     pub(super) abandon: Script,
+    pub(super) fair_acquire: Script,
+    pub(super) fair_release: Script,
+    pub(super) fair_wait: Script,
+    pub(super) rw_acquire: Script,
+    pub(super) rw_release: Script,
+    pub(super) rw_renew: Script,
+    pub(super) rw_wait: Script,
 }
 
 /// Built on first use; `Script::new` computes the SHA1 used by `EVALSHA`.
@@ -18,6 +25,13 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     release: Script::new(include_str!("lua/release.lua")),
     renew: Script::new(include_str!("lua/renew.lua")),
     abandon: Script::new(include_str!("lua/abandon.lua")),
+    fair_acquire: Script::new(include_str!("lua/fair_acquire.lua")),
+    fair_release: Script::new(include_str!("lua/fair_release.lua")),
+    fair_wait: Script::new(include_str!("lua/fair_wait.lua")),
+    rw_acquire: Script::new(include_str!("lua/rw_acquire.lua")),
+    rw_release: Script::new(include_str!("lua/rw_release.lua")),
+    rw_renew: Script::new(include_str!("lua/rw_renew.lua")),
+    rw_wait: Script::new(include_str!("lua/rw_wait.lua")),
 });
 
 #[cfg(test)]
@@ -32,6 +46,13 @@ mod tests {
             SCRIPTS.release.get_hash(),
             SCRIPTS.renew.get_hash(),
             SCRIPTS.abandon.get_hash(),
+            SCRIPTS.fair_acquire.get_hash(),
+            SCRIPTS.fair_release.get_hash(),
+            SCRIPTS.fair_wait.get_hash(),
+            SCRIPTS.rw_acquire.get_hash(),
+            SCRIPTS.rw_release.get_hash(),
+            SCRIPTS.rw_renew.get_hash(),
+            SCRIPTS.rw_wait.get_hash(),
         ];
         for (i, hash) in hashes.iter().enumerate() {
             assert_eq!(hash.len(), 40);

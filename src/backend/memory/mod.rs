@@ -1,0 +1,424 @@
+//! The in-process backend.
+//!
+//! Same semantics as the Redis backend (owner-checked reentrant holds, leases that expire,
+//! fencing counters that never go back, hand-off, fair queues with waiter timeouts, read-write
+//! locks with a lease per reader, release notifications) for one process. Clones share the same
+//! locks, so two [`LockClient`](crate::LockClient)s built on clones of one `MemoryBackend`
+//! contend exactly as two processes would on one Redis.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use tokio::time::Instant;
+
+use super::{
+    AcquireReply, Backend, Grant, Listener, Listeners, LockKind, Release, ReleaseReply, Renew,
+    RenewReply,
+};
+use crate::{error::BackendError, key::LockKey};
+
+mod rw;
+
+/// Locks held in this process. See the [module docs](self).
+///
+/// ```
+/// use tower_lock::{LockClient, MemoryBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_lock::LockError> {
+/// let locks = LockClient::builder(MemoryBackend::new()).build().unwrap();
+/// let guard = locks.lock("order:42").acquire().await?;
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct MemoryBackend {
+    state: Arc<Mutex<State>>,
+    listeners: Arc<Listeners>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    locks: HashMap<String, Entry>,
+    /// Fencing counters outlive their locks, as the Redis counter key does.
+    fences: HashMap<String, u64>,
+    /// Fair locks' waiter queues.
+    queues: HashMap<String, FairQueue>,
+    /// Read-write locks.
+    rw: HashMap<String, rw::RwLock>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    owner: String,
+    count: u64,
+    expires: Instant,
+    attempt: String,
+    token: Option<u64>,
+}
+
+/// Waiters of a fair lock, oldest first, each with the time its place expires.
+#[derive(Debug, Default)]
+struct FairQueue {
+    order: VecDeque<String>,
+    timeouts: HashMap<String, Instant>,
+}
+
+impl FairQueue {
+    fn purge(&mut self, now: Instant) {
+        self.timeouts.retain(|_, until| *until > now);
+        let timeouts = &self.timeouts;
+        self.order.retain(|waiter| timeouts.contains_key(waiter));
+    }
+
+    fn remove(&mut self, holder: &str) {
+        self.timeouts.remove(holder);
+        self.order.retain(|waiter| waiter != holder);
+    }
+}
+
+/// What a release should publish, decided under the state lock and sent after it.
+type Publish = Option<(String, String)>;
+
+impl MemoryBackend {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many locks are currently held (expired ones not counted).
+    pub fn held_count(&self) -> usize {
+        let now = Instant::now();
+        let state = self.lock();
+        state.locks.values().filter(|e| e.expires > now).count()
+            + state.rw.values().filter(|l| l.is_live(now)).count()
+    }
+
+    // A std mutex: every critical section is a few map operations, never an await.
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn publish(&self, publish: Publish) -> Option<u64> {
+        publish.map(|(channel, payload)| self.listeners.notify(&channel, &payload))
+    }
+}
+
+/// The channel a lock's releases are announced on (the same name for every backend).
+fn channel(key: &LockKey) -> String {
+    key.derived(":released")
+}
+
+impl State {
+    /// The live entry for `key`, dropping it first if its lease ran out.
+    fn live(&mut self, key: &str, now: Instant) -> Option<&mut Entry> {
+        if self.locks.get(key).is_some_and(|e| e.expires <= now) {
+            self.locks.remove(key);
+        }
+        self.locks.get_mut(key)
+    }
+
+    fn next_token(&mut self, name: &str) -> u64 {
+        let fence = self.fences.entry(name.to_owned()).or_default();
+        *fence += 1;
+        *fence
+    }
+
+    fn grant(&mut self, grant: Grant<'_>, now: Instant) -> Option<u64> {
+        let name = grant.key.as_str();
+        let token = grant.fencing.then(|| self.next_token(name));
+        self.locks.insert(
+            name.to_owned(),
+            Entry {
+                owner: grant.holder.to_owned(),
+                count: 1,
+                expires: now + grant.lease.duration(),
+                attempt: grant.attempt.to_owned(),
+                token,
+            },
+        );
+        token
+    }
+
+    /// Re-entry of the current owner.
+    fn reenter(&mut self, grant: Grant<'_>, now: Instant) -> Option<AcquireReply> {
+        let name = grant.key.as_str();
+        let entry = self.live(name, now).filter(|e| e.owner == grant.holder)?;
+        entry.count += 1;
+        entry.expires = now + grant.lease.duration();
+        grant.attempt.clone_into(&mut entry.attempt);
+        let (count, existing) = (entry.count, entry.token);
+        let token = match (grant.fencing, existing) {
+            (false, _) => None,
+            (true, Some(token)) => Some(token),
+            (true, None) => {
+                let token = self.next_token(name);
+                if let Some(entry) = self.locks.get_mut(name) {
+                    entry.token = Some(token);
+                }
+                Some(token)
+            }
+        };
+        Some(AcquireReply::Acquired { count, token })
+    }
+
+    fn acquire_exclusive(&mut self, grant: Grant<'_>, now: Instant) -> AcquireReply {
+        if let Some(reply) = self.reenter(grant, now) {
+            return reply;
+        }
+        match self.live(grant.key.as_str(), now) {
+            Some(entry) => AcquireReply::Held {
+                ttl: Some(entry.expires.saturating_duration_since(now)),
+            },
+            None => {
+                let token = self.grant(grant, now);
+                AcquireReply::Acquired { count: 1, token }
+            }
+        }
+    }
+
+    fn acquire_fair(&mut self, grant: Grant<'_>, now: Instant) -> AcquireReply {
+        let name = grant.key.as_str();
+        let queue = self.queues.entry(name.to_owned()).or_default();
+        queue.purge(now);
+        if let Some(reply) = self.reenter(grant, now) {
+            return reply;
+        }
+        let held = self
+            .live(name, now)
+            .map(|e| e.expires.saturating_duration_since(now));
+        let queue = self.queues.entry(name.to_owned()).or_default();
+        let head = queue.order.front().cloned();
+        let first = head.as_deref().is_none_or(|head| head == grant.holder);
+        if held.is_none() && first {
+            queue.remove(grant.holder);
+            let token = self.grant(grant, now);
+            return AcquireReply::Acquired { count: 1, token };
+        }
+        if let Some(timeout) = grant.queue {
+            if !queue.timeouts.contains_key(grant.holder) {
+                queue.order.push_back(grant.holder.to_owned());
+            }
+            queue
+                .timeouts
+                .insert(grant.holder.to_owned(), now + timeout);
+        }
+        let ttl = held.or_else(|| {
+            let head = head?;
+            Some(queue.timeouts.get(&head)?.saturating_duration_since(now))
+        });
+        AcquireReply::Held { ttl }
+    }
+
+    fn release_owned(&mut self, release: Release<'_>, now: Instant) -> (ReleaseReply, Publish) {
+        let name = release.key.as_str();
+        let Some(entry) = self.live(name, now).filter(|e| e.owner == release.holder) else {
+            return (ReleaseReply::NotHeld, None);
+        };
+        entry.count = if release.all { 0 } else { entry.count - 1 };
+        if entry.count > 0 {
+            let remaining = entry.count;
+            return (ReleaseReply::Decremented { remaining }, None);
+        }
+        self.locks.remove(name);
+        if let Some(next) = release.handoff {
+            let token = self.grant(next, now);
+            return (ReleaseReply::HandedOff { token }, None);
+        }
+        let payload = match release.kind {
+            LockKind::Fair => self.queues.get_mut(name).and_then(|queue| {
+                queue.purge(now);
+                queue.order.front().cloned()
+            }),
+            _ => None,
+        };
+        let publish = (
+            channel(release.key),
+            payload.unwrap_or_else(|| "released".to_owned()),
+        );
+        (ReleaseReply::Released { notified: None }, Some(publish))
+    }
+
+    /// Keeps (or ends, with `timeout` None) a fair waiter's place.
+    fn fair_wait(
+        &mut self,
+        key: &LockKey,
+        holder: &str,
+        timeout: Option<Duration>,
+        now: Instant,
+    ) -> (RenewReply, Publish) {
+        let name = key.as_str();
+        let free = self.live(name, now).is_none();
+        let Some(queue) = self.queues.get_mut(name) else {
+            return (RenewReply::NotHeld, None);
+        };
+        let head_before = queue.order.front().cloned();
+        queue.purge(now);
+        if timeout.is_none() {
+            queue.remove(holder);
+        }
+        let head = queue.order.front().cloned();
+        let publish = match &head {
+            Some(head) if free && head_before.as_ref() != Some(head) => {
+                Some((channel(key), head.clone()))
+            }
+            _ => None,
+        };
+        let reply = match timeout {
+            Some(timeout) if queue.timeouts.contains_key(holder) => {
+                queue.timeouts.insert(holder.to_owned(), now + timeout);
+                if free && head.as_deref() == Some(holder) {
+                    RenewReply::Ready
+                } else {
+                    RenewReply::Renewed
+                }
+            }
+            _ => RenewReply::NotHeld,
+        };
+        if queue.order.is_empty() {
+            self.queues.remove(name);
+        }
+        (reply, publish)
+    }
+}
+
+impl Backend for MemoryBackend {
+    type Listener = Listener;
+
+    async fn acquire(&self, grant: Grant<'_>) -> Result<AcquireReply, BackendError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        Ok(match grant.kind {
+            LockKind::Fair => state.acquire_fair(grant, now),
+            LockKind::Read | LockKind::Write => state.rw_acquire(grant, now),
+            _ => state.acquire_exclusive(grant, now),
+        })
+    }
+
+    async fn release(&self, release: Release<'_>) -> Result<ReleaseReply, BackendError> {
+        let now = Instant::now();
+        let (reply, publish) = {
+            let mut state = self.lock();
+            match release.kind {
+                LockKind::Read | LockKind::Write => state.rw_release(
+                    release.key,
+                    release.holder,
+                    release.kind,
+                    release.all,
+                    None,
+                    now,
+                ),
+                _ => state.release_owned(release, now),
+            }
+        };
+        let notified = self.publish(publish);
+        Ok(match reply {
+            ReleaseReply::Released { .. } => ReleaseReply::Released { notified },
+            other => other,
+        })
+    }
+
+    async fn renew(&self, renewals: &[Renew<'_>]) -> Result<Vec<RenewReply>, BackendError> {
+        let now = Instant::now();
+        let mut publish = Vec::new();
+        let replies = {
+            let mut state = self.lock();
+            renewals
+                .iter()
+                .map(|renew| match (renew.kind, renew.queued) {
+                    (LockKind::Fair, true) => {
+                        let (reply, announce) = state.fair_wait(
+                            renew.key,
+                            renew.holder,
+                            Some(renew.lease.duration()),
+                            now,
+                        );
+                        publish.push(announce);
+                        reply
+                    }
+                    (LockKind::Write, true) => {
+                        state
+                            .rw_wait(renew.key, renew.holder, Some(renew.lease.duration()), now)
+                            .0
+                    }
+                    (LockKind::Read | LockKind::Write, false) => state.rw_renew(renew, now),
+                    _ => match state.live(renew.key.as_str(), now) {
+                        Some(entry) if entry.owner == renew.holder => {
+                            entry.expires = now + renew.lease.duration();
+                            RenewReply::Renewed
+                        }
+                        _ => RenewReply::NotHeld,
+                    },
+                })
+                .collect()
+        };
+        for announce in publish {
+            self.publish(announce);
+        }
+        Ok(replies)
+    }
+
+    async fn abandon(&self, grant: Grant<'_>) -> Result<bool, BackendError> {
+        let now = Instant::now();
+        let (undone, publish) = {
+            let mut state = self.lock();
+            let name = grant.key.as_str();
+            if matches!(grant.kind, LockKind::Read | LockKind::Write) {
+                let (reply, publish) = state.rw_release(
+                    grant.key,
+                    grant.holder,
+                    grant.kind,
+                    false,
+                    Some(grant.attempt),
+                    now,
+                );
+                (reply != ReleaseReply::NotHeld, publish)
+            } else {
+                match state
+                    .live(name, now)
+                    .filter(|e| e.owner == grant.holder && e.attempt == grant.attempt)
+                {
+                    None => (false, None),
+                    Some(entry) => {
+                        entry.count -= 1;
+                        entry.attempt.clear();
+                        if entry.count == 0 {
+                            state.locks.remove(name);
+                            (true, Some((channel(grant.key), "released".to_owned())))
+                        } else {
+                            (true, None)
+                        }
+                    }
+                }
+            }
+        };
+        self.publish(publish);
+        Ok(undone)
+    }
+
+    async fn leave(&self, key: &LockKey, holder: &str, kind: LockKind) -> Result<(), BackendError> {
+        let now = Instant::now();
+        let publish = {
+            let mut state = self.lock();
+            match kind {
+                LockKind::Fair => state.fair_wait(key, holder, None, now).1,
+                LockKind::Write => state.rw_wait(key, holder, None, now).1,
+                _ => None,
+            }
+        };
+        self.publish(publish);
+        Ok(())
+    }
+
+    async fn listen(
+        &self,
+        key: &LockKey,
+        only_for: Option<&str>,
+    ) -> Result<Listener, BackendError> {
+        Ok(self.listeners.add(channel(key), only_for).0)
+    }
+}

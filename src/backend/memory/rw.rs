@@ -1,0 +1,229 @@
+//! Read-write locks of the in-process backend, mirroring `rw_*.lua`.
+
+use std::{collections::HashMap, time::Duration};
+
+use tokio::time::Instant;
+
+use super::{Publish, State, channel};
+use crate::{
+    backend::{AcquireReply, Grant, LockKind, ReleaseReply, Renew, RenewReply},
+    key::LockKey,
+};
+
+/// One read-write lock: a writer's holds, each reader's holds with its own lease, and the
+/// writers waiting for it.
+#[derive(Debug, Default)]
+pub(super) struct RwLock {
+    writer: Option<(String, u64)>,
+    readers: HashMap<String, (u64, Instant)>,
+    /// The lock as a whole lives until the longest lease ends.
+    expires: Option<Instant>,
+    attempt: String,
+    token: Option<u64>,
+    waiting_writers: HashMap<String, Instant>,
+}
+
+impl RwLock {
+    /// Drops expired readers, waiting writers and (when its lease ended) the writer.
+    fn purge(&mut self, now: Instant) {
+        self.readers.retain(|_, (_, until)| *until > now);
+        self.waiting_writers.retain(|_, until| *until > now);
+        if self.expires.is_some_and(|until| until <= now) {
+            self.writer = None;
+            self.readers.clear();
+            self.expires = None;
+        }
+        if self.writer.is_none() && self.readers.is_empty() {
+            self.expires = None;
+        }
+    }
+
+    pub(super) fn is_live(&self, now: Instant) -> bool {
+        self.expires.is_some_and(|until| until > now)
+    }
+
+    fn extend(&mut self, until: Instant) {
+        self.expires = Some(self.expires.map_or(until, |current| current.max(until)));
+    }
+
+    fn is_idle(&self) -> bool {
+        self.writer.is_none() && self.readers.is_empty() && self.waiting_writers.is_empty()
+    }
+
+    fn retry(&self, now: Instant) -> Option<Duration> {
+        match self.expires {
+            Some(until) => Some(until.saturating_duration_since(now)),
+            None => self
+                .waiting_writers
+                .values()
+                .min()
+                .map(|until| until.saturating_duration_since(now)),
+        }
+    }
+}
+
+impl State {
+    fn rw_entry(&mut self, key: &LockKey, now: Instant) -> &mut RwLock {
+        let lock = self.rw.entry(key.as_str().to_owned()).or_default();
+        lock.purge(now);
+        lock
+    }
+
+    pub(super) fn rw_acquire(&mut self, grant: Grant<'_>, now: Instant) -> AcquireReply {
+        let holder = grant.holder;
+        let lock = self.rw_entry(grant.key, now);
+        let is_writer = lock.writer.as_ref().is_some_and(|(w, _)| w == holder);
+        let is_reader = lock.readers.contains_key(holder);
+        let granted = match grant.kind {
+            LockKind::Write => {
+                if !is_writer && is_reader {
+                    return AcquireReply::WouldDeadlock;
+                }
+                is_writer || (lock.writer.is_none() && lock.readers.is_empty())
+            }
+            _ => {
+                let writer_waiting = lock.waiting_writers.keys().any(|w| w != holder);
+                is_reader || is_writer || (lock.writer.is_none() && !writer_waiting)
+            }
+        };
+        if !granted {
+            if let (LockKind::Write, Some(timeout)) = (grant.kind, grant.queue) {
+                lock.waiting_writers
+                    .insert(holder.to_owned(), now + timeout);
+            }
+            return AcquireReply::Held {
+                ttl: lock.retry(now),
+            };
+        }
+        let until = now + grant.lease.duration();
+        grant.attempt.clone_into(&mut lock.attempt);
+        lock.extend(until);
+        let count = match grant.kind {
+            LockKind::Write => {
+                lock.waiting_writers.remove(holder);
+                let writer = lock.writer.get_or_insert_with(|| (holder.to_owned(), 0));
+                writer.1 += 1;
+                writer.1
+            }
+            _ => {
+                let reader = lock.readers.entry(holder.to_owned()).or_insert((0, until));
+                reader.0 += 1;
+                reader.1 = until;
+                reader.0
+            }
+        };
+        let token = match (grant.kind, grant.fencing, lock.token) {
+            (LockKind::Write, true, Some(token)) => Some(token),
+            (LockKind::Write, true, None) => {
+                let token = self.next_token(grant.key.as_str());
+                if let Some(lock) = self.rw.get_mut(grant.key.as_str()) {
+                    lock.token = Some(token);
+                }
+                Some(token)
+            }
+            _ => None,
+        };
+        AcquireReply::Acquired { count, token }
+    }
+
+    pub(super) fn rw_release(
+        &mut self,
+        key: &LockKey,
+        holder: &str,
+        kind: LockKind,
+        all: bool,
+        attempt: Option<&str>,
+        now: Instant,
+    ) -> (ReleaseReply, Publish) {
+        let lock = self.rw_entry(key, now);
+        if attempt.is_some_and(|attempt| attempt != lock.attempt) {
+            return (ReleaseReply::NotHeld, None);
+        }
+        let count = match kind {
+            LockKind::Write => lock
+                .writer
+                .as_mut()
+                .filter(|(w, _)| w == holder)
+                .map(|(_, count)| count),
+            _ => lock.readers.get_mut(holder).map(|(count, _)| count),
+        };
+        let Some(count) = count else {
+            return (ReleaseReply::NotHeld, None);
+        };
+        *count = if all { 0 } else { *count - 1 };
+        if *count > 0 {
+            let remaining = *count;
+            return (ReleaseReply::Decremented { remaining }, None);
+        }
+        let publish = Some((channel(key), "released".to_owned()));
+        let reply = match kind {
+            LockKind::Write => {
+                lock.writer = None;
+                (ReleaseReply::Released { notified: None }, publish)
+            }
+            _ => {
+                lock.readers.remove(holder);
+                if lock.writer.is_some() || !lock.readers.is_empty() {
+                    // Others still hold it: nothing for waiters to act on.
+                    (ReleaseReply::Released { notified: Some(0) }, None)
+                } else {
+                    (ReleaseReply::Released { notified: None }, publish)
+                }
+            }
+        };
+        lock.purge(now);
+        if lock.is_idle() {
+            self.rw.remove(key.as_str());
+        }
+        reply
+    }
+
+    pub(super) fn rw_renew(&mut self, renew: &Renew<'_>, now: Instant) -> RenewReply {
+        let lock = self.rw_entry(renew.key, now);
+        let until = now + renew.lease.duration();
+        let held = match renew.kind {
+            LockKind::Write => lock.writer.as_ref().is_some_and(|(w, _)| w == renew.holder),
+            _ => match lock.readers.get_mut(renew.holder) {
+                Some(reader) => {
+                    reader.1 = until;
+                    true
+                }
+                None => false,
+            },
+        };
+        if !held {
+            return RenewReply::NotHeld;
+        }
+        lock.extend(until);
+        RenewReply::Renewed
+    }
+
+    /// Keeps (or ends, with `timeout` None) a waiting writer's place.
+    pub(super) fn rw_wait(
+        &mut self,
+        key: &LockKey,
+        holder: &str,
+        timeout: Option<Duration>,
+        now: Instant,
+    ) -> (RenewReply, Publish) {
+        let lock = self.rw_entry(key, now);
+        let reply = match timeout {
+            None => {
+                let left = lock.waiting_writers.remove(holder).is_some();
+                let publish = left.then(|| (channel(key), "released".to_owned()));
+                (RenewReply::NotHeld, publish)
+            }
+            Some(timeout) => match lock.waiting_writers.get_mut(holder) {
+                Some(until) => {
+                    *until = now + timeout;
+                    (RenewReply::Renewed, None)
+                }
+                None => (RenewReply::NotHeld, None),
+            },
+        };
+        if lock.is_idle() {
+            self.rw.remove(key.as_str());
+        }
+        reply
+    }
+}

@@ -1,0 +1,69 @@
+-- Acquires a fair (FIFO) lock: the lock goes to the head of the waiter queue, never to a
+-- newcomer while live waiters are queued. Time comes from the server, never from clients.
+--
+-- KEYS[1]  the lock hash (same layout as acquire.lua)
+-- KEYS[2]  the waiter queue (list of holder ids, oldest first)
+-- KEYS[3]  the waiter timeouts (sorted set: holder id -> server time in ms it may live until)
+-- KEYS[4]  the fencing counter (never expires)
+-- ARGV[1]  holder id
+-- ARGV[2]  lease in milliseconds
+-- ARGV[3]  attempt id
+-- ARGV[4]  '1' to issue a fencing token
+-- ARGV[5]  waiter timeout in milliseconds; '0' to try without joining the queue
+--
+-- Returns {1, count, token} when the holder now holds the lock (token -1 without fencing), or
+-- {0, retry} when it must wait: retry is the lock's remaining lease, or while the lock is free
+-- but another waiter is first, the time that waiter may still take to claim it (-1: unknown).
+local lock, queue, timeouts = KEYS[1], KEYS[2], KEYS[3]
+local holder = ARGV[1]
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+
+-- Waiters that stopped keeping their place alive are dropped.
+for _, waiter in ipairs(redis.call('ZRANGEBYSCORE', timeouts, '-inf', now)) do
+  redis.call('LREM', queue, 0, waiter)
+  redis.call('ZREM', timeouts, waiter)
+end
+
+local count
+if redis.call('HEXISTS', lock, holder) == 1 then
+  count = redis.call('HINCRBY', lock, holder, 1)
+  redis.call('HSET', lock, '~a', ARGV[3])
+else
+  local head = redis.call('LINDEX', queue, 0)
+  if redis.call('EXISTS', lock) == 1 or (head and head ~= holder) then
+    local timeout = tonumber(ARGV[5])
+    if timeout > 0 then
+      if not redis.call('ZSCORE', timeouts, holder) then
+        redis.call('RPUSH', queue, holder)
+      end
+      redis.call('ZADD', timeouts, now + timeout, holder)
+      for _, key in ipairs({queue, timeouts}) do
+        if redis.call('PTTL', key) < timeout then
+          redis.call('PEXPIRE', key, timeout)
+        end
+      end
+    end
+    local retry = redis.call('PTTL', lock)
+    if retry < 0 and head and head ~= holder then
+      retry = tonumber(redis.call('ZSCORE', timeouts, head)) - now
+    end
+    return {0, retry}
+  end
+  if head then
+    redis.call('LPOP', queue)
+    redis.call('ZREM', timeouts, holder)
+  end
+  count = 1
+  redis.call('HSET', lock, holder, 1, '~a', ARGV[3])
+end
+redis.call('PEXPIRE', lock, ARGV[2])
+local token = -1
+if ARGV[4] == '1' then
+  token = redis.call('HGET', lock, '~f')
+  if not token then
+    token = redis.call('INCR', KEYS[4])
+    redis.call('HSET', lock, '~f', token)
+  end
+end
+return {1, count, tonumber(token)}

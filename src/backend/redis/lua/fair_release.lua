@@ -1,0 +1,32 @@
+-- Releases one hold (or all holds) of a fair lock, owner-checked; when the lock becomes free,
+-- wakes only the head of the waiter queue by publishing its holder id.
+--
+-- KEYS[1]  the lock hash
+-- KEYS[2]  the waiter queue
+-- KEYS[3]  the waiter timeouts
+-- ARGV[1]  holder id
+-- ARGV[2]  release channel
+-- ARGV[3]  '1' to release every hold of the holder, '0' for one
+--
+-- Returns {0} when the holder does not hold the lock, {1, remaining} when holds remain,
+-- {2, n} when the lock was freed (n: subscribers the wake-up reached).
+local lock, queue, timeouts = KEYS[1], KEYS[2], KEYS[3]
+local holder = ARGV[1]
+if redis.call('HEXISTS', lock, holder) == 0 then
+  return {0}
+end
+if ARGV[3] ~= '1' then
+  local remaining = redis.call('HINCRBY', lock, holder, -1)
+  if remaining > 0 then
+    return {1, remaining}
+  end
+end
+redis.call('DEL', lock)
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+for _, waiter in ipairs(redis.call('ZRANGEBYSCORE', timeouts, '-inf', now)) do
+  redis.call('LREM', queue, 0, waiter)
+  redis.call('ZREM', timeouts, waiter)
+end
+local head = redis.call('LINDEX', queue, 0)
+return {2, redis.call('PUBLISH', ARGV[2], head or 'released')}

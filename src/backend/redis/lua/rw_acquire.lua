@@ -1,0 +1,102 @@
+-- Acquires the read or the write side of a read-write lock.
+--
+-- The hash holds '~m' = 'read' or 'write', 'r:<holder>' and 'w:<holder>' = hold counts,
+-- '~a' = last attempt id, '~f' = the writer's fencing token. Each reader's own lease is its
+-- score in the readers set, so one dead reader expires without cutting the others short; the
+-- hash lives as long as the longest lease. Writers waiting for the lock are in a set of their
+-- own, and while one is waiting no new reader gets in (writers are not starved).
+--
+-- KEYS[1]  the lock hash
+-- KEYS[2]  the readers (sorted set: holder id -> server time in ms its read lease ends)
+-- KEYS[3]  the waiting writers (sorted set: holder id -> server time in ms it may wait until)
+-- KEYS[4]  the fencing counter (never expires)
+-- ARGV[1]  holder id
+-- ARGV[2]  'r' for the read side, 'w' for the write side
+-- ARGV[3]  lease in milliseconds
+-- ARGV[4]  attempt id
+-- ARGV[5]  '1' to issue a fencing token (write side only)
+-- ARGV[6]  waiter timeout in milliseconds for a writer that must wait; '0' not to wait
+--
+-- Returns {1, count, token} when granted (token -1 without one), {0, retry} when the holder
+-- must wait (retry: ms until the blocking lease or waiting writer times out, -1 unknown), or
+-- {-1} when a reader asks for the write side: waiting would deadlock.
+local lock, readers, writers = KEYS[1], KEYS[2], KEYS[3]
+local holder, side = ARGV[1], ARGV[2]
+local lease = tonumber(ARGV[3])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+
+for _, reader in ipairs(redis.call('ZRANGEBYSCORE', readers, '-inf', now)) do
+  redis.call('HDEL', lock, 'r:' .. reader)
+  redis.call('ZREM', readers, reader)
+end
+redis.call('ZREMRANGEBYSCORE', writers, '-inf', now)
+local mode = redis.call('HGET', lock, '~m')
+if mode == 'read' and redis.call('ZCARD', readers) == 0 then
+  redis.call('DEL', lock)
+  mode = false
+end
+
+local rfield, wfield = 'r:' .. holder, 'w:' .. holder
+local granted
+if side == 'w' then
+  if mode == false or redis.call('HEXISTS', lock, wfield) == 1 then
+    granted = true
+  elseif redis.call('HEXISTS', lock, rfield) == 1 then
+    return {-1}
+  end
+else
+  local writer_waiting = false
+  for _, writer in ipairs(redis.call('ZRANGE', writers, 0, -1)) do
+    if writer ~= holder then
+      writer_waiting = true
+    end
+  end
+  granted = redis.call('HEXISTS', lock, rfield) == 1 or redis.call('HEXISTS', lock, wfield) == 1
+    or (mode ~= 'write' and not writer_waiting)
+end
+
+if not granted then
+  local timeout = tonumber(ARGV[6])
+  if side == 'w' and timeout > 0 then
+    redis.call('ZADD', writers, now + timeout, holder)
+    if redis.call('PTTL', writers) < timeout then
+      redis.call('PEXPIRE', writers, timeout)
+    end
+  end
+  local retry = redis.call('PTTL', lock)
+  if retry < 0 then
+    local first = redis.call('ZRANGE', writers, 0, 0, 'WITHSCORES')
+    if first[2] then
+      retry = tonumber(first[2]) - now
+    end
+  end
+  return {0, retry}
+end
+
+local count = redis.call('HINCRBY', lock, side == 'w' and wfield or rfield, 1)
+redis.call('HSET', lock, '~a', ARGV[4])
+local token = -1
+if side == 'w' then
+  redis.call('HSET', lock, '~m', 'write')
+  redis.call('ZREM', writers, holder)
+  if ARGV[5] == '1' then
+    token = redis.call('HGET', lock, '~f')
+    if not token then
+      token = redis.call('INCR', KEYS[4])
+      redis.call('HSET', lock, '~f', token)
+    end
+  end
+else
+  if mode == false then
+    redis.call('HSET', lock, '~m', 'read')
+  end
+  redis.call('ZADD', readers, now + lease, holder)
+  if redis.call('PTTL', readers) < lease then
+    redis.call('PEXPIRE', readers, lease)
+  end
+end
+if redis.call('PTTL', lock) < lease then
+  redis.call('PEXPIRE', lock, lease)
+end
+return {1, count, tonumber(token)}

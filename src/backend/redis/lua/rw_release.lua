@@ -1,0 +1,54 @@
+-- Releases one hold (or all holds) of one side of a read-write lock, owner-checked. With an
+-- attempt id, releases only if that attempt was the holder's last (undoing a lost acquire).
+--
+-- KEYS[1]  the lock hash
+-- KEYS[2]  the readers
+-- ARGV[1]  holder id
+-- ARGV[2]  'r' or 'w'
+-- ARGV[3]  release channel
+-- ARGV[4]  '1' to release every hold of that side, '0' for one
+-- ARGV[5]  attempt id that must be the last one recorded, or '' for any
+--
+-- Returns {0} when the holder does not hold that side, {1, remaining} when holds remain,
+-- {2, n} when the change may let waiters in (n: subscribers notified), {3} when the holder's
+-- holds are gone but the lock stays held by others.
+local lock, readers = KEYS[1], KEYS[2]
+local holder, side = ARGV[1], ARGV[2]
+local field = side .. ':' .. holder
+if redis.call('HEXISTS', lock, field) == 0 then
+  return {0}
+end
+if ARGV[5] ~= '' and redis.call('HGET', lock, '~a') ~= ARGV[5] then
+  return {0}
+end
+if ARGV[4] ~= '1' then
+  local remaining = redis.call('HINCRBY', lock, field, -1)
+  if remaining > 0 then
+    return {1, remaining}
+  end
+end
+redis.call('HDEL', lock, field)
+if side == 'r' then
+  redis.call('ZREM', readers, holder)
+end
+local writer = side == 'w'
+if not writer then
+  for _, f in ipairs(redis.call('HKEYS', lock)) do
+    if string.sub(f, 1, 2) == 'w:' then
+      writer = true
+    end
+  end
+  if writer then
+    -- A writer released its own read hold: it still holds the write side.
+    return {3}
+  end
+end
+if redis.call('ZCARD', readers) == 0 then
+  redis.call('DEL', lock)
+else
+  redis.call('HSET', lock, '~m', 'read')
+  if side == 'r' then
+    return {3}
+  end
+end
+return {2, redis.call('PUBLISH', ARGV[3], 'released')}
