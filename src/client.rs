@@ -329,6 +329,12 @@ impl<B: Backend> LockClient<B> {
         self.inner.shared.table.key_count()
     }
 
+    /// How many waiters of this client hold a place in a backend queue right now (fair locks
+    /// and writers of read-write locks).
+    pub fn queued(&self) -> usize {
+        self.inner.shared.table.queued_count()
+    }
+
     /// How many acquires of this client are waiting right now.
     pub fn waiters(&self) -> usize {
         self.inner.shared.table.waiter_count()
@@ -656,6 +662,8 @@ impl<B: Backend> Shared<B> {
                             if let Some(place) = &ticket.queued {
                                 place.joined(sent_at);
                                 queued.in_backend = true;
+                                // The watchdog keeps the place alive from now on.
+                                self.watchdog_wake.notify_one();
                             }
                             if request.wait.is_zero() || tokio::time::Instant::now() >= deadline {
                                 return Err(LockError::WaitTimeout { retry_after: ttl });

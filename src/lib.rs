@@ -57,8 +57,8 @@ mod watchdog;
 
 #[cfg(feature = "redis")]
 pub use backend::redis::{RedisBackend, RedisBackendBuilder};
-pub use backend::{Backend, memory::MemoryBackend};
-pub use client::{LockClient, LockClientBuilder, LockRequest};
+pub use backend::{Backend, LockKind, memory::MemoryBackend};
+pub use client::{LockClient, LockClientBuilder, LockRequest, ReadWriteLock};
 pub use error::{BackendError, ConfigError, LockError};
 pub use guard::{LockGuard, Lost};
 pub use holder::Holder;

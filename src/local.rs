@@ -427,6 +427,15 @@ impl<L> Table<L> {
         self.keys().len()
     }
 
+    /// How many waiters hold a place in a backend queue.
+    pub(crate) fn queued_count(&self) -> usize {
+        self.keys()
+            .values()
+            .flat_map(|state| &state.waiters)
+            .filter(|slot| slot.queued.as_ref().is_some_and(|q| q.is_active()))
+            .count()
+    }
+
     /// How many waiters are queued across all keys.
     pub(crate) fn waiter_count(&self) -> usize {
         self.keys().values().map(|state| state.waiters.len()).sum()

@@ -213,6 +213,11 @@ impl Queued {
         state.next_refresh = state.next_refresh.max(sent_at + self.timeout / 3);
     }
 
+    /// Whether the backend has a place for this waiter.
+    pub(crate) fn is_active(&self) -> bool {
+        self.state().active
+    }
+
     fn check(&self, now: BootInstant) -> Option<Check> {
         let mut state = self.state();
         if !state.active || state.refreshing {
