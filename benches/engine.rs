@@ -12,6 +12,9 @@
 //! - W3: one client, 16 tasks on one key; each checks no one else is inside: hand-offs/s and
 //!   wait p50/p99/max.
 //! - W3b: four clients (four pub/sub connections, as four processes) × 4 tasks on one key.
+//! - W3f: W3b with the fair lock: FIFO across clients, so acquisitions per task must be even.
+//! - RW: 16 tasks, 95 % reads and 5 % writes of one resource (each holding it ~100 µs), with a
+//!   read-write lock and, for comparison, with the plain lock.
 //!
 //! W1–W3 also run on the in-memory backend as a floor for the engine's own overhead.
 
@@ -27,7 +30,7 @@ use std::{
 };
 
 use support::RedisServer;
-use tower_lock::{Backend, LockClient, MemoryBackend, RedisBackend};
+use tower_lock::{Backend, LockClient, LockKind, MemoryBackend, RedisBackend};
 
 fn main() {
     let secs: u64 = std::env::var("BENCH_SECS")
@@ -80,13 +83,24 @@ fn main() {
             "W2  64 tasks, own keys:            {w2_redis:>9.0} pairs/s                      (memory: {w2_mem:.0} pairs/s)"
         );
 
-        let w3 = contend(&redis(1).await, 16, window).await;
+        let w3 = contend(&redis(1).await, 16, window, LockKind::Exclusive).await;
         println!("W3  1 client x 16 tasks, one key:  {}", w3.line(rtt));
-        let w3_mem = contend(std::slice::from_ref(&memory), 16, window).await;
+        let w3_mem = contend(std::slice::from_ref(&memory), 16, window, LockKind::Exclusive).await;
         println!("    (memory)                       {}", w3_mem.line(rtt));
 
-        let w3b = contend(&redis(4).await, 4, window).await;
+        let w3b = contend(&redis(4).await, 4, window, LockKind::Exclusive).await;
         println!("W3b 4 clients x 4 tasks, one key:  {}", w3b.line(rtt));
+
+        let w3f = contend(&redis(4).await, 4, window, LockKind::Fair).await;
+        println!("W3f same, fair lock:               {}", w3f.line(rtt));
+
+        let clients = redis(1).await;
+        let rw = read_heavy(&clients[0], window, true).await;
+        let plain = read_heavy(&clients[0], window, false).await;
+        println!(
+            "RW  16 tasks, 95 % reads:          {rw:>9.0} ops/s with a read-write lock, {plain:.0} ops/s with the plain lock ({:.1}x)",
+            rw / plain
+        );
     });
     drop(server);
 }
@@ -179,11 +193,12 @@ impl Contention {
     }
 }
 
-/// W3 / W3b: `tasks` tasks per client on one key; each checks it is alone inside.
+/// W3 / W3b / W3f: `tasks` tasks per client on one key; each checks it is alone inside.
 async fn contend<B: Backend>(
     clients: &[LockClient<B>],
     tasks: usize,
     window: Duration,
+    kind: LockKind,
 ) -> Contention {
     let inside = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
@@ -195,8 +210,11 @@ async fn contend<B: Backend>(
                 let mut waits = Vec::new();
                 while start.elapsed() < window {
                     let asked = Instant::now();
-                    let guard = client
-                        .lock("w3")
+                    let request = match kind {
+                        LockKind::Fair => client.fair_lock("w3"),
+                        _ => client.lock("w3"),
+                    };
+                    let guard = request
                         .wait(Duration::from_secs(30))
                         .acquire()
                         .await
@@ -223,5 +241,47 @@ async fn contend<B: Backend>(
         handoffs_per_sec: waits.len() as f64 / elapsed.as_secs_f64(),
         waits,
         per_task,
+    }
+}
+
+/// Operations per second of 16 tasks doing 95 % reads and 5 % writes of one resource, each
+/// holding it about 100 µs; with a read-write lock, or with the plain lock for both.
+async fn read_heavy<B: Backend>(client: &LockClient<B>, window: Duration, read_write: bool) -> f64 {
+    let ops = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..16u64 {
+        let (client, ops) = (client.clone(), ops.clone());
+        tasks.spawn(async move {
+            let mut n = task;
+            while start.elapsed() < window {
+                n += 1;
+                let write = n % 20 == 0;
+                let rw = client.read_write_lock("rw");
+                let request = match (read_write, write) {
+                    (true, true) => rw.write(),
+                    (true, false) => rw.read(),
+                    (false, _) => client.lock("rw-plain"),
+                };
+                let guard = request
+                    .wait(Duration::from_secs(30))
+                    .acquire()
+                    .await
+                    .expect("acquire");
+                spin(Duration::from_micros(100));
+                guard.release().await.expect("release");
+                ops.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    ops.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Busy work standing in for reading the resource (a timer would round up to a millisecond).
+fn spin(duration: Duration) {
+    let start = Instant::now();
+    while start.elapsed() < duration {
+        std::hint::spin_loop();
     }
 }
