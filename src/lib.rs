@@ -21,6 +21,14 @@
 //! # }
 //! ```
 //!
+//! # Lock kinds
+//!
+//! - [`LockClient::lock`]: exclusive and reentrant; waiters in one process queue locally and a
+//!   release hands the lock straight to the next of them.
+//! - [`LockClient::fair_lock`]: exclusive, reentrant, and granted in FIFO order across every
+//!   process.
+//! - [`LockClient::read_write_lock`]: many readers or one writer, with writer preference.
+//!
 //! # What is guaranteed, and what is not
 //!
 //! - At most one holder at a time, **as long as pauses, network delays and clock-rate errors
