@@ -117,7 +117,7 @@ impl Held {
         let slack = self.lease.renew_interval() / 4;
         if renewable && state.next_renew <= now + slack {
             state.renewing = true;
-            return Check::Due;
+            return Check::Due(state.deadline);
         }
         let next = if renewable {
             state.next_renew.min(state.deadline)
@@ -152,7 +152,8 @@ impl Held {
 /// What an entry needs.
 pub(crate) enum Check {
     Lost,
-    Due,
+    /// A renewal is due; the entry is lost at the deadline unless it succeeds first.
+    Due(BootInstant),
     Later(BootInstant),
 }
 
@@ -228,7 +229,11 @@ impl Scan {
     pub(crate) fn add(&mut self, held: &Arc<Held>, now: BootInstant) {
         match held.check(now) {
             Check::Lost => self.lost.push(held.clone()),
-            Check::Due => self.due.push(held.clone()),
+            Check::Due(deadline) => {
+                // The renewal may hang: wake at the deadline whatever it does.
+                self.due.push(held.clone());
+                self.next = Some(self.next.map_or(deadline, |next| next.min(deadline)));
+            }
             Check::Later(at) => self.next = Some(self.next.map_or(at, |next| next.min(at))),
         }
     }

@@ -184,12 +184,9 @@ impl Backend for MemoryBackend {
             .collect())
     }
 
-    async fn abandon(
-        &self,
-        key: &LockKey,
-        holder: &str,
-        attempt: &str,
-    ) -> Result<bool, BackendError> {
+    async fn abandon(&self, grant: Grant<'_>) -> Result<bool, BackendError> {
+        // Calls here are never in flight when they fail, so there is no late arrival to refuse.
+        let (key, holder, attempt) = (grant.key, grant.holder, grant.attempt);
         let now = Instant::now();
         let mut state = self.lock();
         let name = key.as_str();

@@ -144,14 +144,11 @@ pub trait Backend: Send + Sync + 'static {
         renewals: &[Renew<'_>],
     ) -> impl Future<Output = Result<Vec<RenewReply>, BackendError>> + Send;
 
-    /// Undoes what the attempt `attempt` of `holder` took, if it took anything and nothing
-    /// newer has happened to the holder's hold since. Returns whether a hold was undone.
-    fn abandon(
-        &self,
-        key: &LockKey,
-        holder: &str,
-        attempt: &str,
-    ) -> impl Future<Output = Result<bool, BackendError>> + Send;
+    /// Resolves an acquire (or hand-off) whose reply was lost: undoes what the attempt
+    /// `grant.attempt` took, if it took anything and nothing newer has happened to the
+    /// holder's hold since, and otherwise makes sure the attempt, should it still arrive, takes
+    /// nothing. Returns whether a hold was undone.
+    fn abandon(&self, grant: Grant<'_>) -> impl Future<Output = Result<bool, BackendError>> + Send;
 
     /// Registers for release notifications of `key`. Resolves once notifications are flowing,
     /// so a caller that checks the lock after this cannot miss a release.

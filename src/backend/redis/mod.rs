@@ -50,6 +50,8 @@ mod scripts;
 
 /// Suffix of the fencing counter key.
 const FENCE: &str = ":fence";
+/// Suffix of the set of attempts given up on.
+const VOID: &str = ":void";
 /// Suffix of the release channel.
 const CHANNEL: &str = ":released";
 
@@ -323,6 +325,7 @@ impl Backend for RedisBackend {
         invocation
             .key(grant.key.as_str())
             .key(grant.key.derived(FENCE))
+            .key(grant.key.derived(VOID))
             .arg(grant.holder)
             .arg(grant.lease.millis())
             .arg(grant.attempt)
@@ -346,6 +349,7 @@ impl Backend for RedisBackend {
         invocation
             .key(key.as_str())
             .key(key.derived(FENCE))
+            .key(key.derived(VOID))
             .arg(release.holder)
             .arg(key.derived(CHANNEL))
             .arg(flag(release.all));
@@ -408,18 +412,16 @@ impl Backend for RedisBackend {
             .collect())
     }
 
-    async fn abandon(
-        &self,
-        key: &LockKey,
-        holder: &str,
-        attempt: &str,
-    ) -> Result<bool, BackendError> {
+    async fn abandon(&self, grant: Grant<'_>) -> Result<bool, BackendError> {
+        let key = grant.key;
         let mut invocation = SCRIPTS.abandon.prepare_invoke();
         invocation
             .key(key.as_str())
-            .arg(holder)
-            .arg(attempt)
-            .arg(key.derived(CHANNEL));
+            .key(key.derived(VOID))
+            .arg(grant.holder)
+            .arg(grant.attempt)
+            .arg(key.derived(CHANNEL))
+            .arg(grant.lease.millis());
         let undone: i64 = self.invoke(&invocation, key).await?;
         Ok(undone == 1)
     }
