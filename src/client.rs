@@ -431,7 +431,8 @@ impl<B: Backend> LockRequest<'_, B> {
         self
     }
 
-    /// Acquire as `holder` instead of the current [`Holder::scope`] (or a fresh holder).
+    /// Acquire as `holder` instead of the current [`Holder::scope`] (or a fresh holder). Unlike
+    /// a scope, an explicit holder is used even when another client made it.
     pub fn holder(mut self, holder: &Holder) -> Self {
         self.holder = Some(holder.clone());
         self
@@ -454,7 +455,7 @@ impl<B: Backend> LockRequest<'_, B> {
         shared.start_watchdog();
         let holder = self
             .holder
-            .or_else(Holder::current)
+            .or_else(|| Holder::current().filter(|holder| holder.is_from(&shared.id)))
             .unwrap_or_else(|| shared.new_holder());
         let request = Request {
             key,
@@ -747,21 +748,59 @@ impl<B: Backend> Shared<B> {
     }
 
     /// An acquire failed without a clear answer: undo what it may have taken, then report it.
-    async fn unknown_outcome(&self, grant: Grant<'_>, error: BackendError) -> LockError {
+    async fn unknown_outcome(self: &Arc<Self>, grant: Grant<'_>, error: BackendError) -> LockError {
         if error.outcome_unknown() {
-            match self.backend.abandon(grant).await {
-                Ok(true) => {
-                    tracing::info!(key = %grant.key, "undid an acquire whose reply was lost")
-                }
-                Ok(false) => {}
-                Err(abandon_error) => tracing::warn!(
-                    key = %grant.key,
-                    error = %abandon_error,
-                    "could not undo an acquire whose reply was lost; it expires with its lease"
-                ),
-            }
+            self.resolve_attempt(grant).await;
         }
         LockError::Backend(error.with_key(grant.key.as_str()))
+    }
+
+    /// Makes sure an attempt whose reply was lost holds nothing: once now, and while the
+    /// backend cannot be reached, again in the background until it answers or the attempt's
+    /// lease has run out anyway.
+    async fn resolve_attempt(self: &Arc<Self>, grant: Grant<'_>) {
+        match self.backend.abandon(grant).await {
+            Ok(undone) => {
+                tracing::info!(key = %grant.key, undone, "resolved an attempt whose reply was lost");
+                return;
+            }
+            Err(error) => tracing::warn!(
+                key = %grant.key,
+                %error,
+                "could not resolve an attempt whose reply was lost; retrying in the background"
+            ),
+        }
+        let Some(runtime) = self.runtime() else {
+            return;
+        };
+        let (shared, key, holder, attempt) = (
+            self.clone(),
+            grant.key.clone(),
+            grant.holder.to_owned(),
+            grant.attempt.to_owned(),
+        );
+        let (lease, fencing, kind) = (grant.lease, grant.fencing, grant.kind);
+        runtime.spawn(async move {
+            let give_up = tokio::time::Instant::now() + lease.duration();
+            let mut pause = Duration::from_millis(50);
+            while tokio::time::Instant::now() < give_up && !shared.stop.is_cancelled() {
+                tokio::time::sleep(pause).await;
+                let grant = Grant {
+                    key: &key,
+                    holder: &holder,
+                    attempt: &attempt,
+                    lease,
+                    fencing,
+                    kind,
+                    queue: None,
+                };
+                if let Ok(undone) = shared.backend.abandon(grant).await {
+                    tracing::info!(key = %key, undone, "resolved an attempt whose reply was lost");
+                    return;
+                }
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+        });
     }
 
     /// Marks `held` lost, stops renewing it, and frees it in the backend if it is still ours.
@@ -852,7 +891,7 @@ impl<B: Backend> Shared<B> {
                         && error.outcome_unknown()
                     {
                         // The hand-off may have happened: undo it before the waiter retries.
-                        let _ = self.backend.abandon(slot.want.grant(&held.key, None)).await;
+                        self.resolve_attempt(slot.want.grant(&held.key, None)).await;
                     }
                     self.table.restore(&held.key, slot);
                 }

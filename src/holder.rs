@@ -5,7 +5,9 @@
 //! owner is an explicit [`Holder`]: `client-uuid:sequence`, made by a
 //! [`LockClient`](crate::LockClient) and never taken from request data. Code that runs inside
 //! [`Holder::scope`] acquires locks as that holder, and so re-enters locks the holder already has
-//! instead of deadlocking on them. Outside any scope, every acquire uses a fresh holder.
+//! instead of deadlocking on them. Outside any scope, every acquire uses a fresh holder. A
+//! scope only applies to the client that made its holder: two clients never re-enter each
+//! other's locks through a scope.
 
 use std::{fmt, future::Future, sync::Arc};
 
@@ -25,6 +27,13 @@ impl Holder {
         Self {
             id: format!("{client_id}:{sequence}").into(),
         }
+    }
+
+    /// Whether this holder was made by the client with id `client_id`.
+    pub(crate) fn is_from(&self, client_id: &str) -> bool {
+        self.id
+            .strip_prefix(client_id)
+            .is_some_and(|rest| rest.starts_with(':'))
     }
 
     /// The id stored in the backend as the lock's owner.

@@ -131,7 +131,7 @@ impl Held {
         let slack = self.lease.renew_interval() / 4;
         if renewable && state.next_renew <= now + slack {
             state.renewing = true;
-            return Check::Due;
+            return Check::Due(state.deadline);
         }
         let next = if renewable {
             state.next_renew.min(state.deadline)
@@ -225,7 +225,7 @@ impl Queued {
         }
         if state.next_refresh <= now {
             state.refreshing = true;
-            return Some(Check::Due);
+            return Some(Check::Due(state.next_refresh + self.timeout));
         }
         Some(Check::Later(state.next_refresh))
     }
@@ -252,7 +252,8 @@ impl Queued {
 /// What an entry needs.
 pub(crate) enum Check {
     Lost,
-    Due,
+    /// A renewal is due; the entry is lost at the deadline unless it succeeds first.
+    Due(BootInstant),
     Later(BootInstant),
 }
 
@@ -348,14 +349,18 @@ impl Scan {
     pub(crate) fn add(&mut self, held: &Arc<Held>, now: BootInstant) {
         match held.check(now) {
             Check::Lost => self.lost.push(held.clone()),
-            Check::Due => self.due.push(held.clone()),
+            Check::Due(deadline) => {
+                // The renewal may hang: wake at the deadline whatever it does.
+                self.due.push(held.clone());
+                self.later(deadline);
+            }
             Check::Later(at) => self.later(at),
         }
     }
 
     pub(crate) fn add_wait(&mut self, wait: &Arc<Queued>, now: BootInstant) {
         match wait.check(now) {
-            Some(Check::Due) => self.due_waits.push(wait.clone()),
+            Some(Check::Due(_)) => self.due_waits.push(wait.clone()),
             Some(Check::Later(at)) => self.later(at),
             _ => {}
         }

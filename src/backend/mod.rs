@@ -180,8 +180,10 @@ pub trait Backend: Send + Sync + 'static {
         renewals: &[Renew<'_>],
     ) -> impl Future<Output = Result<Vec<RenewReply>, BackendError>> + Send;
 
-    /// Undoes what the attempt `grant.attempt` took, if it took anything and nothing newer has
-    /// happened to the holder's hold since. Returns whether a hold was undone.
+    /// Resolves an acquire (or hand-off) whose reply was lost: undoes what the attempt
+    /// `grant.attempt` took, if it took anything and nothing newer has happened to the
+    /// holder's hold since, and otherwise makes sure the attempt, should it still arrive, takes
+    /// nothing. Returns whether a hold was undone.
     fn abandon(&self, grant: Grant<'_>) -> impl Future<Output = Result<bool, BackendError>> + Send;
 
     /// Takes `holder` out of the wait queue of `key` (it gave up waiting), passing the wake-up

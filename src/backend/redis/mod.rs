@@ -53,6 +53,8 @@ mod scripts;
 
 /// Suffix of the fencing counter key.
 const FENCE: &str = ":fence";
+/// Suffix of the set of attempts given up on.
+const VOID: &str = ":void";
 /// Suffix of the release channel.
 const CHANNEL: &str = ":released";
 /// Suffix of a fair lock's waiter queue.
@@ -391,6 +393,7 @@ impl Backend for RedisBackend {
                     .key(key.derived(QUEUE))
                     .key(key.derived(TIMEOUTS))
                     .key(key.derived(FENCE))
+                    .key(key.derived(VOID))
                     .arg(grant.holder)
                     .arg(grant.lease.millis())
                     .arg(grant.attempt)
@@ -405,6 +408,7 @@ impl Backend for RedisBackend {
                     .key(key.derived(READERS))
                     .key(key.derived(WRITERS))
                     .key(key.derived(FENCE))
+                    .key(key.derived(VOID))
                     .arg(grant.holder)
                     .arg(side(grant.kind))
                     .arg(grant.lease.millis())
@@ -418,6 +422,7 @@ impl Backend for RedisBackend {
                 invocation
                     .key(key.as_str())
                     .key(key.derived(FENCE))
+                    .key(key.derived(VOID))
                     .arg(grant.holder)
                     .arg(grant.lease.millis())
                     .arg(grant.attempt)
@@ -461,6 +466,7 @@ impl Backend for RedisBackend {
                 invocation
                     .key(key.as_str())
                     .key(key.derived(FENCE))
+                    .key(key.derived(VOID))
                     .arg(release.holder)
                     .arg(key.derived(CHANNEL))
                     .arg(flag(release.all));
@@ -535,7 +541,9 @@ impl Backend for RedisBackend {
         let key = grant.key;
         let undone = match grant.kind {
             LockKind::Read | LockKind::Write => {
-                let invocation = rw_release(key, grant.holder, grant.kind, false, grant.attempt);
+                let mut invocation =
+                    rw_release(key, grant.holder, grant.kind, false, grant.attempt);
+                invocation.arg(grant.lease.millis());
                 let value: Value = self.invoke(&invocation, key).await?;
                 !matches!(reply_pair(value)?, (0, _))
             }
@@ -543,9 +551,11 @@ impl Backend for RedisBackend {
                 let mut invocation = SCRIPTS.abandon.prepare_invoke();
                 invocation
                     .key(key.as_str())
+                    .key(key.derived(VOID))
                     .arg(grant.holder)
                     .arg(grant.attempt)
-                    .arg(key.derived(CHANNEL));
+                    .arg(key.derived(CHANNEL))
+                    .arg(grant.lease.millis());
                 self.invoke::<i64>(&invocation, key).await? == 1
             }
         };
@@ -613,6 +623,7 @@ fn rw_release<'a>(
     invocation
         .key(key.as_str())
         .key(key.derived(READERS))
+        .key(key.derived(VOID))
         .arg(holder)
         .arg(side(kind))
         .arg(key.derived(CHANNEL))

@@ -1,15 +1,22 @@
--- Undoes one acquire attempt whose reply was lost: if the holder's last recorded attempt is
--- this one, gives back the hold it took (freeing and publishing when it was the last).
+-- Resolves an acquire attempt whose reply was lost. If the attempt took the lock (it is the
+-- holder's last recorded attempt), gives back the hold it took, freeing and publishing when it
+-- was the last. If it took nothing yet, records it as given up, so that the request, should it
+-- still arrive, is refused.
 --
 -- KEYS[1]  the lock hash
+-- KEYS[2]  attempts given up on (set)
 -- ARGV[1]  holder id
 -- ARGV[2]  attempt id
 -- ARGV[3]  release channel
+-- ARGV[4]  how long to remember a given-up attempt, in milliseconds (its lease)
 --
--- Returns 1 when a hold was given back, 0 when the attempt had taken nothing (or something
--- newer happened since).
+-- Returns 1 when a hold was given back, 0 when the attempt had taken nothing.
 local lock = KEYS[1]
 if redis.call('HGET', lock, '~a') ~= ARGV[2] or redis.call('HEXISTS', lock, ARGV[1]) == 0 then
+  redis.call('SADD', KEYS[2], ARGV[2])
+  if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[4]) then
+    redis.call('PEXPIRE', KEYS[2], ARGV[4])
+  end
   return 0
 end
 if redis.call('HINCRBY', lock, ARGV[1], -1) <= 0 then

@@ -2,6 +2,7 @@
 --
 -- KEYS[1]  the lock hash: field <holder> = hold count, '~a' = last attempt id, '~f' = token
 -- KEYS[2]  the fencing counter (never expires)
+-- KEYS[3]  attempts given up on (set), so one that arrives late is refused
 -- ARGV[1]  holder id
 -- ARGV[2]  lease in milliseconds
 -- ARGV[3]  attempt id (lets a caller whose reply was lost undo this attempt)
@@ -11,6 +12,9 @@
 -- or {0, pttl} when another holder has it (pttl -1 when the key has no expiry).
 local lock = KEYS[1]
 local holder = ARGV[1]
+if redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 1 then
+  return {0, redis.call('PTTL', lock)}
+end
 local count
 if redis.call('EXISTS', lock) == 0 then
   count = 1

@@ -5,6 +5,7 @@
 -- KEYS[2]  the waiter queue (list of holder ids, oldest first)
 -- KEYS[3]  the waiter timeouts (sorted set: holder id -> server time in ms it may live until)
 -- KEYS[4]  the fencing counter (never expires)
+-- KEYS[5]  attempts given up on (set), so one that arrives late is refused
 -- ARGV[1]  holder id
 -- ARGV[2]  lease in milliseconds
 -- ARGV[3]  attempt id
@@ -16,6 +17,9 @@
 -- but another waiter is first, the time that waiter may still take to claim it (-1: unknown).
 local lock, queue, timeouts = KEYS[1], KEYS[2], KEYS[3]
 local holder = ARGV[1]
+if redis.call('SISMEMBER', KEYS[5], ARGV[3]) == 1 then
+  return {0, redis.call('PTTL', lock)}
+end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 

@@ -3,6 +3,7 @@
 --
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the fencing counter
+-- KEYS[3]  attempts given up on (a hand-off to one of them is not made)
 -- ARGV[1]  releasing holder id
 -- ARGV[2]  release channel
 -- ARGV[3]  '1' to release every hold of the holder, '0' for one
@@ -28,7 +29,7 @@ if ARGV[3] ~= '1' then
 end
 redis.call('DEL', lock)
 local next = ARGV[4]
-if next ~= '' then
+if next ~= '' and redis.call('SISMEMBER', KEYS[3], ARGV[6]) == 0 then
   redis.call('HSET', lock, next, 1, '~a', ARGV[6])
   redis.call('PEXPIRE', lock, ARGV[5])
   local token = -1

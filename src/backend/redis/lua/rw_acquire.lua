@@ -10,6 +10,7 @@
 -- KEYS[2]  the readers (sorted set: holder id -> server time in ms its read lease ends)
 -- KEYS[3]  the waiting writers (sorted set: holder id -> server time in ms it may wait until)
 -- KEYS[4]  the fencing counter (never expires)
+-- KEYS[5]  attempts given up on (set), so one that arrives late is refused
 -- ARGV[1]  holder id
 -- ARGV[2]  'r' for the read side, 'w' for the write side
 -- ARGV[3]  lease in milliseconds
@@ -23,6 +24,9 @@
 local lock, readers, writers = KEYS[1], KEYS[2], KEYS[3]
 local holder, side = ARGV[1], ARGV[2]
 local lease = tonumber(ARGV[3])
+if redis.call('SISMEMBER', KEYS[5], ARGV[4]) == 1 then
+  return {0, redis.call('PTTL', lock)}
+end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 

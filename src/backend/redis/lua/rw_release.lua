@@ -1,13 +1,16 @@
 -- Releases one hold (or all holds) of one side of a read-write lock, owner-checked. With an
--- attempt id, releases only if that attempt was the holder's last (undoing a lost acquire).
+-- attempt id, releases only if that attempt was the holder's last (undoing a lost acquire), and
+-- otherwise records the attempt as given up so that it is refused should it still arrive.
 --
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the readers
+-- KEYS[3]  attempts given up on (set)
 -- ARGV[1]  holder id
 -- ARGV[2]  'r' or 'w'
 -- ARGV[3]  release channel
 -- ARGV[4]  '1' to release every hold of that side, '0' for one
 -- ARGV[5]  attempt id that must be the last one recorded, or '' for any
+-- ARGV[6]  with an attempt id: how long to remember it as given up, in milliseconds
 --
 -- Returns {0} when the holder does not hold that side, {1, remaining} when holds remain,
 -- {2, n} when the change may let waiters in (n: subscribers notified), {3} when the holder's
@@ -15,10 +18,16 @@
 local lock, readers = KEYS[1], KEYS[2]
 local holder, side = ARGV[1], ARGV[2]
 local field = side .. ':' .. holder
-if redis.call('HEXISTS', lock, field) == 0 then
+local attempt = ARGV[5]
+if attempt ~= '' and (redis.call('HGET', lock, '~a') ~= attempt
+    or redis.call('HEXISTS', lock, field) == 0) then
+  redis.call('SADD', KEYS[3], attempt)
+  if redis.call('PTTL', KEYS[3]) < tonumber(ARGV[6]) then
+    redis.call('PEXPIRE', KEYS[3], ARGV[6])
+  end
   return {0}
 end
-if ARGV[5] ~= '' and redis.call('HGET', lock, '~a') ~= ARGV[5] then
+if redis.call('HEXISTS', lock, field) == 0 then
   return {0}
 end
 if ARGV[4] ~= '1' then
