@@ -296,6 +296,26 @@ impl<B: Backend> LockClient<B> {
         }
     }
 
+    /// The lock name of `key` in `namespace`, for a lock of `kind`.
+    pub(crate) fn key_in(
+        &self,
+        namespace: &str,
+        key: &[u8],
+        kind: LockKind,
+    ) -> Result<LockKey, KeyError> {
+        let config = &self.inner.shared.config;
+        let name = LockKey::namespaced(&config.prefix, namespace, key, config.max_key_len)?;
+        Ok(match kind {
+            LockKind::Read | LockKind::Write => name.with_suffix(":rw"),
+            _ => name,
+        })
+    }
+
+    /// A request for the lock `key` (from [`key_in`](Self::key_in)) of `kind`.
+    pub(crate) fn request_for(&self, key: LockKey, kind: LockKind) -> LockRequest<'_, B> {
+        self.request(Ok(key), kind)
+    }
+
     fn key(&self, key: &[u8]) -> Result<LockKey, KeyError> {
         let config = &self.inner.shared.config;
         LockKey::new(&config.prefix, key, config.max_key_len)

@@ -80,7 +80,18 @@ impl<B: Backend> LockGuard<B> {
     /// Resolves when the lock is lost while held. Never resolves for a lock that is released
     /// normally.
     pub fn lost(&self) -> Lost {
-        Lost(Box::pin(self.held().lost.clone().cancelled_owned()))
+        Lost::new(self.held().lost.clone())
+    }
+
+    /// What a request handler may know of this lock.
+    pub(crate) fn context(&self) -> crate::middleware::LockContext {
+        let held = self.held();
+        crate::middleware::LockContext {
+            key: held.key.clone(),
+            holder: held.holder.clone(),
+            fencing_token: held.token,
+            lost: held.lost.clone(),
+        }
     }
 
     /// Releases one hold of the lock.
@@ -91,8 +102,17 @@ impl<B: Backend> LockGuard<B> {
     /// be confirmed (the lock then expires within one lease, since renewal has stopped).
     pub async fn release(mut self) -> Result<(), LockError> {
         let held = self.held.take().expect("guard released twice");
-        let releasing = self.client.shared.begin_release(held)?;
-        self.client.shared.finish_release(releasing).await
+        let shared = self.client.shared.clone();
+        let releasing = shared.begin_release(held)?;
+        // Spawned, so that a caller cancelled mid-release (a dropped response future, say)
+        // cannot leave the lock held until its lease runs out.
+        match shared.runtime() {
+            Some(runtime) => runtime
+                .spawn(async move { shared.finish_release(releasing).await })
+                .await
+                .unwrap_or(Err(LockError::ShutDown)),
+            None => shared.finish_release(releasing).await,
+        }
     }
 }
 
@@ -135,6 +155,12 @@ impl<B: Backend> fmt::Debug for LockGuard<B> {
 
 /// Resolves when a held lock is lost. Made by [`LockGuard::lost`].
 pub struct Lost(Pin<Box<WaitForCancellationFutureOwned>>);
+
+impl Lost {
+    pub(crate) fn new(token: tokio_util::sync::CancellationToken) -> Self {
+        Self(Box::pin(token.cancelled_owned()))
+    }
+}
 
 impl Future for Lost {
     type Output = ();

@@ -11,6 +11,8 @@
 
 use std::{fmt, future::Future, sync::Arc};
 
+use tokio::task::futures::TaskLocalFuture;
+
 tokio::task_local! {
     static CURRENT: Holder;
 }
@@ -67,7 +69,7 @@ impl Holder {
     ///     .await
     /// # }
     /// ```
-    pub fn scope<F: Future>(self, future: F) -> impl Future<Output = F::Output> {
+    pub fn scope<F: Future>(self, future: F) -> TaskLocalFuture<Self, F> {
         CURRENT.scope(self, future)
     }
 

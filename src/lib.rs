@@ -61,6 +61,7 @@ mod holder;
 pub mod key;
 mod lease;
 mod local;
+pub mod middleware;
 mod watchdog;
 
 #[cfg(feature = "redis")]
@@ -72,3 +73,4 @@ pub use guard::{LockGuard, Lost};
 pub use holder::Holder;
 pub use key::LockKey;
 pub use lease::Lease;
+pub use middleware::{LockContext, LockLayer, LockRejection, LockService};

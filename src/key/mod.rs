@@ -15,6 +15,14 @@ use std::fmt;
 
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode, percent_encode};
 
+mod extract;
+
+pub use extract::{
+    FromFn, Header, MakeKey, PathSegment, Prefixed, Query, from_fn, header, path_segment, query,
+};
+#[cfg(feature = "axum")]
+pub use extract::{PathParam, path_param};
+
 /// Bytes escaped inside the hash tag. Non-ASCII bytes are always escaped by `percent_encode`.
 const ESCAPED: &AsciiSet = &CONTROLS.add(b'%').add(b'{').add(b'}');
 
@@ -53,6 +61,21 @@ impl LockKey {
     /// # Errors
     /// [`KeyError::Empty`] for an empty key, [`KeyError::TooLong`] for a key over `max_len` bytes.
     pub(crate) fn new(prefix: &str, user_key: &[u8], max_len: usize) -> Result<Self, KeyError> {
+        Self::namespaced(prefix, "", user_key, max_len)
+    }
+
+    /// Builds the lock name for `user_key` in `namespace` (a route, say) under `prefix`:
+    /// `prefix` + escaped namespace + `{escaped key}`. Keys of different namespaces never
+    /// collide, and the hash tag is still the user key alone.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub(crate) fn namespaced(
+        prefix: &str,
+        namespace: &str,
+        user_key: &[u8],
+        max_len: usize,
+    ) -> Result<Self, KeyError> {
         if user_key.is_empty() {
             return Err(KeyError::Empty);
         }
@@ -62,8 +85,9 @@ impl LockKey {
                 max: max_len,
             });
         }
-        let mut name = String::with_capacity(prefix.len() + user_key.len() + 2);
+        let mut name = String::with_capacity(prefix.len() + namespace.len() + user_key.len() + 2);
         name.push_str(prefix);
+        name.extend(percent_encode(namespace.as_bytes(), ESCAPED));
         name.push('{');
         name.extend(percent_encode(user_key, ESCAPED));
         name.push('}');
@@ -177,6 +201,16 @@ mod tests {
             Err(KeyError::TooLong { len: 9, max: 8 })
         );
         assert!(LockKey::new("p:", b"12345678", 8).is_ok());
+    }
+
+    /// Namespaces (route templates, with braces) stay outside the hash tag and apart.
+    #[test]
+    fn namespaces_keep_routes_apart() {
+        let orders = LockKey::namespaced("p:", "/orders/{id}", b"42", 512).unwrap();
+        let accounts = LockKey::namespaced("p:", "/accounts/{id}", b"42", 512).unwrap();
+        assert_eq!(orders.as_str(), "p:/orders/%7Bid%7D{42}");
+        assert_ne!(orders, accounts);
+        assert_eq!(orders.user_key(), b"42");
     }
 
     /// Prefixes with braces are refused because they would move the hash tag.

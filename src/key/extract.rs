@@ -1,0 +1,230 @@
+//! Key extractors: where in a request the lock key comes from.
+//!
+//! Request data is untrusted: every extractor returns the raw bytes it found and the engine
+//! escapes, length-checks and namespaces them ([module docs](super)). An extractor that finds
+//! nothing returns `None`, and the layer answers 400 (or runs the request without a lock, if
+//! configured so); it never falls back to a shared key.
+
+use std::{borrow::Cow, sync::Arc};
+
+use http::{HeaderName, request::Parts};
+use percent_encoding::percent_decode_str;
+
+/// Takes the lock key from a request. Closures `Fn(&Parts) -> Option<String>` implement it.
+pub trait MakeKey: Clone + Send + Sync + 'static {
+    /// The key for this request, or `None` when the request carries none.
+    fn make_key(&self, parts: &mut Parts) -> Option<Vec<u8>>;
+
+    /// The same key with `prefix` in front of it, to tell keys of different kinds apart.
+    fn prefixed(self, prefix: impl Into<Cow<'static, str>>) -> Prefixed<Self> {
+        Prefixed {
+            prefix: prefix.into(),
+            inner: self,
+        }
+    }
+}
+
+impl<F> MakeKey for F
+where
+    F: Fn(&Parts) -> Option<String> + Clone + Send + Sync + 'static,
+{
+    fn make_key(&self, parts: &mut Parts) -> Option<Vec<u8>> {
+        self(parts).map(String::into_bytes)
+    }
+}
+
+/// The value of a request header, which must be visible ASCII. Made by [`header`].
+#[derive(Clone, Debug)]
+pub struct Header(HeaderName);
+
+/// The value of the header `name`. A header that is missing, or has bytes outside visible
+/// ASCII, gives no key. Trust it only if your proxy sets or checks it.
+///
+/// # Panics
+/// When `name` is not a valid header name (a programming error, caught at start-up).
+pub fn header(name: &'static str) -> Header {
+    Header(HeaderName::from_static(name))
+}
+
+impl MakeKey for Header {
+    fn make_key(&self, parts: &mut Parts) -> Option<Vec<u8>> {
+        let value = parts.headers.get(&self.0)?.to_str().ok()?;
+        Some(value.as_bytes().to_vec())
+    }
+}
+
+/// The value of a query parameter. Made by [`query`].
+#[derive(Clone, Debug)]
+pub struct Query(Arc<str>);
+
+/// The first value of the query parameter `name`, percent-decoded (`+` is a space).
+pub fn query(name: &str) -> Query {
+    Query(name.into())
+}
+
+impl MakeKey for Query {
+    fn make_key(&self, parts: &mut Parts) -> Option<Vec<u8>> {
+        let query = parts.uri.query()?;
+        query.split('&').find_map(|pair| {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            (decode(name) == self.0.as_bytes()).then(|| decode(value))
+        })
+    }
+}
+
+fn decode(raw: &str) -> Vec<u8> {
+    let spaced = raw.replace('+', " ");
+    percent_decode_str(&spaced).collect()
+}
+
+/// One segment of the request path. Made by [`path_segment`].
+#[derive(Clone, Copy, Debug)]
+pub struct PathSegment(usize);
+
+/// The path segment at `index` (zero-based, counting non-empty segments), percent-decoded:
+/// for `/accounts/42/withdraw`, `path_segment(1)` is `42`.
+pub fn path_segment(index: usize) -> PathSegment {
+    PathSegment(index)
+}
+
+impl MakeKey for PathSegment {
+    fn make_key(&self, parts: &mut Parts) -> Option<Vec<u8>> {
+        let segment = parts
+            .uri
+            .path()
+            .split('/')
+            .filter(|segment| !segment.is_empty())
+            .nth(self.0)?;
+        Some(percent_decode_str(segment).collect())
+    }
+}
+
+/// A key computed by a function. Made by [`from_fn`].
+#[derive(Clone)]
+pub struct FromFn<F>(F);
+
+impl<F> std::fmt::Debug for FromFn<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FromFn").finish_non_exhaustive()
+    }
+}
+
+/// A key computed from the request head by `f`.
+///
+/// ```
+/// use tower_lock::key;
+///
+/// let by_tenant_and_order = key::from_fn(|req: &http::request::Parts| {
+///     let tenant = req.headers.get("x-tenant-id")?.to_str().ok()?;
+///     let order = req.uri.path().rsplit('/').next()?;
+///     Some(format!("{tenant}/{order}"))
+/// });
+/// # let _ = by_tenant_and_order;
+/// ```
+pub fn from_fn<F>(f: F) -> FromFn<F>
+where
+    F: Fn(&Parts) -> Option<String> + Clone + Send + Sync + 'static,
+{
+    FromFn(f)
+}
+
+impl<F> MakeKey for FromFn<F>
+where
+    F: Fn(&Parts) -> Option<String> + Clone + Send + Sync + 'static,
+{
+    fn make_key(&self, parts: &mut Parts) -> Option<Vec<u8>> {
+        (self.0)(parts).map(String::into_bytes)
+    }
+}
+
+/// A key with a fixed prefix. Made by [`MakeKey::prefixed`].
+#[derive(Clone, Debug)]
+pub struct Prefixed<K> {
+    prefix: Cow<'static, str>,
+    inner: K,
+}
+
+impl<K: MakeKey> MakeKey for Prefixed<K> {
+    fn make_key(&self, parts: &mut Parts) -> Option<Vec<u8>> {
+        let key = self.inner.make_key(parts)?;
+        let mut prefixed = Vec::with_capacity(self.prefix.len() + key.len());
+        prefixed.extend_from_slice(self.prefix.as_bytes());
+        prefixed.extend_from_slice(&key);
+        Some(prefixed)
+    }
+}
+
+/// An axum path parameter. Made by [`path_param`].
+#[cfg(feature = "axum")]
+#[derive(Clone, Debug)]
+pub struct PathParam(Arc<str>);
+
+/// The value of the axum path parameter `name` (`{id}` in the route `/accounts/{id}`), as axum
+/// decoded it. Requires the layer to run inside the router (`Router::route_layer`).
+#[cfg(feature = "axum")]
+pub fn path_param(name: &str) -> PathParam {
+    PathParam(name.into())
+}
+
+#[cfg(feature = "axum")]
+impl MakeKey for PathParam {
+    fn make_key(&self, parts: &mut Parts) -> Option<Vec<u8>> {
+        use axum::extract::{FromRequestParts, RawPathParams};
+        use futures_util::FutureExt;
+        // The extractor reads the router's extensions only; it is ready at once.
+        let params = RawPathParams::from_request_parts(parts, &())
+            .now_or_never()?
+            .ok()?;
+        params
+            .iter()
+            .find(|(name, _)| *name == &*self.0)
+            .map(|(_, value)| value.as_bytes().to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(uri: &str) -> Parts {
+        let (parts, ()) = http::Request::get(uri)
+            .header("x-tenant-id", "acme")
+            .body(())
+            .unwrap()
+            .into_parts();
+        parts
+    }
+
+    /// Each extractor finds its key, and gives none when the request has none.
+    #[test]
+    fn extractors_find_their_keys() {
+        let mut p = parts("/accounts/4%202/withdraw?id=a%2Bb+c&x=1");
+        assert_eq!(
+            header("x-tenant-id").make_key(&mut p),
+            Some(b"acme".to_vec())
+        );
+        assert_eq!(header("x-other").make_key(&mut p), None);
+        assert_eq!(query("id").make_key(&mut p), Some(b"a+b c".to_vec()));
+        assert_eq!(query("missing").make_key(&mut p), None);
+        assert_eq!(path_segment(1).make_key(&mut p), Some(b"4 2".to_vec()));
+        assert_eq!(path_segment(3).make_key(&mut p), None);
+        let prefixed = path_segment(0).prefixed("kind:");
+        assert_eq!(prefixed.make_key(&mut p), Some(b"kind:accounts".to_vec()));
+        let f = from_fn(|p: &Parts| Some(p.uri.path().to_owned()));
+        assert_eq!(
+            f.make_key(&mut p),
+            Some(b"/accounts/4%202/withdraw".to_vec())
+        );
+    }
+
+    /// A header value outside visible ASCII gives no key rather than a lossy one.
+    #[test]
+    fn non_ascii_header_gives_no_key() {
+        let (mut p, ()) = http::Request::get("/")
+            .header("x-k", http::HeaderValue::from_bytes(b"caf\xe9").unwrap())
+            .body(())
+            .unwrap()
+            .into_parts();
+        assert_eq!(header("x-k").make_key(&mut p), None);
+    }
+}

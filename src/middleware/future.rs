@@ -1,0 +1,248 @@
+//! [`ResponseFuture`]: wait for the lock, run the inner service while holding it, release.
+
+use std::{
+    fmt,
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll, ready},
+    time::Instant,
+};
+
+use http::{Request, Response};
+use pin_project::pin_project;
+use tokio::task::futures::TaskLocalFuture;
+use tower_service::Service;
+
+use super::{LockRejection, OnRejected, layer::LayerConfig};
+use crate::{Backend, LockError, LockGuard, guard::Lost, holder::Holder};
+
+type Acquire<B> = Pin<Box<dyn Future<Output = Result<LockGuard<B>, LockError>> + Send>>;
+type Release = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The response future of [`LockService`](super::LockService).
+///
+/// Dropping it at any point releases what it holds: a waiting acquire leaves the queue, a held
+/// lock is released in the background.
+#[pin_project]
+pub struct ResponseFuture<S, B, ReqBody, R>
+where
+    S: Service<Request<ReqBody>>,
+    B: Backend,
+{
+    #[pin]
+    state: State<S, B, ReqBody>,
+    on_rejected: Option<R>,
+    config: Option<Arc<LayerConfig>>,
+    span: tracing::Span,
+    started: Instant,
+    acquired: Option<Instant>,
+}
+
+#[pin_project(project = StateProj)]
+enum State<S, B, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+    B: Backend,
+{
+    Acquiring {
+        acquire: Acquire<B>,
+        inner: Option<S>,
+        request: Option<Request<ReqBody>>,
+    },
+    Running {
+        #[pin]
+        future: TaskLocalFuture<Holder, S::Future>,
+        guard: Option<LockGuard<B>>,
+        lost: Option<Lost>,
+    },
+    Releasing {
+        release: Release,
+        result: Option<Result<S::Response, S::Error>>,
+    },
+    Unlocked {
+        #[pin]
+        future: S::Future,
+    },
+    Rejected {
+        response: Option<S::Response>,
+    },
+}
+
+impl<S, B, ReqBody, R, ResBody> ResponseFuture<S, B, ReqBody, R>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    B: Backend,
+    R: OnRejected<ResBody>,
+{
+    pub(crate) fn acquiring(
+        acquire: Acquire<B>,
+        inner: S,
+        request: Request<ReqBody>,
+        on_rejected: R,
+        config: Arc<LayerConfig>,
+        span: tracing::Span,
+    ) -> Self {
+        Self {
+            state: State::Acquiring {
+                acquire,
+                inner: Some(inner),
+                request: Some(request),
+            },
+            on_rejected: Some(on_rejected),
+            config: Some(config),
+            span,
+            started: Instant::now(),
+            acquired: None,
+        }
+    }
+
+    pub(crate) fn rejected(on_rejected: &R, rejection: LockRejection) -> Self {
+        rejection.trace();
+        Self::finished(State::Rejected {
+            response: Some(on_rejected.on_rejected(rejection)),
+        })
+    }
+
+    pub(crate) fn unlocked(mut inner: S, request: Request<ReqBody>) -> Self {
+        Self::finished(State::Unlocked {
+            future: inner.call(request),
+        })
+    }
+
+    fn finished(state: State<S, B, ReqBody>) -> Self {
+        Self {
+            state,
+            on_rejected: None,
+            config: None,
+            span: tracing::Span::none(),
+            started: Instant::now(),
+            acquired: None,
+        }
+    }
+}
+
+impl<S, B, ReqBody, R, ResBody> Future for ResponseFuture<S, B, ReqBody, R>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    B: Backend,
+    R: OnRejected<ResBody>,
+{
+    type Output = Result<Response<ResBody>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let _entered = this.span.enter();
+        loop {
+            let next = match this.state.as_mut().project() {
+                StateProj::Acquiring {
+                    acquire,
+                    inner,
+                    request,
+                } => match ready!(acquire.as_mut().poll(cx)) {
+                    Ok(guard) => {
+                        let now = Instant::now();
+                        *this.acquired = Some(now);
+                        this.span.record("waited_ms", millis(now - *this.started));
+                        let mut request = request.take().expect("polled after completion");
+                        request.extensions_mut().insert(guard.context());
+                        let mut inner = inner.take().expect("polled after completion");
+                        let holder = guard.holder().clone();
+                        // `call` runs synchronously now; the future runs at every poll.
+                        let future = holder.clone().sync_scope(|| inner.call(request));
+                        let abort_on_lost =
+                            this.config.as_ref().is_some_and(|c| !c.continue_on_lost);
+                        State::Running {
+                            future: holder.scope(future),
+                            lost: abort_on_lost.then(|| guard.lost()),
+                            guard: Some(guard),
+                        }
+                    }
+                    Err(error) => reject(this.on_rejected, this.span, error.into()),
+                },
+                StateProj::Running {
+                    future,
+                    guard,
+                    lost,
+                } => {
+                    if let Some(lost) = lost
+                        && Pin::new(lost).poll(cx).is_ready()
+                    {
+                        // The inner future is dropped with this state: the handler stops.
+                        this.span.record("held_ms", held_ms(*this.acquired));
+                        reject(this.on_rejected, this.span, LockRejection::Lost)
+                    } else {
+                        let result = ready!(future.poll(cx));
+                        this.span.record("held_ms", held_ms(*this.acquired));
+                        this.span
+                            .record("outcome", if result.is_ok() { "ok" } else { "error" });
+                        let guard = guard.take().expect("polled after completion");
+                        let background = this
+                            .config
+                            .as_ref()
+                            .is_some_and(|c| c.release_in_background);
+                        if background {
+                            drop(guard);
+                            return Poll::Ready(result);
+                        }
+                        State::Releasing {
+                            release: Box::pin(async move {
+                                if let Err(error) = guard.release().await {
+                                    tracing::debug!(%error, "release after the response failed");
+                                }
+                            }),
+                            result: Some(result),
+                        }
+                    }
+                }
+                StateProj::Releasing { release, result } => {
+                    ready!(release.as_mut().poll(cx));
+                    return Poll::Ready(result.take().expect("polled after completion"));
+                }
+                StateProj::Unlocked { future } => return future.poll(cx),
+                StateProj::Rejected { response } => {
+                    return Poll::Ready(Ok(response.take().expect("polled after completion")));
+                }
+            };
+            this.state.set(next);
+        }
+    }
+}
+
+fn reject<S, B, ReqBody, R, ResBody>(
+    on_rejected: &Option<R>,
+    span: &tracing::Span,
+    rejection: LockRejection,
+) -> State<S, B, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    B: Backend,
+    R: OnRejected<ResBody>,
+{
+    span.record("outcome", tracing::field::display(rejection.status()));
+    rejection.trace();
+    let on_rejected = on_rejected
+        .as_ref()
+        .expect("rejection hook set while locking");
+    State::Rejected {
+        response: Some(on_rejected.on_rejected(rejection)),
+    }
+}
+
+fn millis(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn held_ms(acquired: Option<Instant>) -> u64 {
+    acquired.map_or(0, |at| millis(at.elapsed()))
+}
+
+impl<S, B, ReqBody, R> fmt::Debug for ResponseFuture<S, B, ReqBody, R>
+where
+    S: Service<Request<ReqBody>>,
+    B: Backend,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}

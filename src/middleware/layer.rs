@@ -1,0 +1,182 @@
+//! [`LockLayer`] and its settings.
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use tower_layer::Layer;
+
+use super::{DefaultRejection, LockService, MakeKeyUnset};
+use crate::{Backend, LockClient, key::MakeKey, lease::Lease};
+
+/// Which lock a request takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Exclusive,
+    Fair,
+    /// Read lock for GET, HEAD and OPTIONS; write lock otherwise.
+    ReadWrite,
+}
+
+/// Settings shared by every service the layer makes; `Default` states every default.
+#[derive(Clone, Debug)]
+pub(crate) struct LayerConfig {
+    pub(crate) wait: Duration,
+    pub(crate) lease: Lease,
+    pub(crate) mode: Mode,
+    pub(crate) fencing: bool,
+    pub(crate) name: Option<Arc<str>>,
+    pub(crate) skip_missing: bool,
+    pub(crate) continue_on_lost: bool,
+    pub(crate) release_in_background: bool,
+}
+
+impl Default for LayerConfig {
+    fn default() -> Self {
+        Self {
+            wait: Duration::from_secs(5),
+            lease: Lease::DEFAULT,
+            mode: Mode::Exclusive,
+            fencing: false,
+            name: None,
+            skip_missing: false,
+            continue_on_lost: false,
+            release_in_background: false,
+        }
+    }
+}
+
+/// Serializes requests per resource: each request takes the lock named by its key, runs while
+/// holding it, and releases it when its response is ready. See the [module docs](super).
+#[must_use]
+pub struct LockLayer<B: Backend, K = MakeKeyUnset, R = DefaultRejection> {
+    pub(crate) locks: LockClient<B>,
+    pub(crate) key: K,
+    pub(crate) on_rejected: R,
+    pub(crate) config: Arc<LayerConfig>,
+}
+
+impl<B: Backend> LockLayer<B> {
+    /// A layer taking locks from `locks`. Set the key with [`key`](Self::key).
+    pub fn new(locks: LockClient<B>) -> Self {
+        Self {
+            locks,
+            key: MakeKeyUnset,
+            on_rejected: DefaultRejection,
+            config: Arc::new(LayerConfig::default()),
+        }
+    }
+}
+
+impl<B: Backend, K, R> LockLayer<B, K, R> {
+    fn config(mut self, f: impl FnOnce(&mut LayerConfig)) -> Self {
+        f(Arc::make_mut(&mut self.config));
+        self
+    }
+
+    /// Where the lock key comes from: an extractor from [`key`](crate::key).
+    pub fn key<K2: MakeKey>(self, key: K2) -> LockLayer<B, K2, R> {
+        LockLayer {
+            locks: self.locks,
+            key,
+            on_rejected: self.on_rejected,
+            config: self.config,
+        }
+    }
+
+    /// Builds the response for rejected requests (default: the status, `Retry-After` where
+    /// known, and an empty body).
+    pub fn on_rejected<R2>(self, on_rejected: R2) -> LockLayer<B, K, R2> {
+        LockLayer {
+            locks: self.locks,
+            key: self.key,
+            on_rejected,
+            config: self.config,
+        }
+    }
+
+    /// How long a request may wait for its lock before it is answered 423. Zero means try
+    /// once. Defaults to 5 seconds.
+    pub fn wait(self, wait: Duration) -> Self {
+        self.config(|c| c.wait = wait)
+    }
+
+    /// The lease to hold locks with. Defaults to `Lease::watchdog(30 s)`: renewed while the
+    /// request runs, freed within 30 s if the instance dies.
+    pub fn lease(self, lease: Lease) -> Self {
+        self.config(|c| c.lease = lease)
+    }
+
+    /// Take the fair lock: requests get it in the order they arrived, across instances.
+    pub fn fair(self) -> Self {
+        self.config(|c| c.mode = Mode::Fair)
+    }
+
+    /// Take a read-write lock: a read lock for GET, HEAD and OPTIONS (they run together), a
+    /// write lock for every other method.
+    pub fn read_write(self) -> Self {
+        self.config(|c| c.mode = Mode::ReadWrite)
+    }
+
+    /// Put a fencing token into the request's [`LockContext`](super::LockContext).
+    pub fn fencing(self) -> Self {
+        self.config(|c| c.fencing = true)
+    }
+
+    /// The namespace of this layer's keys. Defaults to the matched route (with feature
+    /// `axum`), so `/orders/{id}` and `/accounts/{id}` never share a lock; without a route
+    /// (plain hyper), set one here so that different layers do not share keys.
+    pub fn name(self, name: impl Into<Arc<str>>) -> Self {
+        self.config(|c| c.name = Some(name.into()))
+    }
+
+    /// Run requests that carry no key without a lock instead of answering 400.
+    pub fn skip_missing_key(self) -> Self {
+        self.config(|c| c.skip_missing = true)
+    }
+
+    /// When the lock is lost mid-request, let the request finish (the handler can watch
+    /// `LockContext::lost`) instead of cancelling it and answering 503.
+    pub fn continue_on_lost(self) -> Self {
+        self.config(|c| c.continue_on_lost = true)
+    }
+
+    /// Hand the response back at once and release the lock in the background, instead of
+    /// releasing before the response leaves (one backend round trip less of latency; the next
+    /// request may briefly find the lock still held).
+    pub fn release_in_background(self) -> Self {
+        self.config(|c| c.release_in_background = true)
+    }
+}
+
+impl<B: Backend, K: Clone, R: Clone> Clone for LockLayer<B, K, R> {
+    fn clone(&self) -> Self {
+        Self {
+            locks: self.locks.clone(),
+            key: self.key.clone(),
+            on_rejected: self.on_rejected.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<B: Backend, K: fmt::Debug, R> fmt::Debug for LockLayer<B, K, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockLayer")
+            .field("key", &self.key)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, B: Backend, K: MakeKey, R: Clone> Layer<S> for LockLayer<B, K, R> {
+    type Service = LockService<S, B, K, R>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        LockService {
+            inner,
+            locks: self.locks.clone(),
+            key: self.key.clone(),
+            on_rejected: self.on_rejected.clone(),
+            config: self.config.clone(),
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! Tower middleware that serializes requests per resource.
+//!
+//! [`LockLayer`] takes a key from each request ([`key`](crate::key) extractors), acquires the
+//! lock of that key (waiting up to `wait`), calls the inner service only once the lock is held,
+//! keeps it renewed while the response future runs, and releases it when that future completes,
+//! before the response is handed back. On every other path it is released too: an `Err`, a
+//! panic caught by a layer above, a dropped future (client disconnect, an outer timeout). A
+//! request that gives up while waiting leaves nothing behind.
+//!
+//! ```
+//! # #[cfg(feature = "axum")] {
+//! use std::time::Duration;
+//! use axum::{Router, routing::post};
+//! use tower_lock::{LockClient, LockLayer, key};
+//!
+//! async fn withdraw() -> &'static str { "ok" }
+//!
+//! let locks = LockClient::in_memory();
+//! let app: Router = Router::new()
+//!     .route("/accounts/{id}/withdraw", post(withdraw))
+//!     .route_layer(
+//!         LockLayer::new(locks.clone())
+//!             .key(key::path_param("id"))
+//!             .wait(Duration::from_secs(2)),
+//!     );
+//! # }
+//! ```
+//!
+//! # How the lock's lifetime maps to the request's
+//!
+//! | request | lock |
+//! |---|---|
+//! | arrives | key extracted; a missing or invalid key is answered 400 at once |
+//! | waits | queued behind other waiters; 423 with `Retry-After` after `wait` |
+//! | runs | held, renewed by the watchdog; in the request: [`LockContext`], the holder |
+//! | response ready (`Ok` or `Err`) | released, then the response is handed back |
+//! | lock lost while running | the handler's future is dropped, 503 (or it continues, if configured) |
+//! | future dropped (client gone, timeout) | released in the background |
+//!
+//! # Rejections
+//!
+//! See [`LockRejection`] for the status of each; bodies are empty unless
+//! [`LockLayer::on_rejected`] builds them.
+//!
+//! # Keys and namespaces
+//!
+//! The lock key is the route the request matched (axum's `MatchedPath`) or the layer's
+//! [`name`](LockLayer::name), plus the extracted key: `/orders/{id}` and `/accounts/{id}` with
+//! the same id never share a lock. Each request has one [`Holder`](crate::Holder), stored in
+//! its extensions and current while the inner service runs, so a nested layer or a direct
+//! [`LockClient`](crate::LockClient) call on the same lock re-enters it.
+
+mod context;
+pub mod future;
+mod layer;
+mod rejection;
+mod service;
+
+pub use context::LockContext;
+pub use layer::LockLayer;
+pub use rejection::{DefaultRejection, LockRejection, OnRejected};
+pub use service::LockService;
+
+/// The key slot of a [`LockLayer`] before [`LockLayer::key`] is called; such a layer cannot be
+/// used.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MakeKeyUnset;

@@ -1,0 +1,150 @@
+//! [`LockService`]: the per-request work done before the lock is waited for.
+
+use std::{
+    fmt, mem,
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use http::{Method, Request, Response};
+use tower_service::Service;
+
+use super::{
+    LockRejection, OnRejected,
+    future::ResponseFuture,
+    layer::{LayerConfig, Mode},
+};
+use crate::{Backend, LockClient, LockKind, holder::Holder, key::MakeKey};
+
+/// The service made by [`LockLayer`](super::LockLayer).
+pub struct LockService<S, B: Backend, K, R> {
+    pub(crate) inner: S,
+    pub(crate) locks: LockClient<B>,
+    pub(crate) key: K,
+    pub(crate) on_rejected: R,
+    pub(crate) config: Arc<LayerConfig>,
+}
+
+impl<S, B, K, R, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, B, K, R>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    B: Backend,
+    K: MakeKey,
+    R: OnRejected<ResBody>,
+    ReqBody: Send + 'static,
+    ResBody: Send + 'static,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, B, ReqBody, R>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The ready service goes with this request; the clone waits for the next poll_ready.
+        let clone = self.inner.clone();
+        let inner = mem::replace(&mut self.inner, clone);
+        let config = &self.config;
+        let (mut parts, body) = request.into_parts();
+
+        let Some(user_key) = self.key.make_key(&mut parts) else {
+            let request = Request::from_parts(parts, body);
+            if config.skip_missing {
+                return ResponseFuture::unlocked(inner, request);
+            }
+            return ResponseFuture::rejected(&self.on_rejected, LockRejection::MissingKey);
+        };
+        let namespace = config
+            .name
+            .as_deref()
+            .map_or_else(|| route(&parts), str::to_owned);
+        let kind = match config.mode {
+            Mode::Exclusive => LockKind::Exclusive,
+            Mode::Fair => LockKind::Fair,
+            Mode::ReadWrite if is_read(&parts.method) => LockKind::Read,
+            Mode::ReadWrite => LockKind::Write,
+        };
+        let key = match self.locks.key_in(&namespace, &user_key, kind) {
+            Ok(key) => key,
+            Err(error) => {
+                return ResponseFuture::rejected(
+                    &self.on_rejected,
+                    LockRejection::InvalidKey(error),
+                );
+            }
+        };
+        // One holder per request: a nested layer (or handler code) re-enters its locks.
+        let holder = parts
+            .extensions
+            .get::<Holder>()
+            .cloned()
+            .unwrap_or_else(|| self.locks.holder());
+        parts.extensions.insert(holder.clone());
+        let span = tracing::debug_span!(
+            "locked_request",
+            key = %key,
+            waited_ms = tracing::field::Empty,
+            held_ms = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let locks = self.locks.clone();
+        let (wait, lease, fencing) = (config.wait, config.lease, config.fencing);
+        let acquire = Box::pin(async move {
+            let request = locks
+                .request_for(key, kind)
+                .wait(wait)
+                .lease(lease)
+                .holder(&holder);
+            let request = if fencing { request.fencing() } else { request };
+            request.acquire().await
+        });
+        ResponseFuture::acquiring(
+            acquire,
+            inner,
+            Request::from_parts(parts, body),
+            self.on_rejected.clone(),
+            config.clone(),
+            span,
+        )
+    }
+}
+
+/// Methods that only read: they take the read side of a read-write lock.
+fn is_read(method: &Method) -> bool {
+    matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+/// The route the request matched, when a router recorded it.
+fn route(parts: &http::request::Parts) -> String {
+    #[cfg(feature = "axum")]
+    if let Some(path) = parts.extensions.get::<axum::extract::MatchedPath>() {
+        return path.as_str().to_owned();
+    }
+    let _ = parts;
+    String::new()
+}
+
+impl<S: Clone, B: Backend, K: Clone, R: Clone> Clone for LockService<S, B, K, R> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            locks: self.locks.clone(),
+            key: self.key.clone(),
+            on_rejected: self.on_rejected.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, B: Backend, K: fmt::Debug, R> fmt::Debug for LockService<S, B, K, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockService")
+            .field("inner", &self.inner)
+            .field("key", &self.key)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
