@@ -257,6 +257,14 @@ impl<B: Backend> LockClient<B> {
         self.request(self.key(key.as_ref()), LockKind::Exclusive)
     }
 
+    /// A request for the lock named `key` in `namespace`: the same lock a
+    /// [`LockLayer`](crate::LockLayer) named `namespace` (or on the route `namespace`) takes for
+    /// that key, so code inside or outside the request can share it.
+    pub fn lock_in_namespace(&self, namespace: &str, key: impl AsRef<[u8]>) -> LockRequest<'_, B> {
+        let key = self.key_in(namespace, key.as_ref(), LockKind::Exclusive);
+        self.request(key, LockKind::Exclusive)
+    }
+
     /// A request for the fair lock named `key`: waiters get it in the order they asked, across
     /// every process. It shares its name with [`lock`](Self::lock)'s lock; use one kind per key.
     ///
@@ -658,8 +666,10 @@ impl<B: Backend> Shared<B> {
         let grant = want.grant(&request.key, queue);
         let deadline = tokio::time::Instant::now() + request.wait;
         let mut listener = None;
+        // The current holder's remaining lease, as last seen: the hint for a caller timed out.
+        let mut retry_after = None;
         loop {
-            // How long the current holder's lease runs: after it, try again.
+            // When to try again at the latest (the holder's lease runs out).
             let retry_in = match self.table.turn(&request.key, id) {
                 Turn::Contend => {
                     let sent_at = BootInstant::now();
@@ -680,6 +690,7 @@ impl<B: Backend> Shared<B> {
                             return Ok((held, count));
                         }
                         Ok(AcquireReply::Held { ttl }) => {
+                            retry_after = ttl;
                             if let Some(place) = &ticket.queued {
                                 place.joined(sent_at);
                                 queued.in_backend = true;
@@ -705,10 +716,9 @@ impl<B: Backend> Shared<B> {
                     }
                 }
                 Turn::Park(remaining) => {
+                    retry_after = remaining.or(retry_after);
                     if request.wait.is_zero() {
-                        return Err(LockError::WaitTimeout {
-                            retry_after: remaining,
-                        });
+                        return Err(LockError::WaitTimeout { retry_after });
                     }
                     None
                 }
@@ -736,7 +746,7 @@ impl<B: Backend> Shared<B> {
                 () = notified(listening.as_deref()) => {}
                 () = sleep_opt(retry_in) => {}
                 () = tokio::time::sleep_until(deadline) => {
-                    return Err(LockError::WaitTimeout { retry_after: retry_in });
+                    return Err(LockError::WaitTimeout { retry_after });
                 }
             }
         }

@@ -1,6 +1,7 @@
 //! Redis-only behaviour under faults: a lock key deleted behind the holder's back, `SCRIPT FLUSH`
-//! under load, foreign data at the lock key, a server killed, restarted or paused. Every test
-//! starts its own `redis-server` through the fixture in `tests/support`.
+//! under load (every 10 ms, and back to back as a storm that widens the reload race), foreign
+//! data at the lock key, a server killed, restarted or paused. Every test starts its own
+//! `redis-server` through the fixture in `tests/support`.
 
 mod support;
 
@@ -205,6 +206,105 @@ async fn held_lock_survives_script_flush() {
         .await
         .expect("free after the release");
     next.release().await.expect("release");
+}
+
+/// Runs `SCRIPT FLUSH` back to back from two threads until the returned guard is dropped;
+/// the handle counts the flushes.
+fn flush_storm(server: &Arc<RedisServer>) -> (StopOnDrop, Vec<tokio::task::JoinHandle<u64>>) {
+    let stop = StopOnDrop(Arc::new(AtomicBool::new(false)));
+    let flushers = (0..2)
+        .map(|_| {
+            let (server, stop) = (server.clone(), stop.0.clone());
+            tokio::task::spawn_blocking(move || {
+                let mut flushes = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    server.cmd(&["SCRIPT", "FLUSH"]);
+                    flushes += 1;
+                }
+                flushes
+            })
+        })
+        .collect();
+    (stop, flushers)
+}
+
+/// Stops a flush storm and returns how many flushes it made.
+async fn end_storm(storm: (StopOnDrop, Vec<tokio::task::JoinHandle<u64>>)) -> u64 {
+    let (stop, flushers) = storm;
+    drop(stop);
+    let mut flushes = 0;
+    for flusher in flushers {
+        flushes += flusher.await.expect("flusher");
+    }
+    flushes
+}
+
+/// 20 watchdog locks (300 ms lease) stay held through 1 s of back-to-back `SCRIPT FLUSH`es: a
+/// renewal that meets `NOSCRIPT` is retried, never taken for another owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn held_locks_survive_flush_storm() {
+    let server = Arc::new(RedisServer::start());
+    let a = client(&server.url(), "t14c:").await;
+    let b = client(&server.url(), "t14c:").await;
+    let lease = Lease::watchdog(Duration::from_millis(300));
+    let mut guards = Vec::new();
+    for i in 0..20 {
+        let guard = a.lock(format!("k{i}")).lease(lease).acquire().await;
+        guards.push(guard.expect("acquire"));
+    }
+    let storm = flush_storm(&server);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let flushes = end_storm(storm).await;
+    let lost: Vec<String> = guards
+        .iter()
+        .filter(|guard| guard.is_lost())
+        .map(|guard| guard.key().to_string())
+        .collect();
+    println!(
+        "flush storm: {flushes} flushes, {} of {} held locks lost",
+        lost.len(),
+        guards.len()
+    );
+    assert!(
+        lost.is_empty(),
+        "held locks lost during SCRIPT FLUSHes: {lost:?}"
+    );
+    for i in 0..20 {
+        assert_busy(&b, &format!("k{i}"), "still held after the storm").await;
+    }
+    for guard in guards {
+        guard.release().await.expect("release");
+    }
+}
+
+/// Acquire/release cycles through 1 s of back-to-back `SCRIPT FLUSH`es: no caller sees an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acquire_release_survive_flush_storm() {
+    let server = Arc::new(RedisServer::start());
+    let a = client(&server.url(), "t14d:").await;
+    let storm = flush_storm(&server);
+    let started = Instant::now();
+    let mut cycles = 0;
+    let mut errors = Vec::new();
+    while started.elapsed() < Duration::from_secs(1) {
+        match a.lock("hot").wait(Duration::from_secs(2)).acquire().await {
+            Ok(guard) => {
+                if let Err(error) = guard.release().await {
+                    errors.push(format!("release: {error}"));
+                    // The lock is left to its lease: go on with another key.
+                    break;
+                }
+            }
+            Err(error) => errors.push(format!("acquire: {error}")),
+        }
+        cycles += 1;
+    }
+    let flushes = end_storm(storm).await;
+    println!(
+        "flush storm: {cycles} cycles, {flushes} flushes, {} errors",
+        errors.len()
+    );
+    assert!(errors.is_empty(), "errors seen by callers: {errors:?}");
 }
 
 /// A string at the lock key gives a typed wrong-type error naming `string`, and stays intact.

@@ -26,7 +26,7 @@ use std::{
     time::Duration,
 };
 
-use redis::{Client, FromRedisValue, RedisError, Script, ScriptInvocation, Value};
+use redis::{Client, FromRedisValue, RedisError, Value};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 pub use bb8;
@@ -36,7 +36,7 @@ pub use redis;
 use self::{
     pool::{Manager, Pool},
     pubsub::PubSub,
-    scripts::SCRIPTS,
+    scripts::{Call, SCRIPTS},
 };
 use super::{
     AcquireReply, Backend, Grant, Listener, LockKind, Release, ReleaseReply, Renew, RenewReply,
@@ -202,14 +202,20 @@ impl RedisBackend {
             .await
     }
 
-    /// Runs one script call with the command timeout, loading the script on `NOSCRIPT`.
+    /// Runs one script call with the command timeout; by body when the server lost the
+    /// script.
     async fn invoke<T: FromRedisValue>(
         &self,
-        invocation: &ScriptInvocation<'_>,
+        call: &Call,
         key: &LockKey,
     ) -> Result<T, BackendError> {
         let result = self
-            .with_conn(Some(key), async |conn| invocation.invoke_async(conn).await)
+            .with_conn(Some(key), async |conn| {
+                match call.cmd(true).query_async(conn).await {
+                    Err(error) if is_noscript(&error) => call.cmd(false).query_async(conn).await,
+                    other => other,
+                }
+            })
             .await;
         match result {
             Err(error) if error.is_wrong_type() => Err(self.name_wrong_type(key).await),
@@ -254,41 +260,25 @@ impl RedisBackend {
         BackendError::from_kind(BackendErrorKind::WrongType { found }).with_key(key.as_str())
     }
 
-    /// Runs the renewal script of every entry in one pipeline.
+    /// Runs the renewal script of every entry in one pipeline, by hash or by body.
     async fn renew_pipeline(
         &self,
         renewals: &[Renew<'_>],
+        by_hash: bool,
     ) -> Result<Vec<Result<i64, RedisError>>, BackendError> {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for renew in renewals {
-            let invocation = renew_invocation(renew);
-            let cmd = pipe.cmd("EVALSHA");
-            cmd.arg(invocation.script.get_hash())
-                .arg(invocation.keys.len());
-            for key in &invocation.keys {
-                cmd.arg(key);
-            }
-            for arg in &invocation.args {
-                cmd.arg(arg);
-            }
+            pipe.add_command(renew_call(renew).cmd(by_hash));
         }
         self.with_conn(None, async |conn| pipe.query_async(conn).await)
             .await
     }
 }
 
-/// The script and arguments of one renewal, for a pipeline.
-struct PipelinedScript {
-    script: &'static Script,
-    keys: Vec<String>,
-    args: Vec<String>,
-}
-
-fn renew_invocation(renew: &Renew<'_>) -> PipelinedScript {
+/// The script call that renews one hold, or keeps one waiter's place.
+fn renew_call(renew: &Renew<'_>) -> Call {
     let key = renew.key;
-    let holder = renew.holder.to_owned();
-    let millis = renew.lease.millis().to_string();
     let (script, keys, args) = match (renew.kind, renew.queued) {
         (LockKind::Fair, true) => (
             &SCRIPTS.fair_wait,
@@ -297,25 +287,30 @@ fn renew_invocation(renew: &Renew<'_>) -> PipelinedScript {
                 key.derived(QUEUE),
                 key.derived(TIMEOUTS),
             ],
-            vec![holder, millis, key.derived(CHANNEL)],
+            vec![renew.lease.millis().to_string(), key.derived(CHANNEL)],
         ),
         (LockKind::Write, true) => (
             &SCRIPTS.rw_wait,
             vec![key.derived(WRITERS)],
-            vec![holder, millis, key.derived(CHANNEL)],
+            vec![renew.lease.millis().to_string(), key.derived(CHANNEL)],
         ),
         (LockKind::Read | LockKind::Write, _) => (
             &SCRIPTS.rw_renew,
             vec![key.as_str().to_owned(), key.derived(READERS)],
-            vec![holder, side(renew.kind).to_owned(), millis],
+            vec![
+                side(renew.kind).to_owned(),
+                renew.lease.millis().to_string(),
+            ],
         ),
         _ => (
             &SCRIPTS.renew,
             vec![key.as_str().to_owned()],
-            vec![holder, millis],
+            vec![renew.lease.millis().to_string()],
         ),
     };
-    PipelinedScript { script, keys, args }
+    let mut call = script.prepare_invoke();
+    call.key(keys).arg(renew.holder).arg(args);
+    call
 }
 
 /// The side argument of the read-write scripts.
@@ -503,38 +498,34 @@ impl Backend for RedisBackend {
         if renewals.is_empty() {
             return Ok(Vec::new());
         }
-        let mut replies = self.renew_pipeline(renewals).await?;
-        // A pipeline does not reload scripts by itself: load what is missing and resend the
-        // batch. Renewal is idempotent, so entries that succeeded the first time are safe to
-        // resend.
+        let mut replies = self.renew_pipeline(renewals, true).await?;
+        // A pipeline is not retried by redis-rs: when the server lost a script, resend the
+        // batch by body. Renewal is idempotent, so entries that succeeded are safe to resend.
         if replies
             .iter()
             .any(|reply| reply.as_ref().is_err_and(is_noscript))
         {
-            let mut loaded = std::collections::HashSet::new();
-            for renew in renewals {
-                let script = renew_invocation(renew).script;
-                if loaded.insert(script.get_hash()) {
-                    self.with_conn(None, async |conn| script.load_async(conn).await)
-                        .await?;
-                }
-            }
-            replies = self.renew_pipeline(renewals).await?;
+            replies = self.renew_pipeline(renewals, false).await?;
         }
-        Ok(replies
+        replies
             .into_iter()
             .zip(renewals)
             .map(|(reply, renew)| match reply {
-                Ok(1) => RenewReply::Renewed,
-                Ok(2) => RenewReply::Ready,
-                Ok(_) => RenewReply::NotHeld,
+                Ok(1) => Ok(RenewReply::Renewed),
+                Ok(2) => Ok(RenewReply::Ready),
+                Ok(_) => Ok(RenewReply::NotHeld),
                 Err(error) => {
-                    // A foreign value at the key means the lock is not ours any more.
-                    tracing::warn!(key = %renew.key, %error, "renewal refused");
-                    RenewReply::NotHeld
+                    let error = redis_error(error).with_key(renew.key.as_str());
+                    if error.is_wrong_type() {
+                        // Foreign data at the key: the lock is not ours any more.
+                        tracing::warn!(key = %renew.key, %error, "renewal found foreign data");
+                        Ok(RenewReply::NotHeld)
+                    } else {
+                        Err(error)
+                    }
                 }
             })
-            .collect())
+            .collect()
     }
 
     async fn abandon(&self, grant: Grant<'_>) -> Result<bool, BackendError> {
@@ -612,13 +603,7 @@ impl Backend for RedisBackend {
 }
 
 /// The read-write release script, optionally only for one attempt.
-fn rw_release<'a>(
-    key: &LockKey,
-    holder: &str,
-    kind: LockKind,
-    all: bool,
-    attempt: &str,
-) -> ScriptInvocation<'a> {
+fn rw_release(key: &LockKey, holder: &str, kind: LockKind, all: bool, attempt: &str) -> Call {
     let mut invocation = SCRIPTS.rw_release.prepare_invoke();
     invocation
         .key(key.as_str())

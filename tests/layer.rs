@@ -1,0 +1,499 @@
+//! `LockLayer` end to end: axum routers served over loopback HTTP, locks in a real
+//! `redis-server` started for each test.
+
+mod support;
+
+use std::{
+    convert::Infallible,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use axum::{
+    Extension, Router,
+    extract::Path,
+    routing::{get, post},
+};
+use http::StatusCode;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::{client::legacy::Client as HttpClient, rt::TokioExecutor};
+use support::RedisServer;
+use tower_lock::{Lease, LockClient, LockContext, LockLayer, RedisBackend, key};
+
+type Http = HttpClient<hyper_util::client::legacy::connect::HttpConnector, Empty<Bytes>>;
+
+fn http() -> Http {
+    HttpClient::builder(TokioExecutor::new()).build_http()
+}
+
+/// Serves `app` on a free loopback port; returns its base URL.
+async fn serve(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+async fn locks(server: &RedisServer) -> LockClient<RedisBackend> {
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    LockClient::builder(backend).build().unwrap()
+}
+
+/// Sends a request; returns the status, the `Retry-After` header and the body.
+async fn send(http: &Http, method: &str, url: &str) -> (StatusCode, Option<String>, String) {
+    let request = http::Request::builder()
+        .method(method)
+        .uri(url)
+        .body(Empty::new())
+        .unwrap();
+    let response = http.request(request).await.unwrap();
+    let status = response.status();
+    let retry = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, retry, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Who is inside a handler right now, per key, across every app instance in the test.
+#[derive(Clone, Default)]
+struct Witness {
+    inside: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    overlaps: Arc<AtomicUsize>,
+    max_concurrent: Arc<AtomicUsize>,
+    total: Arc<AtomicUsize>,
+}
+
+impl Witness {
+    async fn section(&self, key: &str, hold: Duration) {
+        {
+            let mut inside = self.inside.lock().unwrap();
+            let n = inside.entry(key.to_owned()).or_default();
+            *n += 1;
+            if *n > 1 {
+                self.overlaps.fetch_add(1, Ordering::SeqCst);
+            }
+            let all: usize = inside.values().sum();
+            self.max_concurrent.fetch_max(all, Ordering::SeqCst);
+        }
+        tokio::time::sleep(hold).await;
+        *self.inside.lock().unwrap().get_mut(key).unwrap() -= 1;
+        self.total.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn withdraw_app(locks: LockClient<RedisBackend>, witness: Witness, hold: Duration) -> Router {
+    Router::new()
+        .route(
+            "/accounts/{id}/withdraw",
+            post(move |Path(id): Path<String>| async move {
+                witness.section(&id, hold).await;
+                "ok"
+            }),
+        )
+        .route_layer(
+            LockLayer::new(locks)
+                .key(key::path_param("id"))
+                .wait(Duration::from_secs(10)),
+        )
+}
+
+/// Requests on one account serialize across two app instances sharing one Redis, while
+/// requests on different accounts run at the same time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn same_key_serializes_across_instances() {
+    let server = RedisServer::start();
+    let witness = Witness::default();
+    let hold = Duration::from_millis(5);
+    let one = serve(withdraw_app(locks(&server).await, witness.clone(), hold)).await;
+    let two = serve(withdraw_app(locks(&server).await, witness.clone(), hold)).await;
+    let http = http();
+    let mut tasks = Vec::new();
+    for i in 0..120 {
+        let base = if i % 2 == 0 { &one } else { &two };
+        let url = format!("{base}/accounts/{}/withdraw", i % 4);
+        let http = http.clone();
+        tasks.push(tokio::spawn(
+            async move { send(&http, "POST", &url).await.0 },
+        ));
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(witness.total.load(Ordering::SeqCst), 120);
+    assert_eq!(
+        witness.overlaps.load(Ordering::SeqCst),
+        0,
+        "two requests on one account overlapped"
+    );
+    assert!(
+        witness.max_concurrent.load(Ordering::SeqCst) > 1,
+        "different accounts never ran concurrently"
+    );
+}
+
+/// A request that cannot get the lock within the wait gets 423 with `Retry-After`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn wait_timeout_is_423_with_retry_after() {
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    let app = Router::new()
+        .route("/docs/{id}", post(|| async { "ok" }))
+        .route_layer(
+            LockLayer::new(locks.clone())
+                .key(key::path_param("id"))
+                .name("docs")
+                .wait(Duration::from_millis(200)),
+        );
+    let base = serve(app).await;
+    // Someone else holds the lock the route would take (same name and key).
+    let holder = locks
+        .lock_in_namespace("docs", "7")
+        .lease(Lease::watchdog(Duration::from_secs(30)))
+        .acquire()
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let (status, retry, _) = send(&http(), "POST", &format!("{base}/docs/7")).await;
+    assert_eq!(status, StatusCode::LOCKED);
+    let retry: u64 = retry.expect("Retry-After").parse().unwrap();
+    assert!((25..=30).contains(&retry), "Retry-After {retry}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    holder.release().await.unwrap();
+    let (status, _, _) = send(&http(), "POST", &format!("{base}/docs/7")).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+/// A missing key is 400, an oversized one too; with `skip_missing_key` the request runs unlocked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn missing_and_invalid_keys_are_400() {
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    let app = Router::new()
+        .route("/strict", get(|| async { "ok" }))
+        .route_layer(LockLayer::new(locks.clone()).key(key::header("x-account")))
+        .merge(
+            Router::new()
+                .route("/lenient", get(|| async { "ok" }))
+                .route_layer(
+                    LockLayer::new(locks.clone())
+                        .key(key::header("x-account"))
+                        .skip_missing_key(),
+                ),
+        );
+    let base = serve(app).await;
+    let http = http();
+    assert_eq!(
+        send(&http, "GET", &format!("{base}/strict")).await.0,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        send(&http, "GET", &format!("{base}/lenient")).await.0,
+        StatusCode::OK
+    );
+    let long = "x".repeat(600);
+    let request = http::Request::get(format!("{base}/strict"))
+        .header("x-account", long)
+        .body(Empty::new())
+        .unwrap();
+    assert_eq!(
+        http.request(request).await.unwrap().status(),
+        StatusCode::BAD_REQUEST
+    );
+    let request = http::Request::get(format!("{base}/strict"))
+        .header("x-account", "42")
+        .body(Empty::new())
+        .unwrap();
+    assert_eq!(
+        http.request(request).await.unwrap().status(),
+        StatusCode::OK
+    );
+}
+
+/// A client that disconnects mid-handler frees the lock at once, not after the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn client_disconnect_releases() {
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    let dropped = Arc::new(AtomicBool::new(false));
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let (flag, signal) = (dropped.clone(), entered.clone());
+    let app = Router::new()
+        .route(
+            "/slow/{id}",
+            post(move || async move {
+                struct OnDrop(Arc<AtomicBool>);
+                impl Drop for OnDrop {
+                    fn drop(&mut self) {
+                        self.0.store(true, Ordering::SeqCst);
+                    }
+                }
+                let _guard = OnDrop(flag);
+                signal.notify_one();
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                "done"
+            }),
+        )
+        .route_layer(
+            LockLayer::new(locks.clone())
+                .key(key::path_param("id"))
+                .name("slow"),
+        );
+    let base = serve(app).await;
+    let url = format!("{base}/slow/1");
+    let request = tokio::spawn(async move { send(&http(), "POST", &url).await });
+    entered.notified().await;
+    request.abort();
+    let _ = request.await;
+    // The server notices the closed connection and drops the handler and the guard.
+    let started = Instant::now();
+    let again = locks
+        .lock_in_namespace("slow", "1")
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .expect("the lock is free after the client left");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "freed only after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the handler future was not dropped"
+    );
+    again.release().await.unwrap();
+}
+
+/// A panic in the handler, caught by `CatchPanicLayer`, releases the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn panic_in_handler_releases() {
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    let app = Router::new()
+        .route(
+            "/boom/{id}",
+            post(|| async {
+                if true {
+                    panic!("handler failed");
+                }
+                "unreachable"
+            }),
+        )
+        .route_layer(
+            LockLayer::new(locks.clone())
+                .key(key::path_param("id"))
+                .name("boom"),
+        )
+        .layer(tower_http::catch_panic::CatchPanicLayer::new());
+    let base = serve(app).await;
+    let (status, _, _) = send(&http(), "POST", &format!("{base}/boom/1")).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    let again = locks
+        .lock_in_namespace("boom", "1")
+        .wait(Duration::from_secs(2))
+        .acquire()
+        .await
+        .expect("free after the panic");
+    again.release().await.unwrap();
+}
+
+/// A lock deleted behind the request's back: the handler future is dropped and the client gets 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lost_lock_cancels_the_handler_with_503() {
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    let finished = Arc::new(AtomicBool::new(false));
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let (flag, signal) = (finished.clone(), entered.clone());
+    let app = Router::new()
+        .route(
+            "/long/{id}",
+            post(
+                move |Extension(context): Extension<LockContext>| async move {
+                    signal.notify_one();
+                    let _ = context;
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    flag.store(true, Ordering::SeqCst);
+                    "done"
+                },
+            ),
+        )
+        .route_layer(
+            LockLayer::new(locks.clone())
+                .key(key::path_param("id"))
+                .name("long")
+                .lease(Lease::watchdog(Duration::from_millis(600))),
+        );
+    let base = serve(app).await;
+    let url = format!("{base}/long/1");
+    let request = tokio::spawn(async move { send(&http(), "POST", &url).await });
+    entered.notified().await;
+    // The key of route "long", id "1".
+    let deleted = server.cmd(&["DEL", "tower-lock:long{1}"]).as_int();
+    assert_eq!(deleted, 1);
+    let started = Instant::now();
+    let (status, _, _) = request.await.unwrap();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(
+        !finished.load(Ordering::SeqCst),
+        "the handler ran on without its lock"
+    );
+}
+
+/// Nested layers on the same key re-enter instead of deadlocking; the handler sees the token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nested_layers_reenter() {
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    let inner_locks = locks.clone();
+    let app = Router::new()
+        .route(
+            "/n/{id}",
+            post(
+                move |Extension(context): Extension<LockContext>| async move {
+                    // Direct use inside the request re-enters too.
+                    let again = inner_locks
+                        .lock_in_namespace("nested", "1")
+                        .try_acquire()
+                        .await
+                        .expect("re-entry from the handler");
+                    let count = again.hold_count();
+                    again.release().await.unwrap();
+                    format!("{count} {:?}", context.fencing_token())
+                },
+            ),
+        )
+        .route_layer(
+            LockLayer::new(locks.clone())
+                .key(key::path_param("id"))
+                .name("nested"),
+        )
+        .route_layer(
+            LockLayer::new(locks.clone())
+                .key(key::path_param("id"))
+                .name("nested")
+                .fencing()
+                .wait(Duration::from_millis(500)),
+        );
+    let base = serve(app).await;
+    let (status, _, body) = send(&http(), "POST", &format!("{base}/n/1")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body, "3 Some(1)");
+}
+
+/// The layer composes with tower-http's `TimeoutLayer` (the lock is released when the
+/// timeout drops the request) and tower's `ConcurrencyLimitLayer`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn composes_with_timeout_and_concurrency_limit() {
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    let app = Router::new()
+        .route(
+            "/t/{id}",
+            post(|| async {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                "late"
+            }),
+        )
+        .route_layer(
+            LockLayer::new(locks.clone())
+                .key(key::path_param("id"))
+                .name("t"),
+        )
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::GATEWAY_TIMEOUT,
+            Duration::from_millis(200),
+        ))
+        .layer(tower::limit::ConcurrencyLimitLayer::new(8));
+    let base = serve(app).await;
+    let (status, _, _) = send(&http(), "POST", &format!("{base}/t/1")).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+    let again = locks
+        .lock_in_namespace("t", "1")
+        .wait(Duration::from_secs(2))
+        .acquire()
+        .await
+        .expect("free after the timeout dropped the request");
+    again.release().await.unwrap();
+}
+
+/// In read-write mode GETs overlap and writes run alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn read_write_mode() {
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    let readers = Arc::new(AtomicUsize::new(0));
+    let max_readers = Arc::new(AtomicUsize::new(0));
+    let writing = Arc::new(AtomicBool::new(false));
+    let violations = Arc::new(AtomicUsize::new(0));
+    let (r, m, w, v) = (
+        readers.clone(),
+        max_readers.clone(),
+        writing.clone(),
+        violations.clone(),
+    );
+    let (r2, w2, v2) = (readers.clone(), writing.clone(), violations.clone());
+    let app = Router::new()
+        .route(
+            "/doc/{id}",
+            get(move || {
+                let (r, m, w, v) = (r.clone(), m.clone(), w.clone(), v.clone());
+                async move {
+                    let n = r.fetch_add(1, Ordering::SeqCst) + 1;
+                    m.fetch_max(n, Ordering::SeqCst);
+                    if w.load(Ordering::SeqCst) {
+                        v.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    r.fetch_sub(1, Ordering::SeqCst);
+                    Ok::<_, Infallible>("read")
+                }
+            })
+            .post(move || {
+                let (r, w, v) = (r2.clone(), w2.clone(), v2.clone());
+                async move {
+                    if w.swap(true, Ordering::SeqCst) || r.load(Ordering::SeqCst) > 0 {
+                        v.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    w.store(false, Ordering::SeqCst);
+                    "written"
+                }
+            }),
+        )
+        .route_layer(
+            LockLayer::new(locks)
+                .key(key::path_param("id"))
+                .read_write()
+                .wait(Duration::from_secs(10)),
+        );
+    let base = serve(app).await;
+    let http = http();
+    let mut tasks = Vec::new();
+    for i in 0..60 {
+        let (http, url) = (http.clone(), format!("{base}/doc/1"));
+        let method = if i % 6 == 0 { "POST" } else { "GET" };
+        tasks.push(tokio::spawn(
+            async move { send(&http, method, &url).await.0 },
+        ));
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(
+        violations.load(Ordering::SeqCst),
+        0,
+        "a write overlapped another request"
+    );
+    assert!(
+        max_readers.load(Ordering::SeqCst) > 1,
+        "GETs never overlapped"
+    );
+}
