@@ -152,6 +152,7 @@ impl<B: Backend> LockClientBuilder<B> {
             sequence: AtomicU64::new(0),
             stop: CancellationToken::new(),
             watchdog_wake: Notify::new(),
+            watchdog_due: AtomicU64::new(0),
             runtime: OnceLock::new(),
         });
         Ok(LockClient {
@@ -229,6 +230,8 @@ pub(crate) struct Shared<B: Backend> {
     sequence: AtomicU64,
     pub(crate) stop: CancellationToken,
     pub(crate) watchdog_wake: Notify,
+    /// When the watchdog plans to wake next (boot-clock nanoseconds).
+    pub(crate) watchdog_due: AtomicU64,
     runtime: OnceLock<Handle>,
 }
 
@@ -593,6 +596,13 @@ impl<B: Backend> Shared<B> {
         Holder::new(&self.id, self.sequence.fetch_add(1, Ordering::Relaxed))
     }
 
+    /// Wakes the watchdog if it must act at `at`, before it planned to wake.
+    pub(crate) fn watch(&self, at: BootInstant) {
+        if at.as_nanos() < self.watchdog_due.load(Ordering::Acquire) {
+            self.watchdog_wake.notify_one();
+        }
+    }
+
     fn next_id(&self) -> u64 {
         self.sequence.fetch_add(1, Ordering::Relaxed)
     }
@@ -686,16 +696,15 @@ impl<B: Backend> Shared<B> {
                                 self.config.max_hold,
                             );
                             self.table.acquired(&request.key, id, held.clone());
-                            self.watchdog_wake.notify_one();
+                            self.watch(held.next_event());
                             return Ok((held, count));
                         }
                         Ok(AcquireReply::Held { ttl }) => {
                             retry_after = ttl;
                             if let Some(place) = &ticket.queued {
-                                place.joined(sent_at);
-                                queued.in_backend = true;
                                 // The watchdog keeps the place alive from now on.
-                                self.watchdog_wake.notify_one();
+                                self.watch(place.joined(sent_at));
+                                queued.in_backend = true;
                             }
                             if request.wait.is_zero() || tokio::time::Instant::now() >= deadline {
                                 return Err(LockError::WaitTimeout { retry_after: ttl });
@@ -906,7 +915,7 @@ impl<B: Backend> Shared<B> {
                     self.config.max_hold,
                 );
                 self.table.handed_off(next.clone());
-                self.watchdog_wake.notify_one();
+                self.watch(next.next_event());
                 tracing::debug!(key = %held.key, "lock handed to a local waiter");
                 if let Err(orphan) = slot.deliver(next) {
                     // The waiter gave up while the lock was on its way: release it in turn.

@@ -17,6 +17,11 @@ impl BootInstant {
         Self(now_since_boot())
     }
 
+    /// Nanoseconds since boot, for storing in an atomic.
+    pub(crate) fn as_nanos(self) -> u64 {
+        u64::try_from(self.0.as_nanos()).unwrap_or(u64::MAX)
+    }
+
     /// Time left until `self`, zero if it has passed.
     pub(crate) fn saturating_duration_until(self, now: Self) -> Duration {
         self.0.saturating_sub(now.0)

@@ -104,15 +104,14 @@ impl<B: Backend> LockGuard<B> {
         let held = self.held.take().expect("guard released twice");
         let shared = self.client.shared.clone();
         let releasing = shared.begin_release(held)?;
-        // Spawned, so that a caller cancelled mid-release (a dropped response future, say)
-        // cannot leave the lock held until its lease runs out.
-        match shared.runtime() {
-            Some(runtime) => runtime
-                .spawn(async move { shared.finish_release(releasing).await })
-                .await
-                .unwrap_or(Err(LockError::ShutDown)),
-            None => shared.finish_release(releasing).await,
+        let runtime = shared.runtime();
+        FinishOnDrop {
+            future: Some(Box::pin(
+                async move { shared.finish_release(releasing).await },
+            )),
+            runtime,
         }
+        .await
     }
 }
 
@@ -150,6 +149,32 @@ impl<B: Backend> fmt::Debug for LockGuard<B> {
                 .field("lost", &held.is_lost());
         }
         s.finish_non_exhaustive()
+    }
+}
+
+/// A release in flight that, if its caller is cancelled (a dropped response future, say),
+/// finishes on the runtime instead of leaving the lock held until its lease runs out.
+struct FinishOnDrop {
+    future: Option<Pin<Box<dyn Future<Output = Result<(), LockError>> + Send>>>,
+    runtime: Option<tokio::runtime::Handle>,
+}
+
+impl Future for FinishOnDrop {
+    type Output = Result<(), LockError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let future = self.future.as_mut().expect("polled after completion");
+        let result = std::task::ready!(future.as_mut().poll(cx));
+        self.future = None;
+        Poll::Ready(result)
+    }
+}
+
+impl Drop for FinishOnDrop {
+    fn drop(&mut self) {
+        if let (Some(future), Some(runtime)) = (self.future.take(), &self.runtime) {
+            runtime.spawn(future);
+        }
     }
 }
 

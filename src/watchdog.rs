@@ -95,6 +95,16 @@ impl Held {
         self.lost.is_cancelled() || self.state().deadline <= BootInstant::now()
     }
 
+    /// When the watchdog must look at this entry next.
+    pub(crate) fn next_event(&self) -> BootInstant {
+        let state = self.state();
+        if self.lease.is_renewed() {
+            state.next_renew.min(state.deadline)
+        } else {
+            state.deadline
+        }
+    }
+
     /// Time left before the deadline.
     pub(crate) fn remaining(&self) -> Duration {
         self.state()
@@ -206,11 +216,13 @@ impl Queued {
         })
     }
 
-    /// The waiter's place was (re)taken by a request sent at `sent_at`.
-    pub(crate) fn joined(&self, sent_at: BootInstant) {
+    /// The waiter's place was (re)taken by a request sent at `sent_at`. Returns when it next
+    /// needs a refresh.
+    pub(crate) fn joined(&self, sent_at: BootInstant) -> BootInstant {
         let mut state = self.state();
         state.active = true;
         state.next_refresh = state.next_refresh.max(sent_at + self.timeout / 3);
+        state.next_refresh
     }
 
     /// Whether the backend has a place for this waiter.
@@ -274,6 +286,11 @@ pub(crate) async fn run<B: Backend>(shared: Arc<Shared<B>>) {
         let sleep = scan
             .next
             .map_or(IDLE, |next| next.saturating_duration_until(now));
+        // Entries added later only wake the watchdog when they need it sooner than this.
+        shared.watchdog_due.store(
+            (now + sleep).as_nanos(),
+            std::sync::atomic::Ordering::Release,
+        );
         tokio::select! {
             () = shared.stop.cancelled() => return,
             () = shared.watchdog_wake.notified() => {}
