@@ -152,10 +152,13 @@ impl<B: Backend> fmt::Debug for LockGuard<B> {
     }
 }
 
+/// The backend half of a release, boxed so it can be handed to the runtime.
+type Releasing = Pin<Box<dyn Future<Output = Result<(), LockError>> + Send>>;
+
 /// A release in flight that, if its caller is cancelled (a dropped response future, say),
 /// finishes on the runtime instead of leaving the lock held until its lease runs out.
 struct FinishOnDrop {
-    future: Option<Pin<Box<dyn Future<Output = Result<(), LockError>> + Send>>>,
+    future: Option<Releasing>,
     runtime: Option<tokio::runtime::Handle>,
 }
 
