@@ -25,6 +25,9 @@ use crate::{
     watchdog::{self, Held},
 };
 
+/// The shortest lease that can be kept: renewals run every third of it.
+const MIN_LEASE: Duration = Duration::from_millis(3);
+
 /// Settings of a [`LockClient`]; `Default` states every default in one place.
 #[derive(Clone, Debug)]
 struct Config {
@@ -132,7 +135,7 @@ impl<B: Backend> LockClientBuilder<B> {
         if !key::valid_prefix(&config.prefix) {
             return Err(ConfigError::PrefixBraces(config.prefix));
         }
-        if config.lease.duration().is_zero() {
+        if config.lease.duration() < MIN_LEASE {
             return Err(ConfigError::ZeroLease);
         }
         if config.max_key_len == 0 {
@@ -478,6 +481,9 @@ impl<B: Backend> LockRequest<'_, B> {
     /// backend can still be reached), [`LockError::ShutDown`].
     pub async fn acquire(self) -> Result<LockGuard<B>, LockError> {
         let key = self.key?;
+        if self.lease.duration() < MIN_LEASE {
+            return Err(LockError::InvalidLease(self.lease.duration()));
+        }
         let inner = &self.client.inner;
         let shared = &inner.shared;
         if shared.stop.is_cancelled() {
@@ -655,7 +661,7 @@ impl<B: Backend> Shared<B> {
         self: &Arc<Self>,
         request: &Request,
     ) -> Result<(Arc<Held>, u64), LockError> {
-        let want = &request.want;
+        let mut want = request.want.clone();
         let id = self.next_id();
         // Fair waiters and waiting writers keep a place in the backend's queue while waiting.
         let queue =
@@ -673,7 +679,6 @@ impl<B: Backend> Shared<B> {
             id,
             in_backend: false,
         };
-        let grant = want.grant(&request.key, queue);
         let deadline = tokio::time::Instant::now() + request.wait;
         let mut listener = None;
         // The current holder's remaining lease, as last seen: the hint for a caller timed out.
@@ -682,6 +687,7 @@ impl<B: Backend> Shared<B> {
             // When to try again at the latest (the holder's lease runs out).
             let retry_in = match self.table.turn(&request.key, id) {
                 Turn::Contend => {
+                    let grant = want.grant(&request.key, queue);
                     let sent_at = BootInstant::now();
                     match self.backend.acquire(grant).await {
                         Ok(AcquireReply::Acquired { count, token }) => {
@@ -711,7 +717,7 @@ impl<B: Backend> Shared<B> {
                             }
                             if listener.is_none() {
                                 let (shared_listener, fresh) =
-                                    self.listen(&request.key, want).await?;
+                                    self.listen(&request.key, &want).await?;
                                 listener = Some(shared_listener);
                                 if fresh {
                                     // Check again now that releases can no longer be missed.
@@ -721,7 +727,23 @@ impl<B: Backend> Shared<B> {
                             ttl
                         }
                         Ok(AcquireReply::WouldDeadlock) => return Err(LockError::UpgradeRefused),
-                        Err(error) => return Err(self.unknown_outcome(grant, error).await),
+                        Err(error) => {
+                            let error = self.unknown_outcome(grant, error).await;
+                            // A connection that broke (a restarting backend) is tried again
+                            // while the wait lasts. A timeout is not: it already took its time.
+                            let pause = Duration::from_millis(50);
+                            let transient =
+                                matches!(&error, LockError::Backend(e) if e.is_unavailable());
+                            if !transient || tokio::time::Instant::now() + pause >= deadline {
+                                return Err(error);
+                            }
+                            tracing::debug!(%error, "backend error while waiting; trying again");
+                            // The failed attempt may have been voided: retry under a new id.
+                            want =
+                                Arc::new(want.retry(format!("{}#{}", want.holder, self.next_id())));
+                            self.table.set_want(&request.key, id, want.clone());
+                            Some(pause)
+                        }
                     }
                 }
                 Turn::Park(remaining) => {

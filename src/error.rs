@@ -33,6 +33,9 @@ pub enum LockError {
     /// would deadlock, so it fails at once.
     #[error("cannot upgrade a read lock to a write lock")]
     UpgradeRefused,
+    /// The request's lease is too short to be held (under 3 ms).
+    #[error("lease of {0:?} is too short")]
+    InvalidLease(Duration),
     /// Too many requests are already waiting for this key in this client.
     #[error("too many waiters for this lock")]
     TooManyWaiters,
@@ -194,8 +197,8 @@ pub enum ConfigError {
     /// every lock key.
     #[error("prefix must not contain `{{` or `}}`: {0:?}")]
     PrefixBraces(String),
-    /// A lease of zero would expire before it could be used.
-    #[error("lease must be longer than zero")]
+    /// A lease under 3 ms would expire before it could be used or renewed.
+    #[error("lease must be at least 3 ms")]
     ZeroLease,
     /// The maximum key length must leave room for at least one byte.
     #[error("max_key_len must be at least 1")]

@@ -96,6 +96,17 @@ pub(crate) struct Want {
 }
 
 impl Want {
+    /// The same request under a new attempt id.
+    pub(crate) fn retry(&self, attempt: String) -> Self {
+        Self {
+            holder: self.holder.clone(),
+            attempt,
+            kind: self.kind,
+            lease: self.lease,
+            fencing: self.fencing,
+        }
+    }
+
     /// The backend grant for this waiter.
     pub(crate) fn grant<'a>(&'a self, key: &'a LockKey, queue: Option<Duration>) -> Grant<'a> {
         Grant {
@@ -214,6 +225,17 @@ impl<L> Table<L> {
             handoff: rx,
             queued,
         })
+    }
+
+    /// Replaces what waiter `id` asks for (a new attempt id after a failed attempt).
+    pub(crate) fn set_want(&self, key: &LockKey, id: u64, want: Arc<Want>) {
+        let mut keys = self.keys();
+        let slot = keys
+            .get_mut(key.as_str())
+            .and_then(|state| state.waiters.iter_mut().find(|slot| slot.id == id));
+        if let Some(slot) = slot {
+            slot.want = want;
+        }
     }
 
     /// Decides what waiter `id` does next.

@@ -497,3 +497,56 @@ async fn read_write_mode() {
         "GETs never overlapped"
     );
 }
+
+/// Past the per-key cap of waiting requests, a request is answered 503 with `Retry-After` at
+/// once instead of piling up; a lease too short to hold is refused, not used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiter_cap_and_bad_lease() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let locks = LockClient::builder(backend)
+        .max_waiters_per_key(2)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/c/{id}", post(|| async { "ok" }))
+        .route_layer(
+            LockLayer::new(locks.clone())
+                .key(key::path_param("id"))
+                .name("cap")
+                .wait(Duration::from_secs(5)),
+        );
+    let base = serve(app).await;
+    let holder = locks.lock_in_namespace("cap", "1").acquire().await.unwrap();
+    let http = http();
+    let mut waiting = Vec::new();
+    for _ in 0..2 {
+        let (http, url) = (http.clone(), format!("{base}/c/1"));
+        waiting.push(tokio::spawn(
+            async move { send(&http, "POST", &url).await.0 },
+        ));
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while locks.waiters() < 2 {
+        assert!(Instant::now() < deadline, "the two requests never queued");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let started = Instant::now();
+    let (status, retry, _) = send(&http, "POST", &format!("{base}/c/1")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(retry.as_deref(), Some("1"));
+    assert!(started.elapsed() < Duration::from_millis(500));
+    holder.release().await.unwrap();
+    for request in waiting {
+        assert_eq!(request.await.unwrap(), StatusCode::OK);
+    }
+    let bad = locks
+        .lock("k")
+        .lease(Lease::fixed(Duration::ZERO))
+        .acquire()
+        .await;
+    assert!(
+        matches!(bad, Err(tower_lock::LockError::InvalidLease(_))),
+        "{bad:?}"
+    );
+}

@@ -18,6 +18,7 @@ use crate::{
 /// | [`TooManyWaiters`](Self::TooManyWaiters) | 503 | 1 s |
 /// | [`Unavailable`](Self::Unavailable) (backend down), [`Lost`](Self::Lost), [`ShutDown`](Self::ShutDown) | 503 | |
 /// | [`Conflict`](Self::Conflict) (a read lock asked for a write lock) | 409 | |
+/// | [`Misconfigured`](Self::Misconfigured) (lease too short) | 500 | |
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum LockRejection {
@@ -40,6 +41,8 @@ pub enum LockRejection {
     Conflict,
     /// The lock client was shut down.
     ShutDown,
+    /// The layer is configured with settings that cannot work (a lease too short to hold).
+    Misconfigured,
 }
 
 impl LockRejection {
@@ -49,6 +52,7 @@ impl LockRejection {
             Self::MissingKey | Self::InvalidKey(_) => StatusCode::BAD_REQUEST,
             Self::Locked { .. } => StatusCode::LOCKED,
             Self::Conflict => StatusCode::CONFLICT,
+            Self::Misconfigured => StatusCode::INTERNAL_SERVER_ERROR,
             Self::TooManyWaiters | Self::Unavailable(_) | Self::Lost | Self::ShutDown => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -81,6 +85,9 @@ impl LockRejection {
     /// Logs the rejection on target `tower_lock::rejection`; never more than the reason.
     pub(crate) fn trace(&self) {
         match self {
+            Self::Misconfigured => {
+                tracing::error!(target: "tower_lock::rejection", "lock layer misconfigured: its lease is too short");
+            }
             Self::Unavailable(error) => {
                 tracing::warn!(target: "tower_lock::rejection", %error, status = %self.status(), "lock backend unavailable");
             }
@@ -100,6 +107,7 @@ impl From<LockError> for LockRejection {
             LockError::Backend(backend) => Self::Unavailable(backend),
             LockError::UpgradeRefused => Self::Conflict,
             LockError::ShutDown => Self::ShutDown,
+            LockError::InvalidLease(_) => Self::Misconfigured,
             _ => Self::Lost,
         }
     }
@@ -116,6 +124,7 @@ impl std::fmt::Display for LockRejection {
             Self::Lost => f.write_str("lock lost while the request ran"),
             Self::Conflict => f.write_str("lock request would deadlock"),
             Self::ShutDown => f.write_str("lock client shut down"),
+            Self::Misconfigured => f.write_str("lock layer misconfigured"),
         }
     }
 }
