@@ -550,3 +550,96 @@ async fn waiter_cap_and_bad_lease() {
         "{bad:?}"
     );
 }
+
+/// Two routes with the same parameter value take different locks (the route is part of the
+/// key); a custom rejection builder shapes the 423 response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn routes_do_not_share_locks_and_rejections_are_customisable() {
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let (signal, wait_for) = (entered.clone(), release.clone());
+    let layer = LockLayer::new(locks.clone())
+        .key(key::path_param("id"))
+        .wait(Duration::from_millis(100))
+        .on_rejected(|rejection: tower_lock::LockRejection| {
+            let status = rejection.status();
+            let mut response =
+                rejection.into_response_with(axum::body::Body::from(format!("busy: {status}")));
+            response
+                .headers_mut()
+                .insert("x-lock", http::HeaderValue::from_static("held"));
+            response
+        });
+    let app = Router::new()
+        .route(
+            "/orders/{id}",
+            post(move || async move {
+                signal.notify_one();
+                wait_for.notified().await;
+                "order"
+            }),
+        )
+        .route("/accounts/{id}", post(|| async { "account" }))
+        .route("/accounts/{id}/again", post(|| async { "again" }))
+        .route_layer(layer);
+    let base = serve(app).await;
+    let http = http();
+    let order = {
+        let (http, url) = (http.clone(), format!("{base}/orders/7"));
+        tokio::spawn(async move { send(&http, "POST", &url).await })
+    };
+    entered.notified().await;
+    // Same id, other route: not blocked by the order's lock.
+    let (status, _, body) = send(&http, "POST", &format!("{base}/accounts/7")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "account"));
+    // Same route, same id: blocked, answered by the custom builder.
+    let request = http::Request::post(format!("{base}/orders/7"))
+        .body(Empty::new())
+        .unwrap();
+    let response = http.request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::LOCKED);
+    assert_eq!(response.headers()["x-lock"], "held");
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"busy: 423 Locked");
+    release.notify_one();
+    assert_eq!(order.await.unwrap().0, StatusCode::OK);
+}
+
+/// With `continue_on_lost`, a request whose lock is lost runs to the end and can see it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn continue_on_lost_lets_the_handler_finish() {
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let signal = entered.clone();
+    let app = Router::new()
+        .route(
+            "/c/{id}",
+            post(
+                move |Extension(context): Extension<LockContext>| async move {
+                    signal.notify_one();
+                    tokio::time::timeout(Duration::from_secs(5), context.lost())
+                        .await
+                        .expect("the handler sees the loss");
+                    format!("finished, lost = {}", context.is_lost())
+                },
+            ),
+        )
+        .route_layer(
+            LockLayer::new(locks.clone())
+                .key(key::path_param("id"))
+                .name("continue")
+                .lease(Lease::watchdog(Duration::from_millis(600)))
+                .continue_on_lost(),
+        );
+    let base = serve(app).await;
+    let url = format!("{base}/c/1");
+    let request = tokio::spawn(async move { send(&http(), "POST", &url).await });
+    entered.notified().await;
+    assert_eq!(server.cmd(&["DEL", "tower-lock:continue{1}"]).as_int(), 1);
+    let (status, _, body) = request.await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, "finished, lost = true");
+}
