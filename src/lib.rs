@@ -1,8 +1,11 @@
 //! Distributed locks for tower and axum services, correct by default.
 //!
-//! `tower-lock` holds reentrant locks in Redis (or in process), keeps them alive with a
-//! watchdog while they are held, wakes waiters by notification instead of polling, and tells
-//! the holder the moment a lock is lost.
+//! [`LockLayer`] serializes requests per resource across every instance of a service: it takes
+//! a key from each request, holds that key's lock while the request runs, and releases it when
+//! the response is ready, on every path (see [`middleware`]). Underneath, [`LockClient`] is a
+//! lock engine usable on its own: reentrant locks in Redis (or in process) that a watchdog keeps
+//! alive while they are held, waiters woken by notification instead of polling, fair and
+//! read-write locks, fencing tokens, and guards that tell the holder the moment a lock is lost.
 //!
 //! ```
 //! use std::time::Duration;
@@ -47,6 +50,7 @@
 //! | feature | default | what it adds |
 //! |---|---|---|
 //! | `redis` | yes | [`RedisBackend`]: Redis through bb8-redis and redis-rs |
+//! | `axum` | no | `key::path_param`, route namespacing by axum's `MatchedPath`, `IntoResponse` for [`LockRejection`] |
 //!
 //! The minimum supported Rust version is 1.88.
 
