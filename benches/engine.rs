@@ -18,6 +18,7 @@
 //!
 //! W1–W3 also run on the in-memory backend as a floor for the engine's own overhead.
 
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -33,20 +34,12 @@ use support::RedisServer;
 use tower_lock::{Backend, LockClient, LockKind, MemoryBackend, RedisBackend};
 
 fn main() {
-    let secs: u64 = std::env::var("BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
-    let window = Duration::from_secs(secs);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let window = common::window();
+    let runtime = common::runtime();
     let server = RedisServer::start();
     runtime.block_on(async {
         let url = server.url();
-        let rtt = ping_rtt(&url).await;
+        let rtt = common::ping_rtt(&url).await;
         println!("redis PING round trip: {:.1} µs (median of 2000)", micros(rtt));
         println!();
 
@@ -107,26 +100,6 @@ fn main() {
 
 fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
-}
-
-/// The median round trip of `PING` on a pooled multiplexed connection, as the engine uses.
-async fn ping_rtt(url: &str) -> Duration {
-    let client = tower_lock::backend::redis::redis::Client::open(url).expect("url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let mut samples = Vec::with_capacity(2000);
-    for _ in 0..2000 {
-        let start = Instant::now();
-        let _: String = tower_lock::backend::redis::redis::cmd("PING")
-            .query_async(&mut conn)
-            .await
-            .expect("ping");
-        samples.push(start.elapsed());
-    }
-    samples.sort();
-    samples[samples.len() / 2]
 }
 
 /// W1: the mean time of one acquire + release.

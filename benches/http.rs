@@ -11,6 +11,7 @@
 //! Redis share the cores). Then (a) and (c) again with one request at a time, for the latency
 //! the layer adds, in Redis round trips measured in the same run.
 
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -31,19 +32,11 @@ use tower_lock::{Backend, LockClient, LockLayer, MemoryBackend, RedisBackend, ke
 const TASKS: usize = 32;
 
 fn main() {
-    let secs: u64 = std::env::var("BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
-    let window = Duration::from_secs(secs);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let window = common::window();
+    let runtime = common::runtime();
     let server = support::RedisServer::start();
     runtime.block_on(async {
-        let rtt = ping_rtt(&server.url()).await;
+        let rtt = common::ping_rtt(&server.url()).await;
         println!(
             "redis PING round trip: {:.1} µs (median)",
             rtt.as_secs_f64() * 1e6
@@ -164,23 +157,4 @@ async fn load(app: Router, hot_key: bool, window: Duration, in_flight: usize) ->
         p50: at(0.5),
         p99: at(0.99),
     }
-}
-
-async fn ping_rtt(url: &str) -> Duration {
-    let client = tower_lock::backend::redis::redis::Client::open(url).expect("url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let mut samples = Vec::new();
-    for _ in 0..1000 {
-        let start = Instant::now();
-        let _: String = tower_lock::backend::redis::redis::cmd("PING")
-            .query_async(&mut conn)
-            .await
-            .expect("ping");
-        samples.push(start.elapsed());
-    }
-    samples.sort();
-    samples[samples.len() / 2]
 }

@@ -93,19 +93,53 @@ pub(super) struct Scripts {
     pub(super) rw_wait: Lua,
 }
 
-/// Built on first use, when each script's SHA1 is computed.
+/// Built on first use, when each script's SHA1 is computed. Each is sent with the shared
+/// helpers of `lua/prelude.lua` in front of it.
 pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    acquire: Lua::new(include_str!("lua/acquire.lua")),
-    release: Lua::new(include_str!("lua/release.lua")),
-    renew: Lua::new(include_str!("lua/renew.lua")),
-    abandon: Lua::new(include_str!("lua/abandon.lua")),
-    fair_acquire: Lua::new(include_str!("lua/fair_acquire.lua")),
-    fair_release: Lua::new(include_str!("lua/fair_release.lua")),
-    fair_wait: Lua::new(include_str!("lua/fair_wait.lua")),
-    rw_acquire: Lua::new(include_str!("lua/rw_acquire.lua")),
-    rw_release: Lua::new(include_str!("lua/rw_release.lua")),
-    rw_renew: Lua::new(include_str!("lua/rw_renew.lua")),
-    rw_wait: Lua::new(include_str!("lua/rw_wait.lua")),
+    acquire: Lua::new(concat!(
+        include_str!("lua/prelude.lua"),
+        include_str!("lua/acquire.lua")
+    )),
+    release: Lua::new(concat!(
+        include_str!("lua/prelude.lua"),
+        include_str!("lua/release.lua")
+    )),
+    renew: Lua::new(concat!(
+        include_str!("lua/prelude.lua"),
+        include_str!("lua/renew.lua")
+    )),
+    abandon: Lua::new(concat!(
+        include_str!("lua/prelude.lua"),
+        include_str!("lua/abandon.lua")
+    )),
+    fair_acquire: Lua::new(concat!(
+        include_str!("lua/prelude.lua"),
+        include_str!("lua/fair_acquire.lua")
+    )),
+    fair_release: Lua::new(concat!(
+        include_str!("lua/prelude.lua"),
+        include_str!("lua/fair_release.lua")
+    )),
+    fair_wait: Lua::new(concat!(
+        include_str!("lua/prelude.lua"),
+        include_str!("lua/fair_wait.lua")
+    )),
+    rw_acquire: Lua::new(concat!(
+        include_str!("lua/prelude.lua"),
+        include_str!("lua/rw_acquire.lua")
+    )),
+    rw_release: Lua::new(concat!(
+        include_str!("lua/prelude.lua"),
+        include_str!("lua/rw_release.lua")
+    )),
+    rw_renew: Lua::new(concat!(
+        include_str!("lua/prelude.lua"),
+        include_str!("lua/rw_renew.lua")
+    )),
+    rw_wait: Lua::new(concat!(
+        include_str!("lua/prelude.lua"),
+        include_str!("lua/rw_wait.lua")
+    )),
 });
 
 #[cfg(test)]

@@ -14,9 +14,7 @@
 local lock = KEYS[1]
 if redis.call('HGET', lock, '~a') ~= ARGV[2] or redis.call('HEXISTS', lock, ARGV[1]) == 0 then
   redis.call('SADD', KEYS[2], ARGV[2])
-  if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[4]) then
-    redis.call('PEXPIRE', KEYS[2], ARGV[4])
-  end
+  extend(KEYS[2], ARGV[4])
   return 0
 end
 if redis.call('HINCRBY', lock, ARGV[1], -1) <= 0 then

@@ -28,10 +28,6 @@ end
 redis.call('PEXPIRE', lock, ARGV[2])
 local token = -1
 if ARGV[4] == '1' then
-  token = redis.call('HGET', lock, '~f')
-  if not token then
-    token = redis.call('INCR', KEYS[2])
-    redis.call('HSET', lock, '~f', token)
-  end
+  token = fencing_token(lock, KEYS[2])
 end
-return {1, count, tonumber(token)}
+return {1, count, token}

@@ -20,14 +20,10 @@ local holder = ARGV[1]
 if redis.call('SISMEMBER', KEYS[5], ARGV[3]) == 1 then
   return {0, redis.call('PTTL', lock)}
 end
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local now = now_ms()
 
 -- Waiters that stopped keeping their place alive are dropped.
-for _, waiter in ipairs(redis.call('ZRANGEBYSCORE', timeouts, '-inf', now)) do
-  redis.call('LREM', queue, 0, waiter)
-  redis.call('ZREM', timeouts, waiter)
-end
+purge_waiters(queue, timeouts, now)
 
 local count
 if redis.call('HEXISTS', lock, holder) == 1 then
@@ -42,11 +38,8 @@ else
         redis.call('RPUSH', queue, holder)
       end
       redis.call('ZADD', timeouts, now + timeout, holder)
-      for _, key in ipairs({queue, timeouts}) do
-        if redis.call('PTTL', key) < timeout then
-          redis.call('PEXPIRE', key, timeout)
-        end
-      end
+      extend(queue, timeout)
+      extend(timeouts, timeout)
     end
     local retry = redis.call('PTTL', lock)
     if retry < 0 and head and head ~= holder then
@@ -64,10 +57,6 @@ end
 redis.call('PEXPIRE', lock, ARGV[2])
 local token = -1
 if ARGV[4] == '1' then
-  token = redis.call('HGET', lock, '~f')
-  if not token then
-    token = redis.call('INCR', KEYS[4])
-    redis.call('HSET', lock, '~f', token)
-  end
+  token = fencing_token(lock, KEYS[4])
 end
-return {1, count, tonumber(token)}
+return {1, count, token}

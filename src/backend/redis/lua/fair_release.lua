@@ -22,11 +22,6 @@ if ARGV[3] ~= '1' then
   end
 end
 redis.call('DEL', lock)
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-for _, waiter in ipairs(redis.call('ZRANGEBYSCORE', timeouts, '-inf', now)) do
-  redis.call('LREM', queue, 0, waiter)
-  redis.call('ZREM', timeouts, waiter)
-end
+purge_waiters(queue, timeouts, now_ms())
 local head = redis.call('LINDEX', queue, 0)
 return {2, redis.call('PUBLISH', ARGV[2], head or 'released')}

@@ -12,13 +12,9 @@
 local lock, queue, timeouts = KEYS[1], KEYS[2], KEYS[3]
 local holder = ARGV[1]
 local timeout = tonumber(ARGV[2])
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local now = now_ms()
 local head_before = redis.call('LINDEX', queue, 0)
-for _, waiter in ipairs(redis.call('ZRANGEBYSCORE', timeouts, '-inf', now)) do
-  redis.call('LREM', queue, 0, waiter)
-  redis.call('ZREM', timeouts, waiter)
-end
+purge_waiters(queue, timeouts, now)
 if timeout == 0 then
   redis.call('LREM', queue, 0, holder)
   redis.call('ZREM', timeouts, holder)
@@ -31,11 +27,8 @@ if timeout == 0 or not redis.call('ZSCORE', timeouts, holder) then
   return 0
 end
 redis.call('ZADD', timeouts, now + timeout, holder)
-for _, key in ipairs({queue, timeouts}) do
-  if redis.call('PTTL', key) < timeout then
-    redis.call('PEXPIRE', key, timeout)
-  end
-end
+extend(queue, timeout)
+extend(timeouts, timeout)
 if head == holder and redis.call('EXISTS', lock) == 0 then
   return 2
 end

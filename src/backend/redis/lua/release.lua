@@ -34,8 +34,7 @@ if next ~= '' and redis.call('SISMEMBER', KEYS[3], ARGV[6]) == 0 then
   redis.call('PEXPIRE', lock, ARGV[5])
   local token = -1
   if ARGV[7] == '1' then
-    token = redis.call('INCR', KEYS[2])
-    redis.call('HSET', lock, '~f', token)
+    token = fencing_token(lock, KEYS[2])
   end
   return {3, token}
 end

@@ -27,8 +27,7 @@ local lease = tonumber(ARGV[3])
 if redis.call('SISMEMBER', KEYS[5], ARGV[4]) == 1 then
   return {0, redis.call('PTTL', lock)}
 end
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local now = now_ms()
 
 for _, reader in ipairs(redis.call('ZRANGEBYSCORE', readers, '-inf', now)) do
   redis.call('HDEL', lock, 'r:' .. reader)
@@ -64,9 +63,7 @@ if not granted then
   local timeout = tonumber(ARGV[6])
   if side == 'w' and timeout > 0 then
     redis.call('ZADD', writers, now + timeout, holder)
-    if redis.call('PTTL', writers) < timeout then
-      redis.call('PEXPIRE', writers, timeout)
-    end
+    extend(writers, timeout)
   end
   local retry = redis.call('PTTL', lock)
   if retry < 0 then
@@ -85,22 +82,14 @@ if side == 'w' then
   redis.call('HSET', lock, '~m', 'write')
   redis.call('ZREM', writers, holder)
   if ARGV[5] == '1' then
-    token = redis.call('HGET', lock, '~f')
-    if not token then
-      token = redis.call('INCR', KEYS[4])
-      redis.call('HSET', lock, '~f', token)
-    end
+    token = fencing_token(lock, KEYS[4])
   end
 else
   if mode == false then
     redis.call('HSET', lock, '~m', 'read')
   end
   redis.call('ZADD', readers, now + lease, holder)
-  if redis.call('PTTL', readers) < lease then
-    redis.call('PEXPIRE', readers, lease)
-  end
+  extend(readers, lease)
 end
-if redis.call('PTTL', lock) < lease then
-  redis.call('PEXPIRE', lock, lease)
-end
-return {1, count, tonumber(token)}
+extend(lock, lease)
+return {1, count, token}

@@ -22,9 +22,7 @@ local attempt = ARGV[5]
 if attempt ~= '' and (redis.call('HGET', lock, '~a') ~= attempt
     or redis.call('HEXISTS', lock, field) == 0) then
   redis.call('SADD', KEYS[3], attempt)
-  if redis.call('PTTL', KEYS[3]) < tonumber(ARGV[6]) then
-    redis.call('PEXPIRE', KEYS[3], ARGV[6])
-  end
+  extend(KEYS[3], ARGV[6])
   return {0}
 end
 if redis.call('HEXISTS', lock, field) == 0 then

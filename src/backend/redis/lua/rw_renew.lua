@@ -14,14 +14,8 @@ if redis.call('HEXISTS', lock, side .. ':' .. holder) == 0 then
   return 0
 end
 if side == 'r' then
-  local time = redis.call('TIME')
-  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-  redis.call('ZADD', readers, now + lease, holder)
-  if redis.call('PTTL', readers) < lease then
-    redis.call('PEXPIRE', readers, lease)
-  end
+  redis.call('ZADD', readers, now_ms() + lease, holder)
+  extend(readers, lease)
 end
-if redis.call('PTTL', lock) < lease then
-  redis.call('PEXPIRE', lock, lease)
-end
+extend(lock, lease)
 return 1

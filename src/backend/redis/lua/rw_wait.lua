@@ -15,14 +15,11 @@ if timeout == 0 then
   end
   return 0
 end
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', writers, '-inf', now)
 if redis.call('ZADD', writers, 'XX', 'CH', now + timeout, holder) == 0
   and not redis.call('ZSCORE', writers, holder) then
   return 0
 end
-if redis.call('PTTL', writers) < timeout then
-  redis.call('PEXPIRE', writers, timeout)
-end
+extend(writers, timeout)
 return 1

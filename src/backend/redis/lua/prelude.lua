@@ -1,0 +1,33 @@
+-- Helpers shared by the scripts: each script is sent with this prelude in front of it.
+
+-- The server's clock in milliseconds: scripts never trust client clocks.
+local function now_ms()
+  local time = redis.call('TIME')
+  return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+end
+
+-- Makes `key` live at least `ms` more milliseconds, never shortening it.
+local function extend(key, ms)
+  if redis.call('PTTL', key) < tonumber(ms) then
+    redis.call('PEXPIRE', key, ms)
+  end
+end
+
+-- The lock's fencing token, the next one from `counter` when the lock has none yet.
+local function fencing_token(lock, counter)
+  local token = redis.call('HGET', lock, '~f')
+  if not token then
+    token = redis.call('INCR', counter)
+    redis.call('HSET', lock, '~f', token)
+  end
+  return tonumber(token)
+end
+
+-- Drops the waiters of a fair queue whose place was not kept alive until `now`.
+local function purge_waiters(queue, timeouts, now)
+  for _, waiter in ipairs(redis.call('ZRANGEBYSCORE', timeouts, '-inf', now)) do
+    redis.call('LREM', queue, 0, waiter)
+    redis.call('ZREM', timeouts, waiter)
+  end
+end
+
