@@ -846,3 +846,39 @@ macro_rules! lock_semantics {
 
 lock_semantics!(memory, memory_env());
 lock_semantics!(redis, redis_env());
+
+/// `max_hold` caps how long the watchdog keeps a lock: past it the lease runs out and the
+/// guard reports itself lost, on both backends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn max_hold_caps_renewal() {
+    let server = RedisServer::start();
+    let redis = RedisBackend::connect(&server.url()).await.unwrap();
+    let lease = Lease::watchdog(Duration::from_millis(300));
+    let cap = Duration::from_millis(600);
+    let on_redis = LockClient::builder(redis).lease(lease).max_hold(cap);
+    let on_redis = on_redis.build().unwrap();
+    let on_memory = LockClient::builder(MemoryBackend::new())
+        .lease(lease)
+        .max_hold(cap);
+    let on_memory = on_memory.build().unwrap();
+    let started = Instant::now();
+    let a = on_redis.lock("capped").acquire().await.unwrap();
+    let b = on_memory.lock("capped").acquire().await.unwrap();
+    for lost in [a.lost(), b.lost()] {
+        timeout(Duration::from_secs(3), lost)
+            .await
+            .expect("lost once renewals stop at max_hold");
+    }
+    let held = started.elapsed();
+    // Renewed up to the cap, then one more lease at most.
+    assert!(held >= cap, "lost after {held:?}, before the cap");
+    assert!(
+        held < cap + Duration::from_millis(700),
+        "lost only after {held:?}"
+    );
+    let next = on_redis.lock("capped").try_acquire().await;
+    next.expect("free once the capped lease ran out")
+        .release()
+        .await
+        .unwrap();
+}
