@@ -643,3 +643,39 @@ async fn continue_on_lost_lets_the_handler_finish() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body, "finished, lost = true");
 }
+
+/// An inner service that fails with `Err` releases the lock before the error is returned, and
+/// the error passes through untouched (plain tower, no axum).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn inner_error_releases_and_passes_through() {
+    use tower::{ServiceBuilder, ServiceExt};
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    // Another client: inside the request, the layer's own client would re-enter.
+    let probe = self::locks(&server).await;
+    let service = ServiceBuilder::new()
+        .layer(LockLayer::new(locks).key(key::header("x-k")).name("err"))
+        .service(tower::service_fn(move |_request: http::Request<()>| {
+            let probe = probe.clone();
+            async move {
+                // While the inner service runs, the lock is held by this request.
+                let busy = probe.lock_in_namespace("err", "1").try_acquire().await;
+                assert!(busy.is_err(), "the lock is not held while the service runs");
+                Err::<http::Response<String>, _>("backend exploded")
+            }
+        }));
+    let request = http::Request::get("/").header("x-k", "1").body(()).unwrap();
+    let error = service.oneshot(request).await.expect_err("the inner error");
+    assert_eq!(error, "backend exploded");
+    let again = locks_free(&server, "err", "1").await;
+    assert!(again, "the lock outlived the failed request");
+}
+
+/// Whether the lock of `key` in `namespace` is free right now (a fresh client tries it).
+async fn locks_free(server: &RedisServer, namespace: &str, key: &str) -> bool {
+    let other = locks(server).await;
+    match other.lock_in_namespace(namespace, key).try_acquire().await {
+        Ok(guard) => guard.release().await.is_ok(),
+        Err(_) => false,
+    }
+}
