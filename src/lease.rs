@@ -56,6 +56,7 @@ impl Lease {
     }
 
     /// The lease length in whole milliseconds, at least 1.
+    #[cfg(feature = "redis")]
     pub(crate) fn millis(&self) -> u64 {
         u64::try_from(self.duration.as_millis())
             .unwrap_or(u64::MAX)

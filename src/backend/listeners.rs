@@ -29,6 +29,7 @@ pub(crate) struct Listeners {
 
 impl Listeners {
     /// Listeners that report emptied channels to `emptied`.
+    #[cfg(feature = "redis")]
     pub(crate) fn reporting_to(emptied: mpsc::UnboundedSender<String>) -> Self {
         Self {
             emptied: Some(emptied),
@@ -73,6 +74,7 @@ impl Listeners {
     }
 
     /// Wakes every listener (after a reconnect, when messages may have been lost).
+    #[cfg(feature = "redis")]
     pub(crate) fn notify_all(&self) {
         for entry in self.lock().values() {
             for (_, _, notify) in entry {
@@ -82,16 +84,19 @@ impl Listeners {
     }
 
     /// Every channel that has listeners.
+    #[cfg(feature = "redis")]
     pub(crate) fn channels(&self) -> Vec<String> {
         self.lock().keys().cloned().collect()
     }
 
     /// Whether `channel` has listeners.
+    #[cfg(feature = "redis")]
     pub(crate) fn is_listened(&self, channel: &str) -> bool {
         self.lock().contains_key(channel)
     }
 
     /// How many channels have listeners.
+    #[cfg(feature = "redis")]
     pub(crate) fn channel_count(&self) -> usize {
         self.lock().len()
     }
