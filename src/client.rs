@@ -136,7 +136,7 @@ impl<B: Backend> LockClientBuilder<B> {
             return Err(ConfigError::PrefixBraces(config.prefix));
         }
         if config.lease.duration() < MIN_LEASE {
-            return Err(ConfigError::ZeroLease);
+            return Err(ConfigError::LeaseTooShort);
         }
         if config.max_key_len == 0 {
             return Err(ConfigError::ZeroMaxKeyLen);

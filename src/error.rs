@@ -199,7 +199,7 @@ pub enum ConfigError {
     PrefixBraces(String),
     /// A lease under 3 ms would expire before it could be used or renewed.
     #[error("lease must be at least 3 ms")]
-    ZeroLease,
+    LeaseTooShort,
     /// The maximum key length must leave room for at least one byte.
     #[error("max_key_len must be at least 1")]
     ZeroMaxKeyLen,

@@ -655,7 +655,7 @@ async fn builder_refuses_bad_config<B: Probe>(env: Env<B>) {
         Lease::watchdog(Duration::ZERO),
     ] {
         let error = LockClient::builder(backend.clone()).lease(lease).build();
-        assert_eq!(error.expect_err("a zero lease"), ConfigError::ZeroLease);
+        assert_eq!(error.expect_err("a zero lease"), ConfigError::LeaseTooShort);
     }
     let error = LockClient::builder(backend.clone()).max_key_len(0).build();
     assert_eq!(
