@@ -198,7 +198,7 @@ impl<L> Table<L> {
         max_waiters: usize,
     ) -> Result<Ticket, LockError> {
         let mut keys = self.keys();
-        let state = keys.entry(key.as_str().to_owned()).or_default();
+        let state = state_of(&mut keys, key.as_str());
         if state.waiters.len() >= max_waiters {
             return Err(LockError::TooManyWaiters);
         }
@@ -268,7 +268,7 @@ impl<L> Table<L> {
     /// Waiter `id` acquired the lock in the backend.
     pub(crate) fn acquired(&self, key: &LockKey, id: u64, held: Arc<Held>) {
         let mut keys = self.keys();
-        let state = keys.entry(key.as_str().to_owned()).or_default();
+        let state = state_of(&mut keys, key.as_str());
         state.waiters.retain(|slot| slot.id != id);
         state.held.push(held);
         state.streak = 0;
@@ -367,7 +367,7 @@ impl<L> Table<L> {
     /// A hand-off succeeded: `held` is now held here for the waiter.
     pub(crate) fn handed_off(&self, held: Arc<Held>) {
         let mut keys = self.keys();
-        let state = keys.entry(held.key.as_str().to_owned()).or_default();
+        let state = state_of(&mut keys, held.key.as_str());
         state.handing_off = state.handing_off.saturating_sub(1);
         state.held.push(held);
         if state.waiters.is_empty() {
@@ -379,7 +379,7 @@ impl<L> Table<L> {
     /// A hand-off did not happen: the waiter goes back to the head of the queue and re-checks.
     pub(crate) fn restore(&self, key: &LockKey, slot: Slot) {
         let mut keys = self.keys();
-        let state = keys.entry(key.as_str().to_owned()).or_default();
+        let state = state_of(&mut keys, key.as_str());
         state.handing_off = state.handing_off.saturating_sub(1);
         slot.wake.notify_one();
         state.waiters.push_front(slot);
@@ -462,6 +462,14 @@ impl<L> Table<L> {
     pub(crate) fn waiter_count(&self) -> usize {
         self.keys().values().map(|state| state.waiters.len()).sum()
     }
+}
+
+/// The state of `name`, created when missing; allocates the name only then.
+fn state_of<'a, L>(keys: &'a mut HashMap<String, KeyState<L>>, name: &str) -> &'a mut KeyState<L> {
+    if !keys.contains_key(name) {
+        keys.insert(name.to_owned(), KeyState::default());
+    }
+    keys.get_mut(name).expect("inserted above")
 }
 
 impl Slot {

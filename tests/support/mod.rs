@@ -2,73 +2,188 @@
 //!
 //! Each [`RedisServer`] runs in its own temporary directory with persistence off, is killed on
 //! drop, and can be killed, restarted on the same port, or paused on purpose. Commands are sent
-//! over plain RESP so the fixture needs no client library and no `redis-cli`.
+//! over plain RESP, so the fixture needs no client library and no `redis-cli`; it uses only std.
+//!
+//! Shared by the integration tests (`mod support;`) and the benches
+//! (`#[path = "../tests/support/mod.rs"] mod support;`); each uses a subset, hence the
+//! `dead_code` allowance.
 #![allow(dead_code, unreachable_pub)]
 
 use std::{
-    io::{BufRead, BufReader, Write},
+    fmt::Write as _,
+    fs::File,
+    io::{self, BufRead, BufReader, Write},
     net::{TcpListener, TcpStream},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::atomic::{AtomicU64, Ordering},
     time::{Duration, Instant},
 };
 
-/// A `redis-server` child process owned by a test.
+/// How long a server gets to answer `PING` after it is spawned.
+const READY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a starting server is polled.
+const POLL_INTERVAL: Duration = Duration::from_millis(5);
+/// How many free ports [`RedisServer::start`] tries (another process may take a port found free
+/// before the server binds it).
+const START_ATTEMPTS: usize = 5;
+/// Read and write timeout of [`RedisServer::cmd`].
+const CMD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Makes the temp dir names unique within this process.
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+/// A `redis-server` child process owned by a test: started on a free loopback port with
+/// persistence off, killed (and its temp dir removed) on drop.
 #[derive(Debug)]
 pub struct RedisServer {
+    /// The loopback port, kept across [`restart`](Self::restart)s.
     port: u16,
+    /// The server's working dir (`--dir`), holding `redis.log` and `stderr.log`.
     dir: PathBuf,
+    /// The running process; `None` once killed.
     child: Option<Child>,
 }
 
-static NEXT_DIR: AtomicU64 = AtomicU64::new(0);
-
-fn server_binary() -> String {
-    std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".to_owned())
-}
-
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free loopback port");
-    listener.local_addr().expect("local addr").port()
-}
-
 impl RedisServer {
-    /// Starts a server on a free port and waits until it answers `PING`.
+    /// Starts a server on a free loopback port and waits until it answers `PING`.
+    ///
+    /// The binary is `$REDIS_SERVER_BIN`, or `redis-server` on `PATH`.
     ///
     /// # Panics
-    /// When `redis-server` cannot be started: tests that need Redis fail, never skip.
+    /// When `redis-server` cannot be spawned or does not come up: tests that need Redis fail,
+    /// they never skip.
     pub fn start() -> Self {
-        let n = NEXT_DIR.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("tower-lock-test-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("create the server's temp dir");
-        // A port found free can be taken before the server binds it: try a few.
-        for _ in 0..5 {
+        let mut failures = String::new();
+        for attempt in 1..=START_ATTEMPTS {
+            let port = free_port();
+            let dir = std::env::temp_dir().join(format!(
+                "tower-lock-redis-{}-{}-{port}",
+                std::process::id(),
+                NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            ));
+            // A leftover from an earlier process with the same pid must not leak into the log.
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir)
+                .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
             let mut server = Self {
-                port: free_port(),
-                dir: dir.clone(),
+                port,
+                dir,
                 child: None,
             };
-            if server.spawn() {
-                return server;
+            match server.spawn() {
+                Ok(()) => return server,
+                // Dropping `server` kills what is left of it and removes its dir.
+                Err(failure) => {
+                    let _ = writeln!(failures, "attempt {attempt} (port {port}): {failure}");
+                }
+            }
+        }
+        panic!("redis-server did not start after {START_ATTEMPTS} attempts:\n{failures}");
+    }
+
+    /// The port the server listens on (the same after a [`restart`](Self::restart)).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The URL clients connect with: `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server with SIGKILL (it gets no chance to clean up, as in a crash) and waits
+    /// for it to exit. Does nothing if it is not running.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SIGKILL also ends a process stopped by `pause`.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the server if it runs, then starts a fresh one on the same port and waits until
+    /// it answers `PING`. Persistence is off, so the new server starts empty.
+    ///
+    /// # Panics
+    /// When the server does not come back (for instance because another process took the port
+    /// while it was down).
+    pub fn restart(&mut self) {
+        self.kill();
+        let mut failures = String::new();
+        for attempt in 1..=3 {
+            match self.spawn() {
+                Ok(()) => return,
+                Err(failure) => {
+                    let _ = writeln!(failures, "attempt {attempt}: {failure}");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
             }
         }
         panic!(
-            "redis-server did not start after 5 attempts; log:\n{}",
-            Self::log(&dir)
+            "redis-server did not restart on port {}:\n{failures}",
+            self.port
         );
     }
 
-    fn log(dir: &std::path::Path) -> String {
-        std::fs::read_to_string(dir.join("redis.log")).unwrap_or_default()
+    /// Freezes the server with SIGSTOP: its sockets stay open and connections are still
+    /// accepted by the kernel, but no command is answered until [`resume`](Self::resume).
+    ///
+    /// # Panics
+    /// When the server is not running or the signal cannot be sent.
+    pub fn pause(&self) {
+        self.signal("STOP");
     }
 
-    /// Spawns the process on `self.port`; returns whether it came up.
-    fn spawn(&mut self) -> bool {
-        let bin = server_binary();
+    /// Lets a server frozen by [`pause`](Self::pause) run again (SIGCONT).
+    ///
+    /// # Panics
+    /// When the server is not running or the signal cannot be sent.
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
+    /// Sends one command on a new connection and returns the reply; an error reply is returned
+    /// as [`RespValue::Error`], not a panic.
+    ///
+    /// # Panics
+    /// When the server cannot be reached or does not answer within 5 s (e.g. it is paused).
+    pub fn cmd(&self, args: &[&str]) -> RespValue {
+        self.try_cmd(args).unwrap_or_else(|e| {
+            panic!(
+                "redis-server on port {} did not answer {args:?}: {e}",
+                self.port
+            )
+        })
+    }
+
+    /// Like [`cmd`](Self::cmd), but returns I/O failures (server down, timeout, bad reply)
+    /// instead of panicking.
+    pub fn try_cmd(&self, args: &[&str]) -> io::Result<RespValue> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port))?;
+        stream.set_read_timeout(Some(CMD_TIMEOUT))?;
+        stream.set_write_timeout(Some(CMD_TIMEOUT))?;
+        let mut request = format!("*{}\r\n", args.len()).into_bytes();
+        for arg in args {
+            request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+            request.extend_from_slice(arg.as_bytes());
+            request.extend_from_slice(b"\r\n");
+        }
+        stream.write_all(&request)?;
+        RespValue::read(&mut BufReader::new(stream))
+    }
+
+    /// Spawns `redis-server` on `self.port` and waits until it answers `PING`; on failure the
+    /// process is gone and the error says why, with the server's logs.
+    fn spawn(&mut self) -> Result<(), String> {
+        let bin = std::env::var_os("REDIS_SERVER_BIN").unwrap_or_else(|| "redis-server".into());
+        // Each run gets fresh logs, so failure messages show only this run's.
+        let _ = std::fs::remove_file(self.dir.join("redis.log"));
+        let stderr = File::create(self.dir.join("stderr.log"))
+            .map_err(|e| format!("cannot create stderr.log: {e}"))?;
         let child = Command::new(&bin)
-            .args(["--port", &self.port.to_string()])
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
             .args(["--enable-debug-command", "local"])
             .arg("--dir")
             .arg(&self.dir)
@@ -76,180 +191,199 @@ impl RedisServer {
             .arg(self.dir.join("redis.log"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .unwrap_or_else(|e| {
                 panic!(
-                    "redis-server not found ({bin}: {e}): install it (Debian/Ubuntu: \
-                     apt-get install redis-server) or set REDIS_SERVER_BIN"
+                    "redis-server not found: install it (Debian/Ubuntu: apt-get install \
+                     redis-server) or set REDIS_SERVER_BIN (tried {}: {e})",
+                    Path::new(&bin).display()
                 )
             });
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                let _ = status;
+        let result = self.wait_ready();
+        if result.is_err() {
+            self.kill();
+        }
+        result.map_err(|failure| format!("{failure}\n{}", self.logs()))
+    }
+
+    /// Polls until our server answers `PING` on `self.port`.
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        // A PONG may come from another server that already holds the port; ours then fails to
+        // bind and exits, and its log says why.
+        let mut intruder: Option<PathBuf> = None;
+        loop {
+            let child = self.child.as_mut().expect("spawned");
+            if let Ok(Some(status)) = child.try_wait() {
                 self.child = None;
-                return false;
+                return Err(match intruder {
+                    None => format!("redis-server exited early ({status})"),
+                    Some(other) => format!(
+                        "redis-server exited early ({status}); port {} is taken by another \
+                         redis-server (dir {})",
+                        self.port,
+                        other.display()
+                    ),
+                });
             }
-            if self
-                .try_cmd(&["PING"])
-                .is_some_and(|r| r == RespValue::Simple("PONG".into()))
-            {
-                return true;
+            if ping(self.port).is_ok() {
+                // The server reports its dir with symlinks resolved: compare the unique names.
+                match self.server_dir() {
+                    Ok(dir) if dir.file_name() == self.dir.file_name() => return Ok(()),
+                    Ok(dir) => intruder = Some(dir),
+                    Err(_) => {}
+                }
             }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        self.kill();
-        false
-    }
-
-    /// The port the server listens on.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// `redis://127.0.0.1:<port>`.
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// Kills the server with SIGKILL and waits for it to exit.
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// Kills the server if it runs and starts a fresh one (no data) on the same port.
-    ///
-    /// # Panics
-    /// When it does not come back within 5 s.
-    pub fn restart(&mut self) {
-        self.kill();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if self.spawn() {
-                return;
+            if Instant::now() >= deadline {
+                return Err(match intruder {
+                    None => format!("redis-server did not answer PING within {READY_TIMEOUT:?}"),
+                    Some(other) => format!(
+                        "port {} is taken by another redis-server (dir {})",
+                        self.port,
+                        other.display()
+                    ),
+                });
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(POLL_INTERVAL);
         }
-        panic!(
-            "redis-server did not restart on port {}; log:\n{}",
-            self.port,
-            Self::log(&self.dir)
-        );
     }
 
-    /// Stops the process with SIGSTOP: it keeps its sockets but answers nothing.
-    pub fn pause(&self) {
-        self.signal("-STOP");
-    }
-
-    /// Resumes a paused process with SIGCONT.
-    pub fn resume(&self) {
-        self.signal("-CONT");
-    }
-
-    fn signal(&self, signal: &str) {
-        let pid = self.child.as_ref().expect("server is running").id();
-        let status = Command::new("kill")
-            .args([signal, &pid.to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill {signal} {pid} failed");
-    }
-
-    /// Sends one command and returns the reply.
-    ///
-    /// # Panics
-    /// When the server cannot be reached.
-    pub fn cmd(&self, args: &[&str]) -> RespValue {
-        self.try_cmd(args)
-            .unwrap_or_else(|| panic!("redis on port {} did not answer {args:?}", self.port))
-    }
-
-    fn try_cmd(&self, args: &[&str]) -> Option<RespValue> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
-        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        let mut request = format!("*{}\r\n", args.len()).into_bytes();
-        for arg in args {
-            request.extend(format!("${}\r\n", arg.len()).bytes());
-            request.extend(arg.bytes());
-            request.extend(b"\r\n");
+    /// The working dir of the server answering on `self.port`: ours if it is `self.dir`
+    /// (whose name is unique), another process's otherwise.
+    fn server_dir(&self) -> io::Result<PathBuf> {
+        match self.try_cmd(&["CONFIG", "GET", "dir"])? {
+            RespValue::Array(Some(items)) if items.len() == 2 => items[1]
+                .as_str()
+                .map(PathBuf::from)
+                .ok_or_else(|| io::Error::other(format!("bad CONFIG GET dir reply {items:?}"))),
+            other => Err(io::Error::other(format!(
+                "bad CONFIG GET dir reply {other:?}"
+            ))),
         }
-        stream.write_all(&request).ok()?;
-        RespValue::read(&mut BufReader::new(stream))
+    }
+
+    /// The server's log file and stderr, for failure messages.
+    fn logs(&self) -> String {
+        let read = |name: &str| {
+            std::fs::read_to_string(self.dir.join(name))
+                .unwrap_or_else(|e| format!("(cannot read {name}: {e})"))
+        };
+        format!(
+            "--- redis.log ---\n{}\n--- stderr ---\n{}",
+            read("redis.log"),
+            read("stderr.log")
+        )
+    }
+
+    /// Sends `SIG<name>` to the server with the `kill` command (falling back to the shell's
+    /// builtin where the `kill` binary, from procps, is not installed).
+    fn signal(&self, name: &str) {
+        let pid = self
+            .child
+            .as_ref()
+            .unwrap_or_else(|| panic!("cannot send SIG{name}: redis-server is not running"))
+            .id()
+            .to_string();
+        let flag = format!("-{name}");
+        let status = match Command::new("kill").args([flag.as_str(), &pid]).status() {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Command::new("sh")
+                .args(["-c", "kill \"$0\" \"$1\"", &flag, &pid])
+                .status(),
+            other => other,
+        };
+        match status {
+            Ok(status) if status.success() => {}
+            Ok(status) => panic!("kill {flag} {pid} failed: {status}"),
+            Err(e) => panic!("cannot run kill {flag} {pid}: {e}"),
+        }
     }
 }
 
 impl Drop for RedisServer {
+    /// Kills the server and removes its temp dir.
     fn drop(&mut self) {
-        if self.child.is_some() {
-            // A paused server ignores SIGKILL until... it does not: SIGKILL always works.
-            self.kill();
-        }
+        self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
-/// A RESP reply.
+/// Binds 127.0.0.1:0 and returns the port the OS picked; the listener is dropped, so the port
+/// is free for the server (unless another process takes it first, which callers handle).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("bind a free loopback port")
+        .port()
+}
+
+/// Connects to the port, sends an inline `PING` and expects `+PONG`.
+fn ping(port: u16) -> io::Result<()> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_millis(500)))?;
+    stream.write_all(b"PING\r\n")?;
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line)?;
+    if line.trim_end() == "+PONG" {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!("PING answered {line:?}")))
+    }
+}
+
+/// A RESP2 reply, as returned by [`RedisServer::cmd`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RespValue {
-    /// `+OK`
+    /// A simple string: `+OK`.
     Simple(String),
-    /// `-ERR ...`
+    /// An error reply: `-ERR ...`.
     Error(String),
-    /// `:1`
+    /// An integer: `:1`.
     Int(i64),
-    /// `$3\r\nabc` or a nil bulk string.
+    /// A bulk string (`$3\r\nabc`); `None` for the nil bulk string (`$-1`).
     Bulk(Option<Vec<u8>>),
-    /// `*2 ...` or a nil array.
+    /// An array (`*2 ...`); `None` for the nil array (`*-1`).
     Array(Option<Vec<Self>>),
 }
 
 impl RespValue {
-    fn read(reader: &mut impl BufRead) -> Option<Self> {
+    /// Reads one reply.
+    fn read(reader: &mut impl BufRead) -> io::Result<Self> {
         let mut line = String::new();
-        reader.read_line(&mut line).ok()?;
-        let line = line.trim_end_matches("\r\n");
-        let (kind, rest) = line.split_at_checked(1)?;
-        Some(match kind {
+        if reader.read_line(&mut line)? == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let bad = || io::Error::new(io::ErrorKind::InvalidData, format!("bad reply {line:?}"));
+        let line = line.strip_suffix("\r\n").ok_or_else(bad)?;
+        let (kind, rest) = line.split_at_checked(1).ok_or_else(bad)?;
+        let length = || rest.parse::<i64>().map_err(|_| bad());
+        Ok(match kind {
             "+" => Self::Simple(rest.to_owned()),
             "-" => Self::Error(rest.to_owned()),
-            ":" => Self::Int(rest.parse().ok()?),
-            "$" => {
-                let len: i64 = rest.parse().ok()?;
-                if len < 0 {
-                    Self::Bulk(None)
-                } else {
-                    let mut data = vec![0; len as usize + 2];
-                    reader.read_exact(&mut data).ok()?;
-                    data.truncate(len as usize);
+            ":" => Self::Int(length()?),
+            "$" => match usize::try_from(length()?) {
+                Err(_) => Self::Bulk(None),
+                Ok(len) => {
+                    let mut data = vec![0; len + 2];
+                    reader.read_exact(&mut data)?;
+                    data.truncate(len);
                     Self::Bulk(Some(data))
                 }
-            }
-            "*" => {
-                let len: i64 = rest.parse().ok()?;
-                if len < 0 {
-                    Self::Array(None)
-                } else {
-                    let items = (0..len)
+            },
+            "*" => match usize::try_from(length()?) {
+                Err(_) => Self::Array(None),
+                Ok(len) => Self::Array(Some(
+                    (0..len)
                         .map(|_| Self::read(reader))
-                        .collect::<Option<_>>()?;
-                    Self::Array(Some(items))
-                }
-            }
-            _ => return None,
+                        .collect::<io::Result<_>>()?,
+                )),
+            },
+            _ => return Err(bad()),
         })
     }
 
-    /// The integer of an `Int` reply.
+    /// The value of an integer reply.
     ///
     /// # Panics
     /// For any other reply.
@@ -260,11 +394,12 @@ impl RespValue {
         }
     }
 
-    /// The text of a simple, error or bulk reply (`None` for nil).
+    /// The text of a simple string, error or bulk string reply (bulk bytes decoded lossily as
+    /// UTF-8); `None` for nil and for integers and arrays.
     pub fn as_str(&self) -> Option<String> {
         match self {
             Self::Simple(s) | Self::Error(s) => Some(s.clone()),
-            Self::Bulk(Some(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+            Self::Bulk(Some(bytes)) => Some(String::from_utf8_lossy(bytes).into_owned()),
             _ => None,
         }
     }
