@@ -40,7 +40,7 @@ if ! have_redis; then
   if [ -n "${REDIS_SERVER_BIN:-}" ]; then
     echo "error: REDIS_SERVER_BIN=$REDIS_SERVER_BIN is not an executable." >&2
   fi
-  echo "error: the tests need redis-server (Redis 7 or newer). Install it:" >&2
+  echo "error: the tests need redis-server. Install it:" >&2
   echo "  Debian/Ubuntu: sudo apt-get install redis-server" >&2
   echo "  macOS:         brew install redis" >&2
   echo "or point REDIS_SERVER_BIN at a redis-server binary." >&2

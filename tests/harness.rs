@@ -32,6 +32,11 @@ fn starts_and_answers_ping() {
         "+PONG"
     );
     assert_eq!(server.cmd(&["INCR", "n"]).as_int(), 1);
+    // `DEBUG` is allowed from loopback, for tests that need it.
+    assert_eq!(
+        server.cmd(&["DEBUG", "SLEEP", "0"]),
+        RespValue::Simple("OK".to_owned())
+    );
 }
 
 #[test]

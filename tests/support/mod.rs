@@ -10,13 +10,17 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::{
+    ffi::OsStr,
     fmt::Write as _,
     fs::File,
     io::{self, BufRead, BufReader, Write},
     net::{TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::atomic::{AtomicU64, Ordering},
+    sync::{
+        OnceLock,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -184,7 +188,7 @@ impl RedisServer {
         let child = Command::new(&bin)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
-            .args(["--enable-debug-command", "local"])
+            .args(debug_command_args(&bin))
             .arg("--dir")
             .arg(&self.dir)
             .arg("--logfile")
@@ -193,13 +197,7 @@ impl RedisServer {
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "redis-server not found: install it (Debian/Ubuntu: apt-get install \
-                     redis-server) or set REDIS_SERVER_BIN (tried {}: {e})",
-                    Path::new(&bin).display()
-                )
-            });
+            .unwrap_or_else(|e| not_found(&bin, &e));
         self.child = Some(child);
         let result = self.wait_ready();
         if result.is_err() {
@@ -306,6 +304,37 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Panics with how to get `redis-server`: tests that need Redis fail, they never skip.
+fn not_found(bin: &OsStr, error: &io::Error) -> ! {
+    panic!(
+        "redis-server not found: install it (Debian/Ubuntu: apt-get install redis-server) or set \
+         REDIS_SERVER_BIN (tried {}: {error})",
+        Path::new(bin).display()
+    )
+}
+
+/// `--enable-debug-command local` (allows `DEBUG` from loopback) on Redis 7 and newer; nothing
+/// on older servers, which reject the option but allow `DEBUG` anyway.
+fn debug_command_args(bin: &OsStr) -> &'static [&'static str] {
+    static MAJOR: OnceLock<Option<u32>> = OnceLock::new();
+    let major = MAJOR.get_or_init(|| {
+        let output = Command::new(bin)
+            .arg("--version")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| not_found(bin, &e));
+        // "Redis server v=7.0.15 sha=..."
+        String::from_utf8_lossy(&output.stdout)
+            .split_whitespace()
+            .find_map(|word| word.strip_prefix("v="))
+            .and_then(|version| version.split('.').next()?.parse().ok())
+    });
+    match major {
+        Some(major) if *major < 7 => &[],
+        _ => &["--enable-debug-command", "local"],
     }
 }
 

@@ -12,14 +12,12 @@
 -- {2, n} when the lock was freed (n: subscribers the wake-up reached).
 local lock, queue, timeouts = KEYS[1], KEYS[2], KEYS[3]
 local holder = ARGV[1]
-if redis.call('HEXISTS', lock, holder) == 0 then
+local remaining = give_back(lock, holder, ARGV[3] == '1')
+if not remaining then
   return {0}
 end
-if ARGV[3] ~= '1' then
-  local remaining = redis.call('HINCRBY', lock, holder, -1)
-  if remaining > 0 then
-    return {1, remaining}
-  end
+if remaining > 0 then
+  return {1, remaining}
 end
 redis.call('DEL', lock)
 purge_waiters(queue, timeouts, now_ms())

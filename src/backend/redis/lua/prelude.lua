@@ -23,6 +23,18 @@ local function fencing_token(lock, counter)
   return tonumber(token)
 end
 
+-- Gives back one hold counted in `field` (every hold, with `all`): nil when there is none,
+-- otherwise how many remain.
+local function give_back(lock, field, all)
+  if redis.call('HEXISTS', lock, field) == 0 then
+    return nil
+  end
+  if all then
+    return 0
+  end
+  return redis.call('HINCRBY', lock, field, -1)
+end
+
 -- Drops the waiters of a fair queue whose place was not kept alive until `now`.
 local function purge_waiters(queue, timeouts, now)
   for _, waiter in ipairs(redis.call('ZRANGEBYSCORE', timeouts, '-inf', now)) do

@@ -18,14 +18,12 @@
 -- reached.
 local lock = KEYS[1]
 local holder = ARGV[1]
-if redis.call('HEXISTS', lock, holder) == 0 then
+local remaining = give_back(lock, holder, ARGV[3] == '1')
+if not remaining then
   return {0}
 end
-if ARGV[3] ~= '1' then
-  local remaining = redis.call('HINCRBY', lock, holder, -1)
-  if remaining > 0 then
-    return {1, remaining}
-  end
+if remaining > 0 then
+  return {1, remaining}
 end
 redis.call('DEL', lock)
 local next = ARGV[4]

@@ -25,14 +25,12 @@ if attempt ~= '' and (redis.call('HGET', lock, '~a') ~= attempt
   extend(KEYS[3], ARGV[6])
   return {0}
 end
-if redis.call('HEXISTS', lock, field) == 0 then
+local remaining = give_back(lock, field, ARGV[4] == '1')
+if not remaining then
   return {0}
 end
-if ARGV[4] ~= '1' then
-  local remaining = redis.call('HINCRBY', lock, field, -1)
-  if remaining > 0 then
-    return {1, remaining}
-  end
+if remaining > 0 then
+  return {1, remaining}
 end
 redis.call('HDEL', lock, field)
 if side == 'r' then
