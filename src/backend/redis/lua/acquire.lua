@@ -25,9 +25,4 @@ elseif redis.call('HEXISTS', lock, holder) == 1 then
 else
   return {0, redis.call('PTTL', lock)}
 end
-redis.call('PEXPIRE', lock, ARGV[2])
-local token = -1
-if ARGV[4] == '1' then
-  token = fencing_token(lock, KEYS[2])
-end
-return {1, count, token}
+return granted(lock, ARGV[2], count, ARGV[4], KEYS[2])

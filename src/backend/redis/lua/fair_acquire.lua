@@ -54,9 +54,4 @@ else
   count = 1
   redis.call('HSET', lock, holder, 1, '~a', ARGV[3])
 end
-redis.call('PEXPIRE', lock, ARGV[2])
-local token = -1
-if ARGV[4] == '1' then
-  token = fencing_token(lock, KEYS[4])
-end
-return {1, count, token}
+return granted(lock, ARGV[2], count, ARGV[4], KEYS[4])

@@ -23,6 +23,17 @@ local function fencing_token(lock, counter)
   return tonumber(token)
 end
 
+-- The reply of an acquire that granted `count` holds: sets the lease and, when `fencing` is
+-- '1', adds the lock's fencing token (-1 without one).
+local function granted(lock, lease, count, fencing, counter)
+  redis.call('PEXPIRE', lock, lease)
+  local token = -1
+  if fencing == '1' then
+    token = fencing_token(lock, counter)
+  end
+  return {1, count, token}
+end
+
 -- Gives back one hold counted in `field` (every hold, with `all`): nil when there is none,
 -- otherwise how many remain.
 local function give_back(lock, field, all)

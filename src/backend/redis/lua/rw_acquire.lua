@@ -41,10 +41,10 @@ if mode == 'read' and redis.call('ZCARD', readers) == 0 then
 end
 
 local rfield, wfield = 'r:' .. holder, 'w:' .. holder
-local granted
+local allowed
 if side == 'w' then
   if mode == false or redis.call('HEXISTS', lock, wfield) == 1 then
-    granted = true
+    allowed = true
   elseif redis.call('HEXISTS', lock, rfield) == 1 then
     return {-1}
   end
@@ -55,11 +55,11 @@ else
       writer_waiting = true
     end
   end
-  granted = redis.call('HEXISTS', lock, rfield) == 1 or redis.call('HEXISTS', lock, wfield) == 1
+  allowed = redis.call('HEXISTS', lock, rfield) == 1 or redis.call('HEXISTS', lock, wfield) == 1
     or (mode ~= 'write' and not writer_waiting)
 end
 
-if not granted then
+if not allowed then
   local timeout = tonumber(ARGV[6])
   if side == 'w' and timeout > 0 then
     redis.call('ZADD', writers, now + timeout, holder)
