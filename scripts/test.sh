@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh Debian/Ubuntu machine with Rust: makes sure a
 # redis-server binary is there (the tests start their own servers on free loopback ports, so a
-# system Redis on 6379 is neither needed nor in the way), then runs every test of the workspace
-# with all features. Extra arguments go to `cargo test`, e.g. `scripts/test.sh -- --nocapture`.
+# system Redis on 6379 is neither needed nor in the way) and the openssl command (the TLS tests
+# make a throwaway CA with it), then runs every test of the workspace
+# with all features, then the single-node Redis tests again as the crate's limited ACL user.
+# Extra arguments go to the first `cargo test`, e.g. `scripts/test.sh -- --nocapture`.
 #
 # Environment: REDIS_SERVER_BIN picks the redis-server binary (default: `redis-server` on PATH).
 set -euo pipefail
@@ -12,28 +14,33 @@ have_redis() {
   command -v "${REDIS_SERVER_BIN:-redis-server}" >/dev/null 2>&1
 }
 
-if ! have_redis && [ -z "${REDIS_SERVER_BIN:-}" ]; then
-  echo "==> redis-server not found; trying to install it"
-  if command -v apt-get >/dev/null 2>&1; then
-    as_root=()
-    if [ "$(id -u)" -ne 0 ]; then
-      if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-        as_root=(sudo -n)
-      else
-        echo "==> not root and no password-less sudo: cannot install it here" >&2
-      fi
-    fi
-    if [ "$(id -u)" -eq 0 ] || [ "${#as_root[@]}" -gt 0 ]; then
-      # Installing the package may start a system Redis on 6379: harmless, the tests use their own.
-      echo "==> apt-get update && apt-get install -y redis-server"
-      "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q ||
-        echo "==> apt-get update failed" >&2
-      "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server ||
-        echo "==> apt-get install redis-server failed" >&2
-    fi
-  else
+# Installs the Debian package $1 with apt-get, as root or through password-less sudo; reports
+# (but does not fail on) what it cannot do, so the checks below give the real error.
+apt_install() {
+  echo "==> $1 not found; trying to install it"
+  if ! command -v apt-get >/dev/null 2>&1; then
     echo "==> no apt-get: cannot install it here" >&2
+    return
   fi
+  local as_root=()
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+      as_root=(sudo -n)
+    else
+      echo "==> not root and no password-less sudo: cannot install it here" >&2
+      return
+    fi
+  fi
+  echo "==> apt-get update && apt-get install -y $1"
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q ||
+    echo "==> apt-get update failed" >&2
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$1" ||
+    echo "==> apt-get install $1 failed" >&2
+}
+
+if ! have_redis && [ -z "${REDIS_SERVER_BIN:-}" ]; then
+  # Installing the package may start a system Redis on 6379: harmless, the tests use their own.
+  apt_install redis-server
 fi
 
 if ! have_redis; then
@@ -48,6 +55,15 @@ if ! have_redis; then
 fi
 echo "==> using $(command -v "${REDIS_SERVER_BIN:-redis-server}"): $("${REDIS_SERVER_BIN:-redis-server}" --version)"
 
+# The TLS tests make a throwaway CA and server certificate with the openssl command.
+if ! command -v openssl >/dev/null 2>&1; then
+  apt_install openssl
+fi
+if ! command -v openssl >/dev/null 2>&1; then
+  echo "error: the TLS tests need the openssl command (Debian/Ubuntu: apt-get install openssl)." >&2
+  exit 1
+fi
+
 if ! command -v cargo >/dev/null 2>&1; then
   echo "error: cargo not found: install Rust (https://rustup.rs)." >&2
   exit 1
@@ -55,3 +71,12 @@ fi
 
 echo "==> cargo test --workspace --all-features $*"
 cargo test --workspace --all-features "$@"
+
+# Second pass, same binaries: the single-node Redis tests again, with every client logged in as
+# the crate's limited ACL user (the README's line; tests/support/acl.rs). Any ACL denial fails
+# the test. Not run here: cluster, sentinel and tls (their own servers and grants), acl (makes
+# its own users), harness (checks the fixture's plain URL), ui (no Redis).
+acl_tests=(engine fair_rw key_fuzz keyed_hash layer locked metrics redis_faults redlock replicas
+  waiter_caps)
+echo "==> TOWER_LOCK_TEST_ACL=1 cargo test --workspace --all-features ${acl_tests[*]/#/--test }"
+TOWER_LOCK_TEST_ACL=1 cargo test --workspace --all-features "${acl_tests[@]/#/--test=}"

@@ -4,7 +4,7 @@ use std::{
     fmt,
     sync::{
         Arc, OnceLock,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -16,7 +16,7 @@ use tracing::Instrument;
 use crate::{
     backend::{AcquireReply, Backend, Grant, Listen, LockKind, Release, ReleaseReply},
     clock::BootInstant,
-    error::{BackendError, ConfigError, LockError},
+    error::{BackendError, BackendErrorKind, ConfigError, LockError},
     guard::LockGuard,
     holder::Holder,
     key::{self, KeyError, LockKey},
@@ -37,8 +37,11 @@ struct Config {
     max_key_len: usize,
     max_hold: Option<Duration>,
     max_waiters_per_key: usize,
+    max_waiters: usize,
     handoff_streak: u32,
     waiter_timeout: Duration,
+    #[cfg(feature = "keyed-hash")]
+    keyed_hash: Option<key::KeyedHash>,
 }
 
 impl Default for Config {
@@ -50,8 +53,11 @@ impl Default for Config {
             max_key_len: key::DEFAULT_MAX_KEY_LEN,
             max_hold: None,
             max_waiters_per_key: 1024,
+            max_waiters: 10_000,
             handoff_streak: 4,
             waiter_timeout: Duration::from_secs(5),
+            #[cfg(feature = "keyed-hash")]
+            keyed_hash: None,
         }
     }
 }
@@ -106,6 +112,40 @@ impl<B: Backend> LockClientBuilder<B> {
         self
     }
 
+    /// How many acquires may wait in this client at once, over all keys; one more fails at
+    /// once with [`LockError::TooManyWaiters`] (the layer answers 503 with `Retry-After`).
+    /// Each waiter costs a task, and for a new key a subscription. Defaults to 10 000.
+    pub fn max_waiters(mut self, max: usize) -> Self {
+        self.config.max_waiters = max;
+        self
+    }
+
+    /// Names locks by `base64url(HMAC-SHA256(secret, namespace and key))` instead of the
+    /// escaped key: every name is as long whatever the key, and nobody without the secret can
+    /// choose keys that crowd one Redis Cluster slot. Clients sharing locks must share the
+    /// secret (and prefix); switching it on or off, or changing the secret, renames every lock,
+    /// so do it only while no old-style holder runs. Off by default. The secret never appears
+    /// in `Debug` output.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_lock::{LockClient, LockKind, MemoryBackend};
+    ///
+    /// let locks = LockClient::builder(MemoryBackend::new())
+    ///     .keyed_hash(b"a secret from your configuration")
+    ///     .build()?;
+    /// let name = locks.lock_key("", "order:42", LockKind::Exclusive)?;
+    /// assert_eq!(name.as_str().len(), "tower-lock:{}".len() + 43);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "keyed-hash")]
+    pub fn keyed_hash(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.config.keyed_hash = Some(key::KeyedHash::new(secret.as_ref()));
+        self
+    }
+
     /// How many times in a row a release may hand the lock straight to a waiter of this client
     /// before it releases for real, giving waiters in other processes their turn. While no
     /// other process was seen waiting for the key, the streak may run eight times longer.
@@ -153,6 +193,7 @@ impl<B: Backend> LockClientBuilder<B> {
             table: Table::default(),
             id: uuid::Uuid::new_v4().simple().to_string(),
             sequence: AtomicU64::new(0),
+            waiting: AtomicUsize::new(0),
             stop: CancellationToken::new(),
             watchdog_wake: Notify::new(),
             watchdog_due: AtomicU64::new(0),
@@ -231,6 +272,8 @@ pub(crate) struct Shared<B: Backend> {
     pub(crate) table: Table<B::Listener>,
     id: String,
     sequence: AtomicU64,
+    /// Acquires waiting right now, for the `max_waiters` cap.
+    waiting: AtomicUsize,
     pub(crate) stop: CancellationToken,
     pub(crate) watchdog_wake: Notify,
     /// When the watchdog plans to wake next (boot-clock nanoseconds).
@@ -310,6 +353,21 @@ impl<B: Backend> LockClient<B> {
         }
     }
 
+    /// The backend name of the lock `key` in `namespace` (`""` for [`lock`](Self::lock) and
+    /// its siblings) of `kind`: what this client locks for that key. The backend derives its
+    /// other keys of the lock (and its release channel) by appending suffixes to it.
+    ///
+    /// # Errors
+    /// [`KeyError`] when the key is empty or longer than `max_key_len`.
+    pub fn lock_key(
+        &self,
+        namespace: &str,
+        key: impl AsRef<[u8]>,
+        kind: LockKind,
+    ) -> Result<LockKey, KeyError> {
+        self.key_in(namespace, key.as_ref(), kind)
+    }
+
     /// The lock name of `key` in `namespace`, for a lock of `kind`.
     pub(crate) fn key_in(
         &self,
@@ -317,8 +375,7 @@ impl<B: Backend> LockClient<B> {
         key: &[u8],
         kind: LockKind,
     ) -> Result<LockKey, KeyError> {
-        let config = &self.inner.shared.config;
-        let name = LockKey::namespaced(&config.prefix, namespace, key, config.max_key_len)?;
+        let name = self.name(namespace, key)?;
         Ok(match kind {
             LockKind::Read | LockKind::Write => name.with_suffix(":rw"),
             _ => name,
@@ -331,8 +388,17 @@ impl<B: Backend> LockClient<B> {
     }
 
     fn key(&self, key: &[u8]) -> Result<LockKey, KeyError> {
+        self.name("", key)
+    }
+
+    /// The one place user keys become lock names: escaped, or hashed under the secret.
+    fn name(&self, namespace: &str, key: &[u8]) -> Result<LockKey, KeyError> {
         let config = &self.inner.shared.config;
-        LockKey::new(&config.prefix, key, config.max_key_len)
+        #[cfg(feature = "keyed-hash")]
+        if let Some(hash) = &config.keyed_hash {
+            return hash.name(&config.prefix, namespace, key, config.max_key_len);
+        }
+        LockKey::namespaced(&config.prefix, namespace, key, config.max_key_len)
     }
 
     fn request(&self, key: Result<LockKey, KeyError>, kind: LockKind) -> LockRequest<'_, B> {
@@ -480,10 +546,20 @@ impl<B: Backend> LockRequest<'_, B> {
     /// backend failed (an acquire whose reply was lost is undone before this returns, where the
     /// backend can still be reached), [`LockError::ShutDown`].
     pub async fn acquire(self) -> Result<LockGuard<B>, LockError> {
-        let key = self.key?;
-        if self.lease.duration() < MIN_LEASE {
-            return Err(LockError::InvalidLease(self.lease.duration()));
-        }
+        let kind = self.kind;
+        let checked = self.key.map_err(LockError::from).and_then(|key| {
+            if self.lease.duration() < MIN_LEASE {
+                return Err(LockError::InvalidLease(self.lease.duration()));
+            }
+            Ok(key)
+        });
+        let key = match checked {
+            Ok(key) => key,
+            Err(error) => {
+                crate::metrics::acquire_finished(kind, Err(&error), Duration::ZERO);
+                return Err(error);
+            }
+        };
         let inner = &self.client.inner;
         let shared = &inner.shared;
         if shared.stop.is_cancelled() {
@@ -502,6 +578,7 @@ impl<B: Backend> LockRequest<'_, B> {
                 kind: self.kind,
                 lease: self.lease,
                 fencing: self.fencing,
+                supersedes: None,
             }),
             wait: self.wait,
         };
@@ -518,6 +595,7 @@ impl<B: Backend> LockRequest<'_, B> {
             None => shared.wait_and_acquire(&request).instrument(span).await,
         };
         let waited = started.elapsed();
+        crate::metrics::acquire_finished(request.want.kind, result.as_ref().map(|_| ()), waited);
         match result {
             Ok((held, count)) => {
                 tracing::debug!(
@@ -563,6 +641,33 @@ pub(crate) struct Releasing {
     handoff: Option<Slot>,
     /// The hand-off streak ended: local waiters let other processes go first.
     yield_turn: bool,
+}
+
+/// One acquire counted against `max_waiters` until it ends, however it ends.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    /// Counts one more waiter of `shared`, or refuses it when `max_waiters` already wait.
+    fn admit<B: Backend>(shared: &'a Shared<B>) -> Result<Self, LockError> {
+        let waiting = &shared.waiting;
+        if waiting.fetch_add(1, Ordering::AcqRel) >= shared.config.max_waiters {
+            waiting.fetch_sub(1, Ordering::AcqRel);
+            tracing::debug!(
+                max = shared.config.max_waiters,
+                "too many waiters in this client"
+            );
+            return Err(LockError::TooManyWaiters);
+        }
+        crate::metrics::waiting(true);
+        Ok(Self(waiting))
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+        crate::metrics::waiting(false);
+    }
 }
 
 /// Leaves the waiter queue when the acquire future ends, however it ends.
@@ -661,6 +766,7 @@ impl<B: Backend> Shared<B> {
         self: &Arc<Self>,
         request: &Request,
     ) -> Result<(Arc<Held>, u64), LockError> {
+        let _waiting = Waiting::admit(self)?;
         let mut want = request.want.clone();
         let id = self.next_id();
         // Fair waiters and waiting writers keep a place in the backend's queue while waiting.
@@ -689,10 +795,23 @@ impl<B: Backend> Shared<B> {
                 Turn::Contend => {
                     let grant = want.grant(&request.key, queue);
                     let sent_at = BootInstant::now();
+                    let attempt_started = tokio::time::Instant::now();
                     match self.backend.acquire(grant).await {
                         Ok(AcquireReply::Acquired { count, token }) => {
                             // The backend took it out of its queue in the same step.
                             queued.in_backend = false;
+                            if want.lease.valid_until(sent_at) <= BootInstant::now() {
+                                // Granted, but the reply came after the lease ran out: the
+                                // lock may be someone else's already. Undo it and say so.
+                                self.resolve_attempt(grant).await;
+                                let late = BackendError::new(
+                                    BackendErrorKind::Timeout,
+                                    "the lock was granted, but the reply came after its lease ran out",
+                                );
+                                return Err(LockError::Backend(
+                                    late.with_key(request.key.as_str()),
+                                ));
+                            }
                             let held = Held::new(
                                 request.key.clone(),
                                 want.holder.clone(),
@@ -728,19 +847,25 @@ impl<B: Backend> Shared<B> {
                         }
                         Ok(AcquireReply::WouldDeadlock) => return Err(LockError::UpgradeRefused),
                         Err(error) => {
+                            let unknown = error.outcome_unknown();
                             let error = self.unknown_outcome(grant, error).await;
                             // A connection that broke (a restarting backend) is tried again
                             // while the wait lasts. A timeout is not: it already took its time.
+                            // An attempt that could not end before the deadline is not started:
+                            // the caller hears of the failure within its wait.
                             let pause = Duration::from_millis(50);
                             let transient =
                                 matches!(&error, LockError::Backend(e) if e.is_unavailable());
-                            if !transient || tokio::time::Instant::now() + pause >= deadline {
+                            let now = tokio::time::Instant::now();
+                            let next_ends = now + pause + (now - attempt_started);
+                            if !transient || next_ends >= deadline {
                                 return Err(error);
                             }
                             tracing::debug!(%error, "backend error while waiting; trying again");
-                            // The failed attempt may have been voided: retry under a new id.
-                            want =
-                                Arc::new(want.retry(format!("{}#{}", want.holder, self.next_id())));
+                            // The failed attempt may have been voided: retry under a new id. If
+                            // it may have taken the lock, the retry takes that hold over.
+                            let attempt = format!("{}#{}", want.holder, self.next_id());
+                            want = Arc::new(want.retry(attempt, unknown));
                             self.table.set_want(&request.key, id, want.clone());
                             Some(pause)
                         }
@@ -854,6 +979,7 @@ impl<B: Backend> Shared<B> {
                     fencing,
                     kind,
                     queue: None,
+                    supersedes: None,
                 };
                 if let Ok(undone) = shared.backend.abandon(grant).await {
                     tracing::info!(key = %key, undone, "resolved an attempt whose reply was lost");
@@ -871,6 +997,7 @@ impl<B: Backend> Shared<B> {
         }
         held.lost.cancel();
         self.table.remove_held(held);
+        crate::metrics::lost(held.kind);
         tracing::warn!(key = %held.key, holder = %held.holder, reason, "lock lost");
         // Best effort, owner-checked: if the backend still has it for us (it was unreachable
         // past our deadline), free it now rather than leave it for a whole lease.
@@ -919,6 +1046,10 @@ impl<B: Backend> Shared<B> {
         let sent_at = BootInstant::now();
         let started = tokio::time::Instant::now();
         let reply = self.backend.release(release).await;
+        if let Ok(ReleaseReply::Released { .. } | ReleaseReply::HandedOff { .. }) = reply {
+            let held_for = BootInstant::now().duration_since(held.acquired_at);
+            crate::metrics::released(held.kind, held_for);
+        }
         // When listeners elsewhere heard the release, they learn of it about when we do and
         // need one more round trip to reach the backend: hold local waiters back for two.
         let own = u64::from(self.table.listener(&held.key).is_some());

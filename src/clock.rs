@@ -22,6 +22,11 @@ impl BootInstant {
         u64::try_from(self.0.as_nanos()).unwrap_or(u64::MAX)
     }
 
+    /// Time passed since `earlier`, zero if it is not earlier.
+    pub(crate) fn duration_since(self, earlier: Self) -> Duration {
+        self.0.saturating_sub(earlier.0)
+    }
+
     /// Time left until `self`, zero if it has passed.
     pub(crate) fn saturating_duration_until(self, now: Self) -> Duration {
         self.0.saturating_sub(now.0)
@@ -73,5 +78,7 @@ mod tests {
         assert!((a + Duration::from_millis(5)) <= b);
         assert_eq!(a.saturating_duration_until(b), Duration::ZERO);
         assert!(b.saturating_duration_until(a) >= Duration::from_millis(5));
+        assert_eq!(b.duration_since(a), b.saturating_duration_until(a));
+        assert_eq!(a.duration_since(b), Duration::ZERO);
     }
 }

@@ -36,7 +36,8 @@ pub enum LockError {
     /// The request's lease is too short to be held (under 3 ms).
     #[error("lease of {0:?} is too short")]
     InvalidLease(Duration),
-    /// Too many requests are already waiting for this key in this client.
+    /// Too many requests are already waiting in this client, for this key
+    /// (`max_waiters_per_key`) or over all keys (`max_waiters`).
     #[error("too many waiters for this lock")]
     TooManyWaiters,
     /// The client was shut down.
@@ -73,8 +74,30 @@ pub enum BackendErrorKind {
     },
     /// The backend refused the command for lack of permission (for Redis: an ACL `NOPERM`).
     NoPermission,
+    /// Fewer replicas than configured acknowledged a grant in time, so it was undone (see
+    /// `RedisBackendBuilder::min_replicas`).
+    ReplicasNotAcknowledged {
+        /// How many replicas were required.
+        wanted: u32,
+        /// How many acknowledged within the timeout.
+        acknowledged: u32,
+    },
     /// The backend answered something the crate does not understand.
     Protocol,
+    /// Fewer nodes of a Redlock backend answered than a majority: no lock can be taken, kept
+    /// or released with certainty until more of them are back.
+    QuorumUnavailable {
+        /// How many nodes answered.
+        reachable: usize,
+        /// How many must answer (a majority of all nodes).
+        needed: usize,
+    },
+    /// The backend cannot offer what was asked without weakening a guarantee (for Redlock:
+    /// fair and read-write locks, fencing tokens). Refused before any node is contacted.
+    Unsupported {
+        /// What was asked for.
+        feature: &'static str,
+    },
     /// Any other backend failure.
     Other,
 }
@@ -124,12 +147,20 @@ impl BackendError {
         self.key.as_deref()
     }
 
-    /// Whether the backend could not be reached, before or during the command.
+    /// Whether the backend could not be reached, before or during the command (for Redlock:
+    /// not enough of its nodes).
     pub fn is_unavailable(&self) -> bool {
         matches!(
             self.kind,
-            BackendErrorKind::Unavailable | BackendErrorKind::Interrupted
+            BackendErrorKind::Unavailable
+                | BackendErrorKind::Interrupted
+                | BackendErrorKind::QuorumUnavailable { .. }
         )
+    }
+
+    /// Whether the backend refused a lock kind or option it does not support.
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self.kind, BackendErrorKind::Unsupported { .. })
     }
 
     /// Whether the backend did not answer in time.
@@ -168,7 +199,21 @@ impl fmt::Display for BackendError {
                 write!(f, "lock key holds a value of type `{found}`, not a lock")?;
             }
             BackendErrorKind::NoPermission => f.write_str("lock backend denied permission")?,
+            BackendErrorKind::ReplicasNotAcknowledged {
+                wanted,
+                acknowledged,
+            } => write!(
+                f,
+                "{acknowledged} of {wanted} required replicas acknowledged the lock; it was undone"
+            )?,
             BackendErrorKind::Protocol => f.write_str("unexpected reply from lock backend")?,
+            BackendErrorKind::QuorumUnavailable { reachable, needed } => write!(
+                f,
+                "lock backend quorum unavailable: {reachable} nodes answered, {needed} needed"
+            )?,
+            BackendErrorKind::Unsupported { feature } => {
+                write!(f, "lock backend does not support {feature}")?;
+            }
             BackendErrorKind::Other => f.write_str("lock backend error")?,
         }
         if let Some(key) = &self.key {

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::clock::BootInstant;
+
 /// How long a lock stays valid in the backend, and whether the watchdog extends it.
 ///
 /// With [`Lease::watchdog`] (the default, 30 seconds) the client's watchdog renews the lease every
@@ -53,6 +55,12 @@ impl Lease {
     /// rate differences and scheduling delays: 1 % of the lease plus 2 ms.
     pub(crate) fn drift(&self) -> Duration {
         self.duration / 100 + Duration::from_millis(2)
+    }
+
+    /// Until when a grant whose request was sent at `sent_at` may be trusted: the lease, less
+    /// the drift margin.
+    pub(crate) fn valid_until(&self, sent_at: BootInstant) -> BootInstant {
+        sent_at + self.duration - self.drift()
     }
 
     /// The lease length in whole milliseconds, at least 1.

@@ -24,6 +24,42 @@
 //! # }
 //! ```
 //!
+//! # Attribute
+//!
+//! With feature `macros`, the `locked` attribute holds a lock while one axum handler runs, with
+//! the key written over the handler's bindings. It takes the same lock, with the same
+//! rejections, as the [`LockLayer`] beside it:
+//!
+#![cfg_attr(feature = "macros", doc = "```")]
+#![cfg_attr(not(feature = "macros"), doc = "```ignore")]
+//! use std::time::Duration;
+//! use axum::{Extension, Router, extract::Path, routing::post};
+//! use tower_lock::{AnyLockClient, LockClient, LockContext, LockLayer, key::{self, MakeKey}, locked};
+//!
+//! #[locked(key = "account:{id}", wait = "2s", fencing)]
+//! async fn withdraw(Path(id): Path<u64>, lock: LockContext) -> String {
+//!     format!("account {id}, token {:?}", lock.fencing_token())
+//! }
+//!
+//! let locks = LockClient::in_memory();
+//! let with_attribute: Router = Router::new()
+//!     .route("/accounts/{id}/withdraw", post(withdraw))
+//!     .layer(Extension(AnyLockClient::from(locks.clone())));
+//!
+//! async fn plain_withdraw(Path(id): Path<u64>) -> String {
+//!     format!("account {id}")
+//! }
+//! let with_layer: Router = Router::new()
+//!     .route("/accounts/{id}/withdraw", post(plain_withdraw))
+//!     .route_layer(
+//!         LockLayer::new(locks)
+//!             .key(key::path_param("id").prefixed("account:"))
+//!             .wait(Duration::from_secs(2))
+//!             .fencing(),
+//!     );
+//! # let _ = (with_attribute, with_layer);
+//! ```
+//!
 //! # Lock kinds
 //!
 //! - [`LockClient::lock`]: exclusive and reentrant; waiters in one process queue locally and a
@@ -49,8 +85,13 @@
 //!
 //! | feature | default | what it adds |
 //! |---|---|---|
-//! | `redis` | yes | [`RedisBackend`]: Redis through bb8-redis and redis-rs |
+//! | `redis` | yes | [`RedisBackend`]: Redis through bb8-redis and redis-rs; [`RedlockBackend`] over several masters |
 //! | `axum` | no | `key::path_param`, route namespacing by axum's `MatchedPath`, `IntoResponse` for [`LockRejection`] |
+//! | `keyed-hash` | no | `LockClientBuilder::keyed_hash`: lock names hashed under a secret (HMAC-SHA256) |
+//! | `metrics` | no | counters and histograms through the `metrics` facade ([`metrics`] lists them) |
+//! | `sentinel` | no | `RedisBackend::sentinel`: the master found through Redis Sentinel, followed across failovers |
+//! | `tls` | no | `rediss://` URLs and custom CAs for the Redis backend (rustls) |
+//! | `macros` | no | the `#[locked(...)]` attribute and `AnyLockClient` (implies `axum`) |
 //!
 //! The minimum supported Rust version is 1.88.
 
@@ -65,11 +106,14 @@ mod holder;
 pub mod key;
 mod lease;
 mod local;
+pub mod metrics;
 pub mod middleware;
 mod watchdog;
 
 #[cfg(feature = "redis")]
 pub use backend::redis::{RedisBackend, RedisBackendBuilder};
+#[cfg(feature = "redis")]
+pub use backend::redlock::{RedlockBackend, RedlockBackendBuilder};
 pub use backend::{Backend, LockKind, memory::MemoryBackend};
 pub use client::{LockClient, LockClientBuilder, LockRequest, ReadWriteLock};
 pub use error::{BackendError, ConfigError, LockError};
@@ -77,4 +121,18 @@ pub use guard::{LockGuard, Lost};
 pub use holder::Holder;
 pub use key::LockKey;
 pub use lease::Lease;
+#[cfg(feature = "macros")]
+pub use middleware::AnyLockClient;
 pub use middleware::{LockContext, LockLayer, LockRejection, LockService};
+
+#[cfg(feature = "macros")]
+pub use tower_lock_macros::locked;
+
+/// Support code that the `#[locked]` expansion calls; not a public API.
+#[cfg(feature = "macros")]
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::middleware::attribute::*;
+    pub use crate::{Lease, LockContext, LockKind};
+    pub use std::{format, time::Duration};
+}

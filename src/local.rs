@@ -93,17 +93,25 @@ pub(crate) struct Want {
     pub(crate) kind: LockKind,
     pub(crate) lease: Lease,
     pub(crate) fencing: bool,
+    /// The last earlier attempt whose outcome is unknown (its reply was lost).
+    pub(crate) supersedes: Option<String>,
 }
 
 impl Want {
-    /// The same request under a new attempt id.
-    pub(crate) fn retry(&self, attempt: String) -> Self {
+    /// The same request under a new attempt id, after this attempt failed; `unknown` tells
+    /// whether it may have taken the lock all the same.
+    pub(crate) fn retry(&self, attempt: String, unknown: bool) -> Self {
         Self {
             holder: self.holder.clone(),
             attempt,
             kind: self.kind,
             lease: self.lease,
             fencing: self.fencing,
+            supersedes: if unknown {
+                Some(self.attempt.clone())
+            } else {
+                self.supersedes.clone()
+            },
         }
     }
 
@@ -117,6 +125,7 @@ impl Want {
             fencing: self.fencing,
             kind: self.kind,
             queue,
+            supersedes: self.supersedes.as_deref(),
         }
     }
 }

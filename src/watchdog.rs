@@ -35,6 +35,8 @@ pub(crate) struct Held {
     pub(crate) lease: Lease,
     pub(crate) token: Option<u64>,
     pub(crate) lost: CancellationToken,
+    /// When the request that acquired it was sent, for the hold-time metric.
+    pub(crate) acquired_at: BootInstant,
     state: Mutex<HeldState>,
 }
 
@@ -69,9 +71,10 @@ impl Held {
             lease,
             token,
             lost: CancellationToken::new(),
+            acquired_at: sent_at,
             state: Mutex::new(HeldState {
                 refs: 1,
-                deadline: sent_at + lease.duration() - lease.drift(),
+                deadline: lease.valid_until(sent_at),
                 next_renew: sent_at + lease.renew_interval(),
                 renewing: false,
                 renew_until: max_hold.map(|max| sent_at + max),
@@ -116,9 +119,7 @@ impl Held {
     pub(crate) fn add_ref(&self, sent_at: BootInstant) {
         let mut state = self.state();
         state.refs += 1;
-        state.deadline = state
-            .deadline
-            .max(sent_at + self.lease.duration() - self.lease.drift());
+        state.deadline = state.deadline.max(self.lease.valid_until(sent_at));
     }
 
     /// One guard fewer; returns how many remain.
@@ -154,9 +155,7 @@ impl Held {
     fn renewed(&self, sent_at: BootInstant) {
         let mut state = self.state();
         state.renewing = false;
-        state.deadline = state
-            .deadline
-            .max(sent_at + self.lease.duration() - self.lease.drift());
+        state.deadline = state.deadline.max(self.lease.valid_until(sent_at));
         state.next_renew = sent_at + self.lease.renew_interval();
     }
 
@@ -341,7 +340,9 @@ async fn renew<B: Backend>(
     );
     let mut replies = replies.map(Vec::into_iter);
     for held in &due {
-        match replies.as_mut().and_then(Iterator::next) {
+        let reply = replies.as_mut().and_then(Iterator::next);
+        crate::metrics::renewal(held.kind, reply);
+        match reply {
             Some(RenewReply::NotHeld) => shared.lose(held, "renewal found another owner"),
             Some(_) => held.renewed(sent_at),
             None => held.renew_failed(BootInstant::now()),

@@ -1,5 +1,6 @@
 //! Checks of the test fixture itself (`tests/support`): the `redis-server` it starts answers,
-//! comes back empty on the same port after a restart, and can be paused and resumed.
+//! comes back empty on the same port after a restart, keeps extra options, and can be paused and
+//! resumed.
 
 mod support;
 
@@ -77,5 +78,29 @@ fn pause_stops_answers_until_resume() {
     assert_eq!(
         raw_ping(server.port(), Duration::from_secs(5)).expect("PING after resume"),
         "+PONG"
+    );
+}
+
+/// The value of one configuration parameter.
+fn config_get(server: &RedisServer, name: &str) -> Option<String> {
+    match server.cmd(&["CONFIG", "GET", name]) {
+        RespValue::Array(Some(items)) if items.len() == 2 => items[1].as_str(),
+        other => panic!("unexpected CONFIG GET reply {other:?}"),
+    }
+}
+
+#[test]
+fn extra_options_apply_and_survive_a_restart() {
+    let mut server = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
+    assert_eq!(
+        config_get(&server, "maxmemory-policy").as_deref(),
+        Some("allkeys-lru")
+    );
+    assert!(server.dir().join("redis.log").exists());
+
+    server.restart();
+    assert_eq!(
+        config_get(&server, "maxmemory-policy").as_deref(),
+        Some("allkeys-lru")
     );
 }

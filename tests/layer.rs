@@ -19,45 +19,15 @@ use axum::{
 };
 use http::StatusCode;
 use http_body_util::{BodyExt, Empty};
-use hyper::body::Bytes;
-use hyper_util::{client::legacy::Client as HttpClient, rt::TokioExecutor};
-use support::RedisServer;
+use support::{
+    RedisServer,
+    http::{http, send, serve},
+};
 use tower_lock::{Lease, LockClient, LockContext, LockLayer, RedisBackend, key};
-
-type Http = HttpClient<hyper_util::client::legacy::connect::HttpConnector, Empty<Bytes>>;
-
-fn http() -> Http {
-    HttpClient::builder(TokioExecutor::new()).build_http()
-}
-
-/// Serves `app` on a free loopback port; returns its base URL.
-async fn serve(app: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{addr}")
-}
 
 async fn locks(server: &RedisServer) -> LockClient<RedisBackend> {
     let backend = RedisBackend::connect(&server.url()).await.unwrap();
     LockClient::builder(backend).build().unwrap()
-}
-
-/// Sends a request; returns the status, the `Retry-After` header and the body.
-async fn send(http: &Http, method: &str, url: &str) -> (StatusCode, Option<String>, String) {
-    let request = http::Request::builder()
-        .method(method)
-        .uri(url)
-        .body(Empty::new())
-        .unwrap();
-    let response = http.request(request).await.unwrap();
-    let status = response.status();
-    let retry = response
-        .headers()
-        .get("retry-after")
-        .map(|v| v.to_str().unwrap().to_owned());
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, retry, String::from_utf8_lossy(&body).into_owned())
 }
 
 /// Who is inside a handler right now, per key, across every app instance in the test.

@@ -239,14 +239,14 @@ async fn end_storm(storm: (StopOnDrop, Vec<tokio::task::JoinHandle<u64>>)) -> u6
     flushes
 }
 
-/// 20 watchdog locks (300 ms lease) stay held through 1 s of back-to-back `SCRIPT FLUSH`es: a
-/// renewal that meets `NOSCRIPT` is retried, never taken for another owner.
+/// 20 watchdog locks (600 ms lease, renewed every 200 ms) stay held through 1 s of back-to-back
+/// `SCRIPT FLUSH`es: a renewal that meets `NOSCRIPT` is retried, never taken for another owner.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn held_locks_survive_flush_storm() {
     let server = Arc::new(RedisServer::start());
     let a = client(&server.url(), "t14c:").await;
     let b = client(&server.url(), "t14c:").await;
-    let lease = Lease::watchdog(Duration::from_millis(300));
+    let lease = Lease::watchdog(Duration::from_millis(600));
     let mut guards = Vec::new();
     for i in 0..20 {
         let guard = a.lock(format!("k{i}")).lease(lease).acquire().await;

@@ -83,6 +83,15 @@ impl Listeners {
         }
     }
 
+    /// Wakes every listener of `channel`, whatever its tag (after its subscription was
+    /// re-established, when messages may have been lost).
+    #[cfg(feature = "cluster")]
+    pub(crate) fn notify_channel(&self, channel: &str) {
+        for (_, _, notify) in self.lock().get(channel).into_iter().flatten() {
+            notify.notify_one();
+        }
+    }
+
     /// Every channel that has listeners.
     #[cfg(feature = "redis")]
     pub(crate) fn channels(&self) -> Vec<String> {

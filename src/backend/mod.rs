@@ -7,7 +7,10 @@
 //!
 //! - [`MemoryBackend`](memory::MemoryBackend): in this process; for single-instance services, examples and tests of the
 //!   code around the locks.
-//! - [`RedisBackend`](crate::RedisBackend) (feature `redis`, on by default): one Redis node, Lua scripts, pub/sub wake-ups.
+//! - [`RedisBackend`](crate::RedisBackend) (feature `redis`, on by default): one Redis node, Lua scripts, pub/sub wake-ups;
+//!   with the feature `cluster`, a Redis Cluster (sharded pub/sub).
+//! - [`RedlockBackend`](crate::RedlockBackend) (feature `redis`): a majority of N independent
+//!   Redis masters (exclusive locks only).
 
 use std::{future::Future, time::Duration};
 
@@ -17,6 +20,8 @@ mod listeners;
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "redis")]
+pub mod redlock;
 
 pub use listeners::Listener;
 pub(crate) use listeners::Listeners;
@@ -62,6 +67,11 @@ pub struct Grant<'a> {
     /// For kinds that [queue](LockKind::queues): when the lock is busy, join (or stay in) its
     /// wait queue for this long unless the place is kept alive with [`Backend::renew`].
     pub queue: Option<Duration>,
+    /// An earlier attempt of the same acquisition whose reply was lost. If that attempt took
+    /// the holder's hold, this one takes it over rather than adding another (the undo of the
+    /// earlier attempt may arrive only later, and then finds nothing to undo). Backends that
+    /// never lose replies may ignore it.
+    pub supersedes: Option<&'a str>,
 }
 
 /// The answer to an acquire.

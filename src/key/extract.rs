@@ -16,6 +16,8 @@ pub trait MakeKey: Clone + Send + Sync + 'static {
     fn make_key(&self, parts: &mut Parts) -> Option<Vec<u8>>;
 
     /// The same key with `prefix` in front of it, to tell keys of different kinds apart.
+    /// Keys with one prefix stay as distinct as before; keys with different prefixes stay apart
+    /// only if no prefix starts another (end each with `:` and use no other `:` in it).
     fn prefixed(self, prefix: impl Into<Cow<'static, str>>) -> Prefixed<Self> {
         Prefixed {
             prefix: prefix.into(),

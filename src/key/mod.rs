@@ -10,12 +10,22 @@
 //! percent-encoded. The encoding is injective (two different user keys never name the same
 //! lock), keeps the hash tag intact, and keeps backend keys printable. Empty keys and keys longer
 //! than the configured maximum (512 bytes by default) are refused before any backend call.
+//!
+//! With the `keyed-hash` feature, a client built with
+//! [`keyed_hash`](crate::LockClientBuilder::keyed_hash) puts `base64url(HMAC-SHA256(secret,
+//! namespace and key))` between the braces instead: 43 characters whatever the key, in a hash
+//! slot nobody without the secret can predict.
 
 use std::fmt;
 
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode, percent_encode};
 
 mod extract;
+#[cfg(feature = "keyed-hash")]
+mod hashed;
+
+#[cfg(feature = "keyed-hash")]
+pub(crate) use hashed::KeyedHash;
 
 pub use extract::{
     FromFn, Header, MakeKey, PathSegment, Prefixed, Query, from_fn, header, path_segment, query,
@@ -60,6 +70,7 @@ impl LockKey {
     ///
     /// # Errors
     /// [`KeyError::Empty`] for an empty key, [`KeyError::TooLong`] for a key over `max_len` bytes.
+    #[cfg(test)]
     pub(crate) fn new(prefix: &str, user_key: &[u8], max_len: usize) -> Result<Self, KeyError> {
         Self::namespaced(prefix, "", user_key, max_len)
     }
@@ -69,29 +80,27 @@ impl LockKey {
     /// collide, and the hash tag is still the user key alone.
     ///
     /// # Errors
-    /// As [`new`](Self::new).
+    /// [`KeyError::Empty`] for an empty key, [`KeyError::TooLong`] for a key over `max_len` bytes.
     pub(crate) fn namespaced(
         prefix: &str,
         namespace: &str,
         user_key: &[u8],
         max_len: usize,
     ) -> Result<Self, KeyError> {
-        if user_key.is_empty() {
-            return Err(KeyError::Empty);
-        }
-        if user_key.len() > max_len {
-            return Err(KeyError::TooLong {
-                len: user_key.len(),
-                max: max_len,
-            });
-        }
-        let mut name = String::with_capacity(prefix.len() + namespace.len() + user_key.len() + 2);
+        check_len(user_key, max_len)?;
+        let tag: String = percent_encode(user_key, ESCAPED).collect();
+        Ok(Self::with_tag(prefix, namespace, &tag))
+    }
+
+    /// `prefix` + escaped namespace + `{tag}`; `tag` must be non-empty and free of braces.
+    fn with_tag(prefix: &str, namespace: &str, tag: &str) -> Self {
+        let mut name = String::with_capacity(prefix.len() + namespace.len() + tag.len() + 2);
         name.push_str(prefix);
         name.extend(percent_encode(namespace.as_bytes(), ESCAPED));
         name.push('{');
-        name.extend(percent_encode(user_key, ESCAPED));
+        name.push_str(tag);
         name.push('}');
-        Ok(Self { name })
+        Self { name }
     }
 
     /// The same lock name with `suffix` appended: another lock with the same hash slot.
@@ -115,7 +124,8 @@ impl LockKey {
         name
     }
 
-    /// The user key this lock was built from, decoded back to its original bytes.
+    /// The user key this lock was built from, decoded back to its original bytes. In keyed-hash
+    /// mode the key is not kept: this is the hash tag's text.
     pub fn user_key(&self) -> Vec<u8> {
         let start = self.name.find('{').map_or(0, |i| i + 1);
         let end = self.name.rfind('}').unwrap_or(self.name.len());
@@ -139,6 +149,20 @@ impl fmt::Display for LockKey {
             _ => f.write_str(&self.name),
         }
     }
+}
+
+/// Refuses empty keys and keys over `max_len` bytes.
+fn check_len(user_key: &[u8], max_len: usize) -> Result<(), KeyError> {
+    if user_key.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if user_key.len() > max_len {
+        return Err(KeyError::TooLong {
+            len: user_key.len(),
+            max: max_len,
+        });
+    }
+    Ok(())
 }
 
 /// Checks a key prefix: braces in it would move the Redis Cluster hash tag.

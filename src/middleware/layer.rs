@@ -177,6 +177,8 @@ impl<S, B: Backend, K: MakeKey, R: Clone> Layer<S> for LockLayer<B, K, R> {
             key: self.key.clone(),
             on_rejected: self.on_rejected.clone(),
             config: self.config.clone(),
+            #[cfg(feature = "macros")]
+            any: self.locks.clone().into(),
         }
     }
 }

@@ -48,15 +48,23 @@
 //! [`name`](LockLayer::name), plus the extracted key: `/orders/{id}` and `/accounts/{id}` with
 //! the same id never share a lock. Each request has one [`Holder`](crate::Holder), stored in
 //! its extensions and current while the inner service runs, so a nested layer or a direct
-//! [`LockClient`](crate::LockClient) call on the same lock re-enters it.
+//! [`LockClient`](crate::LockClient) call on the same lock re-enters it. With feature `macros`
+//! the layer also puts its client into the extensions as an `AnyLockClient`, where a
+//! `#[locked]` handler under it finds it, and re-enters the layer's lock when it names the same.
 
+#[cfg(feature = "macros")]
+pub(crate) mod attribute;
 mod context;
+#[cfg(feature = "macros")]
+mod erased;
 pub mod future;
 mod layer;
 mod rejection;
 mod service;
 
 pub use context::LockContext;
+#[cfg(feature = "macros")]
+pub use erased::AnyLockClient;
 pub use layer::LockLayer;
 pub use rejection::{DefaultRejection, LockRejection, OnRejected};
 pub use service::LockService;

@@ -18,7 +18,7 @@ use crate::{
 /// | [`TooManyWaiters`](Self::TooManyWaiters) | 503 | 1 s |
 /// | [`Unavailable`](Self::Unavailable) (backend down), [`Lost`](Self::Lost), [`ShutDown`](Self::ShutDown) | 503 | |
 /// | [`Conflict`](Self::Conflict) (a read lock asked for a write lock) | 409 | |
-/// | [`Misconfigured`](Self::Misconfigured) (lease too short) | 500 | |
+/// | [`Misconfigured`](Self::Misconfigured) (lease too short, a lock kind the backend refuses) | 500 | |
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum LockRejection {
@@ -41,7 +41,8 @@ pub enum LockRejection {
     Conflict,
     /// The lock client was shut down.
     ShutDown,
-    /// The layer is configured with settings that cannot work (a lease too short to hold).
+    /// The layer is configured with settings that cannot work (a lease too short to hold, a lock
+    /// kind or option its backend refuses).
     Misconfigured,
 }
 
@@ -82,11 +83,13 @@ impl LockRejection {
         response
     }
 
-    /// Logs the rejection on target `tower_lock::rejection`; never more than the reason.
+    /// Logs the rejection on target `tower_lock::rejection` (never more than the reason) and
+    /// counts it.
     pub(crate) fn trace(&self) {
+        crate::metrics::rejected(self);
         match self {
             Self::Misconfigured => {
-                tracing::error!(target: "tower_lock::rejection", "lock layer misconfigured: its lease is too short");
+                tracing::error!(target: "tower_lock::rejection", "lock layer misconfigured: its lease is too short, or its backend refuses the lock kind");
             }
             Self::Unavailable(error) => {
                 tracing::warn!(target: "tower_lock::rejection", %error, status = %self.status(), "lock backend unavailable");
@@ -104,6 +107,8 @@ impl From<LockError> for LockRejection {
             LockError::WaitTimeout { retry_after } => Self::Locked { retry_after },
             LockError::InvalidKey(key) => Self::InvalidKey(key),
             LockError::TooManyWaiters => Self::TooManyWaiters,
+            // A lock kind the backend refuses is a deployment mistake, not an outage.
+            LockError::Backend(backend) if backend.is_unsupported() => Self::Misconfigured,
             LockError::Backend(backend) => Self::Unavailable(backend),
             LockError::UpgradeRefused => Self::Conflict,
             LockError::ShutDown => Self::ShutDown,

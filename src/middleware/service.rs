@@ -23,6 +23,9 @@ pub struct LockService<S, B: Backend, K, R> {
     pub(crate) key: K,
     pub(crate) on_rejected: R,
     pub(crate) config: Arc<LayerConfig>,
+    /// The same client, handed to `#[locked]` handlers through the request's extensions.
+    #[cfg(feature = "macros")]
+    pub(crate) any: super::AnyLockClient,
 }
 
 impl<S, B, K, R, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, B, K, R>
@@ -83,6 +86,8 @@ where
             .cloned()
             .unwrap_or_else(|| self.locks.holder());
         parts.extensions.insert(holder.clone());
+        #[cfg(feature = "macros")]
+        parts.extensions.insert(self.any.clone());
         let span = tracing::debug_span!(
             "locked_request",
             key = %key,
@@ -118,7 +123,7 @@ fn is_read(method: &Method) -> bool {
 }
 
 /// The route the request matched, when a router recorded it.
-fn route(parts: &http::request::Parts) -> String {
+pub(crate) fn route(parts: &http::request::Parts) -> String {
     #[cfg(feature = "axum")]
     if let Some(path) = parts.extensions.get::<axum::extract::MatchedPath>() {
         return path.as_str().to_owned();
@@ -135,6 +140,8 @@ impl<S: Clone, B: Backend, K: Clone, R: Clone> Clone for LockService<S, B, K, R>
             key: self.key.clone(),
             on_rejected: self.on_rejected.clone(),
             config: self.config.clone(),
+            #[cfg(feature = "macros")]
+            any: self.any.clone(),
         }
     }
 }

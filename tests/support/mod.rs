@@ -4,10 +4,17 @@
 //! drop, and can be killed, restarted on the same port, or paused on purpose. Commands are sent
 //! over plain RESP, so the fixture needs no client library and no `redis-cli`; it uses only std.
 //!
+//! With `TOWER_LOCK_TEST_ACL=1`, clients log in as the crate's limited ACL user and any ACL
+//! denial fails the test (see [`acl`]).
+//!
 //! Shared by the integration tests (`mod support;`) and the benches
 //! (`#[path = "../tests/support/mod.rs"] mod support;`); each uses a subset, hence the
 //! `dead_code` allowance.
 #![allow(dead_code, unreachable_pub)]
+
+pub mod acl;
+pub mod http;
+pub mod sentinel;
 
 use std::{
     ffi::OsStr,
@@ -19,10 +26,12 @@ use std::{
     process::{Child, Command, Stdio},
     sync::{
         OnceLock,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
+
+pub mod cluster;
 
 /// How long a server gets to answer `PING` after it is spawned.
 const READY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -47,6 +56,12 @@ pub struct RedisServer {
     dir: PathBuf,
     /// The running process; `None` once killed.
     child: Option<Child>,
+    /// Extra command-line options, kept across restarts.
+    extra_args: Vec<String>,
+    /// Whether `redis.conf` in the dir is passed as the config file.
+    config_file: bool,
+    /// Whether the process is stopped by [`pause`](Self::pause).
+    paused: AtomicBool,
 }
 
 impl RedisServer {
@@ -58,6 +73,28 @@ impl RedisServer {
     /// When `redis-server` cannot be spawned or does not come up: tests that need Redis fail,
     /// they never skip.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server as [`start`](Self::start) does, with extra `redis-server` options
+    /// (for instance `["--cluster-enabled", "yes"]`), which later restarts keep.
+    ///
+    /// # Panics
+    /// As [`start`](Self::start).
+    pub fn start_with(extra_args: &[&str]) -> Self {
+        Self::start_configured(None, extra_args)
+    }
+
+    /// Starts a server with `config` as its config file (written to `redis.conf` in its dir,
+    /// which the server may rewrite, as sentinels do) and extra options.
+    ///
+    /// # Panics
+    /// As [`start`](Self::start).
+    pub fn start_with_config(config: &str, extra_args: &[&str]) -> Self {
+        Self::start_configured(Some(config), extra_args)
+    }
+
+    fn start_configured(config: Option<&str>, extra_args: &[&str]) -> Self {
         let mut failures = String::new();
         for attempt in 1..=START_ATTEMPTS {
             let port = free_port();
@@ -74,7 +111,14 @@ impl RedisServer {
                 port,
                 dir,
                 child: None,
+                extra_args: extra_args.iter().map(|&arg| arg.to_owned()).collect(),
+                config_file: config.is_some(),
+                paused: AtomicBool::new(false),
             };
+            if let Some(config) = config {
+                std::fs::write(server.dir.join("redis.conf"), config)
+                    .unwrap_or_else(|e| panic!("cannot write redis.conf: {e}"));
+            }
             match server.spawn() {
                 Ok(()) => return server,
                 // Dropping `server` kills what is left of it and removes its dir.
@@ -91,14 +135,66 @@ impl RedisServer {
         self.port
     }
 
-    /// The URL clients connect with: `redis://127.0.0.1:<port>`.
+    /// The server's working directory (holding `redis.log`), removed on drop.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The URL clients connect with: `redis://127.0.0.1:<port>`, or in the ACL mode
+    /// (`TOWER_LOCK_TEST_ACL=1`, see [`acl`]) `redis://towerlock:<password>@127.0.0.1:<port>`,
+    /// logging in as the crate's limited user.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        if acl::enabled() {
+            self.url_as(acl::USER, acl::PASSWORD)
+        } else {
+            format!("redis://127.0.0.1:{}", self.port)
+        }
     }
 
     /// Kills the server with SIGKILL (it gets no chance to clean up, as in a crash) and waits
     /// for it to exit. Does nothing if it is not running.
+    ///
+    /// # Panics
+    /// In the ACL mode, when the server logged ACL denials (after killing it).
     pub fn kill(&mut self) {
+        let denials = self.acl_denials();
+        self.stop();
+        if let Some(denials) = denials {
+            panic!("{denials}");
+        }
+    }
+
+    /// In the ACL mode, what is wrong with the running server's `ACL LOG` (checked before it is
+    /// killed or paused, as a restart starts a fresh log): its entries, or why it could not be
+    /// read. `None` when the log is empty, outside the mode, when the server is not running or
+    /// paused (it was checked when paused), or while the thread panics (the test fails anyway,
+    /// and a second panic in `drop` would abort).
+    fn acl_denials(&self) -> Option<String> {
+        if !acl::enabled()
+            || self.child.is_none()
+            || self.paused.load(Ordering::Relaxed)
+            || std::thread::panicking()
+        {
+            return None;
+        }
+        match self.try_acl_log() {
+            Ok(log) if log.is_empty() => None,
+            Ok(log) => Some(format!(
+                "redis-server on port {} logged ACL denials: a grant missing from the crate's \
+                 ACL rules (tests/support/acl.rs and the README), or a command the test should \
+                 send through `cmd`: {log:#?}",
+                self.port
+            )),
+            Err(e) => Some(format!(
+                "redis-server on port {} did not answer ACL LOG: {e}",
+                self.port
+            )),
+        }
+    }
+
+    /// Kills the process, as [`kill`](Self::kill) does, without the ACL check.
+    fn stop(&mut self) {
+        self.paused.store(false, Ordering::Relaxed);
         if let Some(mut child) = self.child.take() {
             // SIGKILL also ends a process stopped by `pause`.
             let _ = child.kill();
@@ -136,7 +232,11 @@ impl RedisServer {
     /// # Panics
     /// When the server is not running or the signal cannot be sent.
     pub fn pause(&self) {
+        if let Some(denials) = self.acl_denials() {
+            panic!("{denials}");
+        }
         self.signal("STOP");
+        self.paused.store(true, Ordering::Relaxed);
     }
 
     /// Lets a server frozen by [`pause`](Self::pause) run again (SIGCONT).
@@ -145,6 +245,7 @@ impl RedisServer {
     /// When the server is not running or the signal cannot be sent.
     pub fn resume(&self) {
         self.signal("CONT");
+        self.paused.store(false, Ordering::Relaxed);
     }
 
     /// Sends one command on a new connection and returns the reply; an error reply is returned
@@ -185,7 +286,12 @@ impl RedisServer {
         let _ = std::fs::remove_file(self.dir.join("redis.log"));
         let stderr = File::create(self.dir.join("stderr.log"))
             .map_err(|e| format!("cannot create stderr.log: {e}"))?;
-        let child = Command::new(&bin)
+        let mut command = Command::new(&bin);
+        if self.config_file {
+            // The config file must come first.
+            command.arg(self.dir.join("redis.conf"));
+        }
+        let child = command
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .args(debug_command_args(&bin))
@@ -193,6 +299,7 @@ impl RedisServer {
             .arg(&self.dir)
             .arg("--logfile")
             .arg(self.dir.join("redis.log"))
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)
@@ -201,7 +308,10 @@ impl RedisServer {
         self.child = Some(child);
         let result = self.wait_ready();
         if result.is_err() {
-            self.kill();
+            self.stop();
+        } else if acl::enabled() {
+            // Persistence is off: a restarted server has lost the user too.
+            acl::create_test_user(self);
         }
         result.map_err(|failure| format!("{failure}\n{}", self.logs()))
     }
@@ -211,7 +321,7 @@ impl RedisServer {
         let deadline = Instant::now() + READY_TIMEOUT;
         // A PONG may come from another server that already holds the port; ours then fails to
         // bind and exits, and its log says why.
-        let mut intruder: Option<PathBuf> = None;
+        let mut intruder: Option<u32> = None;
         loop {
             let child = self.child.as_mut().expect("spawned");
             if let Ok(Some(status)) = child.try_wait() {
@@ -220,17 +330,15 @@ impl RedisServer {
                     None => format!("redis-server exited early ({status})"),
                     Some(other) => format!(
                         "redis-server exited early ({status}); port {} is taken by another \
-                         redis-server (dir {})",
+                         redis-server (pid {other})",
                         self.port,
-                        other.display()
                     ),
                 });
             }
             if ping(self.port).is_ok() {
-                // The server reports its dir with symlinks resolved: compare the unique names.
-                match self.server_dir() {
-                    Ok(dir) if dir.file_name() == self.dir.file_name() => return Ok(()),
-                    Ok(dir) => intruder = Some(dir),
+                match self.server_pid() {
+                    Ok(pid) if Some(pid) == self.child.as_ref().map(Child::id) => return Ok(()),
+                    Ok(pid) => intruder = Some(pid),
                     Err(_) => {}
                 }
             }
@@ -238,9 +346,8 @@ impl RedisServer {
                 return Err(match intruder {
                     None => format!("redis-server did not answer PING within {READY_TIMEOUT:?}"),
                     Some(other) => format!(
-                        "port {} is taken by another redis-server (dir {})",
+                        "port {} is taken by another redis-server (pid {other})",
                         self.port,
-                        other.display()
                     ),
                 });
             }
@@ -248,17 +355,21 @@ impl RedisServer {
         }
     }
 
-    /// The working dir of the server answering on `self.port`: ours if it is `self.dir`
-    /// (whose name is unique), another process's otherwise.
-    fn server_dir(&self) -> io::Result<PathBuf> {
-        match self.try_cmd(&["CONFIG", "GET", "dir"])? {
-            RespValue::Array(Some(items)) if items.len() == 2 => items[1]
-                .as_str()
-                .map(PathBuf::from)
-                .ok_or_else(|| io::Error::other(format!("bad CONFIG GET dir reply {items:?}"))),
-            other => Err(io::Error::other(format!(
-                "bad CONFIG GET dir reply {other:?}"
-            ))),
+    /// The process id of the server answering on `self.port`: ours, or another process's
+    /// that holds the port. (`INFO` works on servers and sentinels alike.)
+    fn server_pid(&self) -> io::Result<u32> {
+        let info = self.info("server")?;
+        info.lines()
+            .find_map(|line| line.strip_prefix("process_id:"))
+            .and_then(|pid| pid.trim().parse().ok())
+            .ok_or_else(|| io::Error::other("INFO server has no process_id"))
+    }
+
+    /// The text of `INFO <section>`.
+    pub fn info(&self, section: &str) -> io::Result<String> {
+        match self.try_cmd(&["INFO", section])? {
+            RespValue::Bulk(Some(bytes)) => Ok(String::from_utf8_lossy(&bytes).into_owned()),
+            other => Err(io::Error::other(format!("bad INFO reply {other:?}"))),
         }
     }
 
@@ -300,10 +411,15 @@ impl RedisServer {
 }
 
 impl Drop for RedisServer {
-    /// Kills the server and removes its temp dir.
+    /// Kills the server and removes its temp dir; in the ACL mode, then panics if it logged ACL
+    /// denials.
     fn drop(&mut self) {
-        self.kill();
+        let denials = self.acl_denials();
+        self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(denials) = denials {
+            panic!("{denials}");
+        }
     }
 }
 
@@ -430,6 +546,54 @@ impl RespValue {
             Self::Simple(s) | Self::Error(s) => Some(s.clone()),
             Self::Bulk(Some(bytes)) => Some(String::from_utf8_lossy(bytes).into_owned()),
             _ => None,
+        }
+    }
+}
+
+impl RedisServer {
+    /// Creates or changes the ACL user `name` with `rules` (`ACL SETUSER name rules...`).
+    ///
+    /// # Panics
+    /// When the server refuses the rules.
+    pub fn acl_setuser(&self, name: &str, rules: &[&str]) {
+        let args: Vec<&str> = ["ACL", "SETUSER", name]
+            .into_iter()
+            .chain(rules.iter().copied())
+            .collect();
+        let reply = self.cmd(&args);
+        assert_eq!(reply, RespValue::Simple("OK".into()), "ACL SETUSER {name}");
+    }
+
+    /// The URL clients connect with as `user` with `password`.
+    pub fn url_as(&self, user: &str, password: &str) -> String {
+        format!("redis://{user}:{password}@127.0.0.1:{}", self.port)
+    }
+
+    /// The entries of `ACL LOG` (denied commands, keys, channels and failed logins), newest
+    /// first, each as its reply text.
+    ///
+    /// # Panics
+    /// When the server cannot be reached or gives no list.
+    pub fn acl_log(&self) -> Vec<String> {
+        self.try_acl_log()
+            .unwrap_or_else(|e| panic!("redis-server on port {}: {e}", self.port))
+    }
+
+    /// Like [`acl_log`](Self::acl_log), but returns failures instead of panicking.
+    pub fn try_acl_log(&self) -> io::Result<Vec<String>> {
+        match self.try_cmd(&["ACL", "LOG"])? {
+            RespValue::Array(Some(entries)) => Ok(entries
+                .iter()
+                .map(|entry| match entry {
+                    RespValue::Array(Some(fields)) => fields
+                        .iter()
+                        .map(|field| field.as_str().unwrap_or_else(|| format!("{field:?}")))
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    other => format!("{other:?}"),
+                })
+                .collect()),
+            other => Err(io::Error::other(format!("ACL LOG answered {other:?}"))),
         }
     }
 }

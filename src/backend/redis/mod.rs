@@ -7,6 +7,10 @@
 //! the watchdog's pipelined renewals. Releases are published on `prefix{key}:released` and waiters
 //! listen through the backend's single pub/sub connection.
 //!
+//! With the `cluster` feature, [`RedisBackend::cluster`] runs the same scripts on a Redis
+//! Cluster: each lock lives in its key's hash slot, releases go out with `SPUBLISH` and waiters
+//! listen with `SSUBSCRIBE` on the slot's shard.
+//!
 //! ```no_run
 //! use tower_lock::{LockClient, RedisBackend};
 //!
@@ -26,7 +30,7 @@ use std::{
     time::Duration,
 };
 
-use redis::{Client, FromRedisValue, RedisError, Value};
+use redis::{Client, FromRedisValue, RedisError, Value, aio::ConnectionLike};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 pub use bb8;
@@ -36,7 +40,9 @@ pub use redis;
 use self::{
     pool::{Manager, Pool},
     pubsub::PubSub,
-    scripts::{Call, SCRIPTS},
+    scripts::{Call, Scripts},
+    target::Target,
+    transport::{Conn, Transport},
 };
 use super::{
     AcquireReply, Backend, Grant, Listener, LockKind, Release, ReleaseReply, Renew, RenewReply,
@@ -47,9 +53,17 @@ use crate::{
     lease::Lease,
 };
 
+#[cfg(feature = "cluster")]
+mod cluster;
 mod pool;
 mod pubsub;
 mod scripts;
+#[cfg(feature = "cluster")]
+mod sharded_pubsub;
+mod target;
+#[cfg(test)]
+mod tests;
+mod transport;
 
 /// Suffix of the fencing counter key.
 const FENCE: &str = ":fence";
@@ -66,17 +80,17 @@ const READERS: &str = ":readers";
 /// Suffix of a read-write lock's waiting writers.
 const WRITERS: &str = ":writers";
 
-/// Locks in one Redis node. See the [module docs](self). Cheap to clone.
+/// Locks in one Redis node, or in a Redis Cluster. See the [module docs](self). Cheap to clone.
 #[derive(Clone)]
 pub struct RedisBackend {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    pool: Pool,
-    client: Client,
+    transport: Transport,
     pubsub: OnceLock<PubSub>,
     command_timeout: Duration,
+    min_replicas: Option<MinReplicas>,
     stop: CancellationToken,
     _stop_on_drop: DropGuard,
 }
@@ -84,25 +98,126 @@ struct Inner {
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The connection info may carry a password: show only the address.
-        f.debug_struct("RedisBackend")
-            .field("addr", &self.inner.client.get_connection_info().addr())
-            .field("command_timeout", &self.inner.command_timeout)
+        let mut f = f.debug_struct("RedisBackend");
+        match &self.inner.transport {
+            Transport::Node { target, .. } => f.field("target", target),
+            #[cfg(feature = "cluster")]
+            Transport::Cluster(cluster) => f.field("cluster", &cluster.addrs()),
+        };
+        f.field("command_timeout", &self.inner.command_timeout)
+            .field("min_replicas", &self.inner.min_replicas)
             .finish_non_exhaustive()
     }
 }
 
 /// Builds a [`RedisBackend`]. Made by [`RedisBackend::builder`].
-#[derive(Debug)]
 #[must_use]
 pub struct RedisBackendBuilder {
-    url: String,
+    source: Source,
     pool_size: u32,
     command_timeout: Duration,
+    min_replicas: Option<MinReplicas>,
+    #[cfg(feature = "tls")]
+    tls: Option<redis::TlsCertificates>,
+}
+
+/// Where a builder finds the server.
+enum Source {
+    Url(String),
+    #[cfg(feature = "sentinel")]
+    Sentinel {
+        sentinels: Vec<String>,
+        name: String,
+    },
+    #[cfg(feature = "cluster")]
+    Cluster(Vec<String>),
+}
+
+/// How many replicas must acknowledge a grant, and how long to wait for them.
+#[derive(Clone, Copy, Debug)]
+struct MinReplicas {
+    replicas: u32,
+    timeout: Duration,
+}
+
+impl fmt::Debug for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Url(url) => f.debug_tuple("Url").field(&redact_password(url)).finish(),
+            #[cfg(feature = "sentinel")]
+            Self::Sentinel { sentinels, name } => f
+                .debug_struct("Sentinel")
+                .field(
+                    "sentinels",
+                    &sentinels
+                        .iter()
+                        .map(|url| redact_password(url))
+                        .collect::<Vec<_>>(),
+                )
+                .field("name", name)
+                .finish(),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(nodes) => f
+                .debug_tuple("Cluster")
+                .field(
+                    &nodes
+                        .iter()
+                        .map(|url| redact_password(url))
+                        .collect::<Vec<_>>(),
+                )
+                .finish(),
+        }
+    }
+}
+
+impl fmt::Debug for RedisBackendBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut debug = f.debug_struct("RedisBackendBuilder");
+        debug
+            .field("source", &self.source)
+            .field("pool_size", &self.pool_size)
+            .field("command_timeout", &self.command_timeout)
+            .field("min_replicas", &self.min_replicas);
+        // Certificates and the client key are not shown, only whether they are set.
+        #[cfg(feature = "tls")]
+        debug.field("custom_tls", &self.tls.is_some());
+        debug.finish()
+    }
+}
+
+/// `url` with the password of its user info, if any, replaced by `***`.
+fn redact_password(url: &str) -> std::borrow::Cow<'_, str> {
+    let authority_start = url.find("://").map_or(0, |i| i + 3);
+    let authority_len = url[authority_start..]
+        .find(['/', '?', '#'])
+        .unwrap_or(url.len() - authority_start);
+    let authority = &url[authority_start..authority_start + authority_len];
+    let Some(at) = authority.rfind('@') else {
+        return url.into();
+    };
+    match authority[..at].split_once(':') {
+        Some((user, _password)) => {
+            let rest = &url[authority_start + at..];
+            format!("{}{user}:***{rest}", &url[..authority_start]).into()
+        }
+        None => url.into(),
+    }
 }
 
 impl RedisBackendBuilder {
+    fn new(source: Source) -> Self {
+        Self {
+            source,
+            pool_size: 4,
+            command_timeout: Duration::from_secs(1),
+            min_replicas: None,
+            #[cfg(feature = "tls")]
+            tls: None,
+        }
+    }
+
     /// The most pooled connections. Each is multiplexed, so a few serve many tasks.
-    /// Defaults to 4.
+    /// Defaults to 4. A cluster backend keeps one multiplexed connection per node instead.
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size;
         self
@@ -115,22 +230,127 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// After each acquire, waits (Redis `WAIT`) until at least `replicas` replicas have
+    /// copied the grant, for at most `timeout`. When fewer did, the grant is undone and the
+    /// acquire fails with [`BackendErrorKind::ReplicasNotAcknowledged`].
+    ///
+    /// This narrows the window in which a failover to a replica that never received the lock
+    /// lets a second holder in; it does not close it (replication stays asynchronous, and a
+    /// replica that acknowledged can still lose the write before a promotion), and it is not
+    /// consensus. Locks handed from one holder to a waiter of the same client go through a
+    /// normal acquire in this mode, so every grant is acknowledged. `WAIT` holds up the
+    /// connection it runs on for as long as it waits, and an acquire may take the command
+    /// timeout plus `timeout`.
+    pub fn min_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.min_replicas = (replicas > 0).then_some(MinReplicas { replicas, timeout });
+        self
+    }
+
+    /// Trusts `certificates.root_cert` (PEM) instead of the system's roots for a `rediss://`
+    /// URL, and presents `certificates.client_tls` when the server asks for a client
+    /// certificate. A server whose certificate does not chain to the trusted roots fails the
+    /// connection; nothing falls back to plain text.
+    #[cfg(feature = "tls")]
+    pub fn tls_certificates(mut self, certificates: redis::TlsCertificates) -> Self {
+        self.tls = Some(certificates);
+        self
+    }
+
     /// Connects, checking the server answers.
     ///
     /// # Errors
-    /// [`BackendErrorKind::Unavailable`] when the URL is invalid or the server cannot be
-    /// reached; the URL's password never appears in the error.
+    /// [`BackendErrorKind::Unavailable`] when the URL is invalid, the server (or, with
+    /// Sentinel, every sentinel or the master) cannot be reached, or the server refuses the
+    /// connection (TLS certificate, password); [`BackendErrorKind::Timeout`] when it does not
+    /// answer within the command timeout. The URL's password never appears in the error.
     pub async fn connect(self) -> Result<RedisBackend, BackendError> {
-        let client = Client::open(self.url.as_str())
-            .map_err(|e| BackendError::new(BackendErrorKind::Unavailable, e))?;
+        let command_timeout = self.command_timeout;
+        #[cfg(feature = "cluster")]
+        if let Source::Cluster(nodes) = &self.source {
+            if self.min_replicas.is_some() {
+                // `WAIT` must follow the write on its connection, which a cluster connection
+                // does not promise.
+                return Err(BackendError::from_kind(BackendErrorKind::Unsupported {
+                    feature: "min_replicas on a Redis Cluster",
+                }));
+            }
+            let cluster = cluster::Cluster::connect(nodes, command_timeout).await?;
+            return Ok(RedisBackend::new(
+                Transport::Cluster(cluster),
+                command_timeout,
+                None,
+            ));
+        }
+        let backend = self.build_lazy()?;
+        if let Some(target) = backend.inner.transport.node_target() {
+            // One connection made directly first: the pool would retry a failing connect (a
+            // refused certificate, a wrong password) until its timeout and report only that.
+            let first = async {
+                target
+                    .client()
+                    .await?
+                    .get_multiplexed_async_connection()
+                    .await
+            };
+            match tokio::time::timeout(command_timeout, first).await {
+                Ok(Ok(_checked)) => {}
+                Ok(Err(error)) => {
+                    return Err(BackendError::new(BackendErrorKind::Unavailable, error));
+                }
+                Err(_) => return Err(BackendError::from_kind(BackendErrorKind::Timeout)),
+            }
+        }
+        backend.ping().await?;
+        Ok(backend)
+    }
+
+    /// Builds a single-node (or Sentinel) backend without contacting the server: connections
+    /// open on first use. For Redlock, whose nodes need not all be up when it starts.
+    pub(crate) fn build_lazy(self) -> Result<RedisBackend, BackendError> {
+        let unavailable = |e| BackendError::new(BackendErrorKind::Unavailable, e);
+        let target = match self.source {
+            #[cfg(feature = "tls")]
+            Source::Url(url) if self.tls.is_some() => {
+                let certificates = self.tls.expect("checked");
+                Target::Node(
+                    Client::build_with_tls(url.as_str(), certificates).map_err(unavailable)?,
+                )
+            }
+            Source::Url(url) => Target::Node(Client::open(url.as_str()).map_err(unavailable)?),
+            #[cfg(feature = "sentinel")]
+            Source::Sentinel { sentinels, name } => Target::Sentinel {
+                sentinels: tokio::sync::Mutex::new(
+                    redis::sentinel::SentinelClient::build(
+                        sentinels,
+                        name.clone(),
+                        None,
+                        redis::sentinel::SentinelServerType::Master,
+                    )
+                    .map_err(unavailable)?,
+                ),
+                name,
+            },
+            #[cfg(feature = "cluster")]
+            Source::Cluster(_) => {
+                return Err(BackendError::from_kind(BackendErrorKind::Unsupported {
+                    feature: "a Redis Cluster as a Redlock node",
+                }));
+            }
+        };
+        let target = Arc::new(target);
         let pool = bb8::Pool::builder()
             .max_size(self.pool_size.max(1))
             .connection_timeout(self.command_timeout)
             .test_on_check_out(false)
-            .build_unchecked(Manager::new(client.clone()));
-        let backend = RedisBackend::new(Pool::Own(pool), client, self.command_timeout);
-        backend.ping().await?;
-        Ok(backend)
+            .build_unchecked(Manager::new(target.clone(), self.command_timeout));
+        Ok(RedisBackend::new(
+            Transport::Node {
+                pool: Pool::Own(pool),
+                target,
+            },
+            self.command_timeout,
+            self.min_replicas,
+        ))
     }
 }
 
@@ -146,11 +366,70 @@ impl RedisBackend {
 
     /// Starts configuring a backend for the server at `url`.
     pub fn builder(url: impl Into<String>) -> RedisBackendBuilder {
-        RedisBackendBuilder {
-            url: url.into(),
-            pool_size: 4,
-            command_timeout: Duration::from_secs(1),
-        }
+        RedisBackendBuilder::new(Source::Url(url.into()))
+    }
+
+    /// Starts configuring a backend for the master that the Sentinels at `sentinels`
+    /// (`redis://host:port` each) monitor under `master_name` (feature `sentinel`).
+    ///
+    /// Every new connection asks the Sentinels for the current master, and the backend drops a
+    /// connection that failed or found its server demoted to a replica, so after a failover
+    /// commands and release notifications move to the new master; waiters then check their
+    /// lock again. Locks granted by the old master and not yet replicated can be lost in the
+    /// failover: see [`min_replicas`](RedisBackendBuilder::min_replicas) and fencing tokens.
+    ///
+    /// ```no_run
+    /// use tower_lock::{LockClient, RedisBackend};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = RedisBackend::sentinel(
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///     "locks",
+    /// )
+    /// .connect()
+    /// .await?;
+    /// let locks = LockClient::builder(backend).build()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "sentinel")]
+    pub fn sentinel(
+        sentinels: impl IntoIterator<Item = impl Into<String>>,
+        master_name: impl Into<String>,
+    ) -> RedisBackendBuilder {
+        RedisBackendBuilder::new(Source::Sentinel {
+            sentinels: sentinels.into_iter().map(Into::into).collect(),
+            name: master_name.into(),
+        })
+    }
+
+    /// Starts configuring a backend for the Redis Cluster that `nodes` belong to (any of its
+    /// nodes; the rest are discovered). Each lock lives in the hash slot of its key, its scripts
+    /// go to that slot's master, following `MOVED` and `ASK` through migrations and failovers,
+    /// and its release notifications use sharded pub/sub (`SPUBLISH`/`SSUBSCRIBE`) on the same
+    /// shard. Needs the `cluster` feature. `pool_size` does not apply (one multiplexed
+    /// connection per node), nor does `min_replicas` (`WAIT` must follow the write on its own
+    /// connection).
+    ///
+    /// ```no_run
+    /// use tower_lock::{LockClient, RedisBackend};
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = RedisBackend::cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
+    ///     .connect()
+    ///     .await?;
+    /// let locks = LockClient::builder(backend).build()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "cluster")]
+    pub fn cluster<I>(nodes: I) -> RedisBackendBuilder
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        RedisBackendBuilder::new(Source::Cluster(nodes.into_iter().map(Into::into).collect()))
     }
 
     /// Uses an application's existing pool for commands, and `client` (the same server) for the
@@ -160,17 +439,28 @@ impl RedisBackend {
     /// `test_on_check_out(false)`; without that test a connection broken by a Redis restart
     /// stays in the pool.
     pub fn from_pool(pool: bb8::Pool<bb8_redis::RedisConnectionManager>, client: Client) -> Self {
-        Self::new(Pool::Shared(pool), client, Duration::from_secs(1))
+        Self::new(
+            Transport::Node {
+                pool: Pool::Shared(pool),
+                target: Arc::new(Target::Node(client)),
+            },
+            Duration::from_secs(1),
+            None,
+        )
     }
 
-    fn new(pool: Pool, client: Client, command_timeout: Duration) -> Self {
+    fn new(
+        transport: Transport,
+        command_timeout: Duration,
+        min_replicas: Option<MinReplicas>,
+    ) -> Self {
         let stop = CancellationToken::new();
         Self {
             inner: Arc::new(Inner {
-                pool,
-                client,
+                transport,
                 pubsub: OnceLock::new(),
                 command_timeout,
+                min_replicas,
                 _stop_on_drop: stop.clone().drop_guard(),
                 stop,
             }),
@@ -183,7 +473,8 @@ impl RedisBackend {
         self.inner.pubsub.get().map_or(0, PubSub::channel_count)
     }
 
-    /// How many times the pub/sub connection was re-established.
+    /// How many times the pub/sub connection was re-established (in a cluster: how many times
+    /// one of its node connections dropped).
     pub fn pubsub_reconnects(&self) -> u64 {
         self.inner.pubsub.get().map_or(0, PubSub::reconnects)
     }
@@ -210,37 +501,110 @@ impl RedisBackend {
         key: &LockKey,
     ) -> Result<T, BackendError> {
         let result = self
-            .with_conn(Some(key), async |conn| {
-                match call.cmd(true).query_async(conn).await {
-                    Err(error) if is_noscript(&error) => call.cmd(false).query_async(conn).await,
-                    other => other,
-                }
+            .with_conn(Some(key), async |conn| run_call(call, conn).await)
+            .await;
+        self.name_wrong_type_in(result, key).await
+    }
+
+    /// Runs an acquire script as [`invoke`](Self::invoke) does. With
+    /// [`min_replicas`](RedisBackendBuilder::min_replicas), a grant is then followed, on the
+    /// same connection, by `WAIT`, whose count of acknowledging replicas comes back too.
+    async fn invoke_acquire(
+        &self,
+        call: &Call,
+        key: &LockKey,
+    ) -> Result<(Vec<i64>, Option<u32>), BackendError> {
+        let min_replicas = self.inner.min_replicas;
+        // `WAIT` may take its whole timeout on top of the script's command.
+        let budget =
+            self.inner.command_timeout + min_replicas.map_or(Duration::ZERO, |m| m.timeout);
+        let result = self
+            .with_conn_within(Some(key), budget, async |conn| {
+                let reply: Vec<i64> = run_call(call, conn).await?;
+                let acknowledged = match min_replicas {
+                    Some(wanted) if reply.first() == Some(&1) => Some(
+                        redis::cmd("WAIT")
+                            .arg(wanted.replicas)
+                            .arg(Lease::fixed(wanted.timeout).millis())
+                            .query_async(conn)
+                            .await?,
+                    ),
+                    _ => None,
+                };
+                Ok((reply, acknowledged))
             })
             .await;
+        self.name_wrong_type_in(result, key).await
+    }
+
+    /// Replaces a wrong-type error with one naming the type found at `key`.
+    async fn name_wrong_type_in<T>(
+        &self,
+        result: Result<T, BackendError>,
+        key: &LockKey,
+    ) -> Result<T, BackendError> {
         match result {
             Err(error) if error.is_wrong_type() => Err(self.name_wrong_type(key).await),
             other => other,
         }
     }
 
+    /// Undoes a grant that too few replicas acknowledged, and builds the error the acquire
+    /// fails with.
+    async fn unacknowledged(&self, grant: Grant<'_>, acknowledged: u32) -> BackendError {
+        let wanted = self.inner.min_replicas.map_or(0, |m| m.replicas);
+        let key = grant.key.as_str();
+        tracing::warn!(
+            key,
+            wanted,
+            acknowledged,
+            "too few replicas acknowledged a grant; undoing it"
+        );
+        match self.abandon(grant).await {
+            Ok(_) => BackendError::from_kind(BackendErrorKind::ReplicasNotAcknowledged {
+                wanted,
+                acknowledged,
+            })
+            .with_key(key),
+            // The grant may still stand: report an unknown outcome, so the engine keeps trying
+            // to undo it.
+            Err(error) => BackendError::new(BackendErrorKind::Interrupted, error).with_key(key),
+        }
+    }
+
     /// Checks out a connection and runs `op` on it, all within the command timeout. A
-    /// connection that failed at the connection level is not put back.
+    /// connection that failed at the connection level, or whose server is no longer a master,
+    /// is not put back.
     async fn with_conn<T>(
         &self,
         key: Option<&LockKey>,
-        op: impl AsyncFnOnce(&mut redis::aio::MultiplexedConnection) -> Result<T, RedisError>,
+        op: impl AsyncFnOnce(&mut Conn<'_>) -> Result<T, RedisError>,
+    ) -> Result<T, BackendError> {
+        self.with_conn_within(key, self.inner.command_timeout, op)
+            .await
+    }
+
+    /// [`with_conn`](Self::with_conn) with a time budget other than the command timeout.
+    async fn with_conn_within<T>(
+        &self,
+        key: Option<&LockKey>,
+        budget: Duration,
+        op: impl AsyncFnOnce(&mut Conn<'_>) -> Result<T, RedisError>,
     ) -> Result<T, BackendError> {
         let attempt = async {
-            let mut conn = self.inner.pool.get().await.map_err(pool_error)?;
+            let mut conn = self.inner.transport.get().await?;
             let result = op(&mut conn).await;
             if let Err(error) = &result
-                && (error.is_io_error() || error.is_connection_dropped() || error.is_timeout())
+                && (error.is_io_error()
+                    || error.is_connection_dropped()
+                    || error.is_timeout()
+                    || is_read_only(error))
             {
                 conn.mark_broken();
             }
             result.map_err(redis_error)
         };
-        let result = match tokio::time::timeout(self.inner.command_timeout, attempt).await {
+        let result = match tokio::time::timeout(budget, attempt).await {
             Ok(result) => result,
             Err(_) => Err(BackendError::from_kind(BackendErrorKind::Timeout)),
         };
@@ -260,6 +624,46 @@ impl RedisBackend {
         BackendError::from_kind(BackendErrorKind::WrongType { found }).with_key(key.as_str())
     }
 
+    /// The scripts of this backend's transport.
+    fn scripts(&self) -> &'static Scripts {
+        self.inner.transport.scripts()
+    }
+
+    /// Runs the renewal script of every entry, replies in order. A single node gets one
+    /// pipeline, resent by body when it lost a script; in a cluster the entries live on
+    /// different nodes, so each is its own call on the multiplexed cluster connection, all
+    /// sent at once.
+    async fn renew_replies(
+        &self,
+        renewals: &[Renew<'_>],
+    ) -> Result<Vec<Result<i64, RedisError>>, BackendError> {
+        #[cfg(feature = "cluster")]
+        if let Some(cluster) = self.inner.transport.cluster() {
+            let calls: Vec<Call> = renewals
+                .iter()
+                .map(|renew| renew_call(self.scripts(), renew))
+                .collect();
+            let replies = futures_util::future::join_all(
+                calls
+                    .iter()
+                    .map(async |call| run_call(call, &mut cluster.connection()).await),
+            );
+            return tokio::time::timeout(self.inner.command_timeout, replies)
+                .await
+                .map_err(|_| BackendError::from_kind(BackendErrorKind::Timeout));
+        }
+        let mut replies = self.renew_pipeline(renewals, true).await?;
+        // A pipeline is not retried by redis-rs: when the server lost a script, resend the
+        // batch by body. Renewal is idempotent, so entries that succeeded are safe to resend.
+        if replies
+            .iter()
+            .any(|reply| reply.as_ref().is_err_and(is_noscript))
+        {
+            replies = self.renew_pipeline(renewals, false).await?;
+        }
+        Ok(replies)
+    }
+
     /// Runs the renewal script of every entry in one pipeline, by hash or by body.
     async fn renew_pipeline(
         &self,
@@ -269,19 +673,30 @@ impl RedisBackend {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for renew in renewals {
-            pipe.add_command(renew_call(renew).cmd(by_hash));
+            pipe.add_command(renew_call(self.scripts(), renew).cmd(by_hash));
         }
         self.with_conn(None, async |conn| pipe.query_async(conn).await)
             .await
     }
 }
 
+/// Runs one script call on `conn`: by hash, and by body when the server lost the script.
+async fn run_call<T: FromRedisValue>(
+    call: &Call,
+    conn: &mut impl ConnectionLike,
+) -> Result<T, RedisError> {
+    match call.cmd(true).query_async(conn).await {
+        Err(error) if is_noscript(&error) => call.cmd(false).query_async(conn).await,
+        other => other,
+    }
+}
+
 /// The script call that renews one hold, or keeps one waiter's place.
-fn renew_call(renew: &Renew<'_>) -> Call {
+fn renew_call(scripts: &'static Scripts, renew: &Renew<'_>) -> Call {
     let key = renew.key;
     let (script, keys, args) = match (renew.kind, renew.queued) {
         (LockKind::Fair, true) => (
-            &SCRIPTS.fair_wait,
+            &scripts.fair_wait,
             vec![
                 key.as_str().to_owned(),
                 key.derived(QUEUE),
@@ -290,12 +705,12 @@ fn renew_call(renew: &Renew<'_>) -> Call {
             vec![renew.lease.millis().to_string(), key.derived(CHANNEL)],
         ),
         (LockKind::Write, true) => (
-            &SCRIPTS.rw_wait,
+            &scripts.rw_wait,
             vec![key.derived(WRITERS)],
             vec![renew.lease.millis().to_string(), key.derived(CHANNEL)],
         ),
         (LockKind::Read | LockKind::Write, _) => (
-            &SCRIPTS.rw_renew,
+            &scripts.rw_renew,
             vec![key.as_str().to_owned(), key.derived(READERS)],
             vec![
                 side(renew.kind).to_owned(),
@@ -303,7 +718,7 @@ fn renew_call(renew: &Renew<'_>) -> Call {
             ],
         ),
         _ => (
-            &SCRIPTS.renew,
+            &scripts.renew,
             vec![key.as_str().to_owned()],
             vec![renew.lease.millis().to_string()],
         ),
@@ -322,7 +737,9 @@ fn side(kind: LockKind) -> &'static str {
 fn redis_error(error: RedisError) -> BackendError {
     let kind = if error.is_timeout() {
         BackendErrorKind::Timeout
-    } else if error.is_connection_refusal() {
+    } else if error.is_connection_refusal() || is_read_only(&error) || is_slot_unserved(&error) {
+        // The command did not run: a demoted master refuses writes, a cluster slot without a
+        // master refuses everything. Look for the new one.
         BackendErrorKind::Unavailable
     } else if error.is_io_error() || error.is_connection_dropped() {
         BackendErrorKind::Interrupted
@@ -330,7 +747,11 @@ fn redis_error(error: RedisError) -> BackendError {
         BackendErrorKind::WrongType {
             found: String::new(),
         }
-    } else if error.code() == Some("NOPERM") || error.to_string().contains("NOPERM") {
+    } else if error.code() == Some("NOPERM")
+        || error.to_string().contains("NOPERM")
+        // An ACL denial inside a script comes back as a plain ERR with this wording.
+        || error.to_string().contains("The user executing the script can't")
+    {
         BackendErrorKind::NoPermission
     } else {
         BackendErrorKind::Other
@@ -349,8 +770,26 @@ fn protocol_error(what: &'static str) -> BackendError {
     BackendError::new(BackendErrorKind::Protocol, what)
 }
 
+/// Whether a Redis Cluster could not run the command because its slot is not served right now
+/// (moving, or its master failed and no replica took over yet, or no connection to the slot's
+/// node) and redis-rs ran out of redirects and retries: the script did not run, and trying
+/// again a little later can succeed.
+fn is_slot_unserved(error: &RedisError) -> bool {
+    use redis::ServerErrorKind::{Ask, ClusterDown, MasterDown, Moved, TryAgain};
+    matches!(
+        error.kind(),
+        redis::ErrorKind::Server(Moved | Ask | TryAgain | ClusterDown | MasterDown)
+            | redis::ErrorKind::ClusterConnectionNotFound
+    )
+}
+
 fn is_noscript(error: &RedisError) -> bool {
     error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+/// The server is a replica now (a failover demoted it).
+fn is_read_only(error: &RedisError) -> bool {
+    error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
 }
 
 /// Reads `{status, n}` replies of the scripts.
@@ -382,7 +821,7 @@ impl Backend for RedisBackend {
             .map_or(0, |timeout| Lease::fixed(timeout).millis());
         let invocation = match grant.kind {
             LockKind::Fair => {
-                let mut invocation = SCRIPTS.fair_acquire.prepare_invoke();
+                let mut invocation = self.scripts().fair_acquire.prepare_invoke();
                 invocation
                     .key(key.as_str())
                     .key(key.derived(QUEUE))
@@ -393,11 +832,12 @@ impl Backend for RedisBackend {
                     .arg(grant.lease.millis())
                     .arg(grant.attempt)
                     .arg(flag(grant.fencing))
-                    .arg(queue);
+                    .arg(queue)
+                    .arg(grant.supersedes.unwrap_or(""));
                 invocation
             }
             LockKind::Read | LockKind::Write => {
-                let mut invocation = SCRIPTS.rw_acquire.prepare_invoke();
+                let mut invocation = self.scripts().rw_acquire.prepare_invoke();
                 invocation
                     .key(key.as_str())
                     .key(key.derived(READERS))
@@ -409,11 +849,12 @@ impl Backend for RedisBackend {
                     .arg(grant.lease.millis())
                     .arg(grant.attempt)
                     .arg(flag(grant.fencing))
-                    .arg(queue);
+                    .arg(queue)
+                    .arg(grant.supersedes.unwrap_or(""));
                 invocation
             }
             _ => {
-                let mut invocation = SCRIPTS.acquire.prepare_invoke();
+                let mut invocation = self.scripts().acquire.prepare_invoke();
                 invocation
                     .key(key.as_str())
                     .key(key.derived(FENCE))
@@ -421,11 +862,17 @@ impl Backend for RedisBackend {
                     .arg(grant.holder)
                     .arg(grant.lease.millis())
                     .arg(grant.attempt)
-                    .arg(flag(grant.fencing));
+                    .arg(flag(grant.fencing))
+                    .arg(grant.supersedes.unwrap_or(""));
                 invocation
             }
         };
-        let reply: Vec<i64> = self.invoke(&invocation, key).await?;
+        let (reply, acknowledged) = self.invoke_acquire(&invocation, key).await?;
+        if let (Some(acknowledged), Some(wanted)) = (acknowledged, self.inner.min_replicas)
+            && acknowledged < wanted.replicas
+        {
+            return Err(self.unacknowledged(grant, acknowledged).await);
+        }
         match reply.as_slice() {
             [1, count, raw_token] => Ok(AcquireReply::Acquired {
                 count: u64::try_from(*count).unwrap_or(1),
@@ -443,7 +890,7 @@ impl Backend for RedisBackend {
         let key = release.key;
         let invocation = match release.kind {
             LockKind::Fair => {
-                let mut invocation = SCRIPTS.fair_release.prepare_invoke();
+                let mut invocation = self.scripts().fair_release.prepare_invoke();
                 invocation
                     .key(key.as_str())
                     .key(key.derived(QUEUE))
@@ -453,11 +900,16 @@ impl Backend for RedisBackend {
                     .arg(flag(release.all));
                 invocation
             }
-            LockKind::Read | LockKind::Write => {
-                rw_release(key, release.holder, release.kind, release.all, "")
-            }
+            LockKind::Read | LockKind::Write => rw_release(
+                self.scripts(),
+                key,
+                release.holder,
+                release.kind,
+                release.all,
+                "",
+            ),
             _ => {
-                let mut invocation = SCRIPTS.release.prepare_invoke();
+                let mut invocation = self.scripts().release.prepare_invoke();
                 invocation
                     .key(key.as_str())
                     .key(key.derived(FENCE))
@@ -465,7 +917,11 @@ impl Backend for RedisBackend {
                     .arg(release.holder)
                     .arg(key.derived(CHANNEL))
                     .arg(flag(release.all));
-                match release.handoff {
+                // With `min_replicas`, every grant goes through `acquire` and its `WAIT`.
+                let handoff = release
+                    .handoff
+                    .filter(|_| self.inner.min_replicas.is_none());
+                match handoff {
                     Some(next) => invocation
                         .arg(next.holder)
                         .arg(next.lease.millis())
@@ -498,15 +954,7 @@ impl Backend for RedisBackend {
         if renewals.is_empty() {
             return Ok(Vec::new());
         }
-        let mut replies = self.renew_pipeline(renewals, true).await?;
-        // A pipeline is not retried by redis-rs: when the server lost a script, resend the
-        // batch by body. Renewal is idempotent, so entries that succeeded are safe to resend.
-        if replies
-            .iter()
-            .any(|reply| reply.as_ref().is_err_and(is_noscript))
-        {
-            replies = self.renew_pipeline(renewals, false).await?;
-        }
+        let replies = self.renew_replies(renewals).await?;
         replies
             .into_iter()
             .zip(renewals)
@@ -532,14 +980,20 @@ impl Backend for RedisBackend {
         let key = grant.key;
         let undone = match grant.kind {
             LockKind::Read | LockKind::Write => {
-                let mut invocation =
-                    rw_release(key, grant.holder, grant.kind, false, grant.attempt);
+                let mut invocation = rw_release(
+                    self.scripts(),
+                    key,
+                    grant.holder,
+                    grant.kind,
+                    false,
+                    grant.attempt,
+                );
                 invocation.arg(grant.lease.millis());
                 let value: Value = self.invoke(&invocation, key).await?;
                 !matches!(reply_pair(value)?, (0, _))
             }
             _ => {
-                let mut invocation = SCRIPTS.abandon.prepare_invoke();
+                let mut invocation = self.scripts().abandon.prepare_invoke();
                 invocation
                     .key(key.as_str())
                     .key(key.derived(VOID))
@@ -556,7 +1010,7 @@ impl Backend for RedisBackend {
     async fn leave(&self, key: &LockKey, holder: &str, kind: LockKind) -> Result<(), BackendError> {
         let invocation = match kind {
             LockKind::Fair => {
-                let mut invocation = SCRIPTS.fair_wait.prepare_invoke();
+                let mut invocation = self.scripts().fair_wait.prepare_invoke();
                 invocation
                     .key(key.as_str())
                     .key(key.derived(QUEUE))
@@ -567,7 +1021,7 @@ impl Backend for RedisBackend {
                 invocation
             }
             LockKind::Write => {
-                let mut invocation = SCRIPTS.rw_wait.prepare_invoke();
+                let mut invocation = self.scripts().rw_wait.prepare_invoke();
                 invocation
                     .key(key.derived(WRITERS))
                     .arg(holder)
@@ -587,12 +1041,14 @@ impl Backend for RedisBackend {
         only_for: Option<&str>,
     ) -> Result<Listener, BackendError> {
         let inner = &self.inner;
-        let pubsub = inner.pubsub.get_or_init(|| {
-            PubSub::start(
-                inner.client.clone(),
-                inner.command_timeout,
-                inner.stop.clone(),
-            )
+        let pubsub = inner.pubsub.get_or_init(|| match &inner.transport {
+            Transport::Node { target, .. } => {
+                PubSub::start(target.clone(), inner.command_timeout, inner.stop.clone())
+            }
+            #[cfg(feature = "cluster")]
+            Transport::Cluster(cluster) => {
+                sharded_pubsub::start(cluster, inner.command_timeout, inner.stop.clone())
+            }
         });
         Ok(pubsub.listen(key.derived(CHANNEL), only_for).await)
     }
@@ -603,8 +1059,15 @@ impl Backend for RedisBackend {
 }
 
 /// The read-write release script, optionally only for one attempt.
-fn rw_release(key: &LockKey, holder: &str, kind: LockKind, all: bool, attempt: &str) -> Call {
-    let mut invocation = SCRIPTS.rw_release.prepare_invoke();
+fn rw_release(
+    scripts: &'static Scripts,
+    key: &LockKey,
+    holder: &str,
+    kind: LockKind,
+    all: bool,
+    attempt: &str,
+) -> Call {
+    let mut invocation = scripts.rw_release.prepare_invoke();
     invocation
         .key(key.as_str())
         .key(key.derived(READERS))

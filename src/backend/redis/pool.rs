@@ -7,20 +7,31 @@
 //! in by the application ([`RedisBackend::from_pool`](super::RedisBackend::from_pool)) keep
 //! their own policy (bb8 tests connections on checkout by default).
 
-use std::ops::{Deref, DerefMut};
+use std::{
+    ops::{Deref, DerefMut},
+    sync::Arc,
+    time::Duration,
+};
 
 use bb8_redis::RedisConnectionManager;
-use redis::{Client, RedisError, aio::MultiplexedConnection};
+use redis::{AsyncConnectionConfig, RedisError, aio::MultiplexedConnection};
 
-/// A bb8 manager of multiplexed connections that knows when one broke.
+use super::target::Target;
+
+/// A bb8 manager of multiplexed connections that knows when one broke. Each new connection
+/// goes to the server the [`Target`] names at that moment (after a failover, the new master).
 #[derive(Clone, Debug)]
 pub(super) struct Manager {
-    client: Client,
+    target: Arc<Target>,
+    connect_timeout: Duration,
 }
 
 impl Manager {
-    pub(super) fn new(client: Client) -> Self {
-        Self { client }
+    pub(super) fn new(target: Arc<Target>, connect_timeout: Duration) -> Self {
+        Self {
+            target,
+            connect_timeout,
+        }
     }
 }
 
@@ -36,7 +47,16 @@ impl bb8::ManageConnection for Manager {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<Tracked, RedisError> {
-        let conn = self.client.get_multiplexed_async_connection().await?;
+        let client = self.target.client().await?;
+        // The backend bounds every command by its own budget (the command timeout, plus the
+        // `WAIT` timeout for acknowledged grants): redis-rs's default 500 ms reply timeout
+        // would cut a longer budget short.
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(None);
+        let conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
         Ok(Tracked {
             conn,
             broken: false,

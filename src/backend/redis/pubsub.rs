@@ -10,6 +10,7 @@
 
 use std::{
     collections::HashSet,
+    future::Future,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -18,17 +19,15 @@ use std::{
 };
 
 use futures_util::StreamExt;
-use redis::{
-    Client,
-    aio::{PubSubSink, PubSubStream},
-};
+use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use super::target::Target;
 use crate::backend::{Listener, Listeners};
 
 /// A request to the task: make sure `channel` is subscribed, then answer.
-type Subscribe = (String, oneshot::Sender<()>);
+pub(super) type Subscribe = (String, oneshot::Sender<()>);
 
 /// The handle the backend keeps.
 #[derive(Debug)]
@@ -39,23 +38,51 @@ pub(super) struct PubSub {
     timeout: Duration,
 }
 
+/// What a notification task serves: the listeners, and the handle's requests.
+pub(super) struct Feed {
+    /// Every listener of every channel.
+    pub(super) listeners: Arc<Listeners>,
+    /// Channels that gained their first listener, with whom to tell once subscribed.
+    pub(super) requests: mpsc::UnboundedReceiver<Subscribe>,
+    /// Channels that lost their last listener.
+    pub(super) emptied: mpsc::UnboundedReceiver<String>,
+    /// Counts re-established connections.
+    pub(super) reconnects: Arc<AtomicU64>,
+}
+
 impl PubSub {
     /// Starts the task on the current runtime. It stops when `stop` is cancelled.
-    pub(super) fn start(client: Client, timeout: Duration, stop: CancellationToken) -> Self {
+    pub(super) fn start(target: Arc<Target>, timeout: Duration, stop: CancellationToken) -> Self {
+        Self::spawn(timeout, |feed| {
+            Task {
+                target,
+                listeners: feed.listeners,
+                requests: feed.requests,
+                emptied: feed.emptied,
+                reconnects: feed.reconnects,
+                timeout,
+                stop,
+            }
+            .run()
+        })
+    }
+
+    /// Spawns the task that `serve` builds from the feed of a new handle: the handle's side
+    /// (listening, counters) is the same whatever connection the task keeps.
+    pub(super) fn spawn<F>(timeout: Duration, serve: impl FnOnce(Feed) -> F) -> Self
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
         let (requests, request_rx) = mpsc::unbounded_channel();
         let (emptied, emptied_rx) = mpsc::unbounded_channel();
         let listeners = Arc::new(Listeners::reporting_to(emptied));
         let reconnects = Arc::new(AtomicU64::new(0));
-        let task = Task {
-            client,
+        tokio::spawn(serve(Feed {
             listeners: listeners.clone(),
             requests: request_rx,
             emptied: emptied_rx,
             reconnects: reconnects.clone(),
-            timeout,
-            stop,
-        };
-        tokio::spawn(task.run());
+        }));
         Self {
             listeners,
             requests,
@@ -89,7 +116,7 @@ impl PubSub {
 }
 
 struct Task {
-    client: Client,
+    target: Arc<Target>,
     listeners: Arc<Listeners>,
     requests: mpsc::UnboundedReceiver<Subscribe>,
     emptied: mpsc::UnboundedReceiver<String>,
@@ -109,7 +136,10 @@ impl Task {
         let mut backoff = Duration::from_millis(20);
         let mut connected_before = false;
         loop {
-            let connect = tokio::time::timeout(self.timeout, self.client.get_async_pubsub());
+            // After a failover the target names the new master.
+            let connect = tokio::time::timeout(self.timeout, async {
+                self.target.client().await?.get_async_pubsub().await
+            });
             let pubsub = tokio::select! {
                 () = self.stop.cancelled() => return,
                 result = connect => result,

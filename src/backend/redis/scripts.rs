@@ -1,6 +1,10 @@
 //! The Lua scripts, one per file, hashed once per process, and how one call of a script is
 //! sent.
 //!
+//! Release notifications go through a `publish` helper that comes in two variants: `PUBLISH`
+//! for a single node (`SCRIPTS`) and `SPUBLISH` for Redis Cluster (`SHARDED_SCRIPTS`), so a
+//! single node runs exactly the commands it always did.
+//!
 //! A call goes out as `EVALSHA`. When the server answers `NOSCRIPT` (after a restart or a
 //! `SCRIPT FLUSH`), the same call is sent again as `EVAL` with the script's body, which runs it
 //! and caches it in one step: unlike "load, then retry by hash", it cannot fail again when
@@ -93,54 +97,43 @@ pub(super) struct Scripts {
     pub(super) rw_wait: Lua,
 }
 
-/// Built on first use, when each script's SHA1 is computed. Each is sent with the shared
-/// helpers of `lua/prelude.lua` in front of it.
-pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    acquire: Lua::new(concat!(
-        include_str!("lua/prelude.lua"),
-        include_str!("lua/acquire.lua")
-    )),
-    release: Lua::new(concat!(
-        include_str!("lua/prelude.lua"),
-        include_str!("lua/release.lua")
-    )),
-    renew: Lua::new(concat!(
-        include_str!("lua/prelude.lua"),
-        include_str!("lua/renew.lua")
-    )),
-    abandon: Lua::new(concat!(
-        include_str!("lua/prelude.lua"),
-        include_str!("lua/abandon.lua")
-    )),
-    fair_acquire: Lua::new(concat!(
-        include_str!("lua/prelude.lua"),
-        include_str!("lua/fair_acquire.lua")
-    )),
-    fair_release: Lua::new(concat!(
-        include_str!("lua/prelude.lua"),
-        include_str!("lua/fair_release.lua")
-    )),
-    fair_wait: Lua::new(concat!(
-        include_str!("lua/prelude.lua"),
-        include_str!("lua/fair_wait.lua")
-    )),
-    rw_acquire: Lua::new(concat!(
-        include_str!("lua/prelude.lua"),
-        include_str!("lua/rw_acquire.lua")
-    )),
-    rw_release: Lua::new(concat!(
-        include_str!("lua/prelude.lua"),
-        include_str!("lua/rw_release.lua")
-    )),
-    rw_renew: Lua::new(concat!(
-        include_str!("lua/prelude.lua"),
-        include_str!("lua/rw_renew.lua")
-    )),
-    rw_wait: Lua::new(concat!(
-        include_str!("lua/prelude.lua"),
-        include_str!("lua/rw_wait.lua")
-    )),
-});
+/// Builds the script set whose release notifications go through the `publish` helper of the
+/// file `$publish`; each script is sent with the shared helpers of `lua/prelude.lua` and that
+/// helper in front of it.
+macro_rules! scripts {
+    ($publish:literal) => {
+        Scripts {
+            acquire: scripts!(@one $publish, "lua/acquire.lua"),
+            release: scripts!(@one $publish, "lua/release.lua"),
+            renew: scripts!(@one $publish, "lua/renew.lua"),
+            abandon: scripts!(@one $publish, "lua/abandon.lua"),
+            fair_acquire: scripts!(@one $publish, "lua/fair_acquire.lua"),
+            fair_release: scripts!(@one $publish, "lua/fair_release.lua"),
+            fair_wait: scripts!(@one $publish, "lua/fair_wait.lua"),
+            rw_acquire: scripts!(@one $publish, "lua/rw_acquire.lua"),
+            rw_release: scripts!(@one $publish, "lua/rw_release.lua"),
+            rw_renew: scripts!(@one $publish, "lua/rw_renew.lua"),
+            rw_wait: scripts!(@one $publish, "lua/rw_wait.lua"),
+        }
+    };
+    (@one $publish:literal, $file:literal) => {
+        Lua::new(concat!(
+            include_str!("lua/prelude.lua"),
+            include_str!($publish),
+            include_str!($file)
+        ))
+    };
+}
+
+/// The scripts for a single node, publishing releases with `PUBLISH`. Built on first use, when
+/// each script's SHA1 is computed.
+pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| scripts!("lua/publish.lua"));
+
+/// The scripts for Redis Cluster, publishing releases with `SPUBLISH` so the notification stays
+/// on the shard that owns the lock's slot.
+#[cfg(feature = "cluster")]
+pub(super) static SHARDED_SCRIPTS: LazyLock<Scripts> =
+    LazyLock::new(|| scripts!("lua/spublish.lua"));
 
 #[cfg(test)]
 mod tests {
@@ -149,18 +142,32 @@ mod tests {
     /// Each script is hashed from its own file, so the hashes differ and are stable SHA1s.
     #[test]
     fn hashes_are_distinct_sha1s() {
+        hashes_are_distinct(&SCRIPTS);
+    }
+
+    /// The cluster variants are scripts of their own: a node never runs the wrong publish.
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn sharded_scripts_differ() {
+        hashes_are_distinct(&SHARDED_SCRIPTS);
+        assert_ne!(SCRIPTS.release.hash(), SHARDED_SCRIPTS.release.hash());
+        assert!(SHARDED_SCRIPTS.release.code.contains("'SPUBLISH'"));
+        assert!(!SCRIPTS.release.code.contains("SPUBLISH"));
+    }
+
+    fn hashes_are_distinct(scripts: &Scripts) {
         let hashes = [
-            SCRIPTS.acquire.hash(),
-            SCRIPTS.release.hash(),
-            SCRIPTS.renew.hash(),
-            SCRIPTS.abandon.hash(),
-            SCRIPTS.fair_acquire.hash(),
-            SCRIPTS.fair_release.hash(),
-            SCRIPTS.fair_wait.hash(),
-            SCRIPTS.rw_acquire.hash(),
-            SCRIPTS.rw_release.hash(),
-            SCRIPTS.rw_renew.hash(),
-            SCRIPTS.rw_wait.hash(),
+            scripts.acquire.hash(),
+            scripts.release.hash(),
+            scripts.renew.hash(),
+            scripts.abandon.hash(),
+            scripts.fair_acquire.hash(),
+            scripts.fair_release.hash(),
+            scripts.fair_wait.hash(),
+            scripts.rw_acquire.hash(),
+            scripts.rw_release.hash(),
+            scripts.rw_renew.hash(),
+            scripts.rw_wait.hash(),
         ];
         for (i, hash) in hashes.iter().enumerate() {
             assert_eq!(hash.len(), 40);

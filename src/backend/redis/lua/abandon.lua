@@ -19,7 +19,7 @@ if redis.call('HGET', lock, '~a') ~= ARGV[2] or redis.call('HEXISTS', lock, ARGV
 end
 if redis.call('HINCRBY', lock, ARGV[1], -1) <= 0 then
   redis.call('DEL', lock)
-  redis.call('PUBLISH', ARGV[3], 'released')
+  publish(ARGV[3], 'released')
 else
   redis.call('HDEL', lock, '~a')
 end

@@ -7,6 +7,7 @@
 -- ARGV[2]  lease in milliseconds
 -- ARGV[3]  attempt id (lets a caller whose reply was lost undo this attempt)
 -- ARGV[4]  '1' to issue a fencing token
+-- ARGV[5]  an earlier attempt of this acquisition whose reply was lost, or ''
 --
 -- Returns {1, count, token} when the holder now holds the lock (token -1 without fencing),
 -- or {0, pttl} when another holder has it (pttl -1 when the key has no expiry).
@@ -20,8 +21,7 @@ if redis.call('EXISTS', lock) == 0 then
   count = 1
   redis.call('HSET', lock, holder, 1, '~a', ARGV[3])
 elseif redis.call('HEXISTS', lock, holder) == 1 then
-  count = redis.call('HINCRBY', lock, holder, 1)
-  redis.call('HSET', lock, '~a', ARGV[3])
+  count = reenter(lock, holder, ARGV[3], ARGV[5])
 else
   return {0, redis.call('PTTL', lock)}
 end

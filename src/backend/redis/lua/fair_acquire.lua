@@ -11,6 +11,7 @@
 -- ARGV[3]  attempt id
 -- ARGV[4]  '1' to issue a fencing token
 -- ARGV[5]  waiter timeout in milliseconds; '0' to try without joining the queue
+-- ARGV[6]  an earlier attempt of this acquisition whose reply was lost, or ''
 --
 -- Returns {1, count, token} when the holder now holds the lock (token -1 without fencing), or
 -- {0, retry} when it must wait: retry is the lock's remaining lease, or while the lock is free
@@ -27,8 +28,7 @@ purge_waiters(queue, timeouts, now)
 
 local count
 if redis.call('HEXISTS', lock, holder) == 1 then
-  count = redis.call('HINCRBY', lock, holder, 1)
-  redis.call('HSET', lock, '~a', ARGV[3])
+  count = reenter(lock, holder, ARGV[3], ARGV[6])
 else
   local head = redis.call('LINDEX', queue, 0)
   if redis.call('EXISTS', lock) == 1 or (head and head ~= holder) then

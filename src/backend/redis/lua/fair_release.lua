@@ -22,4 +22,4 @@ end
 redis.call('DEL', lock)
 purge_waiters(queue, timeouts, now_ms())
 local head = redis.call('LINDEX', queue, 0)
-return {2, redis.call('PUBLISH', ARGV[2], head or 'released')}
+return {2, publish(ARGV[2], head or 'released')}

@@ -21,7 +21,7 @@ if timeout == 0 then
 end
 local head = redis.call('LINDEX', queue, 0)
 if head and head ~= head_before and redis.call('EXISTS', lock) == 0 then
-  redis.call('PUBLISH', ARGV[3], head)
+  publish(ARGV[3], head)
 end
 if timeout == 0 or not redis.call('ZSCORE', timeouts, holder) then
   return 0

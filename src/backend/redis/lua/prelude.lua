@@ -34,6 +34,20 @@ local function granted(lock, lease, count, fencing, counter)
   return {1, count, token}
 end
 
+-- One more hold in `field` of `lock`, taken by `attempt` — unless `supersedes` (an earlier
+-- attempt of the same acquisition whose reply was lost) is the lock's last attempt: that one
+-- took the hold, and this attempt takes it over instead of adding a second. Returns the count.
+local function reenter(lock, field, attempt, supersedes)
+  local count
+  if supersedes ~= '' and redis.call('HGET', lock, '~a') == supersedes then
+    count = tonumber(redis.call('HGET', lock, field))
+  else
+    count = redis.call('HINCRBY', lock, field, 1)
+  end
+  redis.call('HSET', lock, '~a', attempt)
+  return count
+end
+
 -- Gives back one hold counted in `field` (every hold, with `all`): nil when there is none,
 -- otherwise how many remain.
 local function give_back(lock, field, all)

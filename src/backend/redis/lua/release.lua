@@ -36,4 +36,4 @@ if next ~= '' and redis.call('SISMEMBER', KEYS[3], ARGV[6]) == 0 then
   end
   return {3, token}
 end
-return {2, redis.call('PUBLISH', ARGV[2], 'released')}
+return {2, publish(ARGV[2], 'released')}

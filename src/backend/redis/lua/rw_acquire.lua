@@ -17,6 +17,7 @@
 -- ARGV[4]  attempt id
 -- ARGV[5]  '1' to issue a fencing token (write side only)
 -- ARGV[6]  waiter timeout in milliseconds for a writer that must wait; '0' not to wait
+-- ARGV[7]  an earlier attempt of this acquisition whose reply was lost, or ''
 --
 -- Returns {1, count, token} when granted (token -1 without one), {0, retry} when the holder
 -- must wait (retry: ms until the blocking lease or waiting writer times out, -1 unknown), or
@@ -75,8 +76,7 @@ if not allowed then
   return {0, retry}
 end
 
-local count = redis.call('HINCRBY', lock, side == 'w' and wfield or rfield, 1)
-redis.call('HSET', lock, '~a', ARGV[4])
+local count = reenter(lock, side == 'w' and wfield or rfield, ARGV[4], ARGV[7])
 local token = -1
 if side == 'w' then
   redis.call('HSET', lock, '~m', 'write')

@@ -56,4 +56,4 @@ else
     return {3}
   end
 end
-return {2, redis.call('PUBLISH', ARGV[3], 'released')}
+return {2, publish(ARGV[3], 'released')}

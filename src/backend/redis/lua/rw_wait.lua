@@ -11,7 +11,7 @@ local holder = ARGV[1]
 local timeout = tonumber(ARGV[2])
 if timeout == 0 then
   if redis.call('ZREM', writers, holder) == 1 then
-    redis.call('PUBLISH', ARGV[3], 'released')
+    publish(ARGV[3], 'released')
   end
   return 0
 end

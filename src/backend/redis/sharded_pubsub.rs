@@ -1,0 +1,217 @@
+//! Release notifications in a Redis Cluster: sharded pub/sub (`SSUBSCRIBE`), so each lock's
+//! channel lives on the shard that owns the lock's slot, as its `SPUBLISH` does.
+//!
+//! One RESP3 cluster connection carries every subscription; redis-rs sends each `SSUBSCRIBE` to
+//! the channel's shard and delivers messages, subscription changes and disconnections as pushes.
+//! The task serves the same [`Feed`] as the single-node task. What the cluster adds:
+//!
+//! - A node connection dropped (a master died, a failover): every wanted channel is subscribed
+//!   again, retried until its slot has a reachable master, then the channel's listeners are
+//!   woken, since releases published meanwhile are lost. Waking them only then keeps waiters
+//!   from checking their lock against a node that is still down.
+//! - A server-side `SUNSUBSCRIBE` of a wanted channel (its slot moved to another master): the
+//!   channel is subscribed again, on the slot's new owner, and then its listeners are woken.
+
+use std::{collections::HashSet, sync::atomic::Ordering, time::Duration};
+
+use futures_util::future::join_all;
+use redis::{PushInfo, PushKind, Value, cluster_async::ClusterConnection};
+use tokio::{sync::mpsc, time::Instant};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    cluster::{self, Cluster},
+    pubsub::{Feed, PubSub},
+};
+
+/// The first delay before retrying failed subscriptions; it doubles up to [`MAX_RETRY`].
+const FIRST_RETRY: Duration = Duration::from_millis(20);
+/// The longest delay between retries, small so a promoted replica is found soon.
+const MAX_RETRY: Duration = Duration::from_millis(250);
+
+/// Starts the sharded notification task for `cluster` on the current runtime. It stops when
+/// `stop` is cancelled.
+pub(super) fn start(cluster: &Cluster, timeout: Duration, stop: CancellationToken) -> PubSub {
+    let (pushes_tx, pushes) = mpsc::unbounded_channel();
+    let client = cluster.pubsub_client(pushes_tx);
+    PubSub::spawn(timeout, move |feed| async move {
+        let client = match client {
+            Ok(client) => client,
+            Err(error) => {
+                tracing::error!(%error, "release notifications cannot be configured");
+                return;
+            }
+        };
+        let mut backoff = FIRST_RETRY;
+        let conn = loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                result = cluster::connect(&client, timeout) => match result {
+                    Ok(conn) => break conn,
+                    Err(error) => {
+                        tracing::debug!(%error, "release notification connection failed");
+                    }
+                },
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        };
+        Task {
+            conn,
+            feed,
+            pushes,
+            timeout,
+            subscribed: HashSet::new(),
+            stale: HashSet::new(),
+            retry: FIRST_RETRY,
+            retry_at: Instant::now(),
+        }
+        .serve(stop)
+        .await;
+    })
+}
+
+struct Task {
+    conn: ClusterConnection,
+    feed: Feed,
+    pushes: mpsc::UnboundedReceiver<PushInfo>,
+    timeout: Duration,
+    /// Channels asked for and not given up.
+    subscribed: HashSet<String>,
+    /// Subscribed channels to subscribe again (their node went away, or the server dropped
+    /// them), at `retry_at`.
+    stale: HashSet<String>,
+    retry: Duration,
+    retry_at: Instant,
+}
+
+impl Task {
+    async fn serve(mut self, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                Some(push) = self.pushes.recv() => self.on_push(push),
+                Some((channel, done)) = self.feed.requests.recv() => {
+                    self.reconcile(channel).await;
+                    let _ = done.send(());
+                }
+                Some(channel) = self.feed.emptied.recv() => self.reconcile(channel).await,
+                () = tokio::time::sleep_until(self.retry_at), if !self.stale.is_empty() => {
+                    self.resubscribe().await;
+                }
+            }
+        }
+    }
+
+    fn on_push(&mut self, push: PushInfo) {
+        match push.kind {
+            PushKind::SMessage => {
+                if let [channel, payload, ..] = push.data.as_slice() {
+                    self.feed.listeners.notify(&text(channel), &text(payload));
+                }
+            }
+            PushKind::Disconnection => {
+                self.feed.reconnects.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("a release notification node connection dropped; resubscribing");
+                // Which channels that node served is not known here: renew them all.
+                self.stale.extend(self.subscribed.iter().cloned());
+                self.retry_soon();
+            }
+            PushKind::SUnsubscribe => {
+                let Some(channel) = push.data.first().map(text) else {
+                    return;
+                };
+                // Our own unsubscribes forget the channel first: this one came from the server.
+                if self.subscribed.contains(&channel) {
+                    tracing::info!(
+                        channel,
+                        "release channel dropped by its node; resubscribing"
+                    );
+                    self.stale.insert(channel);
+                    self.retry_soon();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Subscribes or unsubscribes `channel` so the connection matches the listeners. A failed
+    /// subscribe is retried in the background; the reconnect of its node wakes the listeners.
+    async fn reconcile(&mut self, channel: String) {
+        let wanted = self.feed.listeners.is_listened(&channel);
+        if wanted && !self.subscribed.contains(&channel) {
+            self.subscribed.insert(channel.clone());
+            if !self.ssubscribe(&channel).await {
+                self.stale.insert(channel);
+                self.retry_soon();
+            }
+        } else if !wanted && self.subscribed.remove(&channel) {
+            self.stale.remove(&channel);
+            let mut conn = self.conn.clone();
+            match tokio::time::timeout(self.timeout, conn.sunsubscribe(&channel)).await {
+                Ok(Ok(())) => {}
+                // The node is gone or slow: the channel is dropped with its connection, and a
+                // message on it finds no listener.
+                Ok(Err(error)) => tracing::debug!(%error, channel, "unsubscribe failed"),
+                Err(_) => tracing::debug!(channel, "unsubscribe timed out"),
+            }
+        }
+    }
+
+    /// Subscribes every stale channel again; wakes the listeners of those that came back, and
+    /// schedules another round for those that did not.
+    async fn resubscribe(&mut self) {
+        let channels: Vec<String> = self
+            .stale
+            .drain()
+            .filter(|channel| self.subscribed.contains(channel))
+            .collect();
+        let results = join_all(channels.iter().map(|channel| self.ssubscribe(channel))).await;
+        for (channel, ok) in channels.into_iter().zip(results) {
+            if ok {
+                // Releases published while the channel was away are lost: its waiters check.
+                // Only now: waiters of channels still away would check a node that is down.
+                self.feed.listeners.notify_channel(&channel);
+            } else {
+                self.stale.insert(channel);
+            }
+        }
+        if self.stale.is_empty() {
+            self.retry = FIRST_RETRY;
+        } else {
+            self.retry_at = Instant::now() + self.retry;
+            self.retry = (self.retry * 2).min(MAX_RETRY);
+        }
+    }
+
+    async fn ssubscribe(&self, channel: &str) -> bool {
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(self.timeout, conn.ssubscribe(channel)).await {
+            Ok(Ok(())) => true,
+            Ok(Err(error)) => {
+                tracing::debug!(%error, channel, "sharded subscribe failed");
+                false
+            }
+            Err(_) => {
+                tracing::debug!(channel, "sharded subscribe timed out");
+                false
+            }
+        }
+    }
+
+    fn retry_soon(&mut self) {
+        self.retry_at = Instant::now() + FIRST_RETRY;
+    }
+}
+
+/// A push item as text (channel names and payloads are ASCII).
+fn text(value: &Value) -> String {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+        Value::SimpleString(text) => text.clone(),
+        _ => String::new(),
+    }
+}

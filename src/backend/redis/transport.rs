@@ -1,0 +1,118 @@
+//! Where commands go: one node through the pool, or a Redis Cluster through redis-rs's cluster
+//! connection, which routes each command by its first key and follows `MOVED` and `ASK`.
+//!
+//! Both hand out a [`Conn`] that speaks redis-rs's `ConnectionLike`, so scripts, replies and
+//! errors are handled by the same code whatever the transport.
+
+use std::sync::Arc;
+
+use redis::{Cmd, Pipeline, RedisFuture, Value, aio::ConnectionLike};
+
+#[cfg(feature = "cluster")]
+use super::{cluster::Cluster, scripts::SHARDED_SCRIPTS};
+use super::{
+    pool::{self, Pool},
+    pool_error,
+    scripts::{SCRIPTS, Scripts},
+    target::Target,
+};
+use crate::error::BackendError;
+
+/// The connections of a backend.
+pub(super) enum Transport {
+    /// One node (or the master Sentinel names): pooled multiplexed connections; `target` also
+    /// opens the pub/sub connection.
+    Node { pool: Pool, target: Arc<Target> },
+    /// A Redis Cluster.
+    #[cfg(feature = "cluster")]
+    Cluster(Cluster),
+}
+
+impl Transport {
+    /// A connection for one command (or one batch).
+    pub(super) async fn get(&self) -> Result<Conn<'_>, BackendError> {
+        match self {
+            Self::Node { pool, .. } => pool.get().await.map(Conn::Node).map_err(pool_error),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(cluster) => Ok(Conn::Cluster(cluster.connection())),
+        }
+    }
+
+    /// The scripts this transport runs: they publish releases the way it listens for them.
+    pub(super) fn scripts(&self) -> &'static Scripts {
+        match self {
+            Self::Node { .. } => &SCRIPTS,
+            #[cfg(feature = "cluster")]
+            Self::Cluster(_) => &SHARDED_SCRIPTS,
+        }
+    }
+
+    /// Where a single-node transport connects (`None` for a cluster).
+    pub(super) fn node_target(&self) -> Option<&Arc<Target>> {
+        match self {
+            Self::Node { target, .. } => Some(target),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(_) => None,
+        }
+    }
+
+    /// The cluster, when this is one.
+    #[cfg(feature = "cluster")]
+    pub(super) fn cluster(&self) -> Option<&Cluster> {
+        match self {
+            Self::Cluster(cluster) => Some(cluster),
+            Self::Node { .. } => None,
+        }
+    }
+}
+
+/// A connection checked out of a [`Transport`].
+pub(super) enum Conn<'a> {
+    Node(pool::Conn<'a>),
+    /// A handle on the shared cluster connection (cheap to clone).
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Conn<'_> {
+    /// Keeps a pooled connection out of the pool after the current use. The cluster connection
+    /// repairs its node connections itself.
+    pub(super) fn mark_broken(&mut self) {
+        match self {
+            Self::Node(conn) => conn.mark_broken(),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(_) => {}
+        }
+    }
+}
+
+impl ConnectionLike for Conn<'_> {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Node(conn) => conn.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Node(conn) => conn.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Node(conn) => conn.get_db(),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(conn) => conn.get_db(),
+        }
+    }
+}

@@ -1,0 +1,439 @@
+//! Redlock: one lock over N independent Redis masters, held while a majority of them hold it.
+//!
+//! Each node is a [`RedisBackend`], so the scripts, script reloading, error mapping and pub/sub
+//! of a single node are the same here. On top of them:
+//!
+//! - **Acquire** asks every node at once, each bounded by the node timeout. It succeeds when a
+//!   majority granted it while the lease still had time left once the round trip and the clock
+//!   drift margin (1 % of the lease + 2 ms) are taken off. Otherwise the attempt is given back
+//!   on every node that took it (or may have), and the engine is told to retry after a random
+//!   delay under the retry jitter, so that contenders of a split vote do not collide again.
+//!   When fewer than a majority answer at all, the acquire fails with
+//!   [`BackendErrorKind::QuorumUnavailable`], which the engine retries while the wait lasts.
+//! - **Release** goes to every node. A hand-off cannot be made atomically across nodes: the lock
+//!   is released plainly and the local waiter contends like any other.
+//! - **Renewal** extends a lock only if a majority renewed it; otherwise the guard is lost. If
+//!   fewer than a majority answer, the watchdog keeps trying until the lock's deadline.
+//! - **Waiting** listens on every node and wakes once a majority of them published a release.
+//!
+//! Fair and read-write locks and fencing tokens are refused with
+//! [`BackendErrorKind::Unsupported`] before any node is contacted: a FIFO queue and a counter
+//! that only ever rises need one ordered store, and N independent masters are not one.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tower_lock::{LockClient, RedlockBackend};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let backend = RedlockBackend::builder([
+//!     "redis://10.0.0.1:6379",
+//!     "redis://10.0.0.2:6379",
+//!     "redis://10.0.0.3:6379",
+//!     "redis://10.0.0.4:6379",
+//!     "redis://10.0.0.5:6379",
+//! ])
+//! .node_timeout(Duration::from_millis(50))
+//! .build()?;
+//! let locks = LockClient::builder(backend).build()?;
+//! let guard = locks.lock("order:42").acquire().await?;
+//! guard.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::{
+    fmt,
+    future::Future,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use futures_util::future::join_all;
+use tokio::time::Instant;
+
+use self::vote::{AcquireVote, NodeResult};
+use super::{
+    AcquireReply, Backend, Grant, LockKind, Release, ReleaseReply, Renew, RenewReply,
+    redis::RedisBackend,
+};
+use crate::{
+    error::{BackendError, BackendErrorKind, ConfigError},
+    key::LockKey,
+};
+
+mod listener;
+mod vote;
+
+pub use listener::RedlockListener;
+
+/// The most nodes one backend takes (the listener tracks them in a 64-bit mask).
+const MAX_NODES: usize = 63;
+
+/// Locks held on a majority of independent Redis masters. See the [module docs](self).
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct RedlockBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    nodes: Vec<RedisBackend>,
+    quorum: usize,
+    node_timeout: Duration,
+    retry_jitter: Duration,
+    rounds: AtomicU64,
+    won: AtomicU64,
+}
+
+impl fmt::Debug for RedlockBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedlockBackend")
+            .field("nodes", &self.inner.nodes)
+            .field("quorum", &self.inner.quorum)
+            .field("node_timeout", &self.inner.node_timeout)
+            .field("retry_jitter", &self.inner.retry_jitter)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a node comes from.
+#[derive(Debug)]
+enum Node {
+    Url(String),
+    Backend(RedisBackend),
+}
+
+/// Builds a [`RedlockBackend`]. Made by [`RedlockBackend::builder`].
+#[derive(Debug)]
+#[must_use]
+pub struct RedlockBackendBuilder {
+    nodes: Vec<Node>,
+    node_timeout: Duration,
+    retry_jitter: Duration,
+    pool_size: u32,
+}
+
+impl RedlockBackendBuilder {
+    /// Adds a node by URL (`redis://[user:password@]host:port[/db]`).
+    pub fn node(mut self, url: impl Into<String>) -> Self {
+        self.nodes.push(Node::Url(url.into()));
+        self
+    }
+
+    /// Adds a node already connected, sharing its connections with the application. Calls to
+    /// it are still bounded by the node timeout.
+    pub fn backend(mut self, backend: RedisBackend) -> Self {
+        self.nodes.push(Node::Backend(backend));
+        self
+    }
+
+    /// How long one node may take to answer one call before it counts as not answering. Keep
+    /// it a small fraction of the lease: every acquire may wait this long for a node that is
+    /// down. Defaults to 100 ms.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = timeout;
+        self
+    }
+
+    /// The longest random delay before retrying after a split vote (no holder has a
+    /// majority). Defaults to 50 ms.
+    pub fn retry_jitter(mut self, jitter: Duration) -> Self {
+        self.retry_jitter = jitter;
+        self
+    }
+
+    /// The most pooled connections per node added by URL. Defaults to 4.
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// Builds the backend. Nodes added by URL connect on first use, so a node that is down at
+    /// start only counts as not answering.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] for `nodes` when there are fewer than 3, an even number (a
+    /// majority of an even count tolerates no more failures than one node less) or more than
+    /// 63, when a URL is invalid, or when nodes are given by URL outside a tokio runtime; for
+    /// `node_timeout` when it is zero.
+    pub fn build(self) -> Result<RedlockBackend, ConfigError> {
+        let count = self.nodes.len();
+        if count < 3 || count.is_multiple_of(2) || count > MAX_NODES {
+            return Err(ConfigError::Invalid {
+                setting: "nodes",
+                reason: "Redlock needs an odd number of nodes, from 3 to 63",
+            });
+        }
+        let by_url = self.nodes.iter().any(|node| matches!(node, Node::Url(_)));
+        if by_url && tokio::runtime::Handle::try_current().is_err() {
+            // The connection pools start their housekeeping on the current runtime.
+            return Err(ConfigError::Invalid {
+                setting: "nodes",
+                reason: "nodes given by URL must be built inside a tokio runtime",
+            });
+        }
+        if self.node_timeout.is_zero() {
+            return Err(ConfigError::Invalid {
+                setting: "node_timeout",
+                reason: "must be above zero",
+            });
+        }
+        let nodes = self
+            .nodes
+            .into_iter()
+            .map(|node| match node {
+                Node::Backend(backend) => Ok(backend),
+                Node::Url(url) => RedisBackend::builder(url)
+                    .command_timeout(self.node_timeout)
+                    .pool_size(self.pool_size)
+                    .build_lazy()
+                    .map_err(|_| ConfigError::Invalid {
+                        setting: "nodes",
+                        reason: "invalid Redis URL",
+                    }),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(RedlockBackend {
+            inner: Arc::new(Inner {
+                quorum: count / 2 + 1,
+                nodes,
+                node_timeout: self.node_timeout,
+                retry_jitter: self.retry_jitter,
+                rounds: AtomicU64::new(0),
+                won: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
+impl RedlockBackend {
+    /// Starts configuring a backend over the nodes at `urls` (more can be added with
+    /// [`node`](RedlockBackendBuilder::node) and [`backend`](RedlockBackendBuilder::backend)).
+    pub fn builder<I>(urls: I) -> RedlockBackendBuilder
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        RedlockBackendBuilder {
+            nodes: urls.into_iter().map(|url| Node::Url(url.into())).collect(),
+            node_timeout: Duration::from_millis(100),
+            retry_jitter: Duration::from_millis(50),
+            pool_size: 4,
+        }
+    }
+
+    /// The nodes, in the order they were added.
+    pub fn nodes(&self) -> &[RedisBackend] {
+        &self.inner.nodes
+    }
+
+    /// How many nodes make a majority.
+    pub fn quorum(&self) -> usize {
+        self.inner.quorum
+    }
+
+    /// How many acquire rounds (one call to every node) were made, won or not.
+    pub fn acquire_rounds(&self) -> u64 {
+        self.inner.rounds.load(Ordering::Relaxed)
+    }
+
+    /// How many acquire rounds won a majority.
+    pub fn acquire_rounds_won(&self) -> u64 {
+        self.inner.won.load(Ordering::Relaxed)
+    }
+
+    /// Runs `op` on every node at once, each bounded by the node timeout; results in node
+    /// order.
+    async fn on_every_node<'a, T, F, Fut>(&'a self, op: F) -> Vec<NodeResult<T>>
+    where
+        F: Fn(&'a RedisBackend) -> Fut,
+        Fut: Future<Output = NodeResult<T>>,
+    {
+        let timeout = self.inner.node_timeout;
+        join_all(self.inner.nodes.iter().map(|node| {
+            let call = op(node);
+            async move {
+                tokio::time::timeout(timeout, call)
+                    .await
+                    .unwrap_or_else(|_| Err(BackendError::from_kind(BackendErrorKind::Timeout)))
+            }
+        }))
+        .await
+    }
+
+    /// Gives back an attempt that lost its vote on every node that took it or may have.
+    async fn give_back(&self, grant: Grant<'_>, replies: &[NodeResult<AcquireReply>]) {
+        let took = self
+            .inner
+            .nodes
+            .iter()
+            .zip(replies)
+            .filter(|(_, reply)| match reply {
+                Ok(reply) => matches!(reply, AcquireReply::Acquired { .. }),
+                Err(error) => error.outcome_unknown(),
+            });
+        let undo =
+            join_all(took.map(|(node, _)| {
+                tokio::time::timeout(self.inner.node_timeout, node.abandon(grant))
+            }))
+            .await;
+        let failed = undo
+            .iter()
+            .filter(|result| !matches!(result, Ok(Ok(_))))
+            .count();
+        if failed > 0 {
+            // Those nodes free it when the attempt's lease runs out.
+            tracing::debug!(key = %grant.key, failed, "could not give a lost attempt back on every node");
+        }
+    }
+
+    /// A random delay under the retry jitter.
+    fn jitter(&self) -> Duration {
+        // The first 48 bits of a v4 UUID are random (its version and variant bits come later).
+        let random = uuid::Uuid::new_v4().as_u128() >> 80;
+        let fraction = random as f64 / (1u64 << 48) as f64;
+        self.inner.retry_jitter.mul_f64(fraction)
+    }
+}
+
+/// Refuses what a set of independent masters cannot offer.
+fn refuse(kind: LockKind, fencing: bool, key: &LockKey) -> Result<(), BackendError> {
+    let feature = match (kind, fencing) {
+        (LockKind::Fair, _) => "fair locks",
+        (LockKind::Read | LockKind::Write, _) => "read-write locks",
+        (_, true) => "fencing tokens",
+        _ => return Ok(()),
+    };
+    tracing::warn!(key = %key, feature, "Redlock refused a lock it cannot offer");
+    Err(BackendError::from_kind(BackendErrorKind::Unsupported { feature }).with_key(key.as_str()))
+}
+
+impl Backend for RedlockBackend {
+    type Listener = RedlockListener;
+
+    async fn acquire(&self, grant: Grant<'_>) -> Result<AcquireReply, BackendError> {
+        refuse(grant.kind, grant.fencing, grant.key)?;
+        let quorum = self.inner.quorum;
+        let started = Instant::now();
+        self.inner.rounds.fetch_add(1, Ordering::Relaxed);
+        let replies = self.on_every_node(|node| node.acquire(grant)).await;
+        let vote = vote::acquire(&replies, quorum);
+        let elapsed = started.elapsed();
+        let validity = grant
+            .lease
+            .duration()
+            .checked_sub(elapsed + grant.lease.drift())
+            .filter(|left| !left.is_zero());
+        let ttl = match vote {
+            AcquireVote::Won { count } if validity.is_some() => {
+                self.inner.won.fetch_add(1, Ordering::Relaxed);
+                return Ok(AcquireReply::Acquired { count, token: None });
+            }
+            AcquireVote::Won { .. } => {
+                tracing::warn!(key = %grant.key, ?elapsed, "Redlock majority came too late for the lease; giving it back");
+                Some(self.jitter())
+            }
+            AcquireVote::Lost { blocked: true, ttl } => ttl,
+            AcquireVote::Lost { blocked: false, .. } => Some(self.jitter()),
+            AcquireVote::NoQuorum { reachable } => {
+                self.give_back(grant, &replies).await;
+                let error =
+                    vote::no_quorum(replies, reachable, quorum).with_key(grant.key.as_str());
+                tracing::warn!(key = %grant.key, %error, "Redlock acquire without a quorum");
+                return Err(error);
+            }
+        };
+        self.give_back(grant, &replies).await;
+        Ok(AcquireReply::Held { ttl })
+    }
+
+    async fn release(&self, release: Release<'_>) -> Result<ReleaseReply, BackendError> {
+        refuse(release.kind, false, release.key)?;
+        // No hand-off: it could not be atomic across nodes.
+        let plain = Release {
+            handoff: None,
+            ..release
+        };
+        let replies = self.on_every_node(|node| node.release(plain)).await;
+        let (reply, behind) = match vote::release(&replies, self.inner.quorum) {
+            Ok(tally) => tally,
+            Err(reachable) => {
+                let error = vote::no_quorum(replies, reachable, self.inner.quorum)
+                    .with_key(release.key.as_str());
+                tracing::warn!(key = %release.key, %error, "Redlock release without a quorum");
+                return Err(error);
+            }
+        };
+        if !behind.is_empty() {
+            let all = Release { all: true, ..plain };
+            let nodes = behind.iter().map(|&node| &self.inner.nodes[node]);
+            let results = join_all(
+                nodes.map(|node| tokio::time::timeout(self.inner.node_timeout, node.release(all))),
+            )
+            .await;
+            tracing::debug!(key = %release.key, nodes = results.len(), "released nodes that counted more holds");
+        }
+        Ok(reply)
+    }
+
+    async fn renew(&self, renewals: &[Renew<'_>]) -> Result<Vec<RenewReply>, BackendError> {
+        if renewals.is_empty() {
+            return Ok(Vec::new());
+        }
+        let replies = self.on_every_node(|node| node.renew(renewals)).await;
+        match vote::renew(&replies, renewals.len(), self.inner.quorum) {
+            Ok(tally) => Ok(tally),
+            Err(reachable) => Err(vote::no_quorum(replies, reachable, self.inner.quorum)),
+        }
+    }
+
+    async fn abandon(&self, grant: Grant<'_>) -> Result<bool, BackendError> {
+        refuse(grant.kind, grant.fencing, grant.key)?;
+        let replies = self.on_every_node(|node| node.abandon(grant)).await;
+        let undone = replies.iter().any(|reply| matches!(reply, Ok(true)));
+        let reachable = replies.iter().filter(|reply| reply.is_ok()).count();
+        if reachable < self.inner.quorum && !undone {
+            return Err(
+                vote::no_quorum(replies, reachable, self.inner.quorum).with_key(grant.key.as_str())
+            );
+        }
+        Ok(undone)
+    }
+
+    async fn leave(
+        &self,
+        key: &LockKey,
+        _holder: &str,
+        kind: LockKind,
+    ) -> Result<(), BackendError> {
+        // Only queueing kinds have anything to leave, and those are refused.
+        refuse(kind, false, key)
+    }
+
+    async fn listen(
+        &self,
+        key: &LockKey,
+        only_for: Option<&str>,
+    ) -> Result<RedlockListener, BackendError> {
+        // Each node's listen returns once subscribed, or after its timeout when the node is
+        // down (it subscribes when the node is back).
+        let listeners = join_all(
+            self.inner
+                .nodes
+                .iter()
+                .map(|node| node.listen(key, only_for)),
+        )
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+        Ok(RedlockListener::new(listeners, self.inner.quorum))
+    }
+
+    async fn shutdown(&self) {
+        join_all(self.inner.nodes.iter().map(Backend::shutdown)).await;
+    }
+}

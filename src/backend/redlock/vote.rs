@@ -1,0 +1,278 @@
+//! Turning the replies of every node into one answer.
+//!
+//! Pure functions over per-node results, so the quorum rules are stated (and tested) apart from
+//! the network calls. A node that failed counts as not having answered.
+
+use std::time::Duration;
+
+use crate::{
+    backend::{AcquireReply, ReleaseReply, RenewReply},
+    error::{BackendError, BackendErrorKind},
+};
+
+/// One node's result of one call.
+pub(super) type NodeResult<T> = Result<T, BackendError>;
+
+/// What a round of acquires on every node amounts to.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum AcquireVote {
+    /// A majority granted it: the hold count at least a majority agree on.
+    Won { count: u64 },
+    /// A majority answered but did not grant it. With `blocked`, a majority is held by another
+    /// holder and frees up after `ttl`; otherwise the vote was split.
+    Lost {
+        blocked: bool,
+        ttl: Option<Duration>,
+    },
+    /// Fewer than a majority answered.
+    NoQuorum { reachable: usize },
+}
+
+/// Tallies one acquire round. `quorum` is the majority of all nodes.
+pub(super) fn acquire(replies: &[NodeResult<AcquireReply>], quorum: usize) -> AcquireVote {
+    let reachable = replies.iter().filter(|reply| reply.is_ok()).count();
+    let mut counts: Vec<u64> = replies
+        .iter()
+        .filter_map(|reply| match reply {
+            Ok(AcquireReply::Acquired { count, .. }) => Some(*count),
+            _ => None,
+        })
+        .collect();
+    if counts.len() >= quorum {
+        // Nodes normally agree; if not, the count that a majority has reached.
+        counts.sort_unstable_by(|a, b| b.cmp(a));
+        return AcquireVote::Won {
+            count: counts[quorum - 1],
+        };
+    }
+    if reachable < quorum {
+        return AcquireVote::NoQuorum { reachable };
+    }
+    let mut held: Vec<Option<Duration>> = replies
+        .iter()
+        .filter_map(|reply| match reply {
+            Ok(AcquireReply::Held { ttl }) => Some(*ttl),
+            _ => None,
+        })
+        .collect();
+    let nodes = replies.len();
+    // The lock can be taken once no more than `nodes - quorum` nodes still hold it.
+    let must_expire = (held.len() + quorum).saturating_sub(nodes);
+    if must_expire == 0 {
+        return AcquireVote::Lost {
+            blocked: false,
+            ttl: None,
+        };
+    }
+    // Unknown expiries (`None`) sort last: they never free up on their own.
+    held.sort_unstable_by_key(|ttl| ttl.unwrap_or(Duration::MAX));
+    AcquireVote::Lost {
+        blocked: true,
+        ttl: held[must_expire - 1],
+    }
+}
+
+/// Tallies a release on every node, and names the nodes to release fully so that they agree
+/// with the answer (a node that missed an earlier step may count one hold more). Fails with
+/// the number of nodes that answered when that is too few to tell.
+pub(super) fn release(
+    replies: &[NodeResult<ReleaseReply>],
+    quorum: usize,
+) -> Result<(ReleaseReply, Vec<usize>), usize> {
+    let reachable = replies.iter().filter(|reply| reply.is_ok()).count();
+    let mut freed = 0;
+    let mut notified: Option<u64> = None;
+    let mut decremented = Vec::new();
+    let mut remaining = 0;
+    for (node, reply) in replies.iter().enumerate() {
+        match reply {
+            Ok(ReleaseReply::Released { notified: n }) => {
+                freed += 1;
+                notified = notified.max(*n);
+            }
+            Ok(ReleaseReply::HandedOff { .. }) => freed += 1,
+            Ok(ReleaseReply::Decremented { remaining: left }) => {
+                decremented.push(node);
+                remaining = remaining.max(*left);
+            }
+            _ => {}
+        }
+    }
+    if decremented.len() > freed {
+        return Ok((ReleaseReply::Decremented { remaining }, Vec::new()));
+    }
+    if freed > 0 {
+        return Ok((ReleaseReply::Released { notified }, decremented));
+    }
+    if reachable < quorum {
+        // No answering node had it, but the silent ones may: it cannot be called not held.
+        return Err(reachable);
+    }
+    Ok((ReleaseReply::NotHeld, Vec::new()))
+}
+
+/// Tallies a renewal batch: per entry, renewed only on a majority of the nodes. Fails with the
+/// number of nodes that answered when fewer than a majority did.
+pub(super) fn renew(
+    replies: &[NodeResult<Vec<RenewReply>>],
+    entries: usize,
+    quorum: usize,
+) -> Result<Vec<RenewReply>, usize> {
+    let answered: Vec<&Vec<RenewReply>> = replies
+        .iter()
+        .filter_map(|reply| reply.as_ref().ok())
+        .filter(|batch| batch.len() == entries)
+        .collect();
+    if answered.len() < quorum {
+        return Err(answered.len());
+    }
+    Ok((0..entries)
+        .map(|entry| {
+            let renewed = answered
+                .iter()
+                .filter(|batch| batch[entry] == RenewReply::Renewed)
+                .count();
+            if renewed >= quorum {
+                RenewReply::Renewed
+            } else {
+                RenewReply::NotHeld
+            }
+        })
+        .collect())
+}
+
+/// The error for a round that fewer than `quorum` nodes answered, carrying the first node
+/// error as its source; a node error that no retry can fix (foreign data, permissions) is
+/// returned as it is.
+pub(super) fn no_quorum<T>(
+    replies: Vec<NodeResult<T>>,
+    reachable: usize,
+    quorum: usize,
+) -> BackendError {
+    let mut errors = replies.into_iter().filter_map(Result::err);
+    let mut first = None;
+    for error in errors.by_ref() {
+        if matches!(
+            error.kind(),
+            BackendErrorKind::WrongType { .. } | BackendErrorKind::NoPermission
+        ) {
+            return error;
+        }
+        first.get_or_insert(error);
+    }
+    let kind = BackendErrorKind::QuorumUnavailable {
+        reachable,
+        needed: quorum,
+    };
+    match first {
+        Some(source) => BackendError::new(kind, source),
+        None => BackendError::from_kind(kind),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn acquired(count: u64) -> NodeResult<AcquireReply> {
+        Ok(AcquireReply::Acquired { count, token: None })
+    }
+
+    fn held(ms: u64) -> NodeResult<AcquireReply> {
+        Ok(AcquireReply::Held {
+            ttl: Some(Duration::from_millis(ms)),
+        })
+    }
+
+    fn down<T>() -> NodeResult<T> {
+        Err(BackendError::from_kind(BackendErrorKind::Timeout))
+    }
+
+    #[test]
+    fn a_majority_of_grants_wins_with_the_count_a_majority_reached() {
+        let replies = [acquired(2), acquired(2), acquired(3), down(), held(5)];
+        assert_eq!(acquire(&replies, 3), AcquireVote::Won { count: 2 });
+    }
+
+    #[test]
+    fn a_split_vote_is_lost_without_a_wait() {
+        let replies = [acquired(1), acquired(1), held(900), held(900), down()];
+        let vote = acquire(&replies, 3);
+        assert_eq!(
+            vote,
+            AcquireVote::Lost {
+                blocked: false,
+                ttl: None
+            }
+        );
+    }
+
+    #[test]
+    fn a_lock_held_on_a_majority_frees_when_enough_leases_ran_out() {
+        let replies = [held(100), held(300), held(200), held(400), held(500)];
+        let vote = acquire(&replies, 3);
+        // Three nodes free (100, 200, 300 ms) make a majority.
+        let ttl = Some(Duration::from_millis(300));
+        assert_eq!(vote, AcquireVote::Lost { blocked: true, ttl });
+    }
+
+    #[test]
+    fn fewer_answers_than_a_majority_is_no_quorum() {
+        let replies = [acquired(1), acquired(1), down(), down(), down()];
+        assert_eq!(acquire(&replies, 3), AcquireVote::NoQuorum { reachable: 2 });
+    }
+
+    #[test]
+    fn release_frees_when_any_node_freed_and_realigns_the_others() {
+        let replies = [
+            Ok(ReleaseReply::Released { notified: Some(1) }),
+            Ok(ReleaseReply::Released { notified: Some(3) }),
+            Ok(ReleaseReply::Decremented { remaining: 1 }),
+            Ok(ReleaseReply::NotHeld),
+            down(),
+        ];
+        let (reply, realign) = release(&replies, 3).expect("answer");
+        assert_eq!(reply, ReleaseReply::Released { notified: Some(3) });
+        assert_eq!(realign, vec![2]);
+    }
+
+    #[test]
+    fn release_is_not_held_only_when_a_majority_says_so() {
+        let replies = [
+            Ok(ReleaseReply::NotHeld),
+            Ok(ReleaseReply::NotHeld),
+            down(),
+            down(),
+            down(),
+        ];
+        assert!(release(&replies, 3).is_err());
+        let replies = [
+            Ok(ReleaseReply::NotHeld),
+            Ok(ReleaseReply::NotHeld),
+            Ok(ReleaseReply::NotHeld),
+            down(),
+            down(),
+        ];
+        assert_eq!(
+            release(&replies, 3).expect("answer").0,
+            ReleaseReply::NotHeld
+        );
+    }
+
+    #[test]
+    fn renewal_needs_a_majority_per_entry() {
+        use RenewReply::{NotHeld, Renewed};
+        let replies = [
+            Ok(vec![Renewed, Renewed]),
+            Ok(vec![Renewed, NotHeld]),
+            Ok(vec![Renewed, Renewed]),
+            down(),
+            down(),
+        ];
+        assert_eq!(
+            renew(&replies, 2, 3).expect("quorum"),
+            vec![Renewed, NotHeld]
+        );
+        assert!(renew(&replies[1..], 2, 3).is_err());
+    }
+}

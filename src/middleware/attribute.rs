@@ -1,0 +1,247 @@
+//! Run-time support of the `#[locked]` attribute. Its expansion calls only what is here, through
+//! `tower_lock::__private`; none of it is meant to be used directly.
+
+use std::{convert::Infallible, future::Future, time::Duration};
+
+use axum::{
+    extract::{FromRef, FromRequestParts},
+    response::IntoResponse,
+};
+use http::{StatusCode, request::Parts};
+use tracing::Instrument;
+
+use super::{
+    LockContext, LockRejection,
+    erased::{Acquire, AnyLockClient},
+};
+use crate::{Holder, Lease, LockKind};
+
+pub use axum::response::Response;
+
+/// The attribute's options, checked at compile time.
+#[derive(Debug)]
+pub struct Options {
+    /// How long to wait for the lock before answering 423.
+    pub wait: Duration,
+    /// The lease to hold it with.
+    pub lease: Lease,
+    /// Which lock to take.
+    pub kind: LockKind,
+    /// Whether to issue a fencing token.
+    pub fencing: bool,
+    /// The namespace of the key; the matched route when `None`.
+    pub name: Option<&'static str>,
+    /// Whether a lost lock cancels the handler (503) instead of letting it finish.
+    pub abort_on_lost: bool,
+}
+
+/// What the attribute reads from the request before the handler's own extractors run.
+#[derive(Debug)]
+pub struct LockParts<P> {
+    client: Option<AnyLockClient>,
+    holder: Option<Holder>,
+    route: String,
+    /// The handler's state, when it has a `State<T>` argument.
+    pub state: P,
+}
+
+/// A handler without a `State` argument: the client comes from the extensions only.
+#[derive(Debug)]
+pub struct Stateless;
+
+/// The state type `T` of the handler's `State<T>` argument, extracted the same way.
+#[derive(Debug)]
+pub struct WithState<T>(pub T);
+
+/// How [`LockParts`] gets its state part.
+pub trait FromState<S> {
+    /// Takes it from the router's state.
+    fn from_state(state: &S) -> Self;
+}
+
+impl<S> FromState<S> for Stateless {
+    fn from_state(_: &S) -> Self {
+        Self
+    }
+}
+
+impl<S, T: FromRef<S>> FromState<S> for WithState<T> {
+    fn from_state(state: &S) -> Self {
+        Self(T::from_ref(state))
+    }
+}
+
+impl<S, P> FromRequestParts<S> for LockParts<P>
+where
+    S: Send + Sync,
+    P: FromState<S> + Send,
+{
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self {
+            client: parts.extensions.get::<AnyLockClient>().cloned(),
+            holder: parts.extensions.get::<Holder>().cloned(),
+            route: super::service::route(parts),
+            state: P::from_state(state),
+        })
+    }
+}
+
+/// Finds a lock client in a state value of a concrete type, if the type provides one through
+/// `FromRef`, without making a missing implementation a compile error: the expansion calls
+/// `(&&&Probe(&state)).lock_client()` and method resolution picks the first trait below whose
+/// bound holds.
+pub mod probe {
+    use axum::extract::FromRef;
+
+    use super::AnyLockClient;
+    use crate::{LockClient, MemoryBackend};
+
+    /// A state value to look for a lock client in.
+    #[derive(Debug)]
+    pub struct Probe<'a, T>(pub &'a T);
+
+    impl<T> Clone for Probe<'_, T> {
+        fn clone(&self) -> Self {
+            *self
+        }
+    }
+
+    impl<T> Copy for Probe<'_, T> {}
+
+    /// The state provides an [`AnyLockClient`].
+    pub trait ViaAny {
+        /// The client.
+        fn lock_client(self) -> Option<AnyLockClient>;
+    }
+
+    impl<T> ViaAny for &&&Probe<'_, T>
+    where
+        AnyLockClient: FromRef<T>,
+    {
+        fn lock_client(self) -> Option<AnyLockClient> {
+            Some(AnyLockClient::from_ref(self.0))
+        }
+    }
+
+    /// The state provides a `LockClient<MemoryBackend>`.
+    pub trait ViaMemory {
+        /// The client.
+        fn lock_client(self) -> Option<AnyLockClient>;
+    }
+
+    impl<T> ViaMemory for &&Probe<'_, T>
+    where
+        LockClient<MemoryBackend>: FromRef<T>,
+    {
+        fn lock_client(self) -> Option<AnyLockClient> {
+            Some(LockClient::<MemoryBackend>::from_ref(self.0).into())
+        }
+    }
+
+    /// The state provides a `LockClient<RedisBackend>`.
+    pub trait ViaRedis {
+        /// The client.
+        fn lock_client(self) -> Option<AnyLockClient>;
+    }
+
+    #[cfg(feature = "redis")]
+    impl<T> ViaRedis for &Probe<'_, T>
+    where
+        LockClient<crate::RedisBackend>: FromRef<T>,
+    {
+        fn lock_client(self) -> Option<AnyLockClient> {
+            Some(LockClient::<crate::RedisBackend>::from_ref(self.0).into())
+        }
+    }
+
+    /// The state provides no lock client.
+    pub trait ViaNone {
+        /// No client.
+        fn lock_client(self) -> Option<AnyLockClient>;
+    }
+
+    impl<T> ViaNone for Probe<'_, T> {
+        fn lock_client(self) -> Option<AnyLockClient> {
+            None
+        }
+    }
+}
+
+/// Runs a handler body under its lock: finds the client, acquires the lock of `key` as the
+/// request's holder, runs `body` in that holder's scope, and releases the lock before the
+/// response is handed back. Lock failures answer as a [`LockLayer`](super::LockLayer) would.
+pub async fn run<P, F, Fut, R>(
+    parts: LockParts<P>,
+    from_state: Option<AnyLockClient>,
+    options: &'static Options,
+    key: String,
+    body: F,
+) -> Response
+where
+    F: FnOnce(LockContext) -> Fut,
+    Fut: Future<Output = R>,
+    R: IntoResponse,
+{
+    let Some(locks) = parts.client.or(from_state) else {
+        tracing::error!(
+            target: "tower_lock::rejection",
+            "#[locked] handler found no lock client: run it under a `LockLayer`, add an \
+             extension (`.layer(Extension(AnyLockClient::from(locks)))`), or give it a \
+             `State<T>` argument where `AnyLockClient` or `LockClient<_>` implements `FromRef<T>`"
+        );
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    let namespace = options.name.unwrap_or(&parts.route);
+    let key = match locks.key_in(namespace, key.as_bytes(), options.kind) {
+        Ok(key) => key,
+        Err(error) => return rejected(LockRejection::InvalidKey(error)),
+    };
+    let span = tracing::debug_span!("locked_handler", key = %key);
+    let acquire = locks.acquire(Acquire {
+        key,
+        kind: options.kind,
+        wait: options.wait,
+        lease: options.lease,
+        fencing: options.fencing,
+    });
+    async move {
+        // The request's holder (set by a `LockLayer`) re-enters what the layer holds.
+        let acquired = match parts.holder.or_else(Holder::current) {
+            Some(holder) => holder.scope(acquire).await,
+            None => acquire.await,
+        };
+        let guard = match acquired {
+            Ok(guard) => guard,
+            Err(error) => return rejected(error.into()),
+        };
+        let context = guard.context();
+        let lost = context.lost();
+        let body = guard.holder().scope(body(context));
+        let response = if options.abort_on_lost {
+            tokio::select! {
+                biased;
+                () = lost => {
+                    // The body was dropped by `select!`; the guard releases in the background.
+                    drop(guard);
+                    return rejected(LockRejection::Lost);
+                }
+                result = body => result.into_response(),
+            }
+        } else {
+            body.await.into_response()
+        };
+        if let Err(error) = guard.release().await {
+            tracing::debug!(%error, "release after the handler failed");
+        }
+        response
+    }
+    .instrument(span)
+    .await
+}
+
+fn rejected(rejection: LockRejection) -> Response {
+    rejection.trace();
+    rejection.into_response()
+}

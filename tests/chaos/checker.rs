@@ -1,0 +1,189 @@
+//! Checkers run over a finished scenario: the overlap sweep over a history, token order, and
+//! the leak check once everything is quiet.
+
+use std::{collections::HashMap, time::Duration};
+
+use tower_lock::{LockClient, RedisBackend};
+
+use crate::{
+    clock,
+    history::{Outcome, Section},
+    run::Node,
+    support::RespValue,
+};
+
+/// What the sweep found.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Sweep {
+    /// Sections that got the lock.
+    pub(crate) held: usize,
+    /// Overlapping believed holds of different holders, not explained by fencing.
+    pub(crate) violations: usize,
+    /// Overlaps where the earlier holder had lost the lock and held an older token: a paused
+    /// holder that fencing must stop.
+    pub(crate) fenced_overlaps: usize,
+    /// Tokens that did not rise strictly from one holder to the next.
+    pub(crate) token_errors: usize,
+    /// The first few problems, for the failure message.
+    pub(crate) examples: Vec<String>,
+}
+
+impl Sweep {
+    fn note(&mut self, what: String) {
+        if self.examples.len() < 5 {
+            self.examples.push(what);
+        }
+    }
+}
+
+/// Sweeps each key's believed-hold intervals `[t_ok, min(t_rel_inv, t_lost)]` in start order;
+/// re-entries of one holder merge, and any other start inside the furthest-reaching interval
+/// so far is an overlap.
+pub(crate) fn sweep(sections: &[Section]) -> Sweep {
+    let mut result = Sweep::default();
+    let mut by_key: HashMap<&str, Vec<&Section>> = HashMap::new();
+    for section in sections.iter().filter(|s| s.t_ok.is_some()) {
+        by_key.entry(&section.key).or_default().push(section);
+    }
+    for (key, mut held) in by_key {
+        result.held += held.len();
+        held.sort_by_key(|s| s.t_ok);
+        let mut furthest: Option<&Section> = None;
+        for &section in &held {
+            let start = section.t_ok.expect("filtered");
+            if let Some(earlier) = furthest
+                && start < earlier.believed_until()
+                && earlier.holder != section.holder
+            {
+                let fenced = earlier.t_lost.is_some()
+                    && matches!((earlier.token, section.token), (Some(a), Some(b)) if a < b);
+                if fenced {
+                    result.fenced_overlaps += 1;
+                } else {
+                    result.violations += 1;
+                    result.note(format!("{key}: {earlier:?} overlaps {section:?}"));
+                }
+            }
+            if furthest.is_none_or(|f| section.believed_until() > f.believed_until()) {
+                furthest = Some(section);
+            }
+        }
+        check_tokens(key, &held, &mut result);
+    }
+    result
+}
+
+/// Release-to-acquire gaps on `key`, where the next holder was already waiting.
+pub(crate) fn handoffs(sections: &[Section], key: &str) -> Vec<Duration> {
+    let mut held: Vec<&Section> = sections
+        .iter()
+        .filter(|s| s.key == key && s.t_ok.is_some() && s.t_rel_ok.is_some())
+        .collect();
+    held.sort_by_key(|s| s.t_ok);
+    held.windows(2)
+        .filter(|pair| pair[1].t_inv < pair[0].believed_until())
+        .map(|pair| clock::between(pair[0].believed_until(), pair[1].t_ok.expect("held")))
+        .collect()
+}
+
+/// Tokens, in grant order, rise strictly whenever the holder changes.
+fn check_tokens(key: &str, held: &[&Section], result: &mut Sweep) {
+    let tokened: Vec<_> = held.iter().filter(|s| s.token.is_some()).collect();
+    for pair in tokened.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        if a.holder != b.holder && b.token <= a.token {
+            result.token_errors += 1;
+            result.note(format!(
+                "{key}: token {:?} of {} after {:?} of {}",
+                b.token, b.holder, a.token, a.holder
+            ));
+        }
+    }
+}
+
+/// Sections that completed normally.
+pub(crate) fn completed(sections: &[Section]) -> usize {
+    sections.iter().filter(|s| s.result == Outcome::Ok).count()
+}
+
+/// State left in Redis under `prefix` once everything is quiet.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Leaks {
+    /// Keys other than the fencing counters (which never expire, by design).
+    pub(crate) keys: Vec<String>,
+    /// Release channels still subscribed.
+    pub(crate) channels: Vec<String>,
+}
+
+impl Leaks {
+    pub(crate) fn count(&self) -> usize {
+        self.keys.len() + self.channels.len()
+    }
+}
+
+/// `SCAN 0 MATCH <prefix>*` and `PUBSUB CHANNELS <prefix>*` on `node`.
+pub(crate) fn server_leaks(node: &Node, prefix: &str) -> Leaks {
+    let pattern = format!("{prefix}*");
+    let mut keys = Vec::new();
+    let mut cursor = "0".to_owned();
+    loop {
+        let reply = node.cmd(&["SCAN", &cursor, "MATCH", &pattern, "COUNT", "1000"]);
+        let RespValue::Array(Some(parts)) = reply else {
+            panic!("unexpected SCAN reply {reply:?}");
+        };
+        cursor = parts[0].as_str().expect("SCAN cursor");
+        if let RespValue::Array(Some(found)) = &parts[1] {
+            keys.extend(found.iter().filter_map(RespValue::as_str));
+        }
+        if cursor == "0" {
+            break;
+        }
+    }
+    keys.retain(|key| !key.ends_with(":fence"));
+    let channels = match node.cmd(&["PUBSUB", "CHANNELS", &pattern]) {
+        RespValue::Array(Some(found)) => found.iter().filter_map(RespValue::as_str).collect(),
+        other => panic!("unexpected PUBSUB CHANNELS reply {other:?}"),
+    };
+    Leaks { keys, channels }
+}
+
+/// What a client still tracks: keys, waiters, queue places and subscribed channels (all 0
+/// once it is quiet).
+pub(crate) fn client_leaks(client: &LockClient<RedisBackend>) -> usize {
+    client.active_keys()
+        + client.waiters()
+        + client.queued()
+        + client.backend().subscribed_channels()
+}
+
+/// Waits up to `within` for `client` to track nothing; whether it got there.
+pub(crate) async fn client_settles(client: &LockClient<RedisBackend>, within: Duration) -> bool {
+    crate::scenarios::eventually(within, || client_leaks(client) == 0).await
+}
+
+/// Fails the test, naming what `client` still tracks, unless it `settled`.
+pub(crate) fn assert_settled(settled: bool, client: &LockClient<RedisBackend>) {
+    assert!(
+        settled,
+        "the client still tracks state: {}",
+        client_state(client)
+    );
+}
+
+/// The counts behind [`client_leaks`], for failure messages.
+pub(crate) fn client_state(client: &LockClient<RedisBackend>) -> String {
+    format!(
+        "active_keys={} waiters={} queued={} subscribed_channels={}",
+        client.active_keys(),
+        client.waiters(),
+        client.queued(),
+        client.backend().subscribed_channels()
+    )
+}
+
+/// Tasks alive on the current runtime, to compare with a baseline.
+pub(crate) fn tasks() -> usize {
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+}

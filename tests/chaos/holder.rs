@@ -1,0 +1,481 @@
+//! Holder processes: this test binary run again in the holder role, so a fault can pause or
+//! kill a *client* rather than the test runner.
+//!
+//! The runner spawns `current_exe() --exact holder::holder_role` with `TOWER_LOCK_ROLE=holder`
+//! and the [`Setup`] in `TOWER_LOCK_HOLDER_SETUP`, sends [`Command`]s as JSON lines on stdin and
+//! reads [`Reply`]s from stdout lines starting with `@chaos ` (libtest prints its own lines too).
+
+use std::{
+    io::{BufRead, BufReader, Write as _},
+    path::PathBuf,
+    process::{Child, ChildStdin, Command as Process, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+use tokio::{
+    io::{AsyncBufReadExt, BufReader as AsyncBufReader},
+    sync::mpsc,
+};
+use tower_lock::{Lease, LockClient, LockError, LockGuard, RedisBackend};
+
+use crate::{
+    checker, clock,
+    history::{History, Outcome, Section},
+    run::Rng,
+    witness::Witness,
+};
+
+const ROLE: &str = "TOWER_LOCK_ROLE";
+const SETUP: &str = "TOWER_LOCK_HOLDER_SETUP";
+const REPLY: &str = "@chaos ";
+
+/// Where a holder process connects and records.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct Setup {
+    pub(crate) scenario: String,
+    pub(crate) url: String,
+    pub(crate) witness: String,
+    pub(crate) prefix: String,
+    pub(crate) history: PathBuf,
+    pub(crate) command_timeout_ms: u64,
+    /// How long a fair-lock waiter's queue place outlives its last refresh.
+    pub(crate) waiter_timeout_ms: u64,
+    /// Run on a current-thread runtime, where a blocking section also stalls the watchdog.
+    pub(crate) current_thread: bool,
+}
+
+/// Contention load: `tasks` tasks each run `sections` critical sections.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct Load {
+    pub(crate) tasks: usize,
+    pub(crate) sections: usize,
+    /// Share of sections on the one hot key; the rest spread over `cold_keys` keys.
+    pub(crate) hot_share: f64,
+    pub(crate) cold_keys: u64,
+    /// The read-modify-write inside a section sleeps uniformly up to this.
+    pub(crate) max_pause_us: u64,
+    pub(crate) lease_ms: u64,
+    pub(crate) seed: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+pub(crate) enum Command {
+    /// Run a contention load and report when it is done.
+    Contend(Load),
+    /// Take `key` (the fair lock with `fair`) with a watchdog lease and a fencing token, and
+    /// hold it until told otherwise.
+    Hold {
+        key: String,
+        lease_ms: u64,
+        fair: bool,
+    },
+    /// Check the held lock is not lost, say so, wait `delay_ms` (the window a fault hits), then
+    /// write to the fenced store with the lock's token. `blocking` waits with
+    /// `std::thread::sleep`, stalling the runtime.
+    WriteAfterCheck {
+        delay_ms: u64,
+        enforce: bool,
+        blocking: bool,
+    },
+    /// Release the held lock.
+    Release,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub(crate) enum Reply {
+    Ready {
+        pid: u32,
+    },
+    Done {
+        completed: usize,
+        errors: Vec<String>,
+        leaked: usize,
+    },
+    Held {
+        token: Option<u64>,
+        t_ok: u64,
+    },
+    Checked,
+    Wrote {
+        accepted: bool,
+        t_write: u64,
+    },
+    Released {
+        result: String,
+        t_lost: Option<u64>,
+    },
+    Failed {
+        error: String,
+    },
+}
+
+/// Sends `SIG<name>` to `pid` with the `kill` command.
+pub(crate) fn signal(pid: u32, name: &str) {
+    let status = Process::new("kill")
+        .args([format!("-{name}"), pid.to_string()])
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run kill -{name} {pid}: {e}"));
+    assert!(status.success(), "kill -{name} {pid} failed: {status}");
+}
+
+/// A holder process seen from the runner; killed on drop.
+#[derive(Debug)]
+pub(crate) struct HolderProc {
+    child: Child,
+    stdin: ChildStdin,
+    replies: mpsc::UnboundedReceiver<Reply>,
+}
+
+impl HolderProc {
+    /// Spawns a holder process and waits until its client is connected.
+    pub(crate) async fn spawn(setup: &Setup) -> Self {
+        let mut child = Process::new(std::env::current_exe().expect("the test binary"))
+            .args(["--exact", "holder::holder_role", "--nocapture"])
+            .args(["--test-threads", "1"])
+            .env(ROLE, "holder")
+            .env(
+                SETUP,
+                serde_json::to_string(setup).expect("setup serialises"),
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn a holder process");
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (sender, replies) = mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                // libtest's `test holder::holder_role ... ` may start the first reply's line.
+                if let Some((_, json)) = line.split_once(REPLY) {
+                    let reply = serde_json::from_str(json).expect("a holder reply parses");
+                    if sender.send(reply).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        let mut holder = Self {
+            child,
+            stdin,
+            replies,
+        };
+        match holder.reply(Duration::from_secs(10)).await {
+            Reply::Ready { .. } => holder,
+            other => panic!("holder process did not start: {other:?}"),
+        }
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub(crate) fn send(&mut self, command: &Command) {
+        let line = serde_json::to_string(command).expect("command serialises");
+        writeln!(self.stdin, "{line}").expect("write to the holder process");
+        self.stdin.flush().expect("flush to the holder process");
+    }
+
+    /// The holder's next reply; fails the test after `within`.
+    pub(crate) async fn reply(&mut self, within: Duration) -> Reply {
+        tokio::time::timeout(within, self.replies.recv())
+            .await
+            .unwrap_or_else(|_| panic!("holder {} silent for {within:?}", self.pid()))
+            .unwrap_or_else(|| panic!("holder {} exited", self.child.id()))
+    }
+
+    pub(crate) fn signal(&self, name: &str) {
+        signal(self.pid(), name);
+    }
+
+    /// `SIGKILL`, and reaps the process.
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for HolderProc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The holder role's entry point; a no-op in a normal test run.
+#[test]
+fn holder_role() {
+    if std::env::var(ROLE).as_deref() != Ok("holder") {
+        return;
+    }
+    let setup: Setup = serde_json::from_str(&std::env::var(SETUP).expect("holder setup"))
+        .expect("holder setup parses");
+    let runtime = if setup.current_thread {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    }
+    .enable_all()
+    .build()
+    .expect("holder runtime");
+    runtime.block_on(serve(setup));
+}
+
+fn say(reply: &Reply) {
+    println!(
+        "{REPLY}{}",
+        serde_json::to_string(reply).expect("reply serialises")
+    );
+}
+
+/// A lock this holder process holds, with the time `lost()` fired (0 = not yet).
+struct Holding {
+    guard: LockGuard<RedisBackend>,
+    section: Section,
+    lost_at: Arc<AtomicU64>,
+}
+
+/// Serves commands until stdin closes.
+async fn serve(setup: Setup) {
+    let backend = RedisBackend::builder(&setup.url)
+        .command_timeout(Duration::from_millis(setup.command_timeout_ms))
+        .connect()
+        .await
+        .expect("holder connects to Redis");
+    let client = LockClient::builder(backend)
+        .prefix(&setup.prefix)
+        .waiter_timeout(Duration::from_millis(setup.waiter_timeout_ms))
+        .build()
+        .expect("holder client");
+    let witness = Witness::connect(&setup.witness).await;
+    let history = History::open(&setup.history, &setup.scenario);
+    say(&Reply::Ready {
+        pid: std::process::id(),
+    });
+    let mut holding: Option<Holding> = None;
+    let mut lines = AsyncBufReader::new(tokio::io::stdin()).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let command: Command = serde_json::from_str(&line).expect("a command parses");
+        let reply = match command {
+            Command::Contend(load) => contend(&client, &witness, &history, &load).await,
+            Command::Hold {
+                key,
+                lease_ms,
+                fair,
+            } => {
+                let lease = Lease::watchdog(Duration::from_millis(lease_ms));
+                let mut section = history.begin(&key, "");
+                let request = if fair {
+                    client.fair_lock(&key)
+                } else {
+                    client.lock(&key)
+                };
+                match request.lease(lease).fencing().acquire().await {
+                    Ok(guard) => {
+                        section.t_ok = Some(clock::now_ns());
+                        section.token = guard.fencing_token();
+                        section.holder = guard.holder().id().to_owned();
+                        let lost_at = Arc::new(AtomicU64::new(0));
+                        let lost = guard.lost();
+                        let at = lost_at.clone();
+                        tokio::spawn(async move {
+                            lost.await;
+                            at.store(clock::now_ns(), Ordering::SeqCst);
+                        });
+                        let reply = Reply::Held {
+                            token: section.token,
+                            t_ok: section.t_ok.expect("just set"),
+                        };
+                        holding = Some(Holding {
+                            guard,
+                            section,
+                            lost_at,
+                        });
+                        reply
+                    }
+                    Err(error) => Reply::Failed {
+                        error: error.to_string(),
+                    },
+                }
+            }
+            Command::WriteAfterCheck {
+                delay_ms,
+                enforce,
+                blocking,
+            } => {
+                let held = holding.as_ref().expect("a lock is held");
+                if held.guard.is_lost() {
+                    Reply::Failed {
+                        error: "lost before the check".to_owned(),
+                    }
+                } else {
+                    say(&Reply::Checked);
+                    let delay = Duration::from_millis(delay_ms);
+                    if blocking {
+                        std::thread::sleep(delay);
+                    } else {
+                        tokio::time::sleep(delay).await;
+                    }
+                    let section = &held.section;
+                    let token = section.token.expect("held with fencing");
+                    let accepted = witness
+                        .fenced_write(&section.key, &section.holder, token, enforce)
+                        .await;
+                    Reply::Wrote {
+                        accepted,
+                        t_write: clock::now_ns(),
+                    }
+                }
+            }
+            Command::Release => {
+                let Holding {
+                    guard,
+                    mut section,
+                    lost_at,
+                } = holding.take().expect("a lock is held");
+                section.t_rel_inv = Some(clock::now_ns());
+                let result = guard.release().await;
+                section.t_rel_ok = Some(clock::now_ns());
+                // A loss found by the release's clock check: give the watcher a moment to
+                // record when `lost()` fired.
+                for _ in 0..100 {
+                    if result.is_ok() || lost_at.load(Ordering::SeqCst) != 0 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                section.t_lost = Some(lost_at.load(Ordering::SeqCst)).filter(|&at| at != 0);
+                section.result = if result.is_ok() {
+                    Outcome::Ok
+                } else {
+                    Outcome::Fail
+                };
+                history.record(&section);
+                Reply::Released {
+                    result: match result {
+                        Ok(()) => "ok".to_owned(),
+                        Err(error) => format!("{error:?}"),
+                    },
+                    t_lost: section.t_lost,
+                }
+            }
+        };
+        say(&reply);
+    }
+}
+
+/// Runs `load` and waits for the client to be quiet again.
+async fn contend(
+    client: &LockClient<RedisBackend>,
+    witness: &Witness,
+    history: &History,
+    load: &Load,
+) -> Reply {
+    let tasks: Vec<_> = (0..load.tasks)
+        .map(|task| {
+            let (client, witness, history, load) = (
+                client.clone(),
+                witness.clone(),
+                history.clone(),
+                load.clone(),
+            );
+            tokio::spawn(async move {
+                let mut rng =
+                    Rng::new(load.seed ^ (task as u64) << 40 ^ u64::from(std::process::id()));
+                let mut completed = 0;
+                let mut errors = Vec::new();
+                for _ in 0..load.sections {
+                    let key = if rng.chance(load.hot_share) {
+                        "hot".to_owned()
+                    } else {
+                        format!("cold{}", rng.below(load.cold_keys))
+                    };
+                    let pause = Duration::from_micros(rng.below(load.max_pause_us + 1));
+                    let lease = Lease::watchdog(Duration::from_millis(load.lease_ms));
+                    match section(&client, &witness, &history, &key, lease, pause).await {
+                        Ok(()) => completed += 1,
+                        Err(error) => errors.push(format!("{key}: {error}")),
+                    }
+                }
+                (completed, errors)
+            })
+        })
+        .collect();
+    let mut completed = 0;
+    let mut errors = Vec::new();
+    for task in tasks {
+        let (done, failed) = task.await.expect("load task");
+        completed += done;
+        errors.extend(failed);
+    }
+    let mut leaked = checker::client_leaks(client);
+    for _ in 0..200 {
+        if leaked == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        leaked = checker::client_leaks(client);
+    }
+    Reply::Done {
+        completed,
+        errors,
+        leaked,
+    }
+}
+
+/// One critical section: acquire, tell the witness, a slow read-modify-write, release; a loss
+/// interrupts the work and is recorded.
+async fn section(
+    client: &LockClient<RedisBackend>,
+    witness: &Witness,
+    history: &History,
+    key: &str,
+    lease: Lease,
+    pause: Duration,
+) -> Result<(), LockError> {
+    let mut section = history.begin(key, "");
+    let guard = match client
+        .lock(key)
+        .lease(lease)
+        .fencing()
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await
+    {
+        Ok(guard) => guard,
+        Err(error) => {
+            section.result = match error {
+                LockError::Backend(_) => Outcome::Info,
+                _ => Outcome::Fail,
+            };
+            history.record(&section);
+            return Err(error);
+        }
+    };
+    section.t_ok = Some(clock::now_ns());
+    section.token = guard.fencing_token();
+    section.holder = guard.holder().id().to_owned();
+    witness.enter(key).await;
+    tokio::select! {
+        () = guard.lost() => section.t_lost = Some(clock::now_ns()),
+        () = witness.increment_slowly(key, pause) => {}
+    }
+    witness.exit(key).await;
+    section.t_rel_inv = Some(clock::now_ns());
+    let result = guard.release().await;
+    section.t_rel_ok = Some(clock::now_ns());
+    section.result = if result.is_ok() && section.t_lost.is_none() {
+        Outcome::Ok
+    } else {
+        Outcome::Fail
+    };
+    history.record(&section);
+    result
+}

@@ -1,0 +1,190 @@
+//! The scenarios of `RELIABILITY.md` §3.3, one module per fault, and the test bed they share.
+//!
+//! A scenario runs on a [`Topology`]: a single node, or the independent nodes of a Redlock
+//! backend. Sentinel and Cluster beds add a variant and a way to build their clients, and
+//! scenarios that make sense on several take the topology as a parameter.
+
+use std::time::Duration;
+
+use tower_lock::{LockClient, RedisBackend, RedisBackendBuilder, RedlockBackend};
+
+use crate::{
+    holder::{HolderProc, Setup},
+    run::{Node, Scenario},
+    witness::Witness,
+};
+
+mod f01_contention;
+mod f02_reentrancy;
+mod f03_expired_release;
+mod f04_watchdog_at_scale;
+mod f05_wake_up;
+mod f06_dropped_waiters;
+mod f07_fair_dead_waiter;
+mod f08_killed_holder;
+mod f09_paused_holder;
+mod f10_stalled_redis;
+mod f11_redis_restart;
+mod f13_pubsub_kill;
+mod f14_connection_kill;
+mod f15_dropped_replies;
+mod f16_slow_replies;
+mod f17_blackhole;
+mod f18_foreign_data;
+mod f19_replica_acknowledgement;
+#[cfg(feature = "sentinel")]
+mod f20_sentinel_failover;
+#[cfg(feature = "cluster")]
+mod f22_cluster_contention;
+#[cfg(feature = "cluster")]
+mod f23_cluster_migration_failover;
+mod f24_redlock_node_loss;
+mod f25_redlock_paused_nodes;
+mod f29_flood;
+mod in_process;
+
+/// Where the locks live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Topology {
+    /// One `redis-server`.
+    Single,
+    /// Five independent `redis-server`s, the nodes of a Redlock backend.
+    Redlock,
+}
+
+/// How many nodes a [`Topology::Redlock`] bed runs.
+pub(crate) const REDLOCK_NODES: usize = 5;
+
+/// A scenario with its lock store, its never-faulted witness and its key prefix.
+#[derive(Debug)]
+pub(crate) struct Bed {
+    pub(crate) scenario: Scenario,
+    /// The lock store: the single node, or the first of `nodes`.
+    pub(crate) redis: Node,
+    /// Every node of the lock store.
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) witness: Witness,
+    witness_url: String,
+    pub(crate) prefix: String,
+}
+
+impl Bed {
+    pub(crate) async fn new(name: &'static str, topology: Topology) -> Self {
+        let mut scenario = Scenario::new(name);
+        let nodes = match topology {
+            Topology::Single => vec![scenario.redis("redis")],
+            Topology::Redlock => {
+                let labels: [&'static str; REDLOCK_NODES] =
+                    ["node0", "node1", "node2", "node3", "node4"];
+                labels.map(|label| scenario.redis(label)).to_vec()
+            }
+        };
+        let witness_node = scenario.redis("witness");
+        let witness = Witness::connect(witness_node.url()).await;
+        Self {
+            prefix: format!("chaos-{}:", name.to_lowercase()),
+            scenario,
+            redis: nodes[0].clone(),
+            nodes,
+            witness_url: witness_node.url().to_owned(),
+            witness,
+        }
+    }
+
+    /// What a holder process of this bed needs, connecting to `url`.
+    pub(crate) fn setup(&self, url: &str, current_thread: bool) -> Setup {
+        Setup {
+            scenario: self.scenario.name().to_owned(),
+            url: url.to_owned(),
+            witness: self.witness_url.clone(),
+            prefix: self.prefix.clone(),
+            history: self.scenario.history_path(),
+            command_timeout_ms: 1000,
+            waiter_timeout_ms: 5000,
+            current_thread,
+        }
+    }
+
+    /// Spawns a holder process on this bed's Redis.
+    pub(crate) async fn holder_process(&self) -> HolderProc {
+        HolderProc::spawn(&self.setup(self.redis.url(), false)).await
+    }
+
+    /// A client in this process, connecting to `url` (the bed's Redis, or a proxy to it).
+    pub(crate) async fn client_via(
+        &self,
+        url: &str,
+        command_timeout: Duration,
+    ) -> LockClient<RedisBackend> {
+        self.client_of(RedisBackend::builder(url).command_timeout(command_timeout))
+            .await
+    }
+
+    /// A client in this process on the backend `builder` describes, with the bed's prefix.
+    pub(crate) async fn client_of(&self, builder: RedisBackendBuilder) -> LockClient<RedisBackend> {
+        let backend = builder.connect().await.expect("connect");
+        LockClient::builder(backend)
+            .prefix(&self.prefix)
+            .build()
+            .expect("client configuration")
+    }
+
+    /// A client in this process on the bed's Redis.
+    pub(crate) async fn client(&self) -> LockClient<RedisBackend> {
+        self.client_via(self.redis.url(), Duration::from_secs(1))
+            .await
+    }
+
+    /// A Redlock client over every node of the bed, with its own connections (as a separate
+    /// process would have), each call bounded by `node_timeout`.
+    pub(crate) fn redlock_client(&self, node_timeout: Duration) -> LockClient<RedlockBackend> {
+        let backend = RedlockBackend::builder(self.nodes.iter().map(Node::url))
+            .node_timeout(node_timeout)
+            .retry_jitter(Duration::from_millis(20))
+            .build()
+            .expect("Redlock configuration");
+        LockClient::builder(backend)
+            .prefix(&self.prefix)
+            .build()
+            .expect("client configuration")
+    }
+
+    /// The Redis key of the exclusive lock `key`.
+    pub(crate) fn lock_key(&self, key: &str) -> String {
+        format!("{}{{{key}}}", self.prefix)
+    }
+}
+
+/// Brings two clients to their steady state before a baseline is taken: both pools grown by a
+/// burst of 16 locks each, and one wait cycle done (so `waiter`'s pub/sub task runs).
+pub(crate) async fn warm_up(holder: &LockClient<RedisBackend>, waiter: &LockClient<RedisBackend>) {
+    for client in [holder, waiter] {
+        futures_util::future::join_all((0..16).map(|i| async move {
+            let guard = client.lock(format!("burst{i}")).acquire().await;
+            guard.expect("acquire").release().await.expect("release");
+        }))
+        .await;
+    }
+    let warm = holder.lock("warm").acquire().await.expect("acquire");
+    let waited = waiter
+        .lock("warm")
+        .wait(Duration::from_millis(20))
+        .acquire()
+        .await;
+    assert!(waited.is_err(), "the warm-up lock was not held");
+    warm.release().await.expect("release");
+}
+
+/// Polls `check` every 5 ms until it holds or `within` passes; returns whether it held.
+pub(crate) async fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if check() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

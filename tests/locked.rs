@@ -1,0 +1,676 @@
+//! `#[locked]` handlers end to end: axum routers served over loopback HTTP, locks in memory and
+//! in a real `redis-server` started by the test.
+
+mod support;
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use axum::{
+    Extension, Json, Router,
+    extract::{FromRef, Path, State},
+    routing::{get, post},
+};
+use http::StatusCode;
+use http_body_util::BodyExt;
+use hyper::body::Bytes;
+use hyper_util::{client::legacy::Client as HttpClient, rt::TokioExecutor};
+use support::{
+    RedisServer,
+    http::{http, send, serve},
+};
+use tokio::sync::{Notify, Semaphore, watch};
+use tower_lock::{
+    AnyLockClient, LockClient, LockContext, LockLayer, MemoryBackend, RedisBackend, key, locked,
+};
+
+/// Whether the lock the attribute takes for `key` on `route` is free right now.
+async fn is_free<B: tower_lock::Backend>(locks: &LockClient<B>, route: &str, key: &str) -> bool {
+    match locks.lock_in_namespace(route, key).try_acquire().await {
+        Ok(guard) => guard.release().await.is_ok(),
+        Err(_) => false,
+    }
+}
+
+/// Polls until the lock is free (a background release), failing after two seconds.
+async fn until_free<B: tower_lock::Backend>(locks: &LockClient<B>, route: &str, key: &str) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !is_free(locks, route, key).await {
+        assert!(Instant::now() < deadline, "`{key}` is still held");
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Who is inside a handler right now, per key.
+#[derive(Clone, Default)]
+struct Witness {
+    inside: Arc<Mutex<std::collections::HashMap<u64, usize>>>,
+    overlaps: Arc<AtomicUsize>,
+    max_concurrent: Arc<AtomicUsize>,
+    total: Arc<AtomicUsize>,
+}
+
+impl Witness {
+    async fn section(&self, key: u64) {
+        {
+            let mut inside = self.inside.lock().unwrap();
+            let n = inside.entry(key).or_default();
+            *n += 1;
+            if *n > 1 {
+                self.overlaps.fetch_add(1, Ordering::SeqCst);
+            }
+            let all: usize = inside.values().sum();
+            self.max_concurrent.fetch_max(all, Ordering::SeqCst);
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        *self.inside.lock().unwrap().get_mut(&key).unwrap() -= 1;
+        self.total.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn assert_serialized(&self, requests: usize) {
+        assert_eq!(self.total.load(Ordering::SeqCst), requests);
+        assert_eq!(
+            self.overlaps.load(Ordering::SeqCst),
+            0,
+            "two requests on one account overlapped"
+        );
+        assert!(
+            self.max_concurrent.load(Ordering::SeqCst) > 1,
+            "different accounts never ran concurrently"
+        );
+    }
+}
+
+/// State holding the client by its concrete type; the attribute finds it through `FromRef`.
+#[derive(Clone, FromRef)]
+struct MemoryApp {
+    locks: LockClient<MemoryBackend>,
+    witness: Witness,
+}
+
+#[derive(Clone, FromRef)]
+struct RedisApp {
+    locks: LockClient<RedisBackend>,
+    witness: Witness,
+}
+
+#[locked(key = "account:{id}", wait = "10s")]
+async fn withdraw_memory(State(app): State<MemoryApp>, Path(id): Path<u64>) -> &'static str {
+    app.witness.section(id).await;
+    "ok"
+}
+
+#[locked(key = "account:{id}", wait = "10s")]
+async fn withdraw_redis(State(app): State<RedisApp>, Path(id): Path<u64>) -> &'static str {
+    app.witness.section(id).await;
+    "ok"
+}
+
+/// Fires `requests` POSTs over 4 accounts, alternating between `bases`.
+async fn hammer(bases: &[String], requests: usize) {
+    let http = http();
+    let mut tasks = Vec::new();
+    for i in 0..requests {
+        let url = format!("{}/accounts/{}/withdraw", bases[i % bases.len()], i % 4);
+        let http = http.clone();
+        tasks.push(tokio::spawn(async move { send(&http, "POST", &url).await }));
+    }
+    for task in tasks {
+        let (status, _, body) = task.await.unwrap();
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"));
+    }
+}
+
+/// Requests on one account serialize, requests on different accounts run together; the client
+/// comes from the state (`LockClient<MemoryBackend>: FromRef<MemoryApp>`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn serializes_per_key_with_the_client_in_state() {
+    let witness = Witness::default();
+    let app = MemoryApp {
+        locks: LockClient::in_memory(),
+        witness: witness.clone(),
+    };
+    let router = Router::new()
+        .route("/accounts/{id}/withdraw", post(withdraw_memory))
+        .with_state(app);
+    let base = serve(router).await;
+    hammer(std::slice::from_ref(&base), 120).await;
+    witness.assert_serialized(120);
+}
+
+/// Two app instances on one Redis serialize per account (`LockClient<RedisBackend>` in state).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn serializes_across_instances_on_redis() {
+    let server = RedisServer::start();
+    let witness = Witness::default();
+    let mut bases = Vec::new();
+    for _ in 0..2 {
+        let backend = RedisBackend::connect(&server.url()).await.unwrap();
+        let app = RedisApp {
+            locks: LockClient::builder(backend).build().unwrap(),
+            witness: witness.clone(),
+        };
+        let router = Router::new()
+            .route("/accounts/{id}/withdraw", post(withdraw_redis))
+            .with_state(app);
+        bases.push(serve(router).await);
+    }
+    hammer(&bases, 120).await;
+    witness.assert_serialized(120);
+}
+
+#[locked(key = "slow:{id}", wait = "50ms")]
+async fn slow(Path(id): Path<u64>) -> String {
+    format!("slow {id}")
+}
+
+/// A lock held elsewhere for the whole wait answers 423 with `Retry-After`; the attribute names
+/// the lock as a layer on the route would (`lock_in_namespace(route, key)`). The client comes
+/// from an `Extension<AnyLockClient>`.
+#[tokio::test]
+async fn wait_timeout_is_423() {
+    let locks = LockClient::in_memory();
+    let router = Router::new()
+        .route("/slow/{id}", post(slow))
+        .layer(Extension(AnyLockClient::from(locks.clone())));
+    let base = serve(router).await;
+    let url = format!("{base}/slow/1");
+    let held = locks
+        .lock_in_namespace("/slow/{id}", "slow:1")
+        .acquire()
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let (status, retry, _) = send(&http(), "POST", &url).await;
+    assert_eq!(status, StatusCode::LOCKED);
+    assert!(retry.is_some(), "423 without Retry-After");
+    assert!(
+        started.elapsed() >= Duration::from_millis(50),
+        "gave up before the wait"
+    );
+    // Another key of the same route is not affected.
+    let (status, _, body) = send(&http(), "POST", &format!("{base}/slow/2")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "slow 2"));
+    held.release().await.unwrap();
+    let (status, _, body) = send(&http(), "POST", &url).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "slow 1"));
+}
+
+/// State providing the type-erased client.
+#[derive(Clone, FromRef)]
+struct AnyApp {
+    locks: AnyLockClient,
+}
+
+#[locked(key = "slow:{id}", wait = "50ms")]
+async fn slow_with_state(State(_): State<AnyApp>, Path(id): Path<u64>) -> String {
+    format!("slow {id}")
+}
+
+/// The client can also come from the state as an `AnyLockClient` (`FromRef`), here over Redis.
+#[tokio::test]
+async fn client_from_any_lock_client_in_state() {
+    let server = RedisServer::start();
+    let locks = redis_locks(&server).await;
+    let router = Router::new()
+        .route("/slow/{id}", post(slow_with_state))
+        .with_state(AnyApp {
+            locks: locks.clone().into(),
+        });
+    let base = serve(router).await;
+    let url = format!("{base}/slow/9");
+    let held = locks
+        .lock_in_namespace("/slow/{id}", "slow:9")
+        .acquire()
+        .await
+        .unwrap();
+    let (status, retry, _) = send(&http(), "POST", &url).await;
+    assert_eq!(status, StatusCode::LOCKED);
+    assert!(retry.is_some(), "423 without Retry-After");
+    held.release().await.unwrap();
+    let (status, _, body) = send(&http(), "POST", &url).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "slow 9"));
+}
+
+/// Re-enters the layer's lock, and a direct acquire in the body re-enters too (holder scope).
+#[locked(key = "{id}", wait = "0ms")]
+async fn under_layer(
+    State(locks): State<LockClient<MemoryBackend>>,
+    Path(id): Path<String>,
+    lock: LockContext,
+) -> Result<String, StatusCode> {
+    let nested = locks
+        .lock_in_namespace("/docs/{id}", &id)
+        .try_acquire()
+        .await
+        .map_err(|_| StatusCode::CONFLICT)?;
+    let same_holder = nested.holder() == lock.holder();
+    nested.release().await.map_err(|_| StatusCode::GONE)?;
+    Ok(format!("{id} {same_holder}"))
+}
+
+/// A handler under a `LockLayer` taking the same lock re-enters it instead of deadlocking (or,
+/// with `wait = "0ms"`, instead of answering 423), and leaves it free afterwards.
+#[tokio::test]
+async fn reenters_under_a_layer_on_the_same_key() {
+    let locks = LockClient::in_memory();
+    let router = Router::new()
+        .route("/docs/{id}", post(under_layer))
+        .route_layer(LockLayer::new(locks.clone()).key(key::path_param("id")))
+        .with_state(locks.clone());
+    let base = serve(router).await;
+    for _ in 0..20 {
+        let (status, _, body) = send(&http(), "POST", &format!("{base}/docs/7")).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "7 true"));
+    }
+    assert!(
+        is_free(&locks, "/docs/{id}", "7").await,
+        "re-entered holds leaked"
+    );
+}
+
+#[locked(key = "doc:{doc_id}:{user.tenant}", fair, lease = "10s", fencing)]
+async fn edit(
+    Path((doc_id, _rev)): Path<(u64, String)>,
+    user: Tenant,
+    lock: LockContext,
+) -> String {
+    let _ = user;
+    lock.fencing_token()
+        .map_or_else(|| "none".to_owned(), |t| t.to_string())
+}
+
+/// A field of a binding used in the key: the tenant comes from a header.
+#[derive(Debug)]
+struct Tenant {
+    tenant: String,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Tenant {
+    type Rejection = StatusCode;
+
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let tenant = parts
+            .headers
+            .get("x-tenant")
+            .map_or("acme", |v| v.to_str().unwrap_or("?"));
+        Ok(Self {
+            tenant: tenant.to_owned(),
+        })
+    }
+}
+
+/// With `fencing`, the handler sees a token that rises from one request to the next.
+#[tokio::test]
+async fn fencing_token_is_visible_to_the_handler() {
+    let locks = LockClient::in_memory();
+    let router = Router::new()
+        .route("/docs/{doc_id}/{rev}", post(edit))
+        .layer(Extension(AnyLockClient::from(locks.clone())));
+    let base = serve(router).await;
+    let mut last = 0;
+    for _ in 0..5 {
+        let (status, _, body) = send(&http(), "POST", &format!("{base}/docs/3/r1")).await;
+        assert_eq!(status, StatusCode::OK);
+        let token: u64 = body.parse().expect("a fencing token");
+        assert!(token > last, "token {token} after {last}");
+        last = token;
+    }
+    assert!(is_free(&locks, "/docs/{doc_id}/{rev}", "doc:3:acme").await);
+}
+
+/// State of the read-write test: readers report how many are inside and wait for the gate.
+#[derive(Clone)]
+struct Reports {
+    locks: LockClient<MemoryBackend>,
+    readers: Arc<watch::Sender<usize>>,
+    gate: Arc<Semaphore>,
+}
+
+impl FromRef<Reports> for LockClient<MemoryBackend> {
+    fn from_ref(app: &Reports) -> Self {
+        app.locks.clone()
+    }
+}
+
+#[locked(key = "report:{id}", read, name = "reports")]
+async fn read_report(State(app): State<Reports>, Path(id): Path<u64>) -> String {
+    app.readers.send_modify(|n| *n += 1);
+    let _permit = app.gate.acquire().await.unwrap();
+    app.readers.send_modify(|n| *n -= 1);
+    format!("report {id}")
+}
+
+#[locked(key = "report:{id}", write, name = "reports", wait = "100ms")]
+async fn write_report(State(_): State<Reports>, Path(id): Path<u64>) -> String {
+    format!("written {id}")
+}
+
+/// Readers share the lock, a writer waits for them (423 after its wait), and gets it once they
+/// are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn read_and_write_split() {
+    let (readers, mut inside) = watch::channel(0);
+    let app = Reports {
+        locks: LockClient::in_memory(),
+        readers: Arc::new(readers),
+        gate: Arc::new(Semaphore::new(0)),
+    };
+    let router = Router::new()
+        .route("/reports/{id}", get(read_report).post(write_report))
+        .with_state(app.clone());
+    let base = serve(router).await;
+    let url = format!("{base}/reports/5");
+    let reads: Vec<_> = (0..2)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { send(&http(), "GET", &url).await })
+        })
+        .collect();
+    tokio::time::timeout(Duration::from_secs(5), inside.wait_for(|n| *n == 2))
+        .await
+        .expect("two readers were never inside together")
+        .unwrap();
+    let (status, _, _) = send(&http(), "POST", &url).await;
+    assert_eq!(
+        status,
+        StatusCode::LOCKED,
+        "a writer got in with readers inside"
+    );
+    app.gate.add_permits(2);
+    for read in reads {
+        let (status, _, body) = read.await.unwrap();
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "report 5"));
+    }
+    let (status, _, body) = send(&http(), "POST", &url).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "written 5"));
+}
+
+#[locked(key = "orphan")]
+async fn orphan() -> &'static str {
+    "ran without a lock"
+}
+
+/// No client in the extensions or the state: 500 and an error log saying how to provide one,
+/// never a panic and never the body.
+#[tokio::test(flavor = "current_thread")]
+async fn missing_client_is_500_with_a_log_line() {
+    let logs = Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(logs.clone())
+        .with_ansi(false)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let base = serve(Router::new().route("/orphan", post(orphan))).await;
+    let (status, _, body) = send(&http(), "POST", &format!("{base}/orphan")).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(body.is_empty(), "the body ran: {body}");
+    let logs = logs.text();
+    assert!(
+        logs.contains("ERROR") && logs.contains("Extension") && logs.contains("FromRef"),
+        "no log line on how to provide a client: {logs}"
+    );
+}
+
+/// Log output collected in memory.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Self;
+
+    fn make_writer(&'a self) -> Self {
+        self.clone()
+    }
+}
+
+/// An application error type with its own response.
+#[derive(Debug)]
+struct AppError;
+
+impl axum::response::IntoResponse for AppError {
+    fn into_response(self) -> axum::response::Response {
+        (StatusCode::UNPROCESSABLE_ENTITY, "app error").into_response()
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Withdrawal {
+    amount: String,
+}
+
+#[locked(key = "acct:{id}", wait = "2s")]
+async fn fallible(Path(id): Path<u64>, Json(w): Json<Withdrawal>) -> Result<Json<u64>, AppError> {
+    let amount: u64 = w.amount.parse().map_err(|_| AppError)?;
+    if amount == 0 {
+        return Err(AppError);
+    }
+    Ok(Json(id + amount))
+}
+
+/// The handler's `?` and `return` keep their meaning; an error response releases the lock.
+#[tokio::test]
+async fn errors_pass_through_and_release() {
+    let locks = LockClient::in_memory();
+    let router = Router::new()
+        .route("/acct/{id}", post(fallible))
+        .layer(Extension(AnyLockClient::from(locks.clone())));
+    let base = serve(router).await;
+    let post_json = |body: &'static str| {
+        let url = format!("{base}/acct/4");
+        async move {
+            let request = http::Request::post(url)
+                .header("content-type", "application/json")
+                .body(http_body_util::Full::new(Bytes::from(body)))
+                .unwrap();
+            let client = HttpClient::builder(TokioExecutor::new()).build_http();
+            let response = client.request(request).await.unwrap();
+            let status = response.status();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (status, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    assert_eq!(
+        post_json(r#"{"amount":"3"}"#).await,
+        (StatusCode::OK, "7".to_owned())
+    );
+    for bad in [r#"{"amount":"x"}"#, r#"{"amount":"0"}"#] {
+        let (status, body) = post_json(bad).await;
+        assert_eq!(
+            (status, body.as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, "app error")
+        );
+        // Released before the response left.
+        assert!(
+            is_free(&locks, "/acct/{id}", "acct:4").await,
+            "held after an error"
+        );
+    }
+}
+
+/// Marks that a handler future was dropped or finished.
+struct OnDrop(Arc<AtomicBool>);
+
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A client with default settings on `server`.
+async fn redis_locks(server: &RedisServer) -> LockClient<RedisBackend> {
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    LockClient::builder(backend).build().unwrap()
+}
+
+#[derive(Clone, Default)]
+struct Signals {
+    entered: Arc<Notify>,
+    dropped: Arc<AtomicBool>,
+}
+
+#[locked(key = "hang:{id}")]
+async fn hang(Extension(signals): Extension<Signals>, Path(id): Path<u64>) -> String {
+    let _guard = OnDrop(signals.dropped.clone());
+    signals.entered.notify_one();
+    std::future::pending::<()>().await;
+    format!("{id}")
+}
+
+#[locked(key = "boom:{id}")]
+async fn boom(Path(id): Path<u64>) -> String {
+    assert!(id == 0, "handler failed");
+    String::new()
+}
+
+/// A client that disconnects mid-handler and a panic caught by `CatchPanicLayer` both free the
+/// lock at once, not after its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn disconnect_and_panic_release() {
+    let server = RedisServer::start();
+    let locks = redis_locks(&server).await;
+    let signals = Signals::default();
+    let router = Router::new()
+        .route("/hang/{id}", post(hang))
+        .route("/boom/{id}", post(boom))
+        .layer(Extension(signals.clone()))
+        .layer(Extension(AnyLockClient::from(locks.clone())))
+        .layer(tower_http::catch_panic::CatchPanicLayer::new());
+    let base = serve(router).await;
+
+    let url = format!("{base}/hang/1");
+    let request = tokio::spawn(async move { send(&http(), "POST", &url).await });
+    signals.entered.notified().await;
+    assert!(!is_free(&locks, "/hang/{id}", "hang:1").await);
+    request.abort();
+    let _ = request.await;
+    until_free(&locks, "/hang/{id}", "hang:1").await;
+    assert!(
+        signals.dropped.load(Ordering::SeqCst),
+        "the handler was not dropped"
+    );
+
+    let (status, _, _) = send(&http(), "POST", &format!("{base}/boom/1")).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    until_free(&locks, "/boom/{id}", "boom:1").await;
+}
+
+#[locked(key = "long:{id}", lease = "watchdog(600ms)")]
+async fn long_abort(Extension(signals): Extension<Signals>, Path(id): Path<u64>) -> String {
+    let _guard = OnDrop(signals.dropped.clone());
+    signals.entered.notify_one();
+    std::future::pending::<()>().await;
+    format!("{id}")
+}
+
+#[locked(key = "long:{id}", lease = "watchdog(600ms)", on_lost = "continue")]
+async fn long_continue(
+    Extension(signals): Extension<Signals>,
+    Path(id): Path<u64>,
+    lock: LockContext,
+) -> String {
+    signals.entered.notify_one();
+    lock.lost().await;
+    format!("{id} finished after losing its lock")
+}
+
+/// A lock deleted behind the handler's back: by default the handler is dropped and the client
+/// gets 503; with `on_lost = "continue"` it runs on and can watch the loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lost_lock_aborts_or_continues() {
+    let server = RedisServer::start();
+    let locks = redis_locks(&server).await;
+    let signals = Signals::default();
+    let router = Router::new()
+        .route("/abort/{id}", post(long_abort))
+        .route("/continue/{id}", post(long_continue))
+        .layer(Extension(signals.clone()))
+        .layer(Extension(AnyLockClient::from(locks)));
+    let base = serve(router).await;
+
+    for (route, expect) in [
+        ("abort", (StatusCode::SERVICE_UNAVAILABLE, String::new())),
+        (
+            "continue",
+            (
+                StatusCode::OK,
+                "1 finished after losing its lock".to_owned(),
+            ),
+        ),
+    ] {
+        let url = format!("{base}/{route}/1");
+        let request = tokio::spawn(async move { send(&http(), "POST", &url).await });
+        signals.entered.notified().await;
+        // The route is the namespace, its braces escaped.
+        let name = format!("tower-lock:/{route}/%7Bid%7D{{long:1}}");
+        let deleted = server.cmd(&["DEL", &name]).as_int();
+        assert_eq!(deleted, 1, "no lock at {name}");
+        let started = Instant::now();
+        let (status, _, body) = request.await.unwrap();
+        assert_eq!((status, body), expect);
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+    assert!(
+        signals.dropped.load(Ordering::SeqCst),
+        "the aborted handler was not dropped"
+    );
+}
+
+/// `#[debug_handler]` on the same function, in either order.
+#[locked(key = "dbg:{id}")]
+#[axum::debug_handler]
+async fn debug_below(Path(id): Path<u64>, lock: LockContext) -> String {
+    format!("{id} {}", lock.key().as_str())
+}
+
+#[axum::debug_handler]
+#[locked(key = "dbg:{id}")]
+async fn debug_above(State(app): State<MemoryApp>, Path(id): Path<u64>) -> String {
+    let _ = app;
+    format!("{id}")
+}
+
+/// Both orders of `#[debug_handler]` and `#[locked]` compile and serve.
+#[tokio::test]
+async fn works_with_debug_handler() {
+    let app = MemoryApp {
+        locks: LockClient::in_memory(),
+        witness: Witness::default(),
+    };
+    let router = Router::new()
+        .route("/below/{id}", post(debug_below))
+        .route("/above/{id}", post(debug_above))
+        .layer(Extension(AnyLockClient::from(app.locks.clone())))
+        .with_state(app);
+    let base = serve(router).await;
+    let (status, _, body) = send(&http(), "POST", &format!("{base}/below/2")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.starts_with("2 tower-lock:"), "{body}");
+    let (status, _, body) = send(&http(), "POST", &format!("{base}/above/3")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "3"));
+}

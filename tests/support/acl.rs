@@ -1,0 +1,133 @@
+//! The crate's Redis ACL user, as the README documents it: its key and channel prefixes, the
+//! commands it sends and the commands its Lua scripts call (Redis checks those too).
+//!
+//! With `TOWER_LOCK_TEST_ACL=1` in the environment, every [`RedisServer`] the fixture starts (or
+//! restarts) gets this user, granted the prefixes of [`TEST_PREFIXES`], and its
+//! [`url`](RedisServer::url) logs in as the user; [`cmd`](RedisServer::cmd), the tests' admin
+//! channel, stays the unrestricted `default` user. Before a server is killed (by
+//! [`kill`](RedisServer::kill), a restart or drop) its `ACL LOG` must be empty: a denial is a
+//! missing grant or a command the test should send through `cmd`, and fails the test.
+
+use super::RedisServer;
+
+/// The environment variable that switches the mode on (value `1`).
+pub const ENV: &str = "TOWER_LOCK_TEST_ACL";
+/// The limited user's name.
+pub const USER: &str = "towerlock";
+/// The limited user's password.
+pub const PASSWORD: &str = "lock-password";
+
+/// The commands the crate sends and its scripts call, on every Redis version it supports.
+pub const COMMANDS: &[&str] = &[
+    "+ping",
+    "+evalsha",
+    "+eval",
+    "+type",
+    "+subscribe",
+    "+unsubscribe",
+    "+publish",
+    "+time",
+    "+exists",
+    "+del",
+    "+pttl",
+    "+pexpire",
+    "+incr",
+    "+hget",
+    "+hset",
+    "+hdel",
+    "+hexists",
+    "+hincrby",
+    "+hkeys",
+    "+lindex",
+    "+lpop",
+    "+lrem",
+    "+rpush",
+    "+sadd",
+    "+sismember",
+    "+zadd",
+    "+zcard",
+    "+zrange",
+    "+zrangebyscore",
+    "+zrem",
+    "+zremrangebyscore",
+    "+zscore",
+];
+
+/// The commands options add: `RedisBackendBuilder::min_replicas` sends `WAIT`.
+pub const OPTION_COMMANDS: &[&str] = &["+wait"];
+
+/// The key prefixes the tests run the crate with: the default and the ones the test files pass
+/// to `LockClientBuilder::prefix`.
+pub const TEST_PREFIXES: &[&str] = &[
+    "tower-lock:",
+    "tl:",
+    "rl:",
+    "shop:",
+    "t:",
+    "t5:",
+    "t10:",
+    "t14:",
+    "t14b:",
+    "t14c:",
+    "t14d:",
+    "t16:",
+    "t17:",
+    "t18:",
+];
+
+/// Whether `TOWER_LOCK_TEST_ACL=1` is set.
+pub fn enabled() -> bool {
+    std::env::var_os(ENV).is_some_and(|value| value == "1")
+}
+
+/// The `ACL SETUSER <name>` arguments for the crate's user on `server`, with `password`, granted
+/// keys `~<p>*` and channels `&<p>*` for each of `prefixes`.
+///
+/// On Redis 7.2 and newer this adds `+client|setinfo`: redis-rs sends it at connect. Older
+/// servers have no such command (they reject the rule, and answer the command with an error
+/// that redis-rs ignores).
+pub fn rules(server: &RedisServer, password: &str, prefixes: &[&str]) -> Vec<String> {
+    let mut rules = vec![
+        "on".to_owned(),
+        format!(">{password}"),
+        "resetkeys".to_owned(),
+        "resetchannels".to_owned(),
+    ];
+    for prefix in prefixes {
+        rules.push(format!("~{prefix}*"));
+        rules.push(format!("&{prefix}*"));
+    }
+    rules.push("-@all".to_owned());
+    rules.extend(COMMANDS.iter().map(|&command| command.to_owned()));
+    if server_version(server)[..] >= [7, 2][..] {
+        rules.push("+client|setinfo".to_owned());
+    }
+    rules
+}
+
+/// Creates the test user on `server`: [`USER`] with [`PASSWORD`], the [`rules`] for
+/// [`TEST_PREFIXES`], and the [`OPTION_COMMANDS`] (the tests use every option).
+///
+/// # Panics
+/// When the server refuses the rules.
+pub fn create_test_user(server: &RedisServer) {
+    let rules = rules(server, PASSWORD, TEST_PREFIXES);
+    let rules: Vec<&str> = rules
+        .iter()
+        .map(String::as_str)
+        .chain(OPTION_COMMANDS.iter().copied())
+        .collect();
+    server.acl_setuser(USER, &rules);
+}
+
+/// The `redis_version` of `server` as numbers: `[7, 0, 15]`.
+fn server_version(server: &RedisServer) -> Vec<u32> {
+    let info = server.info("server").expect("INFO server");
+    info.lines()
+        .find_map(|line| line.strip_prefix("redis_version:"))
+        .expect("INFO server has redis_version")
+        .trim()
+        .split('.')
+        .filter_map(|part| part.parse().ok())
+        .collect()
+}

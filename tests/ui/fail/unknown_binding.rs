@@ -1,0 +1,9 @@
+use axum::extract::Path;
+use tower_lock::locked;
+
+#[locked(key = "account:{account_id}")]
+async fn withdraw(Path(id): Path<u64>) -> String {
+    id.to_string()
+}
+
+fn main() {}
