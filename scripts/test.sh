@@ -3,7 +3,7 @@
 # redis-server binary is there (the tests start their own servers on free loopback ports, so a
 # system Redis on 6379 is neither needed nor in the way) and the openssl command (the TLS tests
 # make a throwaway CA with it), then runs every test of the workspace
-# with all features, then the single-node Redis tests again as the crate's limited ACL user.
+# with all features, then the Redis tests again as the crate's limited ACL user.
 # Extra arguments go to the first `cargo test`, e.g. `scripts/test.sh -- --nocapture`.
 #
 # Environment: REDIS_SERVER_BIN picks the redis-server binary (default: `redis-server` on PATH).
@@ -72,11 +72,11 @@ fi
 echo "==> cargo test --workspace --all-features $*"
 cargo test --workspace --all-features "$@"
 
-# Second pass, same binaries: the single-node Redis tests again, with every client logged in as
+# Second pass, same binaries: the Redis tests again, with every client logged in as
 # the crate's limited ACL user (the README's line; tests/support/acl.rs). Any ACL denial fails
-# the test. Not run here: cluster, sentinel and tls (their own servers and grants), acl (makes
-# its own users), harness (checks the fixture's plain URL), ui (no Redis).
-acl_tests=(engine fair_rw key_fuzz keyed_hash layer locked metrics redis_faults redlock replicas
-  waiter_caps)
+# the test. Not run here: sentinel and tls (their own servers and grants), acl (makes its own
+# users), harness (checks the fixture's plain URL), ui (no Redis).
+acl_tests=(cluster engine fair_rw key_fuzz keyed_hash layer locked metrics redis_faults redlock
+  replicas waiter_caps)
 echo "==> TOWER_LOCK_TEST_ACL=1 cargo test --workspace --all-features ${acl_tests[*]/#/--test }"
 TOWER_LOCK_TEST_ACL=1 cargo test --workspace --all-features "${acl_tests[@]/#/--test=}"

@@ -6,7 +6,7 @@
 //! clients grow the series without bound):
 //! - `kind`: `exclusive`, `fair`, `read`, `write`;
 //! - `outcome` of a wait: `acquired`, `timeout`, `error`; of a renewal: `renewed`, `not_held`,
-//!   `failed`;
+//!   `failed`; of a renewal batch: `ok`, `failed`;
 //! - `reason` of an acquire error: `invalid_key`, `invalid_lease`, `too_many_waiters`,
 //!   `backend`, `upgrade_refused`, `lost`, `not_held`, `shut_down`, `other`; of a rejection:
 //!   `missing_key`, `invalid_key`, `locked`, `conflict`, `misconfigured`, `too_many_waiters`,
@@ -34,6 +34,10 @@ pub const HOLD_SECONDS: &str = "tower_lock_hold_seconds";
 pub const LOSSES: &str = "tower_lock_losses_total";
 /// Lease renewals by the watchdog. Labels `kind`, `outcome`.
 pub const RENEWALS: &str = "tower_lock_renewals_total";
+/// Seconds one watchdog tick's renewals took: every lease and queue place due at once goes to
+/// the backend in one call (one round trip per node), so the sample count is the number of
+/// round trips the watchdog made. Label `outcome`: `ok` or `failed`.
+pub const RENEWAL_BATCH_SECONDS: &str = "tower_lock_renewal_batch_seconds";
 /// Requests the lock layer answered without running them. Label `reason`.
 pub const REJECTIONS: &str = "tower_lock_rejections_total";
 /// Acquires waiting right now, across clients.
@@ -97,6 +101,19 @@ pub(crate) fn renewal(kind: LockKind, reply: Option<RenewReply>) {
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (kind, reply);
+}
+
+/// The watchdog sent one batch of renewals, which took `took` and reached the backend (`ok`)
+/// or not.
+pub(crate) fn renewal_batch(took: Duration, ok: bool) {
+    #[cfg(feature = "metrics")]
+    {
+        let outcome = if ok { "ok" } else { "failed" };
+        ::metrics::histogram!(RENEWAL_BATCH_SECONDS, "outcome" => outcome)
+            .record(took.as_secs_f64());
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (took, ok);
 }
 
 /// The lock layer answered a request with `rejection`.

@@ -320,7 +320,9 @@ async fn renew<B: Backend>(
         queued: true,
     });
     let renewals: Vec<Renew<'_>> = holds.chain(places).collect();
-    let replies = match shared.backend.renew(&renewals).await {
+    let result = shared.backend.renew(&renewals).await;
+    crate::metrics::renewal_batch(BootInstant::now().duration_since(sent_at), result.is_ok());
+    let replies = match result {
         Ok(replies) if replies.len() == renewals.len() => Some(replies),
         Ok(_) => {
             tracing::warn!("lease renewal returned the wrong number of replies");

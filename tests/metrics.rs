@@ -110,6 +110,15 @@ async fn scenario(server: &RedisServer, snapshotter: &Snapshotter) {
         ) >= 2.0,
         "{after:?}"
     );
+    // One batch per tick: the one lock held here, one round trip each.
+    assert_eq!(
+        get(&after, &format!("{RENEWAL_BATCH_SECONDS}{{outcome=ok}}")),
+        get(
+            &after,
+            &format!("{RENEWALS}{{kind=exclusive,outcome=renewed}}")
+        ),
+        "{after:?}"
+    );
     assert_eq!(
         get(&after, &format!("{HOLD_SECONDS}{{kind=exclusive}}")),
         2.0,

@@ -56,6 +56,17 @@ pub const COMMANDS: &[&str] = &[
 /// The commands options add: `RedisBackendBuilder::min_replicas` sends `WAIT`.
 pub const OPTION_COMMANDS: &[&str] = &["+wait"];
 
+/// The commands a Redis Cluster client adds: sharded pub/sub (the scripts' `SPUBLISH`, the
+/// waiters' `SSUBSCRIBE`), and what the cluster client sends to learn the slot map and follow
+/// a slot being migrated.
+pub const CLUSTER_COMMANDS: &[&str] = &[
+    "+spublish",
+    "+ssubscribe",
+    "+sunsubscribe",
+    "+cluster|slots",
+    "+asking",
+];
+
 /// The key prefixes the tests run the crate with: the default and the ones the test files pass
 /// to `LockClientBuilder::prefix`.
 pub const TEST_PREFIXES: &[&str] = &[
@@ -73,6 +84,12 @@ pub const TEST_PREFIXES: &[&str] = &[
     "t16:",
     "t17:",
     "t18:",
+    "fo:",
+    "frw:",
+    "mig:",
+    "mx:",
+    "ns:",
+    "sh:",
 ];
 
 /// Whether `TOWER_LOCK_TEST_ACL=1` is set.
@@ -106,7 +123,8 @@ pub fn rules(server: &RedisServer, password: &str, prefixes: &[&str]) -> Vec<Str
 }
 
 /// Creates the test user on `server`: [`USER`] with [`PASSWORD`], the [`rules`] for
-/// [`TEST_PREFIXES`], and the [`OPTION_COMMANDS`] (the tests use every option).
+/// [`TEST_PREFIXES`], the [`OPTION_COMMANDS`] (the tests use every option) and the
+/// [`CLUSTER_COMMANDS`] (cluster nodes are started by the same fixture).
 ///
 /// # Panics
 /// When the server refuses the rules.
@@ -116,6 +134,7 @@ pub fn create_test_user(server: &RedisServer) {
         .iter()
         .map(String::as_str)
         .chain(OPTION_COMMANDS.iter().copied())
+        .chain(CLUSTER_COMMANDS.iter().copied())
         .collect();
     server.acl_setuser(USER, &rules);
 }

@@ -1,9 +1,10 @@
 //! F24: Redlock over five nodes. Eight clients (each with its own connections, as separate
-//! processes) start together and contend for a few keys, first with every node up, then with
-//! two nodes killed; every section goes through the witness and the history. Then an acquire
-//! alone with two down (bounded by a node timeout), and with a third node killed: the typed
-//! quorum error within the wait. The attempts per acquisition show whether the random retry
-//! delay keeps split votes rare.
+//! processes) start together and contend for a few keys, first with every node up, then while
+//! two nodes are killed in the middle of the load (locks held and acquires in flight on them),
+//! then with those two down; every section goes through the witness and the history. Then an
+//! acquire alone with two down (bounded by a node timeout), and with a third node killed: the
+//! typed quorum error within the wait. The attempts per acquisition show whether the random
+//! retry delay keeps split votes rare.
 
 use std::time::{Duration, Instant};
 
@@ -35,7 +36,11 @@ async fn f24_redlock_with_nodes_killed() {
     let mut rng = bed.scenario.rng();
     let started = Instant::now();
     // With two nodes down every acquire and release waits a node timeout for them.
-    let (all_up_sections, two_down_sections) = (run::count(800, 10_000), run::count(48, 2000));
+    let (all_up_sections, killed_sections, two_down_sections) = (
+        run::count(800, 10_000),
+        run::count(48, 4000),
+        run::count(48, 2000),
+    );
     let clients: Vec<_> = (0..CLIENTS)
         .map(|_| bed.redlock_client(NODE_TIMEOUT))
         .collect();
@@ -53,14 +58,28 @@ async fn f24_redlock_with_nodes_killed() {
         &mut rng,
     )
     .await;
-    // Two nodes picked by the seed die; three remain, a majority.
+    // Two nodes picked by the seed die once the witness has seen a third of the next load's
+    // sections; three remain, a majority.
     let mut order: Vec<usize> = (0..REDLOCK_NODES).collect();
     for i in (1..order.len()).rev() {
         order.swap(i, rng.below(i as u64 + 1) as usize);
     }
-    for &node in &order[..2] {
-        bed.nodes[node].kill();
-    }
+    let killed_at = bed.witness.seen().await.counted + (killed_sections / 3) as u64;
+    let killing = contend(
+        (&history, &bed.witness),
+        &clients,
+        load(killed_sections),
+        &mut rng,
+    );
+    let kill_mid_load = async {
+        while bed.witness.seen().await.counted < killed_at {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        for &node in &order[..2] {
+            bed.nodes[node].kill();
+        }
+    };
+    let (killed, ()) = tokio::join!(killing, kill_mid_load);
     let two_down = contend(
         (&history, &bed.witness),
         &clients,
@@ -127,7 +146,10 @@ async fn f24_redlock_with_nodes_killed() {
     let ok = checker::completed(&recorded);
     let lost_updates = (ok as u64).abs_diff(seen.counted);
     let violations = sweep.violations as u64 + seen.overlaps + lost_updates;
-    let errors: Vec<_> = all_up.errors.iter().chain(&two_down.errors).collect();
+    let errors: Vec<_> = [&all_up, &killed, &two_down]
+        .iter()
+        .flat_map(|phase| &phase.errors)
+        .collect();
     let slowest_failure = failures.iter().max().copied().unwrap_or_default();
     let s = &mut bed.scenario;
     s.figure("violations", format!("{violations}/{}", sweep.held));
@@ -135,7 +157,11 @@ async fn f24_redlock_with_nodes_killed() {
     s.figure("witness_overlaps", seen.overlaps);
     s.figure("lost_updates", lost_updates);
     s.figure("errors", errors.len());
-    for (name, phase) in [("all_up", &all_up), ("two_down", &two_down)] {
+    for (name, phase) in [
+        ("all_up", &all_up),
+        ("killed", &killed),
+        ("two_down", &two_down),
+    ] {
         s.figure(
             &format!("contended_p99_ms_{name}"),
             format!("{:.1}", run::quantile_ms(&phase.latencies, 0.99)),
@@ -171,7 +197,10 @@ async fn f24_redlock_with_nodes_killed() {
         "caller-visible errors: {:?}",
         &errors[..errors.len().min(5)]
     );
-    let total = (all_up_sections / CLIENTS + two_down_sections / CLIENTS) * CLIENTS;
+    let total = [all_up_sections, killed_sections, two_down_sections]
+        .iter()
+        .map(|sections| sections / CLIENTS * CLIENTS)
+        .sum::<usize>();
     assert_eq!(ok, total, "every section completed");
     let slowest = solo.iter().max().copied().unwrap_or_default();
     assert!(

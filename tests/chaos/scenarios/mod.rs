@@ -17,6 +17,7 @@ use crate::{
 mod f01_contention;
 mod f02_reentrancy;
 mod f03_expired_release;
+#[cfg(feature = "metrics")]
 mod f04_watchdog_at_scale;
 mod f05_wake_up;
 mod f06_dropped_waiters;
