@@ -15,6 +15,8 @@
 //! - W3f: W3b with the fair lock: FIFO across clients, so acquisitions per task must be even.
 //! - RW: 16 tasks, 95 % reads and 5 % writes of one resource (each holding it ~100 µs), with a
 //!   read-write lock and, for comparison, with the plain lock.
+//! - W4: one watchdog tick for 1 000 held locks: the backend's renewal of all of them in one
+//!   call (one pipeline, one round trip), p50 and p99.
 //!
 //! W1–W3 also run on the in-memory backend as a floor for the engine's own overhead.
 
@@ -33,7 +35,10 @@ use std::{
 };
 
 use support::RedisServer;
-use tower_lock::{Backend, LockClient, LockKind, MemoryBackend, RedisBackend};
+use tower_lock::{
+    Backend, Lease, LockClient, LockKind, MemoryBackend, RedisBackend,
+    backend::{Renew, RenewReply},
+};
 use workloads::{contend, w1, w1_pairs};
 
 fn main() {
@@ -97,6 +102,14 @@ fn main() {
             "RW  16 tasks, 95 % reads:          {rw:>9.0} ops/s with a read-write lock, {plain:.0} ops/s with the plain lock ({:.1}x)",
             rw / plain
         );
+
+        let (p50, p99) = w4(&redis(1).await[0], window).await;
+        println!(
+            "W4  watchdog tick, {W4_LOCKS} locks:       p50 {:.2} ms = {:.1} RTT, p99 {:.2} ms",
+            p50.as_secs_f64() * 1e3,
+            p50.as_secs_f64() / rtt.as_secs_f64(),
+            p99.as_secs_f64() * 1e3
+        );
     });
     drop(server);
 }
@@ -123,6 +136,39 @@ async fn w2<B: Backend>(client: &LockClient<B>, window: Duration) -> f64 {
     }
     while tasks.join_next().await.is_some() {}
     pairs.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Locks one W4 tick renews.
+const W4_LOCKS: usize = 1000;
+
+/// W4: p50 and p99 of one renewal call for [`W4_LOCKS`] held locks, as the watchdog makes it
+/// once per tick.
+async fn w4<B: Backend>(client: &LockClient<B>, window: Duration) -> (Duration, Duration) {
+    let lease = Lease::fixed(Duration::from_secs(60));
+    let mut guards = Vec::new();
+    for i in 0..W4_LOCKS {
+        let guard = client.lock(format!("w4:{i}")).lease(lease).acquire();
+        guards.push(guard.await.expect("acquire"));
+    }
+    let renewals: Vec<Renew<'_>> = guards
+        .iter()
+        .map(|guard| Renew::hold(guard.key(), guard.holder().id(), lease, LockKind::Exclusive))
+        .collect();
+    let mut ticks = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < window {
+        let sent = Instant::now();
+        let replies = client.backend().renew(&renewals).await.expect("renew");
+        ticks.push(sent.elapsed());
+        assert!(replies.iter().all(|reply| *reply == RenewReply::Renewed));
+    }
+    drop(renewals);
+    for guard in guards {
+        guard.release().await.expect("release");
+    }
+    ticks.sort_unstable();
+    let at = |q: f64| ticks[((ticks.len() - 1) as f64 * q) as usize];
+    (at(0.5), at(0.99))
 }
 
 /// Operations per second of 16 tasks doing 95 % reads and 5 % writes of one resource, each

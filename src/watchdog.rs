@@ -305,20 +305,12 @@ async fn renew<B: Backend>(
     waits: Vec<Arc<Queued>>,
     sent_at: BootInstant,
 ) {
-    let holds = due.iter().map(|held| Renew {
-        key: &held.key,
-        holder: held.holder.id(),
-        lease: held.lease,
-        kind: held.kind,
-        queued: false,
-    });
-    let places = waits.iter().map(|wait| Renew {
-        key: &wait.key,
-        holder: wait.holder.id(),
-        lease: Lease::fixed(wait.timeout),
-        kind: wait.kind,
-        queued: true,
-    });
+    let holds = due
+        .iter()
+        .map(|held| Renew::hold(&held.key, held.holder.id(), held.lease, held.kind));
+    let places = waits
+        .iter()
+        .map(|wait| Renew::place(&wait.key, wait.holder.id(), wait.timeout, wait.kind));
     let renewals: Vec<Renew<'_>> = holds.chain(places).collect();
     let result = shared.backend.renew(&renewals).await;
     crate::metrics::renewal_batch(BootInstant::now().duration_since(sent_at), result.is_ok());

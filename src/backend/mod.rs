@@ -151,6 +151,50 @@ pub struct Renew<'a> {
     pub queued: bool,
 }
 
+impl<'a> Renew<'a> {
+    /// Extends `holder`'s hold of the `kind` lock `key` to `lease` from now.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use tower_lock::{
+    ///     Backend, Lease, LockClient, LockKind, MemoryBackend,
+    ///     backend::{Renew, RenewReply},
+    /// };
+    ///
+    /// let locks = LockClient::builder(MemoryBackend::new()).build()?;
+    /// let lease = Lease::fixed(Duration::from_secs(10));
+    /// let guard = locks.lock("report").lease(lease).acquire().await?;
+    /// let renew = Renew::hold(guard.key(), guard.holder().id(), lease, LockKind::Exclusive);
+    /// let replies = locks.backend().renew(&[renew]).await?;
+    /// assert_eq!(replies, [RenewReply::Renewed]);
+    /// # Ok(()) }
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    /// #     .block_on(demo()).unwrap();
+    /// ```
+    pub fn hold(key: &'a LockKey, holder: &'a str, lease: Lease, kind: LockKind) -> Self {
+        Self {
+            key,
+            holder,
+            lease,
+            kind,
+            queued: false,
+        }
+    }
+
+    /// Keeps `holder`'s place in the wait queue of the `kind` lock `key` for `timeout` from
+    /// now.
+    pub fn place(key: &'a LockKey, holder: &'a str, timeout: Duration, kind: LockKind) -> Self {
+        Self {
+            key,
+            holder,
+            lease: Lease::fixed(timeout),
+            kind,
+            queued: true,
+        }
+    }
+}
+
 /// The answer to one renewal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
