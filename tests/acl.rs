@@ -35,7 +35,7 @@ const PASSWORD: &str = "lock-password";
 /// Creates `user` with the README's rules for the default prefix on this server, less the
 /// rule `without`.
 fn create_user(server: &RedisServer, user: &str, without: Option<&str>) {
-    let all = acl::rules(server, PASSWORD, &["tower-lock:"]);
+    let all = acl::rules(support::redis_version(), PASSWORD, &["tower-lock:"]);
     let rules: Vec<&str> = all
         .iter()
         .map(String::as_str)

@@ -1,14 +1,12 @@
 //! The crate's Redis ACL user, as the README documents it: its key and channel prefixes, the
 //! commands it sends and the commands its Lua scripts call (Redis checks those too).
 //!
-//! With `TOWER_LOCK_TEST_ACL=1` in the environment, every [`RedisServer`] the fixture starts (or
-//! restarts) gets this user, granted the prefixes of [`TEST_PREFIXES`], and its
-//! [`url`](RedisServer::url) logs in as the user; [`cmd`](RedisServer::cmd), the tests' admin
-//! channel, stays the unrestricted `default` user. Before a server is killed (by
-//! [`kill`](RedisServer::kill), a restart or drop) its `ACL LOG` must be empty: a denial is a
-//! missing grant or a command the test should send through `cmd`, and fails the test.
-
-use super::RedisServer;
+//! With `TOWER_LOCK_TEST_ACL=1` in the environment, every `RedisServer` the fixture starts (or
+//! restarts) is started with this user (so it exists before any client connects), granted the
+//! prefixes of [`TEST_PREFIXES`], and its `url` logs in as the user; `cmd`, the tests' admin
+//! channel, stays the unrestricted `default` user. Before a server is killed (by `kill`, a
+//! restart or drop) its `ACL LOG` must be empty: a denial is a missing grant or a command the
+//! test should send through `cmd`, and fails the test.
 
 /// The environment variable that switches the mode on (value `1`).
 pub const ENV: &str = "TOWER_LOCK_TEST_ACL";
@@ -97,13 +95,13 @@ pub fn enabled() -> bool {
     std::env::var_os(ENV).is_some_and(|value| value == "1")
 }
 
-/// The `ACL SETUSER <name>` arguments for the crate's user on `server`, with `password`, granted
-/// keys `~<p>*` and channels `&<p>*` for each of `prefixes`.
+/// The `ACL SETUSER <name>` arguments for the crate's user on a server of `version`, with
+/// `password`, granted keys `~<p>*` and channels `&<p>*` for each of `prefixes`.
 ///
 /// On Redis 7.2 and newer this adds `+client|setinfo`: redis-rs sends it at connect. Older
 /// servers have no such command (they reject the rule, and answer the command with an error
 /// that redis-rs ignores).
-pub fn rules(server: &RedisServer, password: &str, prefixes: &[&str]) -> Vec<String> {
+pub fn rules(version: &[u32], password: &str, prefixes: &[&str]) -> Vec<String> {
     let mut rules = vec![
         "on".to_owned(),
         format!(">{password}"),
@@ -116,37 +114,26 @@ pub fn rules(server: &RedisServer, password: &str, prefixes: &[&str]) -> Vec<Str
     }
     rules.push("-@all".to_owned());
     rules.extend(COMMANDS.iter().map(|&command| command.to_owned()));
-    if server_version(server)[..] >= [7, 2][..] {
+    if version >= &[7, 2][..] {
         rules.push("+client|setinfo".to_owned());
     }
     rules
 }
 
-/// Creates the test user on `server`: [`USER`] with [`PASSWORD`], the [`rules`] for
-/// [`TEST_PREFIXES`], the [`OPTION_COMMANDS`] (the tests use every option) and the
-/// [`CLUSTER_COMMANDS`] (cluster nodes are started by the same fixture).
-///
-/// # Panics
-/// When the server refuses the rules.
-pub fn create_test_user(server: &RedisServer) {
-    let rules = rules(server, PASSWORD, TEST_PREFIXES);
-    let rules: Vec<&str> = rules
-        .iter()
-        .map(String::as_str)
-        .chain(OPTION_COMMANDS.iter().copied())
-        .chain(CLUSTER_COMMANDS.iter().copied())
-        .collect();
-    server.acl_setuser(USER, &rules);
-}
-
-/// The `redis_version` of `server` as numbers: `[7, 0, 15]`.
-fn server_version(server: &RedisServer) -> Vec<u32> {
-    let info = server.info("server").expect("INFO server");
-    info.lines()
-        .find_map(|line| line.strip_prefix("redis_version:"))
-        .expect("INFO server has redis_version")
-        .trim()
-        .split('.')
-        .filter_map(|part| part.parse().ok())
+/// In the ACL mode, the `redis-server` arguments that create the test user at start-up:
+/// [`USER`] with [`PASSWORD`], the [`rules`] for [`TEST_PREFIXES`], the [`OPTION_COMMANDS`]
+/// (the tests use every option) and the [`CLUSTER_COMMANDS`] (cluster nodes are started by
+/// the same fixture). Outside it, none.
+pub fn startup_args(version: &[u32]) -> Vec<String> {
+    if !enabled() {
+        return Vec::new();
+    }
+    let rules = rules(version, PASSWORD, TEST_PREFIXES);
+    let extra = OPTION_COMMANDS.iter().chain(CLUSTER_COMMANDS);
+    ["--user", USER]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(rules)
+        .chain(extra.map(|&command| command.to_owned()))
         .collect()
 }

@@ -17,7 +17,7 @@ pub mod http;
 pub mod sentinel;
 
 use std::{
-    ffi::OsStr,
+    ffi::{OsStr, OsString},
     fmt::Write as _,
     fs::File,
     io::{self, BufRead, BufReader, Write},
@@ -281,7 +281,7 @@ impl RedisServer {
     /// Spawns `redis-server` on `self.port` and waits until it answers `PING`; on failure the
     /// process is gone and the error says why, with the server's logs.
     fn spawn(&mut self) -> Result<(), String> {
-        let bin = std::env::var_os("REDIS_SERVER_BIN").unwrap_or_else(|| "redis-server".into());
+        let bin = server_bin();
         // Each run gets fresh logs, so failure messages show only this run's.
         let _ = std::fs::remove_file(self.dir.join("redis.log"));
         let stderr = File::create(self.dir.join("stderr.log"))
@@ -294,7 +294,10 @@ impl RedisServer {
         let child = command
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
-            .args(debug_command_args(&bin))
+            .args(debug_command_args())
+            // In the ACL mode the user exists before the first client connects (a restarted
+            // server has no persistence, and a client reconnecting early must not be refused).
+            .args(acl::startup_args(redis_version()))
             .arg("--dir")
             .arg(&self.dir)
             .arg("--logfile")
@@ -309,9 +312,6 @@ impl RedisServer {
         let result = self.wait_ready();
         if result.is_err() {
             self.stop();
-        } else if acl::enabled() {
-            // Persistence is off: a restarted server has lost the user too.
-            acl::create_test_user(self);
         }
         result.map_err(|failure| format!("{failure}\n{}", self.logs()))
     }
@@ -434,24 +434,36 @@ fn not_found(bin: &OsStr, error: &io::Error) -> ! {
 
 /// `--enable-debug-command local` (allows `DEBUG` from loopback) on Redis 7 and newer; nothing
 /// on older servers, which reject the option but allow `DEBUG` anyway.
-fn debug_command_args(bin: &OsStr) -> &'static [&'static str] {
-    static MAJOR: OnceLock<Option<u32>> = OnceLock::new();
-    let major = MAJOR.get_or_init(|| {
-        let output = Command::new(bin)
+fn debug_command_args() -> &'static [&'static str] {
+    match redis_version().first() {
+        Some(major) if *major < 7 => &[],
+        _ => &["--enable-debug-command", "local"],
+    }
+}
+
+/// The redis-server binary: `$REDIS_SERVER_BIN`, or `redis-server` on `PATH`.
+fn server_bin() -> OsString {
+    std::env::var_os("REDIS_SERVER_BIN").unwrap_or_else(|| "redis-server".into())
+}
+
+/// The version of the redis-server binary as numbers, `[7, 0, 15]` (empty when it prints
+/// none); read once, as every server of a run comes from the same binary.
+pub fn redis_version() -> &'static [u32] {
+    static VERSION: OnceLock<Vec<u32>> = OnceLock::new();
+    VERSION.get_or_init(|| {
+        let bin = server_bin();
+        let output = Command::new(&bin)
             .arg("--version")
             .stdin(Stdio::null())
             .output()
-            .unwrap_or_else(|e| not_found(bin, &e));
+            .unwrap_or_else(|e| not_found(&bin, &e));
         // "Redis server v=7.0.15 sha=..."
         String::from_utf8_lossy(&output.stdout)
             .split_whitespace()
             .find_map(|word| word.strip_prefix("v="))
-            .and_then(|version| version.split('.').next()?.parse().ok())
-    });
-    match major {
-        Some(major) if *major < 7 => &[],
-        _ => &["--enable-debug-command", "local"],
-    }
+            .map(|version| version.split('.').filter_map(|n| n.parse().ok()).collect())
+            .unwrap_or_default()
+    })
 }
 
 /// Binds 127.0.0.1:0 and returns the port the OS picked; the listener is dropped, so the port
