@@ -3,18 +3,32 @@
 //! sentinels promote the replica; the clients must follow it: each holder keeps its lock or is
 //! told it lost it, the waiters get the locks one at a time or time out cleanly, none is
 //! stranded. Every section goes through the history and the witness.
+//!
+//! Second test: a lock granted on the master that the replica never got, then the same
+//! failover. The replica replicates through a proxy, blackholed around the grant: the write
+//! never arrives, yet the replica keeps its place in the sentinels' view (the master lists it
+//! under its own listening port) and is promoted. Without `min_replicas` a client following
+//! the sentinels gets the lock again while the first holder still believes it holds it: the
+//! negative control, which the checker must see. With `min_replicas(1, 100 ms)` the first
+//! grant fails cleanly and leaves no key, so no one holds twice.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_lock::{Lease, LockClient, LockError, RedisBackend};
+use tower_lock::{
+    Lease, LockClient, LockError, RedisBackend, RedisBackendBuilder, error::BackendErrorKind,
+};
 
 use super::eventually;
 use crate::{
     checker, clock,
-    history::{History, Outcome},
+    history::{History, Outcome, Section},
+    proxy::{Mode, Proxy},
     run::{self, Scenario},
-    support::sentinel::{MASTER_NAME, SentinelGroup},
+    support::{
+        RedisServer,
+        sentinel::{MASTER_NAME, SentinelGroup},
+    },
     witness::Witness,
 };
 
@@ -24,10 +38,20 @@ const WAITERS: usize = 10;
 const LEASE: Duration = Duration::from_secs(6);
 /// How long a waiter waits: past any failover the sentinels can agree on here.
 const WAIT: Duration = Duration::from_secs(20);
+/// How long `WAIT` waits for the replica.
+const ACK_TIMEOUT: Duration = Duration::from_millis(100);
+/// The unreplicated grant's lease: far longer than a failover, so only the failover can end
+/// it.
+const UNREPLICATED_LEASE: Duration = Duration::from_secs(30);
 
-async fn client(group: &SentinelGroup) -> LockClient<RedisBackend> {
-    let backend = RedisBackend::sentinel(group.sentinel_urls(), MASTER_NAME)
+/// A backend on whichever server the group's sentinels name as master.
+fn following(group: &SentinelGroup) -> RedisBackendBuilder {
+    RedisBackend::sentinel(group.sentinel_urls(), MASTER_NAME)
         .command_timeout(Duration::from_millis(500))
+}
+
+async fn client_of(builder: RedisBackendBuilder) -> LockClient<RedisBackend> {
+    let backend = builder
         .connect()
         .await
         .expect("connect through the sentinels");
@@ -35,6 +59,31 @@ async fn client(group: &SentinelGroup) -> LockClient<RedisBackend> {
         .prefix(PREFIX)
         .build()
         .expect("client configuration")
+}
+
+async fn client(group: &SentinelGroup) -> LockClient<RedisBackend> {
+    client_of(following(group)).await
+}
+
+/// The Redis key of the lock `key`.
+fn redis_key(key: &str) -> String {
+    format!("{PREFIX}{{{key}}}")
+}
+
+/// Whether `server` holds the lock `key` (false when it does not answer).
+fn has(server: &RedisServer, key: &str) -> bool {
+    server
+        .try_cmd(&["EXISTS", &redis_key(key)])
+        .is_ok_and(|reply| reply.as_int() == 1)
+}
+
+/// `SIGKILL`s the master and waits until the sentinels have promoted the replica; returns when
+/// the kill happened.
+fn fail_over(group: &mut SentinelGroup) -> (u64, Instant) {
+    let killed = (clock::now_ns(), Instant::now());
+    group.master.kill();
+    tokio::task::block_in_place(|| group.wait_for_master(&group.replica, WAIT));
+    killed
 }
 
 /// What one failover showed.
@@ -108,12 +157,7 @@ async fn failover(run: usize, history: &History, witness: &Witness) -> Failover 
         })
         .collect();
     let copied = eventually(Duration::from_secs(5), || {
-        KEYS.iter().all(|key| {
-            group
-                .replica
-                .try_cmd(&["EXISTS", &format!("{PREFIX}{{{key}}}")])
-                .is_ok_and(|reply| reply.as_int() == 1)
-        })
+        KEYS.iter().all(|key| has(&group.replica, key))
     })
     .await;
     assert!(copied, "run {run}: the locks did not reach the replica");
@@ -123,10 +167,7 @@ async fn failover(run: usize, history: &History, witness: &Witness) -> Failover 
     .await;
     assert!(queued, "run {run}: the waiters did not queue");
 
-    let killed_ns = clock::now_ns();
-    let killed = Instant::now();
-    group.master.kill();
-    tokio::task::block_in_place(|| group.wait_for_master(&group.replica, WAIT));
+    let (killed_ns, killed) = fail_over(&mut group);
 
     let mut kept = 0;
     for (guard, mut section) in holders {
@@ -229,4 +270,194 @@ async fn f20_sentinel_failover_with_holders_and_waiters() {
         never_acquired, 0,
         "a failover after which no waiter got a lock"
     );
+}
+
+/// What one failover after an unreplicated grant showed.
+struct Unreplicated {
+    /// From the kill to the promoted replica's grant.
+    failover: Duration,
+    /// With `min_replicas`: whether the first grant failed with `ReplicasNotAcknowledged` and
+    /// left no key on the master nor in its client.
+    clean_failure: bool,
+    /// What the first grant did instead, when that is wrong for its variant.
+    unclean: Option<String>,
+}
+
+/// The port of a `redis://host:port` URL.
+fn port_of(url: &str) -> &str {
+    url.rsplit_once(':').map_or(url, |(_, port)| port)
+}
+
+/// Whether `replica`'s link to its master through `port` is up.
+fn replicates_through(replica: &RedisServer, port: &str) -> bool {
+    replica.info("replication").is_ok_and(|info| {
+        let mut lines = info.lines();
+        let port_line = format!("master_port:{port}");
+        lines.clone().any(|line| line == port_line)
+            && lines.any(|line| line == "master_link_status:up")
+    })
+}
+
+/// One failover after a lock is granted on the master while its replication stream is
+/// blackholed; the grant is `acknowledged` (`min_replicas`) or not. A second client, following
+/// the sentinels, then takes the same key on the promoted replica.
+async fn unreplicated_grant(run: usize, acknowledged: bool, history: &History) -> Unreplicated {
+    let mut group = tokio::task::block_in_place(SentinelGroup::start);
+    // By address: the master's URL may carry credentials.
+    let proxy = Proxy::start(&format!("redis://127.0.0.1:{}", group.master.port())).await;
+    let through = port_of(&proxy.url()).to_owned();
+    let reply = group.replica.cmd(&["REPLICAOF", "127.0.0.1", &through]);
+    assert_eq!(
+        reply.as_str().as_deref(),
+        Some("OK"),
+        "run {run}: REPLICAOF: {reply:?}"
+    );
+    // The sentinels keep the replica: the master lists it under its own listening port. They
+    // point a replica of another address back at the master only failover-timeout (5 s) after
+    // they see the change, and the master is dead well before (a partial resync takes
+    // milliseconds).
+    let linked = eventually(Duration::from_secs(2), || {
+        replicates_through(&group.replica, &through)
+    })
+    .await;
+    assert!(
+        linked,
+        "run {run}: the replica did not sync through the proxy"
+    );
+
+    let builder = following(&group);
+    let first = client_of(if acknowledged {
+        builder.min_replicas(1, ACK_TIMEOUT)
+    } else {
+        builder
+    })
+    .await;
+    let key = format!("{}{run}", if acknowledged { "wait" } else { "nowait" });
+    // Unlike a paused or killed replica, the replica stays up and promotable; what the master
+    // sends it from now on is read by the proxy and dropped.
+    proxy.set(Mode::Blackhole);
+    let mut first_section = history.begin(&key, "");
+    let granted = first
+        .lock(&key)
+        .lease(Lease::fixed(UNREPLICATED_LEASE))
+        .try_acquire()
+        .await;
+    let (mut clean_failure, mut unclean) = (false, None);
+    match &granted {
+        Ok(guard) => {
+            first_section.t_ok = Some(clock::now_ns());
+            first_section.holder = guard.holder().id().to_owned();
+            if acknowledged {
+                unclean = Some(format!(
+                    "{key}: granted, though no replica could acknowledge"
+                ));
+            }
+        }
+        Err(error) => {
+            assert!(
+                acknowledged,
+                "run {run}: {key}: the master does not grant: {error:?}"
+            );
+            first_section.result = Outcome::Fail;
+            let left = has(&group.master, &key);
+            let not_acknowledged = matches!(error, LockError::Backend(e) if matches!(
+                e.kind(),
+                BackendErrorKind::ReplicasNotAcknowledged { wanted: 1, acknowledged: 0 }
+            ));
+            clean_failure = not_acknowledged && !left && first.active_keys() == 0;
+            if !clean_failure {
+                unclean = Some(format!("{key}: {error:?}, key left: {left}"));
+            }
+        }
+    }
+
+    let (killed_ns, _) = fail_over(&mut group);
+    // Its master dead, the promoted replica's data is final.
+    assert!(
+        !has(&group.replica, &key),
+        "run {run}: {key} reached the replica: the blackhole missed it, or the sentinels \
+         pointed the replica back at the master before the kill"
+    );
+    let second = client(&group).await;
+    let mut second_section = history.begin(&key, "");
+    let guard =
+        second.lock(&key).try_acquire().await.unwrap_or_else(|e| {
+            panic!("run {run}: {key}: the promoted replica does not grant: {e:?}")
+        });
+    let t_ok = clock::now_ns();
+    second_section.t_ok = Some(t_ok);
+    second_section.holder = guard.holder().id().to_owned();
+    second_section.t_rel_inv = Some(clock::now_ns());
+    guard
+        .release()
+        .await
+        .expect("release on the promoted replica");
+    second_section.t_rel_ok = Some(clock::now_ns());
+    second_section.result = Outcome::Ok;
+
+    if let Ok(guard) = granted {
+        // Still believed held until now: the fixed lease has most of its 30 s left.
+        first_section.t_rel_inv = Some(clock::now_ns());
+        let _ = guard.release().await;
+        first_section.t_rel_ok = Some(clock::now_ns());
+        first_section.result = Outcome::Ok;
+    }
+    history.record(&first_section);
+    history.record(&second_section);
+    Unreplicated {
+        failover: clock::between(killed_ns, t_ok),
+        clean_failure,
+        unclean,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f20_unreplicated_grant_double_grants_with_and_without_wait() {
+    let mut scenario = Scenario::new("F20-wait");
+    let history = scenario.history();
+    let runs = run::count(1, 20);
+    let (mut failovers, mut clean_failures, mut unclean) = (Vec::new(), 0, Vec::new());
+    for run in 0..runs {
+        for acknowledged in [false, true] {
+            let outcome = unreplicated_grant(run, acknowledged, &history).await;
+            failovers.push(outcome.failover);
+            clean_failures += usize::from(outcome.clean_failure);
+            unclean.extend(outcome.unclean);
+        }
+    }
+
+    let sections = History::read(&scenario.history_path());
+    let double_grants = |prefix: &str| {
+        let variant: Vec<Section> = sections
+            .iter()
+            .filter(|s| s.key.starts_with(prefix))
+            .cloned()
+            .collect();
+        checker::sweep(&variant)
+    };
+    let (without_wait, with_wait) = (double_grants("nowait"), double_grants("wait"));
+    scenario.figure("runs", runs);
+    scenario.figure(
+        "double_grants_without_wait",
+        format!("{}/{runs}", without_wait.violations),
+    );
+    scenario.figure(
+        "double_grants_with_wait",
+        format!("{}/{runs}", with_wait.violations),
+    );
+    scenario.figure(
+        "clean_failures_with_wait",
+        format!("{clean_failures}/{runs}"),
+    );
+    scenario.figure_ms("failover_p50_ms", &failovers, 0.5);
+    scenario.figure_ms("failover_max_ms", &failovers, 1.0);
+    scenario.report();
+
+    assert_eq!(
+        without_wait.violations, runs,
+        "checker blind: a grant the promoted replica never got was not seen granted twice"
+    );
+    assert_eq!(with_wait.violations, 0, "{:?}", with_wait.examples);
+    assert!(unclean.is_empty(), "{unclean:?}");
+    assert_eq!(clean_failures, runs);
 }
