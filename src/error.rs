@@ -82,6 +82,18 @@ pub enum BackendErrorKind {
         /// How many acknowledged within the timeout.
         acknowledged: u32,
     },
+    /// The grant did not reach the append-only files configured in time, so it was undone (see
+    /// `RedisBackendBuilder::wait_aof`).
+    AofNotAcknowledged {
+        /// Whether the server that granted it had to fsync it.
+        local_wanted: bool,
+        /// Whether that server fsynced it within the timeout.
+        local: bool,
+        /// How many replicas had to fsync it.
+        wanted: u32,
+        /// How many fsynced it within the timeout.
+        acknowledged: u32,
+    },
     /// The backend answered something the crate does not understand.
     Protocol,
     /// Fewer nodes of a Redlock backend answered than a majority: no lock can be taken, kept
@@ -206,6 +218,23 @@ impl fmt::Display for BackendError {
                 f,
                 "{acknowledged} of {wanted} required replicas acknowledged the lock; it was undone"
             )?,
+            BackendErrorKind::AofNotAcknowledged {
+                local_wanted,
+                local,
+                wanted,
+                acknowledged,
+            } => {
+                let here = match (local_wanted, local) {
+                    (false, _) => "not required",
+                    (true, true) => "done",
+                    (true, false) => "missing",
+                };
+                write!(
+                    f,
+                    "the lock did not reach the append-only files in time (local fsync {here}, \
+                     {acknowledged} of {wanted} required replicas); it was undone"
+                )?;
+            }
             BackendErrorKind::Protocol => f.write_str("unexpected reply from lock backend")?,
             BackendErrorKind::QuorumUnavailable { reachable, needed } => write!(
                 f,

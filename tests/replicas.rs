@@ -218,3 +218,39 @@ async fn failover_to_a_replica_that_missed_the_grant() {
         }
     }
 }
+
+/// Like `WAIT`, `WAITAOF` must follow the grant on its own connection, which a cluster
+/// connection does not promise: both options are refused before any node is contacted.
+#[cfg(feature = "cluster")]
+#[tokio::test]
+async fn acknowledgements_are_refused_on_a_cluster() {
+    // Nothing listens there: a refusal that needed a node would fail otherwise.
+    let nodes = ["redis://127.0.0.1:1"];
+    let builders = [
+        RedisBackend::cluster(nodes).min_replicas(1, SHORT_ACK_TIMEOUT),
+        RedisBackend::cluster(nodes).wait_aof(true, 0, SHORT_ACK_TIMEOUT),
+    ];
+    for (builder, option) in builders.into_iter().zip(["min_replicas", "wait_aof"]) {
+        let error = builder.connect().await.expect_err("refused");
+        assert!(
+            matches!(error.kind(), BackendErrorKind::Unsupported { feature } if feature.starts_with(option)),
+            "{error:?}"
+        );
+    }
+}
+
+/// Whether the server has `WAITAOF` is asked at connect (F19 checks the answer against the
+/// server's version); a backend made from an existing pool never asked, and says so.
+#[tokio::test]
+async fn wait_aof_support_is_unknown_without_connect() {
+    use tower_lock::backend::redis::{bb8, bb8_redis::RedisConnectionManager, redis::Client};
+
+    let server = RedisServer::start();
+    let connected = RedisBackend::connect(&server.url()).await.expect("connect");
+    assert!(connected.supports_wait_aof().is_some());
+    let manager = RedisConnectionManager::new(server.url()).expect("manager");
+    let pool = bb8::Pool::builder().build_unchecked(manager);
+    let client = Client::open(server.url()).expect("client");
+    let shared = RedisBackend::from_pool(pool, client);
+    assert_eq!(shared.supports_wait_aof(), None);
+}

@@ -171,6 +171,16 @@ impl Node {
         redis::cmd("INFO").arg(section).query(&mut conn).ok()
     }
 
+    /// The server's `redis_version`, as `INFO server` gives it (`7.0.15`).
+    pub(crate) fn version(&self) -> String {
+        let info = self.info("server").expect("INFO server");
+        info.lines()
+            .find_map(|line| line.strip_prefix("redis_version:"))
+            .expect("INFO server has redis_version")
+            .trim()
+            .to_owned()
+    }
+
     /// `calls` of `cmdstat_<command>` in `INFO commandstats` (0 when it never ran).
     pub(crate) fn calls(&self, command: &str) -> u64 {
         let stats = self.info("commandstats").unwrap_or_default();
@@ -244,7 +254,12 @@ impl Scenario {
 
     /// Starts a `redis-server` for this scenario.
     pub(crate) fn redis(&mut self, label: &'static str) -> Node {
-        let server = RedisServer::start();
+        self.redis_with(label, &[])
+    }
+
+    /// Starts a `redis-server` for this scenario with extra options, which restarts keep.
+    pub(crate) fn redis_with(&mut self, label: &'static str, extra_args: &[&str]) -> Node {
+        let server = RedisServer::start_with(extra_args);
         let node = Node {
             label,
             url: server.url(),

@@ -51,7 +51,8 @@ pub const COMMANDS: &[&str] = &[
     "+zscore",
 ];
 
-/// The commands options add: `RedisBackendBuilder::min_replicas` sends `WAIT`.
+/// The commands options add: `RedisBackendBuilder::min_replicas` sends `WAIT`
+/// (`RedisBackendBuilder::wait_aof`'s `WAITAOF` is in [`rules`] on the versions that have it).
 pub const OPTION_COMMANDS: &[&str] = &["+wait"];
 
 /// The commands a Redis Cluster client adds: sharded pub/sub (the scripts' `SPUBLISH`, the
@@ -100,7 +101,10 @@ pub fn enabled() -> bool {
 ///
 /// On Redis 7.2 and newer this adds `+client|setinfo`: redis-rs sends it at connect. Older
 /// servers have no such command (they reject the rule, and answer the command with an error
-/// that redis-rs ignores).
+/// that redis-rs ignores). It also adds `+waitaof` there: `connect` sends a `WAITAOF` that
+/// waits for nothing to learn whether the server has it (an older server answers "unknown
+/// command" before any ACL check), and `RedisBackendBuilder::wait_aof` sends it after each
+/// grant.
 pub fn rules(version: &[u32], password: &str, prefixes: &[&str]) -> Vec<String> {
     let mut rules = vec![
         "on".to_owned(),
@@ -116,6 +120,7 @@ pub fn rules(version: &[u32], password: &str, prefixes: &[&str]) -> Vec<String> 
     rules.extend(COMMANDS.iter().map(|&command| command.to_owned()));
     if version >= &[7, 2][..] {
         rules.push("+client|setinfo".to_owned());
+        rules.push("+waitaof".to_owned());
     }
     rules
 }

@@ -38,6 +38,7 @@ pub use bb8_redis;
 pub use redis;
 
 use self::{
+    acknowledge::{Acknowledgement, MinReplicas, Probed, WaitAof, wait_aof_probe},
     pool::{Manager, Pool},
     pubsub::PubSub,
     scripts::{Call, Scripts},
@@ -53,6 +54,7 @@ use crate::{
     lease::Lease,
 };
 
+mod acknowledge;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod pool;
@@ -90,7 +92,9 @@ struct Inner {
     transport: Transport,
     pubsub: OnceLock<PubSub>,
     command_timeout: Duration,
-    min_replicas: Option<MinReplicas>,
+    acknowledgement: Acknowledgement,
+    /// Whether the server has `WAITAOF`, once `connect` has asked.
+    wait_aof_supported: OnceLock<bool>,
     stop: CancellationToken,
     _stop_on_drop: DropGuard,
 }
@@ -105,7 +109,8 @@ impl fmt::Debug for RedisBackend {
             Transport::Cluster(cluster) => f.field("cluster", &cluster.addrs()),
         };
         f.field("command_timeout", &self.inner.command_timeout)
-            .field("min_replicas", &self.inner.min_replicas)
+            .field("min_replicas", &self.inner.acknowledgement.replicas)
+            .field("wait_aof", &self.inner.acknowledgement.aof)
             .finish_non_exhaustive()
     }
 }
@@ -116,7 +121,7 @@ pub struct RedisBackendBuilder {
     source: Source,
     pool_size: u32,
     command_timeout: Duration,
-    min_replicas: Option<MinReplicas>,
+    acknowledgement: Acknowledgement,
     #[cfg(feature = "tls")]
     tls: Option<redis::TlsCertificates>,
 }
@@ -131,13 +136,6 @@ enum Source {
     },
     #[cfg(feature = "cluster")]
     Cluster(Vec<String>),
-}
-
-/// How many replicas must acknowledge a grant, and how long to wait for them.
-#[derive(Clone, Copy, Debug)]
-struct MinReplicas {
-    replicas: u32,
-    timeout: Duration,
 }
 
 impl fmt::Debug for Source {
@@ -177,7 +175,8 @@ impl fmt::Debug for RedisBackendBuilder {
             .field("source", &self.source)
             .field("pool_size", &self.pool_size)
             .field("command_timeout", &self.command_timeout)
-            .field("min_replicas", &self.min_replicas);
+            .field("min_replicas", &self.acknowledgement.replicas)
+            .field("wait_aof", &self.acknowledgement.aof);
         // Certificates and the client key are not shown, only whether they are set.
         #[cfg(feature = "tls")]
         debug.field("custom_tls", &self.tls.is_some());
@@ -210,7 +209,7 @@ impl RedisBackendBuilder {
             source,
             pool_size: 4,
             command_timeout: Duration::from_secs(1),
-            min_replicas: None,
+            acknowledgement: Acknowledgement::default(),
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -242,7 +241,50 @@ impl RedisBackendBuilder {
     /// connection it runs on for as long as it waits, and an acquire may take the command
     /// timeout plus `timeout`.
     pub fn min_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
-        self.min_replicas = (replicas > 0).then_some(MinReplicas { replicas, timeout });
+        self.acknowledgement.replicas = (replicas > 0).then_some(MinReplicas { replicas, timeout });
+        self
+    }
+
+    /// After each acquire, waits (Redis `WAITAOF`, Redis 7.2 and newer) until the grant is in
+    /// an append-only file on disk: fsynced by this server when `local` is set, and by at least
+    /// `replicas` replicas, for at most `timeout`. When fewer did, the grant is undone and the
+    /// acquire fails with [`BackendErrorKind::AofNotAcknowledged`].
+    ///
+    /// With `local`, a grant survives a restart of the server that made it from its
+    /// append-only file (`appendonly yes`), which [`min_replicas`](Self::min_replicas) does not
+    /// promise; with `replicas`, a replica that acknowledged it keeps it through its own
+    /// restart. It is still not consensus. Set with `min_replicas`, `WAIT` runs first, then
+    /// `WAITAOF`. Like `WAIT`, `WAITAOF` holds up the connection it runs on while it waits, and
+    /// hand-offs to waiters of the same client become normal acquires.
+    ///
+    /// [`connect`](Self::connect) checks the server has `WAITAOF` and fails with
+    /// [`BackendErrorKind::Unsupported`] when it does not (before Redis 7.2), and with the
+    /// server's error when it refuses the command as configured (`local` on a server without
+    /// `appendonly`, a user without the ACL grant `+waitaof`), so a missing feature shows at
+    /// start-up, not as a failed acquire. Not available on a Redis Cluster.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    ///
+    /// use tower_lock::{LockClient, RedisBackend};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Each grant is on this server's disk and on one replica's before `acquire` returns.
+    /// let backend = RedisBackend::builder("redis://127.0.0.1:6379")
+    ///     .wait_aof(true, 1, Duration::from_millis(500))
+    ///     .connect()
+    ///     .await?;
+    /// assert_eq!(backend.supports_wait_aof(), Some(true));
+    /// let locks = LockClient::builder(backend).build()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn wait_aof(mut self, local: bool, replicas: u32, timeout: Duration) -> Self {
+        self.acknowledgement.aof = (local || replicas > 0).then_some(WaitAof {
+            local,
+            replicas,
+            timeout,
+        });
         self
     }
 
@@ -256,29 +298,39 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Connects, checking the server answers.
+    /// Connects, checking the server answers, and asks it whether it has `WAITAOF` (see
+    /// [`RedisBackend::supports_wait_aof`]).
     ///
     /// # Errors
     /// [`BackendErrorKind::Unavailable`] when the URL is invalid, the server (or, with
     /// Sentinel, every sentinel or the master) cannot be reached, or the server refuses the
     /// connection (TLS certificate, password); [`BackendErrorKind::Timeout`] when it does not
     /// answer within the command timeout. The URL's password never appears in the error.
+    /// With [`wait_aof`](Self::wait_aof): [`BackendErrorKind::Unsupported`] when the server
+    /// has no `WAITAOF`, or the server's error when it refuses it as configured.
     pub async fn connect(self) -> Result<RedisBackend, BackendError> {
         let command_timeout = self.command_timeout;
         #[cfg(feature = "cluster")]
         if let Source::Cluster(nodes) = &self.source {
-            if self.min_replicas.is_some() {
-                // `WAIT` must follow the write on its connection, which a cluster connection
-                // does not promise.
+            // `WAIT` and `WAITAOF` must follow the write on its connection, which a cluster
+            // connection does not promise.
+            let feature = match self.acknowledgement {
+                Acknowledgement {
+                    replicas: Some(_), ..
+                } => Some("min_replicas on a Redis Cluster"),
+                Acknowledgement { aof: Some(_), .. } => Some("wait_aof on a Redis Cluster"),
+                _ => None,
+            };
+            if let Some(feature) = feature {
                 return Err(BackendError::from_kind(BackendErrorKind::Unsupported {
-                    feature: "min_replicas on a Redis Cluster",
+                    feature,
                 }));
             }
             let cluster = cluster::Cluster::connect(nodes, command_timeout).await?;
             return Ok(RedisBackend::new(
                 Transport::Cluster(cluster),
                 command_timeout,
-                None,
+                Acknowledgement::default(),
             ));
         }
         let backend = self.build_lazy()?;
@@ -301,6 +353,7 @@ impl RedisBackendBuilder {
             }
         }
         backend.ping().await?;
+        backend.detect_wait_aof().await?;
         Ok(backend)
     }
 
@@ -349,7 +402,7 @@ impl RedisBackendBuilder {
                 target,
             },
             self.command_timeout,
-            self.min_replicas,
+            self.acknowledgement,
         ))
     }
 }
@@ -408,8 +461,8 @@ impl RedisBackend {
     /// go to that slot's master, following `MOVED` and `ASK` through migrations and failovers,
     /// and its release notifications use sharded pub/sub (`SPUBLISH`/`SSUBSCRIBE`) on the same
     /// shard. Needs the `cluster` feature. `pool_size` does not apply (one multiplexed
-    /// connection per node), nor does `min_replicas` (`WAIT` must follow the write on its own
-    /// connection).
+    /// connection per node), nor do `min_replicas` and `wait_aof` (`WAIT` and `WAITAOF` must
+    /// follow the write on its own connection).
     ///
     /// ```no_run
     /// use tower_lock::{LockClient, RedisBackend};
@@ -445,14 +498,14 @@ impl RedisBackend {
                 target: Arc::new(Target::Node(client)),
             },
             Duration::from_secs(1),
-            None,
+            Acknowledgement::default(),
         )
     }
 
     fn new(
         transport: Transport,
         command_timeout: Duration,
-        min_replicas: Option<MinReplicas>,
+        acknowledgement: Acknowledgement,
     ) -> Self {
         let stop = CancellationToken::new();
         Self {
@@ -460,7 +513,8 @@ impl RedisBackend {
                 transport,
                 pubsub: OnceLock::new(),
                 command_timeout,
-                min_replicas,
+                acknowledgement,
+                wait_aof_supported: OnceLock::new(),
                 _stop_on_drop: stop.clone().drop_guard(),
                 stop,
             }),
@@ -479,8 +533,49 @@ impl RedisBackend {
         self.inner.pubsub.get().map_or(0, PubSub::reconnects)
     }
 
+    /// Whether the server has `WAITAOF` (Redis 7.2 and newer), as
+    /// [`connect`](RedisBackendBuilder::connect) found: `Some(false)` on an older server, which
+    /// is not an error unless [`wait_aof`](RedisBackendBuilder::wait_aof) is set; `None` when
+    /// nothing asked (a backend made by [`from_pool`](Self::from_pool), or a cluster).
+    ///
+    /// The question is a `WAITAOF` that waits for nothing. An older server answers that it
+    /// does not know the command whatever the user's ACL grants; on 7.2 and newer the ACL user
+    /// needs `+waitaof`, or the server refuses it (still counted as supported) and records the
+    /// denial in `ACL LOG`. Asked once: with Sentinel, a failover to a server of another
+    /// version is not seen here.
+    pub fn supports_wait_aof(&self) -> Option<bool> {
+        self.inner.wait_aof_supported.get().copied()
+    }
+
     async fn ping(&self) -> Result<(), BackendError> {
         self.query(&mut redis::cmd("PING"), None).await
+    }
+
+    /// Asks the server whether it has `WAITAOF`, with a `WAITAOF` that waits for nothing but
+    /// what [`wait_aof`](RedisBackendBuilder::wait_aof) asks locally: a server without the
+    /// command says so whatever the user's ACL grants, and one that has it answers at once.
+    /// Fails when `wait_aof` is set and the server lacks or refuses the command.
+    async fn detect_wait_aof(&self) -> Result<(), BackendError> {
+        let wanted = self.inner.acknowledgement.aof;
+        let probe = wait_aof_probe(wanted.is_some_and(|w| w.local));
+        let probed = self
+            .with_conn(None, async |conn| {
+                Probed::of(probe.query_async::<Value>(conn).await)
+            })
+            .await?;
+        let _ = self
+            .inner
+            .wait_aof_supported
+            .set(!matches!(probed, Probed::Unknown));
+        match (probed, wanted) {
+            (Probed::Unknown, Some(_)) => {
+                Err(BackendError::from_kind(BackendErrorKind::Unsupported {
+                    feature: "WAITAOF (wait_aof), which needs Redis 7.2 or newer",
+                }))
+            }
+            (Probed::Refused(error), Some(_)) => Err(redis_error(error)),
+            _ => Ok(()),
+        }
     }
 
     /// Runs one command with the command timeout.
@@ -507,31 +602,26 @@ impl RedisBackend {
     }
 
     /// Runs an acquire script as [`invoke`](Self::invoke) does. With
-    /// [`min_replicas`](RedisBackendBuilder::min_replicas), a grant is then followed, on the
-    /// same connection, by `WAIT`, whose count of acknowledging replicas comes back too.
+    /// [`min_replicas`](RedisBackendBuilder::min_replicas) or
+    /// [`wait_aof`](RedisBackendBuilder::wait_aof), a grant is then followed, on the same
+    /// connection, by `WAIT` and `WAITAOF`; what they found short comes back too.
     async fn invoke_acquire(
         &self,
         call: &Call,
         key: &LockKey,
-    ) -> Result<(Vec<i64>, Option<u32>), BackendError> {
-        let min_replicas = self.inner.min_replicas;
-        // `WAIT` may take its whole timeout on top of the script's command.
-        let budget =
-            self.inner.command_timeout + min_replicas.map_or(Duration::ZERO, |m| m.timeout);
+    ) -> Result<(Vec<i64>, Option<BackendErrorKind>), BackendError> {
+        let acknowledgement = self.inner.acknowledgement;
+        // The waits may take their whole timeouts on top of the script's command.
+        let budget = self.inner.command_timeout + acknowledgement.timeout();
         let result = self
             .with_conn_within(Some(key), budget, async |conn| {
                 let reply: Vec<i64> = run_call(call, conn).await?;
-                let acknowledged = match min_replicas {
-                    Some(wanted) if reply.first() == Some(&1) => Some(
-                        redis::cmd("WAIT")
-                            .arg(wanted.replicas)
-                            .arg(Lease::fixed(wanted.timeout).millis())
-                            .query_async(conn)
-                            .await?,
-                    ),
-                    _ => None,
+                let shortfall = if reply.first() == Some(&1) {
+                    acknowledgement.shortfall(conn).await?
+                } else {
+                    None
                 };
-                Ok((reply, acknowledged))
+                Ok((reply, shortfall))
             })
             .await;
         self.name_wrong_type_in(result, key).await
@@ -549,23 +639,17 @@ impl RedisBackend {
         }
     }
 
-    /// Undoes a grant that too few replicas acknowledged, and builds the error the acquire
-    /// fails with.
-    async fn unacknowledged(&self, grant: Grant<'_>, acknowledged: u32) -> BackendError {
-        let wanted = self.inner.min_replicas.map_or(0, |m| m.replicas);
+    /// Undoes a grant that was not acknowledged as configured, and builds the error the
+    /// acquire fails with, of kind `shortfall`.
+    async fn unacknowledged(&self, grant: Grant<'_>, shortfall: BackendErrorKind) -> BackendError {
         let key = grant.key.as_str();
         tracing::warn!(
             key,
-            wanted,
-            acknowledged,
-            "too few replicas acknowledged a grant; undoing it"
+            ?shortfall,
+            "a grant was not acknowledged as configured; undoing it"
         );
         match self.abandon(grant).await {
-            Ok(_) => BackendError::from_kind(BackendErrorKind::ReplicasNotAcknowledged {
-                wanted,
-                acknowledged,
-            })
-            .with_key(key),
+            Ok(_) => BackendError::from_kind(shortfall).with_key(key),
             // The grant may still stand: report an unknown outcome, so the engine keeps trying
             // to undo it.
             Err(error) => BackendError::new(BackendErrorKind::Interrupted, error).with_key(key),
@@ -867,11 +951,9 @@ impl Backend for RedisBackend {
                 invocation
             }
         };
-        let (reply, acknowledged) = self.invoke_acquire(&invocation, key).await?;
-        if let (Some(acknowledged), Some(wanted)) = (acknowledged, self.inner.min_replicas)
-            && acknowledged < wanted.replicas
-        {
-            return Err(self.unacknowledged(grant, acknowledged).await);
+        let (reply, shortfall) = self.invoke_acquire(&invocation, key).await?;
+        if let Some(shortfall) = shortfall {
+            return Err(self.unacknowledged(grant, shortfall).await);
         }
         match reply.as_slice() {
             [1, count, raw_token] => Ok(AcquireReply::Acquired {
@@ -917,10 +999,10 @@ impl Backend for RedisBackend {
                     .arg(release.holder)
                     .arg(key.derived(CHANNEL))
                     .arg(flag(release.all));
-                // With `min_replicas`, every grant goes through `acquire` and its `WAIT`.
+                // With acknowledgements, every grant goes through `acquire` and its waits.
                 let handoff = release
                     .handoff
-                    .filter(|_| self.inner.min_replicas.is_none());
+                    .filter(|_| !self.inner.acknowledgement.is_wanted());
                 match handoff {
                     Some(next) => invocation
                         .arg(next.holder)
