@@ -104,6 +104,8 @@ pub(crate) fn reports_dir() -> PathBuf {
 pub(crate) struct Node {
     label: &'static str,
     url: String,
+    /// The server's port, readable while a blocking command holds `server`.
+    port: u16,
     server: Arc<Mutex<RedisServer>>,
 }
 
@@ -159,6 +161,26 @@ impl Node {
     /// `SIGCONT`.
     pub(crate) fn resume(&self) {
         self.server().resume();
+    }
+
+    /// Whether the server is stalled (stopped, or busy in `DEBUG SLEEP`): an inline `PING` on a
+    /// new connection gets no answer within 20 ms. The `PING` is answered after the stall.
+    pub(crate) fn stalled(&self) -> bool {
+        use std::io::Read as _;
+        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let mut reply = [0u8; 7];
+        stream
+            .set_read_timeout(Some(Duration::from_millis(20)))
+            .and_then(|()| stream.write_all(b"PING\r\n"))
+            .and_then(|()| stream.read(&mut reply))
+            .is_err_and(|e| {
+                matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                )
+            })
     }
 
     /// The text of `INFO <section>`, `None` when the server does not answer within a second.
@@ -263,6 +285,7 @@ impl Scenario {
         let node = Node {
             label,
             url: server.url(),
+            port: server.port(),
             server: Arc::new(Mutex::new(server)),
         };
         self.nodes.push(node.clone());

@@ -76,6 +76,8 @@ async fn one_run(
     let a_expires = a.t_inv + LEASE.as_nanos() as u64;
 
     let (a_done, a_released) = tokio::sync::oneshot::channel::<()>();
+    // A releases only once B holds: a release before that would test nothing.
+    let (b_holds, b_held) = tokio::sync::oneshot::channel::<()>();
     let b_side = async {
         let mut b = history.begin(&key, "");
         let guard = clients
@@ -91,6 +93,7 @@ async fn one_run(
         b.token = guard.fencing_token();
         b.holder = guard.holder().id().to_owned();
         witness.enter(&key).await;
+        let _ = b_holds.send(());
         let _ = a_released.await;
         // A has released: B's hold must be intact, and C must not get in.
         let field = bed.redis.cmd(&["HGET", &bed.lock_key(&key), &b.holder]);
@@ -140,6 +143,7 @@ async fn one_run(
     };
     let a_side = async {
         hold_until(witness, &mut a, &a_guard, WORK).await;
+        let _ = b_held.await;
         a.t_rel_inv = Some(clock::now_ns());
         let result = if plain_del {
             let node = bed.redis.clone();

@@ -63,7 +63,11 @@ async fn f10_stalled_redis_holder_lost_first() {
             }
         });
         // A caller meanwhile gets an answer within its wait plus the command timeout.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let probe = bed.redis.clone();
+        assert!(
+            super::eventually(Duration::from_secs(1), || probe.stalled()).await,
+            "run {run} ({stall:?}): Redis did not stall"
+        );
         let started = tokio::time::Instant::now();
         let outcome = client
             .lock(format!("during{run}"))
