@@ -16,23 +16,31 @@ use std::{
     time::Duration,
 };
 
+use axum::{Extension, Router, extract::Path, http::StatusCode, routing::post};
 use serde::{Deserialize, Serialize};
 use tokio::{
     io::{AsyncBufReadExt, BufReader as AsyncBufReader},
     sync::mpsc,
 };
-use tower_lock::{Lease, LockClient, LockError, LockGuard, RedisBackend};
+use tower_lock::{
+    Lease, LockClient, LockContext, LockError, LockGuard, LockLayer, RedisBackend, key,
+};
 
 use crate::{
     checker, clock,
     history::{History, Outcome, Section},
     run::Rng,
+    support::http,
     witness::Witness,
 };
 
 const ROLE: &str = "TOWER_LOCK_ROLE";
 const SETUP: &str = "TOWER_LOCK_HOLDER_SETUP";
 const REPLY: &str = "@chaos ";
+
+/// The name of the lock layer a [`Command::Serve`] process runs: `POST /write/<key>` holds the
+/// lock `LockClient::lock_in_namespace(SERVICE, key)` names.
+pub(crate) const SERVICE: &str = "write";
 
 /// Where a holder process connects and records.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -85,6 +93,10 @@ pub(crate) enum Command {
     },
     /// Release the held lock.
     Release,
+    /// Serve `POST /write/<key>` behind a [`LockLayer`] with fencing and a watchdog lease, and
+    /// say where. The handler says `Checked` once it runs (holding the lock), then a write with
+    /// the lock's token goes out `delay_ms` later and says `Wrote`.
+    Serve { lease_ms: u64, delay_ms: u64 },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -113,6 +125,9 @@ pub(crate) enum Reply {
     },
     Failed {
         error: String,
+    },
+    Serving {
+        url: String,
     },
 }
 
@@ -366,9 +381,55 @@ async fn serve(setup: Setup) {
                     t_lost: section.t_lost,
                 }
             }
+            Command::Serve { lease_ms, delay_ms } => Reply::Serving {
+                url: http::serve(service(&client, &witness, lease_ms, delay_ms)).await,
+            },
         };
         say(&reply);
     }
+}
+
+/// The app of [`Command::Serve`].
+fn service(
+    client: &LockClient<RedisBackend>,
+    witness: &Witness,
+    lease_ms: u64,
+    delay_ms: u64,
+) -> Router {
+    let witness = witness.clone();
+    let write = move |Path(key): Path<String>, Extension(lock): Extension<LockContext>| {
+        let witness = witness.clone();
+        async move {
+            say(&Reply::Checked);
+            let token = lock.fencing_token().expect("the layer fences");
+            let holder = lock.holder().id().to_owned();
+            // The write runs in a task of its own, as one handed to a client library would:
+            // cancelling the handler does not call it back, so only fencing can stop it.
+            let write = tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                let accepted = witness.fenced_write(&key, &holder, token, true).await;
+                say(&Reply::Wrote {
+                    accepted,
+                    t_write: clock::now_ns(),
+                });
+                accepted
+            });
+            if write.await.expect("the write task") {
+                StatusCode::OK
+            } else {
+                StatusCode::CONFLICT
+            }
+        }
+    };
+    Router::new()
+        .route("/write/{key}", post(write))
+        .route_layer(
+            LockLayer::new(client.clone())
+                .key(key::path_segment(1))
+                .name(SERVICE)
+                .lease(Lease::watchdog(Duration::from_millis(lease_ms)))
+                .fencing(),
+        )
 }
 
 /// Runs `load` and waits for the client to be quiet again.

@@ -4,17 +4,25 @@
 //! inside a current-thread runtime (which also stalls that client's watchdog). The negative
 //! control runs the same with the store's fencing check off: the checker must report the stale
 //! write, or it is blind.
+//!
+//! The layer variant: the holder is an HTTP service whose route runs behind a fenced
+//! `LockLayer`. A request's handler holds the lock and starts a write with its token, the
+//! service process is stopped past the lease, another holder takes over and writes, and on
+//! `SIGCONT` the request must be answered 503 (lock lost) while the write, which outlives the
+//! cancelled handler, is rejected by fencing.
 
 use std::time::Duration;
 
+use http::StatusCode;
 use tower_lock::Lease;
 
 use super::{Bed, Topology};
 use crate::{
     checker, clock,
     history::{History, Outcome},
-    holder::{Command, HolderProc, Reply},
+    holder::{self, Command, HolderProc, Reply},
     run,
+    support::http::{http, send},
 };
 
 const LEASE: Duration = Duration::from_millis(500);
@@ -189,4 +197,94 @@ async fn f09_control_without_fencing_is_caught() {
         figures.stale_accepted > 0,
         "checker blind: a stale write without fencing went unnoticed"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f09_paused_service_answers_503() {
+    let mut bed = Bed::new("F9-layer", Topology::Single).await;
+    let runs = run::count(3, 100);
+    let other = bed.client().await;
+    let mut service = bed.holder_process().await;
+    service.send(&Command::Serve {
+        lease_ms: LEASE.as_millis() as u64,
+        delay_ms: 200,
+    });
+    let Reply::Serving { url } = service.reply(Duration::from_secs(5)).await else {
+        panic!("the service did not start");
+    };
+    let (mut unavailable, mut other_answers, mut answered_after_resume) =
+        (0, Vec::new(), Vec::new());
+    for run in 0..runs {
+        let key = format!("k{run}");
+        let request = {
+            let url = format!("{url}/write/{key}");
+            tokio::spawn(async move { send(&http(), "POST", &url).await.0 })
+        };
+        assert!(
+            matches!(service.reply(Duration::from_secs(5)).await, Reply::Checked),
+            "run {run}: the handler did not run"
+        );
+        let stopped_at = tokio::time::Instant::now();
+        service.signal("STOP");
+
+        // The second holder takes the same lock the layer holds once its lease ran out.
+        let guard = other
+            .lock_in_namespace(holder::SERVICE, &key)
+            .lease(Lease::watchdog(LEASE))
+            .fencing()
+            .wait(PAUSE * 2)
+            .acquire()
+            .await
+            .unwrap_or_else(|e| {
+                panic!("run {run}: no takeover while the service is stopped: {e:?}")
+            });
+        let token = guard.fencing_token().expect("fencing token");
+        assert!(
+            bed.witness
+                .fenced_write(&key, guard.holder().id(), token, true)
+                .await,
+            "the current holder's write is accepted"
+        );
+
+        tokio::time::sleep_until(stopped_at + PAUSE).await;
+        let resumed = tokio::time::Instant::now();
+        service.signal("CONT");
+        let status = request.await.expect("request task");
+        answered_after_resume.push(resumed.elapsed());
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            unavailable += 1;
+        } else {
+            other_answers.push(status);
+        }
+        let Reply::Wrote { .. } = service.reply(Duration::from_secs(5)).await else {
+            panic!("run {run}: the stale write was not sent");
+        };
+        guard.release().await.expect("release");
+    }
+    let seen = bed.witness.seen().await;
+    let leaks = checker::server_leaks(&bed.redis, &bed.prefix);
+    let s = &mut bed.scenario;
+    s.figure("runs", runs);
+    s.figure("responses_503", format!("{unavailable}/{runs}"));
+    s.figure("stale_accepted", seen.stale_accepted);
+    s.figure("stale_rejected", seen.stale_rejected);
+    s.figure_ms("answered_after_resume_p99_ms", &answered_after_resume, 0.99);
+    s.figure("leaked_keys", leaks.count());
+    s.report();
+
+    assert_eq!(
+        unavailable, runs,
+        "requests that lost their lock were answered {other_answers:?}"
+    );
+    assert_eq!(seen.stale_accepted, 0);
+    assert_eq!(
+        seen.stale_rejected, runs as u64,
+        "one stale write per run, rejected"
+    );
+    let slowest = answered_after_resume.iter().max().expect("runs");
+    assert!(
+        *slowest < Duration::from_millis(200),
+        "503 {slowest:?} after SIGCONT"
+    );
+    assert_eq!(leaks.count(), 0, "left in Redis: {leaks:?}");
 }
