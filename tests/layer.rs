@@ -649,3 +649,41 @@ async fn locks_free(server: &RedisServer, namespace: &str, key: &str) -> bool {
         Err(_) => false,
     }
 }
+
+/// A handler that stalls its thread past a fixed lease (so nothing can report the loss while
+/// it runs) still gets 503 when it finishes: its response was not made under the lock. The
+/// lock is then free for others.
+#[tokio::test(flavor = "current_thread")]
+async fn handler_finishing_past_its_deadline_gets_503() {
+    use tower::ServiceExt as _;
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    let lease = Duration::from_millis(200);
+    let app = Router::new()
+        .route(
+            "/stall/{id}",
+            post(move || async move {
+                // Blocks the runtime's only thread: no timer or watchdog runs meanwhile.
+                std::thread::sleep(lease * 2);
+                "done"
+            }),
+        )
+        .route_layer(
+            LockLayer::new(locks.clone())
+                .key(key::path_param("id"))
+                .name("stall")
+                .lease(Lease::fixed(lease)),
+        );
+    let request = http::Request::post("/stall/1")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = app.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let again = locks
+        .lock_in_namespace("stall", "1")
+        .wait(Duration::from_secs(1))
+        .acquire()
+        .await
+        .expect("the lock is free");
+    again.release().await.unwrap();
+}

@@ -674,3 +674,26 @@ async fn works_with_debug_handler() {
     let (status, _, body) = send(&http(), "POST", &format!("{base}/above/3")).await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, "3"));
 }
+
+#[locked(key = "stall:{id}", lease = "200ms")]
+async fn stalls_past_its_lease(Path(id): Path<u64>) -> String {
+    // Blocks the runtime's only thread: no timer or watchdog runs meanwhile.
+    std::thread::sleep(Duration::from_millis(400));
+    format!("stalled {id}")
+}
+
+/// A handler that stalls its thread past a fixed lease still gets 503 when it finishes: its
+/// response was not made under the lock.
+#[tokio::test(flavor = "current_thread")]
+async fn handler_finishing_past_its_deadline_gets_503() {
+    use tower::ServiceExt as _;
+    let locks = LockClient::in_memory();
+    let router = Router::new()
+        .route("/stall/{id}", post(stalls_past_its_lease))
+        .layer(Extension(AnyLockClient::from(locks.clone())));
+    let request = http::Request::post("/stall/1")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = router.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+}

@@ -227,7 +227,15 @@ where
                     drop(guard);
                     return rejected(LockRejection::Lost);
                 }
-                result = body => result.into_response(),
+                result = body => {
+                    if guard.is_lost() {
+                        // Finished after the lease's deadline, before the watchdog said so:
+                        // the response was not made under the lock.
+                        drop(guard);
+                        return rejected(LockRejection::Lost);
+                    }
+                    result.into_response()
+                }
             }
         } else {
             body.await.into_response()

@@ -181,17 +181,24 @@ where
                             .config
                             .as_ref()
                             .is_some_and(|c| c.release_in_background);
-                        if background {
+                        if lost.is_some() && guard.is_lost() {
+                            // The handler finished after the lease's deadline, before the
+                            // watchdog said so (e.g. the process was stalled): its response
+                            // was not made under the lock.
+                            drop(guard);
+                            reject(this.on_rejected, this.span, LockRejection::Lost)
+                        } else if background {
                             drop(guard);
                             return Poll::Ready(result);
-                        }
-                        State::Releasing {
-                            release: Box::pin(async move {
-                                if let Err(error) = guard.release().await {
-                                    tracing::debug!(%error, "release after the response failed");
-                                }
-                            }),
-                            result: Some(result),
+                        } else {
+                            State::Releasing {
+                                release: Box::pin(async move {
+                                    if let Err(error) = guard.release().await {
+                                        tracing::debug!(%error, "release after the response failed");
+                                    }
+                                }),
+                                result: Some(result),
+                            }
                         }
                     }
                 }

@@ -134,7 +134,9 @@ impl<B: Backend, K, R> LockLayer<B, K, R> {
     }
 
     /// When the lock is lost mid-request, let the request finish (the handler can watch
-    /// `LockContext::lost`) instead of cancelling it and answering 503.
+    /// `LockContext::lost`) instead of cancelling it and answering 503. Without it, a handler
+    /// that finishes after its lease's deadline, before the loss was noticed (a stalled
+    /// process), is answered 503 as well: its response was not made under the lock.
     pub fn continue_on_lost(self) -> Self {
         self.config(|c| c.continue_on_lost = true)
     }
