@@ -15,12 +15,12 @@
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_lock::{Lease, LockClient, RedisBackend};
+use tower_lock::{Lease, LockClient, LockGuard, RedisBackend};
 
 use super::{Bed, Topology, eventually};
 use crate::{
     checker, clock,
-    history::{History, Outcome},
+    history::{History, Outcome, Section},
     holder::{Command, HolderProc, Reply},
     run::{self, Node},
 };
@@ -64,6 +64,30 @@ async fn client(bed: &Bed) -> LockClient<RedisBackend> {
         .expect("client configuration")
 }
 
+/// A check for `eventually`: the fair lock `key`'s queue holds `n` places.
+fn queue_holds(bed: &Bed, key: &str, n: i64) -> impl FnMut() -> bool + use<> {
+    let (node, queue) = (bed.redis.clone(), format!("{}:queue", bed.lock_key(key)));
+    move || node.cmd(&["LLEN", &queue]).as_int() == n
+}
+
+/// This process takes the fair lock `key` before anyone queues; its section is open.
+async fn hold_first(
+    locks: &LockClient<RedisBackend>,
+    history: &History,
+    key: &str,
+) -> (LockGuard<RedisBackend>, Section) {
+    let mut own = history.begin(key, "");
+    let held = locks
+        .fair_lock(key)
+        .lease(Lease::watchdog(Duration::from_millis(LEASE_MS)))
+        .acquire()
+        .await
+        .expect("the first holder");
+    own.t_ok = Some(clock::now_ns());
+    own.holder = held.holder().id().to_owned();
+    (held, own)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f07_fair_lock_purges_a_killed_waiter() {
     let mut bed = Bed::new("F7", Topology::Single).await;
@@ -77,20 +101,8 @@ async fn f07_fair_lock_purges_a_killed_waiter() {
     let (mut inversions, mut stalls) = (0, Vec::new());
     for run in 0..runs {
         let key = format!("k{run}");
-        let queue = format!("{}:queue", bed.lock_key(&key));
-        let queued = |n: i64| {
-            let (node, queue) = (bed.redis.clone(), queue.clone());
-            move || node.cmd(&["LLEN", &queue]).as_int() == n
-        };
-        let mut own = history.begin(&key, "");
-        let held = locks
-            .fair_lock(&key)
-            .lease(Lease::watchdog(Duration::from_millis(LEASE_MS)))
-            .acquire()
-            .await
-            .expect("the first holder");
-        own.t_ok = Some(clock::now_ns());
-        own.holder = held.holder().id().to_owned();
+        let queued = |n: i64| queue_holds(&bed, &key, n);
+        let (held, mut own) = hold_first(&locks, &history, &key).await;
 
         let mut doomed = HolderProc::spawn(&setup).await;
         for (proc, place) in [(&mut first, 1), (&mut doomed, 2)] {
@@ -257,19 +269,8 @@ async fn live_waiter(name: &'static str, stall: Duration, stalls: u32, runs: usi
         let key = format!("k{run}");
         let name = bed.lock_key(&key);
         let queue = format!("{name}:queue");
-        let queued = |n: i64| {
-            let (node, queue) = (bed.redis.clone(), queue.clone());
-            move || node.cmd(&["LLEN", &queue]).as_int() == n
-        };
-        let mut own = history.begin(&key, "");
-        let held = locks
-            .fair_lock(&key)
-            .lease(Lease::watchdog(Duration::from_millis(LEASE_MS)))
-            .acquire()
-            .await
-            .expect("the first holder");
-        own.t_ok = Some(clock::now_ns());
-        own.holder = held.holder().id().to_owned();
+        let queued = |n: i64| queue_holds(&bed, &key, n);
+        let (held, mut own) = hold_first(&locks, &history, &key).await;
 
         live.send(&Command::Hold {
             key: key.clone(),

@@ -150,31 +150,7 @@ async fn failover(
     let second = bed
         .client_of(RedisBackend::builder(proxy.url()).command_timeout(Duration::from_secs(1)))
         .await;
-    let mut second_section = history.begin(key, "");
-    let guard = second
-        .lock(key)
-        .try_acquire()
-        .await
-        .unwrap_or_else(|e| panic!("{key}: the promoted replica does not grant: {e:?}"));
-    second_section.t_ok = Some(clock::now_ns());
-    second_section.holder = guard.holder().id().to_owned();
-    second_section.t_rel_inv = Some(clock::now_ns());
-    guard
-        .release()
-        .await
-        .expect("release on the promoted replica");
-    second_section.t_rel_ok = Some(clock::now_ns());
-    second_section.result = Outcome::Ok;
-
-    if let Ok(guard) = granted {
-        // Still believed held until now: the fixed lease has 30 s left.
-        first_section.t_rel_inv = Some(clock::now_ns());
-        let _ = guard.release().await;
-        first_section.t_rel_ok = Some(clock::now_ns());
-        first_section.result = Outcome::Ok;
-    }
-    history.record(&first_section);
-    history.record(&second_section);
+    super::grant_again_after_failover(history, &second, key, (first_section, granted)).await;
 }
 
 /// Acquire latencies of `samples` uncontended acquisitions on `master`, alternating a client

@@ -379,31 +379,8 @@ async fn unreplicated_grant(run: usize, acknowledged: bool, history: &History) -
          pointed the replica back at the master before the kill"
     );
     let second = client(&group).await;
-    let mut second_section = history.begin(&key, "");
-    let guard =
-        second.lock(&key).try_acquire().await.unwrap_or_else(|e| {
-            panic!("run {run}: {key}: the promoted replica does not grant: {e:?}")
-        });
-    let t_ok = clock::now_ns();
-    second_section.t_ok = Some(t_ok);
-    second_section.holder = guard.holder().id().to_owned();
-    second_section.t_rel_inv = Some(clock::now_ns());
-    guard
-        .release()
-        .await
-        .expect("release on the promoted replica");
-    second_section.t_rel_ok = Some(clock::now_ns());
-    second_section.result = Outcome::Ok;
-
-    if let Ok(guard) = granted {
-        // Still believed held until now: the fixed lease has most of its 30 s left.
-        first_section.t_rel_inv = Some(clock::now_ns());
-        let _ = guard.release().await;
-        first_section.t_rel_ok = Some(clock::now_ns());
-        first_section.result = Outcome::Ok;
-    }
-    history.record(&first_section);
-    history.record(&second_section);
+    let t_ok =
+        super::grant_again_after_failover(history, &second, &key, (first_section, granted)).await;
     Unreplicated {
         failover: clock::between(killed_ns, t_ok),
         clean_failure,

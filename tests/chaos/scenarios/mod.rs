@@ -6,9 +6,13 @@
 
 use std::time::Duration;
 
-use tower_lock::{LockClient, RedisBackend, RedisBackendBuilder, RedlockBackend};
+use tower_lock::{
+    LockClient, LockError, LockGuard, RedisBackend, RedisBackendBuilder, RedlockBackend,
+};
 
 use crate::{
+    clock,
+    history::{History, Outcome, Section},
     holder::{HolderProc, Setup},
     run::{Node, Scenario},
     witness::Witness,
@@ -188,4 +192,44 @@ pub(crate) async fn eventually(within: Duration, mut check: impl FnMut() -> bool
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// After a failover: `second` takes `key` on the promoted server, recorded as a section held
+/// until its release; then the first holder, whose grant (`granted`, recorded in `first`) may
+/// have been lost with the old master, releases. Both sections go into `history`, so a grant
+/// the failover lost shows up as two overlapping holds. Returns when `second` held the lock
+/// (`clock::now_ns`).
+pub(crate) async fn grant_again_after_failover(
+    history: &History,
+    second: &LockClient<RedisBackend>,
+    key: &str,
+    (mut first, granted): (Section, Result<LockGuard<RedisBackend>, LockError>),
+) -> u64 {
+    let mut section = history.begin(key, "");
+    let guard = second
+        .lock(key)
+        .try_acquire()
+        .await
+        .unwrap_or_else(|e| panic!("{key}: the promoted replica does not grant: {e:?}"));
+    let t_ok = clock::now_ns();
+    section.t_ok = Some(t_ok);
+    section.holder = guard.holder().id().to_owned();
+    section.t_rel_inv = Some(clock::now_ns());
+    guard
+        .release()
+        .await
+        .expect("release on the promoted replica");
+    section.t_rel_ok = Some(clock::now_ns());
+    section.result = Outcome::Ok;
+
+    if let Ok(guard) = granted {
+        // Still believed held until now: the first holder's fixed lease has time left.
+        first.t_rel_inv = Some(clock::now_ns());
+        let _ = guard.release().await;
+        first.t_rel_ok = Some(clock::now_ns());
+        first.result = Outcome::Ok;
+    }
+    history.record(&first);
+    history.record(&section);
+    t_ok
 }
