@@ -38,8 +38,8 @@ async fn f24_redlock_with_nodes_killed() {
     // With two nodes down every acquire and release waits a node timeout for them.
     let (all_up_sections, killed_sections, two_down_sections) = (
         run::count(800, 10_000),
-        run::count(48, 4000),
-        run::count(48, 2000),
+        run::count(48, 1000),
+        run::count(48, 1000),
     );
     let clients: Vec<_> = (0..CLIENTS)
         .map(|_| bed.redlock_client(NODE_TIMEOUT))
