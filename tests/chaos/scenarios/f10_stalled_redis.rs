@@ -69,8 +69,11 @@ async fn f10_stalled_redis_holder_lost_first() {
             "run {run} ({stall:?}): Redis did not stall"
         );
         let started = tokio::time::Instant::now();
+        // Its lease bounds how long Redis remembers the attempt as given up (so that it is
+        // refused if it runs after the stall): the drain check below waits two leases.
         let outcome = client
             .lock(format!("during{run}"))
+            .lease(Lease::watchdog(LEASE))
             .wait(WAIT)
             .acquire()
             .await;
