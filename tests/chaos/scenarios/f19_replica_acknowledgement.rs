@@ -209,16 +209,6 @@ async fn f19_failover_double_grants_with_and_without_wait() {
     sync(&replica, &master).await;
     let (without, with) = wait_overhead(&bed, &master, run::count(200, 2000)).await;
 
-    let sections = History::read(&bed.scenario.history_path());
-    let double_grants = |prefix: &str| {
-        let variant: Vec<Section> = sections
-            .iter()
-            .filter(|s| s.key.starts_with(prefix))
-            .cloned()
-            .collect();
-        checker::sweep(&variant)
-    };
-    let (without_wait, with_wait) = (double_grants("nowait"), double_grants("wait"));
     let leaks = checker::server_leaks(&master, &bed.prefix);
     let (p50_without, p50_with) = (
         run::quantile_ms(&without, 0.5),
@@ -226,19 +216,7 @@ async fn f19_failover_double_grants_with_and_without_wait() {
     );
     let wait_aof = wait_aof_detection(&mut bed).await;
     let s = &mut bed.scenario;
-    s.figure("runs", runs);
-    s.figure(
-        "double_grants_without_wait",
-        format!("{}/{runs}", without_wait.violations),
-    );
-    s.figure(
-        "double_grants_with_wait",
-        format!("{}/{runs}", with_wait.violations),
-    );
-    s.figure(
-        "clean_failures_with_wait",
-        format!("{}/{runs}", failovers.clean_failures),
-    );
+    let (without_wait, with_wait) = super::double_grant_figures(s, runs, failovers.clean_failures);
     s.figure("acquire_p50_ms", format!("{p50_without:.2}"));
     s.figure("acquire_wait_p50_ms", format!("{p50_with:.2}"));
     s.figure(

@@ -22,7 +22,7 @@ use tower_lock::{
 use super::eventually;
 use crate::{
     checker, clock,
-    history::{History, Outcome, Section},
+    history::{History, Outcome},
     proxy::{Mode, Proxy},
     run::{self, Scenario},
     support::{
@@ -403,29 +403,8 @@ async fn f20_unreplicated_grant_double_grants_with_and_without_wait() {
         }
     }
 
-    let sections = History::read(&scenario.history_path());
-    let double_grants = |prefix: &str| {
-        let variant: Vec<Section> = sections
-            .iter()
-            .filter(|s| s.key.starts_with(prefix))
-            .cloned()
-            .collect();
-        checker::sweep(&variant)
-    };
-    let (without_wait, with_wait) = (double_grants("nowait"), double_grants("wait"));
-    scenario.figure("runs", runs);
-    scenario.figure(
-        "double_grants_without_wait",
-        format!("{}/{runs}", without_wait.violations),
-    );
-    scenario.figure(
-        "double_grants_with_wait",
-        format!("{}/{runs}", with_wait.violations),
-    );
-    scenario.figure(
-        "clean_failures_with_wait",
-        format!("{clean_failures}/{runs}"),
-    );
+    let (without_wait, with_wait) =
+        super::double_grant_figures(&mut scenario, runs, clean_failures);
     scenario.figure_ms("failover_p50_ms", &failovers, 0.5);
     scenario.figure_ms("failover_max_ms", &failovers, 1.0);
     scenario.report();

@@ -11,6 +11,7 @@ use tower_lock::{
 };
 
 use crate::{
+    checker::{self, Sweep},
     clock,
     history::{History, Outcome, Section},
     holder::{HolderProc, Setup},
@@ -232,4 +233,38 @@ pub(crate) async fn grant_again_after_failover(
     history.record(&first);
     history.record(&section);
     t_ok
+}
+
+/// The double grants of a failover scenario whose keys start with `nowait` (granted without
+/// `min_replicas`) and `wait` (with it), from its history, printed as figures beside the runs
+/// and the acknowledged grants that failed cleanly: (without, with).
+pub(crate) fn double_grant_figures(
+    scenario: &mut Scenario,
+    runs: usize,
+    clean_failures: usize,
+) -> (Sweep, Sweep) {
+    let sections = History::read(&scenario.history_path());
+    let double_grants = |prefix: &str| {
+        let variant: Vec<Section> = sections
+            .iter()
+            .filter(|s| s.key.starts_with(prefix))
+            .cloned()
+            .collect();
+        checker::sweep(&variant)
+    };
+    let (without_wait, with_wait) = (double_grants("nowait"), double_grants("wait"));
+    scenario.figure("runs", runs);
+    scenario.figure(
+        "double_grants_without_wait",
+        format!("{}/{runs}", without_wait.violations),
+    );
+    scenario.figure(
+        "double_grants_with_wait",
+        format!("{}/{runs}", with_wait.violations),
+    );
+    scenario.figure(
+        "clean_failures_with_wait",
+        format!("{clean_failures}/{runs}"),
+    );
+    (without_wait, with_wait)
 }
