@@ -239,18 +239,25 @@ async fn acknowledgements_are_refused_on_a_cluster() {
     }
 }
 
-/// Whether the server has `WAITAOF` is asked at connect (F19 checks the answer against the
-/// server's version); a backend made from an existing pool never asked, and says so.
+/// `supports_wait_aof` asks the server on demand, from a backend made by `connect` or from an
+/// existing pool alike (F19 checks the answer against the server's version); `connect` itself
+/// sends no `WAITAOF` unless `wait_aof` is set (seen in `INFO commandstats` on servers that
+/// have the command).
 #[tokio::test]
-async fn wait_aof_support_is_unknown_without_connect() {
+async fn wait_aof_support_is_asked_on_demand() {
     use tower_lock::backend::redis::{bb8, bb8_redis::RedisConnectionManager, redis::Client};
 
     let server = RedisServer::start();
     let connected = RedisBackend::connect(&server.url()).await.expect("connect");
-    assert!(connected.supports_wait_aof().is_some());
+    let commands = server.info("commandstats").expect("INFO commandstats");
+    assert!(!commands.contains("cmdstat_waitaof"), "{commands}");
+
     let manager = RedisConnectionManager::new(server.url()).expect("manager");
     let pool = bb8::Pool::builder().build_unchecked(manager);
     let client = Client::open(server.url()).expect("client");
     let shared = RedisBackend::from_pool(pool, client);
-    assert_eq!(shared.supports_wait_aof(), None);
+    assert_eq!(
+        connected.supports_wait_aof().await.expect("ask"),
+        shared.supports_wait_aof().await.expect("ask")
+    );
 }

@@ -101,10 +101,9 @@ pub fn enabled() -> bool {
 ///
 /// On Redis 7.2 and newer this adds `+client|setinfo`: redis-rs sends it at connect. Older
 /// servers have no such command (they reject the rule, and answer the command with an error
-/// that redis-rs ignores). It also adds `+waitaof` there: `connect` sends a `WAITAOF` that
-/// waits for nothing to learn whether the server has it (an older server answers "unknown
-/// command" before any ACL check), and `RedisBackendBuilder::wait_aof` sends it after each
-/// grant.
+/// that redis-rs ignores). It also adds `+waitaof` there, for `RedisBackendBuilder::wait_aof`
+/// (a `WAITAOF` after each grant, and one that waits for nothing at connect) and
+/// `RedisBackend::supports_wait_aof`; an older server has no such command.
 pub fn rules(version: &[u32], password: &str, prefixes: &[&str]) -> Vec<String> {
     let mut rules = vec![
         "on".to_owned(),

@@ -93,8 +93,6 @@ struct Inner {
     pubsub: OnceLock<PubSub>,
     command_timeout: Duration,
     acknowledgement: Acknowledgement,
-    /// Whether the server has `WAITAOF`, once `connect` has asked.
-    wait_aof_supported: OnceLock<bool>,
     stop: CancellationToken,
     _stop_on_drop: DropGuard,
 }
@@ -274,7 +272,7 @@ impl RedisBackendBuilder {
     ///     .wait_aof(true, 1, Duration::from_millis(500))
     ///     .connect()
     ///     .await?;
-    /// assert_eq!(backend.supports_wait_aof(), Some(true));
+    /// assert!(backend.supports_wait_aof().await?);
     /// let locks = LockClient::builder(backend).build()?;
     /// # Ok(())
     /// # }
@@ -298,8 +296,8 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Connects, checking the server answers, and asks it whether it has `WAITAOF` (see
-    /// [`RedisBackend::supports_wait_aof`]).
+    /// Connects, checking the server answers (and, with [`wait_aof`](Self::wait_aof), that it
+    /// runs `WAITAOF`).
     ///
     /// # Errors
     /// [`BackendErrorKind::Unavailable`] when the URL is invalid, the server (or, with
@@ -353,7 +351,7 @@ impl RedisBackendBuilder {
             }
         }
         backend.ping().await?;
-        backend.detect_wait_aof().await?;
+        backend.check_wait_aof().await?;
         Ok(backend)
     }
 
@@ -514,7 +512,6 @@ impl RedisBackend {
                 pubsub: OnceLock::new(),
                 command_timeout,
                 acknowledgement,
-                wait_aof_supported: OnceLock::new(),
                 _stop_on_drop: stop.clone().drop_guard(),
                 stop,
             }),
@@ -533,48 +530,50 @@ impl RedisBackend {
         self.inner.pubsub.get().map_or(0, PubSub::reconnects)
     }
 
-    /// Whether the server has `WAITAOF` (Redis 7.2 and newer), as
-    /// [`connect`](RedisBackendBuilder::connect) found: `Some(false)` on an older server, which
-    /// is not an error unless [`wait_aof`](RedisBackendBuilder::wait_aof) is set; `None` when
-    /// nothing asked (a backend made by [`from_pool`](Self::from_pool), or a cluster).
+    /// Asks the server whether it has `WAITAOF` (Redis 7.2 and newer): `false` on an older
+    /// server, which is not an error unless [`wait_aof`](RedisBackendBuilder::wait_aof) is
+    /// set (then [`connect`](RedisBackendBuilder::connect) has already failed).
     ///
     /// The question is a `WAITAOF` that waits for nothing. An older server answers that it
-    /// does not know the command whatever the user's ACL grants; on 7.2 and newer the ACL user
-    /// needs `+waitaof`, or the server refuses it (still counted as supported) and records the
-    /// denial in `ACL LOG`. Asked once: with Sentinel, a failover to a server of another
-    /// version is not seen here.
-    pub fn supports_wait_aof(&self) -> Option<bool> {
-        self.inner.wait_aof_supported.get().copied()
+    /// does not know the command whatever the user's ACL grants; on 7.2 and newer an ACL user
+    /// without `+waitaof` is refused (still counted as supported) and the denial is recorded
+    /// in `ACL LOG`.
+    ///
+    /// # Errors
+    /// The backend's errors when the server cannot be asked.
+    pub async fn supports_wait_aof(&self) -> Result<bool, BackendError> {
+        Ok(!matches!(
+            self.probe_wait_aof(false).await?,
+            Probed::Unknown
+        ))
     }
 
     async fn ping(&self) -> Result<(), BackendError> {
         self.query(&mut redis::cmd("PING"), None).await
     }
 
-    /// Asks the server whether it has `WAITAOF`, with a `WAITAOF` that waits for nothing but
-    /// what [`wait_aof`](RedisBackendBuilder::wait_aof) asks locally: a server without the
-    /// command says so whatever the user's ACL grants, and one that has it answers at once.
-    /// Fails when `wait_aof` is set and the server lacks or refuses the command.
-    async fn detect_wait_aof(&self) -> Result<(), BackendError> {
-        let wanted = self.inner.acknowledgement.aof;
-        let probe = wait_aof_probe(wanted.is_some_and(|w| w.local));
-        let probed = self
-            .with_conn(None, async |conn| {
-                Probed::of(probe.query_async::<Value>(conn).await)
-            })
-            .await?;
-        let _ = self
-            .inner
-            .wait_aof_supported
-            .set(!matches!(probed, Probed::Unknown));
-        match (probed, wanted) {
-            (Probed::Unknown, Some(_)) => {
-                Err(BackendError::from_kind(BackendErrorKind::Unsupported {
-                    feature: "WAITAOF (wait_aof), which needs Redis 7.2 or newer",
-                }))
-            }
-            (Probed::Refused(error), Some(_)) => Err(redis_error(error)),
-            _ => Ok(()),
+    /// Sends a `WAITAOF` that waits for nothing but the local fsync when `local` is set, and
+    /// tells what the answer says.
+    async fn probe_wait_aof(&self, local: bool) -> Result<Probed, BackendError> {
+        let probe = wait_aof_probe(local);
+        self.with_conn(None, async |conn| {
+            Probed::of(probe.query_async::<Value>(conn).await)
+        })
+        .await
+    }
+
+    /// With [`wait_aof`](RedisBackendBuilder::wait_aof) set, checks the server runs `WAITAOF`
+    /// as configured, so that a missing feature fails `connect`, not an acquire.
+    async fn check_wait_aof(&self) -> Result<(), BackendError> {
+        let Some(wanted) = self.inner.acknowledgement.aof else {
+            return Ok(());
+        };
+        match self.probe_wait_aof(wanted.local).await? {
+            Probed::Supported => Ok(()),
+            Probed::Unknown => Err(BackendError::from_kind(BackendErrorKind::Unsupported {
+                feature: "WAITAOF (wait_aof), which needs Redis 7.2 or newer",
+            })),
+            Probed::Refused(error) => Err(redis_error(error)),
         }
     }
 

@@ -239,7 +239,7 @@ async fn f19_failover_double_grants_with_and_without_wait() {
     assert_eq!(leaks.count(), 0, "left in Redis: {leaks:?}");
 }
 
-/// Checks that `connect` finds `WAITAOF` exactly where the server's version has it (7.2 and
+/// Checks that `supports_wait_aof` finds `WAITAOF` exactly where the server's version has it (7.2 and
 /// newer), and what `wait_aof` does then: refused at connect, with `Unsupported`, where it is
 /// missing; where it is there, refused at connect for a local fsync on a server without
 /// `appendonly`, acknowledged by one with it, and undone when the replicas it asks for do not
@@ -251,7 +251,8 @@ async fn wait_aof_detection(bed: &mut Bed) -> String {
     let plain = RedisBackend::connect(bed.redis.url())
         .await
         .expect("connect without wait_aof, whatever the version");
-    assert_eq!(plain.supports_wait_aof(), Some(expected), "redis {version}");
+    let supported = plain.supports_wait_aof().await.expect("ask for WAITAOF");
+    assert_eq!(supported, expected, "redis {version}");
 
     let local = |url: &str| RedisBackend::builder(url).wait_aof(true, 0, HEALTHY_ACK_TIMEOUT);
     let refused = local(bed.redis.url())
