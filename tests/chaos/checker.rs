@@ -156,6 +156,13 @@ pub(crate) fn client_leaks(client: &LockClient<RedisBackend>) -> usize {
         + client.backend().subscribed_channels()
 }
 
+/// Waits up to `within` for the lock store `node` to hold nothing under `prefix`; what is
+/// left then.
+pub(crate) async fn server_drains(node: &Node, prefix: &str, within: Duration) -> Leaks {
+    crate::scenarios::eventually(within, || server_leaks(node, prefix).count() == 0).await;
+    server_leaks(node, prefix)
+}
+
 /// Waits up to `within` for `client` to track nothing; whether it got there.
 pub(crate) async fn client_settles(client: &LockClient<RedisBackend>, within: Duration) -> bool {
     crate::scenarios::eventually(within, || client_leaks(client) == 0).await

@@ -106,22 +106,14 @@ async fn f10_stalled_redis_holder_lost_first() {
         }
         assert!(matches!(guard.release().await, Err(LockError::Lost)));
     }
-    let node = bed.redis.clone();
-    let prefix = bed.prefix.clone();
-    let drained = super::eventually(LEASE * 2, || {
-        checker::server_leaks(&node, &prefix).count() == 0
-    })
-    .await;
+    let leaks = checker::server_drains(&bed.redis, &bed.prefix, LEASE * 2).await;
     let s = &mut bed.scenario;
     s.figure("runs", runs * 2);
     s.figure_ms("margin_min_ms", &margins, 0.0);
     s.figure_ms("margin_p50_ms", &margins, 0.5);
     s.figure_ms("caller_latency_max_ms", &latencies, 1.0);
     s.figure("revived", revived);
-    s.figure(
-        "leaked_keys",
-        checker::server_leaks(&bed.redis, &bed.prefix).count(),
-    );
+    s.figure("leaked_keys", leaks.count());
     s.report();
     assert_eq!(
         revived, 0,
@@ -133,9 +125,5 @@ async fn f10_stalled_redis_holder_lost_first() {
         *longest <= WAIT + 2 * COMMAND_TIMEOUT + TOLERANCE,
         "caller waited {longest:?}"
     );
-    assert!(
-        drained,
-        "left in Redis: {:?}",
-        checker::server_leaks(&bed.redis, &bed.prefix)
-    );
+    assert_eq!(leaks.count(), 0, "left in Redis: {leaks:?}");
 }

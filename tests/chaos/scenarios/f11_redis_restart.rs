@@ -153,12 +153,7 @@ async fn f11_redis_restart_recovers() {
     kinds.sort_unstable();
     kinds.dedup();
     let quiet = checker::client_settles(&a, Duration::from_secs(3)).await;
-    let node = bed.redis.clone();
-    let prefix = bed.prefix.clone();
-    let drained = super::eventually(LEASE * 2, || {
-        checker::server_leaks(&node, &prefix).count() == 0
-    })
-    .await;
+    let leaks = checker::server_drains(&bed.redis, &bed.prefix, LEASE * 2).await;
     let s = &mut bed.scenario;
     s.figure("runs", runs);
     s.figure_ms("first_acquire_after_restart_p99_ms", &first_acquire, 0.99);
@@ -166,10 +161,7 @@ async fn f11_redis_restart_recovers() {
     s.figure_ms("wake_after_restart_p99_ms", &wakes, 0.99);
     s.figure("callers_hung", hung);
     s.figure("error_kinds", kinds.join(","));
-    s.figure(
-        "leaked_keys",
-        checker::server_leaks(&bed.redis, &bed.prefix).count(),
-    );
+    s.figure("leaked_keys", leaks.count());
     s.report();
     assert_eq!(
         hung, 0,
@@ -191,9 +183,5 @@ async fn f11_redis_restart_recovers() {
         "a waiter woke {wake:?} after a release"
     );
     checker::assert_settled(quiet, &a);
-    assert!(
-        drained,
-        "left in Redis: {:?}",
-        checker::server_leaks(&bed.redis, &bed.prefix)
-    );
+    assert_eq!(leaks.count(), 0, "left in Redis: {leaks:?}");
 }

@@ -134,12 +134,7 @@ async fn f14_killed_connections_leave_no_ambiguity() {
     }
     kinds.sort_unstable();
     kinds.dedup();
-    let node = bed.redis.clone();
-    let prefix = bed.prefix.clone();
-    let drained = super::eventually(LEASE * 2, || {
-        checker::server_leaks(&node, &prefix).count() == 0
-    })
-    .await;
+    let leaks = checker::server_drains(&bed.redis, &bed.prefix, LEASE * 2).await;
     let s = &mut bed.scenario;
     s.figure("runs", runs);
     s.figure("faults_hit", faults_hit);
@@ -150,10 +145,7 @@ async fn f14_killed_connections_leave_no_ambiguity() {
     s.figure("held_after_release", held_after_release.len());
     s.figure("client_state_left", tracked.len());
     s.figure("error_kinds", kinds.join(","));
-    s.figure(
-        "leaked_keys",
-        checker::server_leaks(&bed.redis, &bed.prefix).count(),
-    );
+    s.figure("leaked_keys", leaks.count());
     s.report();
     assert!(held_after_release.is_empty(), "{held_after_release:#?}");
     assert!(
@@ -163,9 +155,5 @@ async fn f14_killed_connections_leave_no_ambiguity() {
     assert_eq!(orphans, 0, "a failed acquire left the lock held");
     assert_eq!(harmed, 0, "a straggler harmed the next holder");
     assert_eq!(stuck, 0, "a failed release kept the lock past its lease");
-    assert!(
-        drained,
-        "left in Redis: {:?}",
-        checker::server_leaks(&bed.redis, &bed.prefix)
-    );
+    assert_eq!(leaks.count(), 0, "left in Redis: {leaks:?}");
 }

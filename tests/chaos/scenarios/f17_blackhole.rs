@@ -76,22 +76,14 @@ async fn f17_blackhole_bounded_by_deadline_and_wait() {
     kinds.sort_unstable();
     kinds.dedup();
     let quiet = checker::client_settles(&client, Duration::from_secs(2)).await;
-    let node = bed.redis.clone();
-    let prefix = bed.prefix.clone();
-    let drained = super::eventually(LEASE * 2, || {
-        checker::server_leaks(&node, &prefix).count() == 0
-    })
-    .await;
+    let leaks = checker::server_drains(&bed.redis, &bed.prefix, LEASE * 2).await;
     let s = &mut bed.scenario;
     s.figure("runs", runs);
     s.figure("lease_ms", LEASE.as_millis());
     s.figure_ms("lost_after_blackhole_p99_ms", &lost_after, 0.99);
     s.figure_ms("acquire_latency_max_ms", &latencies, 1.0);
     s.figure("error_kinds", kinds.join(","));
-    s.figure(
-        "leaked_keys",
-        checker::server_leaks(&bed.redis, &bed.prefix).count(),
-    );
+    s.figure("leaked_keys", leaks.count());
     s.report();
     let slowest = lost_after.iter().max().expect("runs");
     assert!(
@@ -106,9 +98,5 @@ async fn f17_blackhole_bounded_by_deadline_and_wait() {
         "an acquire in the blackhole took {longest:?}"
     );
     checker::assert_settled(quiet, &client);
-    assert!(
-        drained,
-        "left in Redis: {:?}",
-        checker::server_leaks(&bed.redis, &bed.prefix)
-    );
+    assert_eq!(leaks.count(), 0, "left in Redis: {leaks:?}");
 }
