@@ -11,7 +11,8 @@
 //! - [`holder`]: this test binary re-run as a holder process, so faults can hit a client.
 //! - [`scenarios`]: one module per fault (the `F` numbers of `RELIABILITY.md` §3.3).
 //!
-//! `TOWER_LOCK_SEED=<n>` repeats a run's random choices; `TOWER_LOCK_SOAK=1` raises the counts.
+//! `TOWER_LOCK_SEED=<n>` repeats a run's random choices; `TOWER_LOCK_SOAK=1` raises the counts;
+//! `RUST_LOG=tower_lock=debug` prints the crate's tracing events.
 #![cfg(all(target_os = "linux", feature = "redis"))]
 
 #[path = "../support/mod.rs"]

@@ -227,6 +227,17 @@ impl Node {
     }
 }
 
+/// With `RUST_LOG` set, the crate's tracing events go to standard error (shown for a failed
+/// test, or with `--nocapture`): what to read when a soak run fails.
+fn trace_if_asked() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
+}
+
 /// One run of a scenario: see the [module docs](self).
 #[derive(Debug)]
 pub(crate) struct Scenario {
@@ -241,6 +252,7 @@ pub(crate) struct Scenario {
 impl Scenario {
     /// Starts a scenario named `name` (`"F1"`, `"F9-control"`, ...).
     pub(crate) fn new(name: &'static str) -> Self {
+        trace_if_asked();
         let seed = base_seed();
         let scratch = std::env::temp_dir().join(format!(
             "tower-lock-chaos-{}-{name}-{}",

@@ -656,8 +656,8 @@ impl RedisBackend {
     }
 
     /// Checks out a connection and runs `op` on it, all within the command timeout. A
-    /// connection that failed at the connection level, or whose server is no longer a master,
-    /// is not put back.
+    /// connection that failed at the connection level, ran out of time, or whose server is no
+    /// longer a master, is not put back.
     async fn with_conn<T>(
         &self,
         key: Option<&LockKey>,
@@ -674,9 +674,18 @@ impl RedisBackend {
         budget: Duration,
         op: impl AsyncFnOnce(&mut Conn<'_>) -> Result<T, RedisError>,
     ) -> Result<T, BackendError> {
-        let attempt = async {
-            let mut conn = self.inner.transport.get().await?;
-            let result = op(&mut conn).await;
+        let deadline = tokio::time::Instant::now() + budget;
+        let timed_out = || BackendError::from_kind(BackendErrorKind::Timeout);
+        let result = async {
+            let mut conn = tokio::time::timeout_at(deadline, self.inner.transport.get())
+                .await
+                .map_err(|_| timed_out())??;
+            let Ok(result) = tokio::time::timeout_at(deadline, op(&mut conn)).await else {
+                // A connection that stayed silent for the whole budget may be half-open or
+                // cut off: a fresh one is cheaper than finding out on the next command.
+                conn.mark_broken();
+                return Err(timed_out());
+            };
             if let Err(error) = &result
                 && (error.is_io_error()
                     || error.is_connection_dropped()
@@ -686,11 +695,8 @@ impl RedisBackend {
                 conn.mark_broken();
             }
             result.map_err(redis_error)
-        };
-        let result = match tokio::time::timeout(budget, attempt).await {
-            Ok(result) => result,
-            Err(_) => Err(BackendError::from_kind(BackendErrorKind::Timeout)),
-        };
+        }
+        .await;
         result.map_err(|error| match key {
             Some(key) => error.with_key(key.as_str()),
             None => error,

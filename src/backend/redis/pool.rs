@@ -3,9 +3,11 @@
 //! A redis-rs multiplexed connection whose socket died fails every later command, and
 //! `bb8-redis`'s manager cannot tell, so it would go back into the pool. Pools built by
 //! [`RedisBackend::connect`](super::RedisBackend::connect) use [`Manager`], whose connections
-//! carry a flag the backend sets after a connection-level error, so bb8 drops them. Pools handed
-//! in by the application ([`RedisBackend::from_pool`](super::RedisBackend::from_pool)) keep
-//! their own policy (bb8 tests connections on checkout by default).
+//! carry a flag the backend sets after a connection-level error, or after a command found no
+//! reply within its time budget (the connection may be half-open, or a reply may be owed to a
+//! request the server never saw), so bb8 drops them. Pools handed in by the application
+//! ([`RedisBackend::from_pool`](super::RedisBackend::from_pool)) keep their own policy (bb8
+//! tests connections on checkout by default).
 
 use std::{
     ops::{Deref, DerefMut},

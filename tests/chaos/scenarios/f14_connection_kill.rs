@@ -117,14 +117,25 @@ async fn f14_killed_connections_leave_no_ambiguity() {
             ));
         }
         // The next holder gets the lock and keeps it while A's stragglers arrive.
+        let started = tokio::time::Instant::now();
         let next = b
             .lock(&key)
             .lease(lease)
             .wait(LEASE + TOLERANCE)
             .acquire()
             .await;
-        let next =
-            next.unwrap_or_else(|e| panic!("run {run}: the next holder was kept out: {e:?}"));
+        let next = next.unwrap_or_else(|e| {
+            // Say who had the key: a straggler of A, or nobody (B's own call failed).
+            panic!(
+                "run {run}: the next holder was kept out after {:?}: {e:?}; the key then: \
+                 {:?} (ttl {} ms); A: {}; B: {}",
+                started.elapsed(),
+                bed.redis.cmd(&["HGETALL", &name]),
+                bed.redis.cmd(&["PTTL", &name]).as_int(),
+                checker::client_state(&a),
+                checker::client_state(&b),
+            )
+        });
         tokio::time::sleep(Duration::from_millis(20)).await;
         let field = bed.redis.cmd(&["HGET", &name, next.holder().id()]);
         if field != RespValue::Bulk(Some(b"1".to_vec())) || next.is_lost() {
