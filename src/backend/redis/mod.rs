@@ -675,16 +675,16 @@ impl RedisBackend {
         op: impl AsyncFnOnce(&mut Conn<'_>) -> Result<T, RedisError>,
     ) -> Result<T, BackendError> {
         let deadline = tokio::time::Instant::now() + budget;
-        let timed_out = || BackendError::from_kind(BackendErrorKind::Timeout);
         let result = async {
+            // No connection in time: nothing was sent, so the outcome is known.
             let mut conn = tokio::time::timeout_at(deadline, self.inner.transport.get())
                 .await
-                .map_err(|_| timed_out())??;
+                .map_err(|_| BackendError::from_kind(BackendErrorKind::Unavailable))??;
             let Ok(result) = tokio::time::timeout_at(deadline, op(&mut conn)).await else {
                 // A connection that stayed silent for the whole budget may be half-open or
                 // cut off: a fresh one is cheaper than finding out on the next command.
                 conn.mark_broken();
-                return Err(timed_out());
+                return Err(BackendError::from_kind(BackendErrorKind::Timeout));
             };
             if let Err(error) = &result
                 && (error.is_io_error()
