@@ -58,20 +58,6 @@ fn shard_subscribers(node: &RedisServer, channel: &str) -> i64 {
     }
 }
 
-/// How many times `node` ran `command` (`INFO commandstats`; scripts' calls included).
-fn command_calls(node: &RedisServer, command: &str) -> u64 {
-    let stats = node
-        .cmd(&["INFO", "commandstats"])
-        .as_str()
-        .unwrap_or_default();
-    let prefix = format!("cmdstat_{command}:calls=");
-    stats
-        .lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 /// A key under `prefix` whose lock lives on master `node`.
 fn key_on(cluster: &RedisCluster, prefix: &str, node: usize) -> String {
     (0..)
@@ -180,15 +166,13 @@ async fn waiters_listen_on_the_owning_shard() {
         for other in cluster.masters().into_iter().filter(|&m| m != node) {
             assert_eq!(shard_subscribers(cluster.node(other), &channel), 0);
         }
-        let before: Vec<u64> = (0..3)
-            .map(|m| command_calls(cluster.node(m), "spublish"))
-            .collect();
+        let before: Vec<u64> = (0..3).map(|m| cluster.node(m).calls("spublish")).collect();
         guard.release().await.expect("release");
         let released = Instant::now();
         let (guard, granted) = waiter.await.expect("task").expect("the waiter acquires");
         assert!(granted - released < PROMPT, "woken by the release");
         for (m, before) in before.into_iter().enumerate() {
-            let published = command_calls(cluster.node(m), "spublish") - before;
+            let published = cluster.node(m).calls("spublish") - before;
             assert_eq!(
                 published,
                 u64::from(m == node),
@@ -198,7 +182,7 @@ async fn waiters_listen_on_the_owning_shard() {
         guard.release().await.expect("release");
     }
     for master in cluster.masters() {
-        assert_eq!(command_calls(cluster.node(master), "publish"), 0);
+        assert_eq!(cluster.node(master).calls("publish"), 0);
     }
 }
 

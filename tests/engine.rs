@@ -110,23 +110,6 @@ fn keys(server: &RedisServer) -> Vec<String> {
     }
 }
 
-/// The `calls` figure of `cmdstat_evalsha` in `INFO commandstats` (0 when never called).
-fn evalsha_calls(server: &RedisServer) -> u64 {
-    let info = server
-        .cmd(&["INFO", "commandstats"])
-        .as_str()
-        .expect("INFO is a bulk string");
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_evalsha:"))
-        .map_or(0, |stats| {
-            let calls = stats
-                .split(',')
-                .find_map(|field| field.strip_prefix("calls="))
-                .expect("cmdstat_evalsha has a calls field");
-            calls.parse().expect("calls is a number")
-        })
-}
-
 /// The release channel of the lock named `lock` (documented in the Redis backend's docs).
 fn channel(lock: &str) -> String {
     format!("{lock}:released")
@@ -741,7 +724,7 @@ async fn handoff_within_one_client<B: Probe>(env: Env<B>) {
     assert_eq!(env.a.active_keys(), 0);
     match &env.server {
         Some(server) => {
-            let calls = evalsha_calls(server);
+            let calls = server.calls("evalsha");
             println!(
                 "hand-off: {sections} acquisitions by {TASKS} tasks in {took:?}, {calls} EVALSHA \
                  ({:.2} per acquisition)",

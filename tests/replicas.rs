@@ -44,16 +44,6 @@ fn exists(server: &RedisServer, key: &str) -> bool {
     server.cmd(&["EXISTS", key]).as_int() == 1
 }
 
-/// How many times the server ran `WAIT`.
-fn wait_calls(server: &RedisServer) -> u64 {
-    let stats = server.info("commandstats").expect("INFO commandstats");
-    stats
-        .lines()
-        .find_map(|line| line.strip_prefix("cmdstat_wait:calls="))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn a_grant_waits_for_the_replica_and_is_on_it_when_acquire_returns() {
     let master = RedisServer::start();
@@ -73,7 +63,7 @@ async fn a_grant_waits_for_the_replica_and_is_on_it_when_acquire_returns() {
         assert!(exists(&replica, "tl:{order:1}"), "grant not on the replica");
         guard.release().await.expect("release");
     }
-    assert!(wait_calls(&master) >= 2);
+    assert!(master.calls("wait") >= 2);
     assert!(!exists(&master, "tl:{order:1}"));
 }
 
@@ -150,7 +140,7 @@ async fn every_grant_under_contention_is_acknowledged() {
     let _replica = start_replica_of(&master);
     let locks = client(&master.url(), 1, ACK_TIMEOUT).await;
     let inside = Arc::new(AtomicU64::new(0));
-    let waits_before = wait_calls(&master);
+    let waits_before = master.calls("wait");
 
     let tasks: Vec<_> = (0..TASKS)
         .map(|_| {
@@ -174,7 +164,7 @@ async fn every_grant_under_contention_is_acknowledged() {
     for task in tasks {
         task.await.expect("task");
     }
-    assert!(wait_calls(&master) - waits_before >= TASKS * ROUNDS);
+    assert!(master.calls("wait") - waits_before >= TASKS * ROUNDS);
 }
 
 /// The failure `min_replicas` narrows, shown both ways: the master grants a lock its replica

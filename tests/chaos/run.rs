@@ -205,13 +205,7 @@ impl Node {
 
     /// `calls` of `cmdstat_<command>` in `INFO commandstats` (0 when it never ran).
     pub(crate) fn calls(&self, command: &str) -> u64 {
-        let stats = self.info("commandstats").unwrap_or_default();
-        let prefix = format!("cmdstat_{command}:calls=");
-        stats
-            .lines()
-            .find_map(|line| line.strip_prefix(&prefix))
-            .and_then(|rest| rest.split(',').next()?.parse().ok())
-            .unwrap_or(0)
+        crate::support::command_calls(&self.info("commandstats").unwrap_or_default(), command)
     }
 
     /// Copies the server's logs and `INFO` into `dir`.

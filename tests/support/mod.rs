@@ -365,6 +365,14 @@ impl RedisServer {
             .ok_or_else(|| io::Error::other("INFO server has no process_id"))
     }
 
+    /// How many times the server ran `command` (lower case; 0 when it never ran).
+    pub fn calls(&self, command: &str) -> u64 {
+        let stats = self
+            .info("commandstats")
+            .unwrap_or_else(|e| panic!("redis-server on port {} gave no INFO: {e}", self.port));
+        command_calls(&stats, command)
+    }
+
     /// The text of `INFO <section>`.
     pub fn info(&self, section: &str) -> io::Result<String> {
         match self.try_cmd(&["INFO", section])? {
@@ -608,4 +616,15 @@ impl RedisServer {
             other => Err(io::Error::other(format!("ACL LOG answered {other:?}"))),
         }
     }
+}
+
+/// The `calls` of `command` (lower case) in the text of `INFO commandstats`; 0 when it never
+/// ran. Scripts' calls are counted too.
+pub fn command_calls(commandstats: &str, command: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:calls=");
+    commandstats
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
 }
