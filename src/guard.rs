@@ -12,8 +12,11 @@ use std::{
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use crate::{
-    backend::Backend, client::ClientInner, error::LockError, holder::Holder, key::LockKey,
-    watchdog::Held,
+    backend::Backend,
+    engine::{EngineRef, Held},
+    error::LockError,
+    holder::Holder,
+    key::LockKey,
 };
 
 /// A held lock. Release it with [`release`](Self::release) to learn the outcome, or drop it to
@@ -24,13 +27,13 @@ use crate::{
 /// backend, so a release that fails leaves a lock that expires within one lease.
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard<B: Backend> {
-    client: Arc<ClientInner<B>>,
+    client: Arc<EngineRef<B>>,
     held: Option<Arc<Held>>,
     count: u64,
 }
 
 impl<B: Backend> LockGuard<B> {
-    pub(crate) fn new(client: Arc<ClientInner<B>>, held: Arc<Held>, count: u64) -> Self {
+    pub(crate) fn new(client: Arc<EngineRef<B>>, held: Arc<Held>, count: u64) -> Self {
         Self {
             client,
             held: Some(held),
@@ -83,15 +86,9 @@ impl<B: Backend> LockGuard<B> {
         Lost::new(self.held().lost.clone())
     }
 
-    /// What a request handler may know of this lock.
-    pub(crate) fn context(&self) -> crate::middleware::LockContext {
-        let held = self.held();
-        crate::middleware::LockContext {
-            key: held.key.clone(),
-            holder: held.holder.clone(),
-            fencing_token: held.token,
-            lost: held.lost.clone(),
-        }
+    /// The entry this guard holds, for what the middleware tells a request handler.
+    pub(crate) fn entry(&self) -> &Arc<Held> {
+        self.held.as_ref().expect("guard used after release")
     }
 
     /// Releases one hold of the lock.
@@ -102,7 +99,7 @@ impl<B: Backend> LockGuard<B> {
     /// be confirmed (the lock then expires within one lease, since renewal has stopped).
     pub async fn release(mut self) -> Result<(), LockError> {
         let held = self.held.take().expect("guard released twice");
-        let shared = self.client.shared.clone();
+        let shared = self.client.engine.clone();
         let releasing = shared.begin_release(held)?;
         let runtime = shared.runtime();
         FinishOnDrop {
@@ -120,7 +117,7 @@ impl<B: Backend> Drop for LockGuard<B> {
         let Some(held) = self.held.take() else {
             return;
         };
-        let shared = &self.client.shared;
+        let shared = &self.client.engine;
         // Renewal stops here, synchronously; only the backend call is spawned.
         let Ok(releasing) = shared.begin_release(held) else {
             return;

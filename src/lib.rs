@@ -100,15 +100,14 @@
 pub mod backend;
 mod client;
 mod clock;
+mod engine;
 pub mod error;
 mod guard;
 mod holder;
 pub mod key;
 mod lease;
-mod local;
 pub mod metrics;
 pub mod middleware;
-mod watchdog;
 
 #[cfg(feature = "redis")]
 pub use backend::redis::{RedisBackend, RedisBackendBuilder};

@@ -687,3 +687,94 @@ async fn handler_finishing_past_its_deadline_gets_503() {
         .expect("the lock is free");
     again.release().await.unwrap();
 }
+
+/// Wakes itself and yields once: the task is polled again without the runtime running its
+/// timers first, so nothing but the clock can tell that the lease ran out meanwhile.
+async fn yield_without_timers() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            return std::task::Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    })
+    .await;
+}
+
+/// A handler resumed after a stall past its lease is not polled again: the layer checks the
+/// lease's deadline before every poll, not only the watchdog's report. The response future is
+/// polled by hand, so nothing else (no watchdog) runs between its polls.
+#[tokio::test(flavor = "current_thread")]
+async fn handler_resumed_past_its_lease_is_not_polled_again() {
+    use std::task::{Context, Poll, Waker};
+    use tower::{ServiceBuilder, ServiceExt};
+    let lease = Duration::from_millis(100);
+    let wrote = Arc::new(AtomicBool::new(false));
+    let service = ServiceBuilder::new()
+        .layer(
+            LockLayer::new(LockClient::in_memory())
+                .key(key::header("x-k"))
+                .name("resume")
+                .lease(Lease::fixed(lease)),
+        )
+        .service(tower::service_fn({
+            let wrote = wrote.clone();
+            move |_request: http::Request<()>| {
+                let wrote = wrote.clone();
+                async move {
+                    yield_without_timers().await;
+                    wrote.store(true, Ordering::SeqCst);
+                    Ok::<_, Infallible>(http::Response::new(String::from("written")))
+                }
+            }
+        }));
+    let request = http::Request::get("/").header("x-k", "1").body(()).unwrap();
+    let mut response = std::pin::pin!(service.oneshot(request));
+    let mut cx = Context::from_waker(Waker::noop());
+    // Acquires and runs the handler up to its yield.
+    assert!(response.as_mut().poll(&mut cx).is_pending());
+    // The process stalls past the lease.
+    std::thread::sleep(lease * 2);
+    let Poll::Ready(Ok(response)) = response.as_mut().poll(&mut cx) else {
+        panic!("the layer answers at once");
+    };
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        !wrote.load(Ordering::SeqCst),
+        "the handler ran on past its lease"
+    );
+}
+
+/// `LockContext::is_lost` looks at the lease's deadline too: a handler that stalled past it
+/// learns so before its next write, even before the watchdog reports the loss.
+#[tokio::test(flavor = "current_thread")]
+async fn lock_context_is_lost_past_the_deadline() {
+    use tower::ServiceExt as _;
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    let lease = Duration::from_millis(150);
+    let app = Router::new()
+        .route(
+            "/stall/{id}",
+            post(move |Extension(lock): Extension<LockContext>| async move {
+                let before = lock.is_lost();
+                std::thread::sleep(lease * 2);
+                format!("{before} {}", lock.is_lost())
+            }),
+        )
+        .route_layer(
+            LockLayer::new(locks.clone())
+                .key(key::path_param("id"))
+                .name("context")
+                .lease(Lease::fixed(lease))
+                .continue_on_lost(),
+        );
+    let request = http::Request::post("/stall/1")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = app.oneshot(request).await.unwrap();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"false true");
+}

@@ -72,6 +72,10 @@ pub struct Grant<'a> {
     /// earlier attempt may arrive only later, and then finds nothing to undo). Backends that
     /// never lose replies may ignore it.
     pub supersedes: Option<&'a str>,
+    /// Re-enter only: grant nothing (and join no queue) unless the holder already holds the
+    /// lock, answering [`AcquireReply::Held`] instead. A re-entry that raced a release of the
+    /// holder's last hold must not take the lock afresh behind the engine's back.
+    pub only_if_held: bool,
 }
 
 /// The answer to an acquire.
@@ -109,6 +113,11 @@ pub struct Release<'a> {
     pub handoff: Option<Grant<'a>>,
     /// The kind of lock.
     pub kind: LockKind,
+    /// Release only while this attempt is the last one recorded for the lock (the hold's own
+    /// grant or latest re-entry): a release made for one particular hold, retried or sent after
+    /// the hold was lost, then never frees a newer hold of the same holder. `None` releases
+    /// whatever the holder holds.
+    pub attempt: Option<&'a str>,
 }
 
 /// The answer to a release.

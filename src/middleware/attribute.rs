@@ -218,23 +218,29 @@ where
         };
         let context = guard.context();
         let lost = context.lost();
+        let watch = context.clone();
         let body = guard.holder().scope(body(context));
         let response = if options.abort_on_lost {
-            tokio::select! {
-                biased;
-                () = lost => {
-                    // The body was dropped by `select!`; the guard releases in the background.
+            // The lock is checked before every poll of the body, against the clock too: a
+            // body resumed after a stall past the lease must not run on before the watchdog
+            // notices. `None`: lost; the body is dropped and the guard releases in the
+            // background.
+            let mut body = std::pin::pin!(body);
+            let mut lost = std::pin::pin!(lost);
+            let finished = std::future::poll_fn(|cx| {
+                if watch.is_lost() || lost.as_mut().poll(cx).is_ready() {
+                    return std::task::Poll::Ready(None);
+                }
+                body.as_mut().poll(cx).map(Some)
+            })
+            .await;
+            // Finished after the lease's deadline, before the watchdog said so: the response
+            // was not made under the lock.
+            match finished {
+                Some(result) if !watch.is_lost() => result.into_response(),
+                _ => {
                     drop(guard);
                     return rejected(LockRejection::Lost);
-                }
-                result = body => {
-                    if guard.is_lost() {
-                        // Finished after the lease's deadline, before the watchdog said so:
-                        // the response was not made under the lock.
-                        drop(guard);
-                        return rejected(LockRejection::Lost);
-                    }
-                    result.into_response()
                 }
             }
         } else {

@@ -1,8 +1,8 @@
 //! What a handler can learn about the lock its request holds.
 
-use tokio_util::sync::CancellationToken;
+use std::sync::Arc;
 
-use crate::{LockKey, guard::Lost, holder::Holder};
+use crate::{Backend, LockGuard, LockKey, engine::Held, guard::Lost, holder::Holder};
 
 /// The lock held for the current request, put into the request's extensions by
 /// [`LockLayer`](super::LockLayer) (with axum: `Extension<LockContext>`).
@@ -11,10 +11,21 @@ pub struct LockContext {
     pub(crate) key: LockKey,
     pub(crate) holder: Holder,
     pub(crate) fencing_token: Option<u64>,
-    pub(crate) lost: CancellationToken,
+    pub(crate) held: Arc<Held>,
 }
 
 impl LockContext {
+    /// What a request handler may know of the lock `guard` holds.
+    pub(crate) fn of<B: Backend>(guard: &LockGuard<B>) -> Self {
+        let held = guard.entry();
+        Self {
+            key: held.key.clone(),
+            holder: held.holder.clone(),
+            fencing_token: held.token,
+            held: held.clone(),
+        }
+    }
+
     /// The lock's name in the backend.
     pub fn key(&self) -> &LockKey {
         &self.key
@@ -34,11 +45,14 @@ impl LockContext {
     /// Resolves if the lock is lost while the request runs (useful with
     /// `LockLayer::continue_on_lost`; by default the layer cancels the handler itself).
     pub fn lost(&self) -> Lost {
-        Lost::new(self.lost.clone())
+        Lost::new(self.held.lost.clone())
     }
 
-    /// Whether the lock has been reported lost.
+    /// Whether the lock is lost: reported lost, or its lease deadline has passed without a
+    /// successful renewal. Checked against the clock, like
+    /// [`LockGuard::is_lost`](crate::LockGuard::is_lost), so a handler resumed after a stall
+    /// learns of it before its next write even if the watchdog has not run yet.
     pub fn is_lost(&self) -> bool {
-        self.lost.is_cancelled()
+        self.held.is_lost()
     }
 }

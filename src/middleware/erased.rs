@@ -80,11 +80,6 @@ impl AnyGuard {
         self.0.context().holder
     }
 
-    /// Whether the lock is lost: reported so, or past its lease's deadline.
-    pub(crate) fn is_lost(&self) -> bool {
-        self.0.is_lost()
-    }
-
     pub(crate) async fn release(self) -> Result<(), LockError> {
         self.0.release().await
     }
@@ -120,17 +115,12 @@ impl<B: Backend> ErasedClient for LockClient<B> {
 
 trait ErasedGuard: Send {
     fn context(&self) -> LockContext;
-    fn is_lost(&self) -> bool;
     fn release(self: Box<Self>) -> BoxFuture<Result<(), LockError>>;
 }
 
 impl<B: Backend> ErasedGuard for LockGuard<B> {
     fn context(&self) -> LockContext {
-        Self::context(self)
-    }
-
-    fn is_lost(&self) -> bool {
-        Self::is_lost(self)
+        LockContext::of(self)
     }
 
     fn release(self: Box<Self>) -> BoxFuture<Result<(), LockError>> {

@@ -14,7 +14,7 @@ use pin_project::pin_project;
 use tokio::task::futures::TaskLocalFuture;
 use tower_service::Service;
 
-use super::{LockRejection, OnRejected, layer::LayerConfig};
+use super::{LockContext, LockRejection, OnRejected, layer::LayerConfig};
 use crate::{Backend, LockError, LockGuard, guard::Lost, holder::Holder};
 
 type Acquire<B> = Pin<Box<dyn Future<Output = Result<LockGuard<B>, LockError>> + Send>>;
@@ -145,7 +145,7 @@ where
                         *this.acquired = Some(now);
                         this.span.record("waited_ms", millis(now - *this.started));
                         let mut request = request.take().expect("polled after completion");
-                        request.extensions_mut().insert(guard.context());
+                        request.extensions_mut().insert(LockContext::of(&guard));
                         let mut inner = inner.take().expect("polled after completion");
                         let holder = guard.holder().clone();
                         // `call` runs synchronously now; the future runs at every poll.
@@ -165,9 +165,13 @@ where
                     guard,
                     lost,
                 } => {
-                    if let Some(lost) = lost
-                        && Pin::new(lost).poll(cx).is_ready()
-                    {
+                    // Checked before every poll, against the clock too: a handler resumed after
+                    // a stall past the lease must not run on before the watchdog notices.
+                    let lost_now = lost.as_mut().is_some_and(|lost| {
+                        Pin::new(lost).poll(cx).is_ready()
+                            || guard.as_ref().is_some_and(LockGuard::is_lost)
+                    });
+                    if lost_now {
                         // The inner future is dropped with this state: the handler stops.
                         this.span.record("held_ms", held_ms(*this.acquired));
                         reject(this.on_rejected, this.span, LockRejection::Lost)

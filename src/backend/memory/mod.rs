@@ -149,7 +149,8 @@ impl State {
         let name = grant.key.as_str();
         let entry = self.live(name, now).filter(|e| e.owner == grant.holder)?;
         entry.count += 1;
-        entry.expires = now + grant.lease.duration();
+        // A re-entry with a shorter lease never cuts the earlier lease short.
+        entry.expires = entry.expires.max(now + grant.lease.duration());
         grant.attempt.clone_into(&mut entry.attempt);
         let (count, existing) = (entry.count, entry.token);
         let token = match (grant.fencing, existing) {
@@ -174,6 +175,7 @@ impl State {
             Some(entry) => AcquireReply::Held {
                 ttl: Some(entry.expires.saturating_duration_since(now)),
             },
+            None if grant.only_if_held => AcquireReply::Held { ttl: None },
             None => {
                 let token = self.grant(grant, now);
                 AcquireReply::Acquired { count: 1, token }
@@ -183,6 +185,13 @@ impl State {
 
     fn acquire_fair(&mut self, grant: Grant<'_>, now: Instant) -> AcquireReply {
         let name = grant.key.as_str();
+        if grant.only_if_held {
+            return self.reenter(grant, now).unwrap_or(AcquireReply::Held {
+                ttl: self
+                    .live(name, now)
+                    .map(|e| e.expires.saturating_duration_since(now)),
+            });
+        }
         let queue = self.queues.entry(name.to_owned()).or_default();
         queue.purge(now);
         if let Some(reply) = self.reenter(grant, now) {
@@ -216,7 +225,10 @@ impl State {
 
     fn release_owned(&mut self, release: Release<'_>, now: Instant) -> (ReleaseReply, Publish) {
         let name = release.key.as_str();
-        let Some(entry) = self.live(name, now).filter(|e| e.owner == release.holder) else {
+        let owned = |e: &&mut Entry| {
+            e.owner == release.holder && release.attempt.is_none_or(|a| a == e.attempt)
+        };
+        let Some(entry) = self.live(name, now).filter(owned) else {
             return (ReleaseReply::NotHeld, None);
         };
         entry.count = if release.all { 0 } else { entry.count - 1 };
@@ -309,7 +321,7 @@ impl Backend for MemoryBackend {
                     release.holder,
                     release.kind,
                     release.all,
-                    None,
+                    release.attempt,
                     now,
                 ),
                 _ => state.release_owned(release, now),
@@ -348,7 +360,7 @@ impl Backend for MemoryBackend {
                     (LockKind::Read | LockKind::Write, false) => state.rw_renew(renew, now),
                     _ => match state.live(renew.key.as_str(), now) {
                         Some(entry) if entry.owner == renew.holder => {
-                            entry.expires = now + renew.lease.duration();
+                            entry.expires = entry.expires.max(now + renew.lease.duration());
                             RenewReply::Renewed
                         }
                         _ => RenewReply::NotHeld,

@@ -74,6 +74,15 @@ impl State {
         let lock = self.rw_entry(grant.key, now);
         let is_writer = lock.writer.as_ref().is_some_and(|(w, _)| w == holder);
         let is_reader = lock.readers.contains_key(holder);
+        let holds_side = match grant.kind {
+            LockKind::Write => is_writer,
+            _ => is_reader,
+        };
+        if grant.only_if_held && !holds_side {
+            return AcquireReply::Held {
+                ttl: lock.retry(now),
+            };
+        }
         let granted = match grant.kind {
             LockKind::Write => {
                 if !is_writer && is_reader {
@@ -108,7 +117,8 @@ impl State {
             _ => {
                 let reader = lock.readers.entry(holder.to_owned()).or_insert((0, until));
                 reader.0 += 1;
-                reader.1 = until;
+                // A re-entry with a shorter lease never cuts the earlier lease short.
+                reader.1 = reader.1.max(until);
                 reader.0
             }
         };
@@ -185,7 +195,7 @@ impl State {
             LockKind::Write => lock.writer.as_ref().is_some_and(|(w, _)| w == renew.holder),
             _ => match lock.readers.get_mut(renew.holder) {
                 Some(reader) => {
-                    reader.1 = until;
+                    reader.1 = reader.1.max(until);
                     true
                 }
                 None => false,

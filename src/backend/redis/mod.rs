@@ -922,7 +922,8 @@ impl Backend for RedisBackend {
                     .arg(grant.attempt)
                     .arg(flag(grant.fencing))
                     .arg(queue)
-                    .arg(grant.supersedes.unwrap_or(""));
+                    .arg(grant.supersedes.unwrap_or(""))
+                    .arg(flag(grant.only_if_held));
                 invocation
             }
             LockKind::Read | LockKind::Write => {
@@ -939,7 +940,8 @@ impl Backend for RedisBackend {
                     .arg(grant.attempt)
                     .arg(flag(grant.fencing))
                     .arg(queue)
-                    .arg(grant.supersedes.unwrap_or(""));
+                    .arg(grant.supersedes.unwrap_or(""))
+                    .arg(flag(grant.only_if_held));
                 invocation
             }
             _ => {
@@ -952,7 +954,8 @@ impl Backend for RedisBackend {
                     .arg(grant.lease.millis())
                     .arg(grant.attempt)
                     .arg(flag(grant.fencing))
-                    .arg(grant.supersedes.unwrap_or(""));
+                    .arg(grant.supersedes.unwrap_or(""))
+                    .arg(flag(grant.only_if_held));
                 invocation
             }
         };
@@ -984,17 +987,24 @@ impl Backend for RedisBackend {
                     .key(key.derived(TIMEOUTS))
                     .arg(release.holder)
                     .arg(key.derived(CHANNEL))
-                    .arg(flag(release.all));
+                    .arg(flag(release.all))
+                    .arg(release.attempt.unwrap_or(""));
                 invocation
             }
-            LockKind::Read | LockKind::Write => rw_release(
-                self.scripts(),
-                key,
-                release.holder,
-                release.kind,
-                release.all,
-                "",
-            ),
+            LockKind::Read | LockKind::Write => {
+                let mut invocation = rw_release(
+                    self.scripts(),
+                    key,
+                    release.holder,
+                    release.kind,
+                    release.all,
+                    release.attempt.unwrap_or(""),
+                );
+                // How long a non-matching attempt is remembered as given up: it has had its
+                // reply already, so only briefly.
+                invocation.arg(1000);
+                invocation
+            }
             _ => {
                 let mut invocation = self.scripts().release.prepare_invoke();
                 invocation
@@ -1016,6 +1026,7 @@ impl Backend for RedisBackend {
                         .arg(flag(next.fencing)),
                     None => invocation.arg("").arg(0).arg("").arg("0"),
                 };
+                invocation.arg(release.attempt.unwrap_or(""));
                 invocation
             }
         };

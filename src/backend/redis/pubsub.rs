@@ -93,13 +93,15 @@ impl PubSub {
 
     /// Listens on `channel`. Resolves once Redis confirmed the subscription, or after the
     /// timeout when the connection is down (the reconnect will subscribe and wake the listener).
+    /// Every listener waits for the confirmation, not only the channel's first: a later one
+    /// may come while the first's subscribe is still on its way, and its caller checks the
+    /// lock again counting on releases reaching it from then on. The task answers in order, so
+    /// the answer comes after that subscribe's.
     pub(super) async fn listen(&self, channel: String, only_for: Option<&str>) -> Listener {
-        let (listener, first) = self.listeners.add(channel.clone(), only_for);
-        if first {
-            let (done, confirmed) = oneshot::channel();
-            if self.requests.send((channel, done)).is_ok() {
-                let _ = tokio::time::timeout(self.timeout, confirmed).await;
-            }
+        let (listener, _first) = self.listeners.add(channel.clone(), only_for);
+        let (done, confirmed) = oneshot::channel();
+        if self.requests.send((channel, done)).is_ok() {
+            let _ = tokio::time::timeout(self.timeout, confirmed).await;
         }
         listener
     }
@@ -233,5 +235,63 @@ impl Task {
             }
             Err(_) => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A second listener of a channel whose subscribe is still on its way does not resolve
+    /// before Redis confirmed it: its caller checks the lock again counting on every release
+    /// from then on reaching it.
+    #[tokio::test]
+    async fn every_listener_waits_for_the_subscription() {
+        let (confirm, confirmed) = oneshot::channel::<()>();
+        let pubsub = Arc::new(PubSub::spawn(
+            Duration::from_secs(5),
+            |mut feed| async move {
+                // Holds every request until the test lets the subscription be confirmed.
+                let mut waiting = Vec::new();
+                let mut confirmed = confirmed;
+                loop {
+                    tokio::select! {
+                        Some((_, done)) = feed.requests.recv() => waiting.push(done),
+                        _ = &mut confirmed => break,
+                    }
+                }
+                for done in waiting {
+                    let _ = done.send(());
+                }
+                // Subscribed from now on: every request is answered at once.
+                while let Some((_, done)) = feed.requests.recv().await {
+                    let _ = done.send(());
+                }
+            },
+        ));
+        let first = tokio::spawn({
+            let pubsub = pubsub.clone();
+            async move { pubsub.listen("lock:released".to_owned(), None).await }
+        });
+        while pubsub.channel_count() == 0 {
+            tokio::task::yield_now().await;
+        }
+        let second = tokio::time::timeout(
+            Duration::from_millis(50),
+            pubsub.listen("lock:released".to_owned(), None),
+        )
+        .await;
+        assert!(
+            second.is_err(),
+            "the second listener did not wait for the subscription"
+        );
+        confirm.send(()).unwrap();
+        let _first = first.await.unwrap();
+        let third = tokio::time::timeout(
+            Duration::from_secs(1),
+            pubsub.listen("lock:released".to_owned(), None),
+        )
+        .await;
+        assert!(third.is_ok(), "a confirmed subscription answers at once");
     }
 }

@@ -28,6 +28,7 @@ fn grant<'a>(
         kind,
         queue: None,
         supersedes,
+        only_if_held: false,
     }
 }
 
@@ -80,6 +81,7 @@ async fn a_retry_takes_over_the_hold_of_a_lost_attempt() {
                 all: false,
                 handoff: None,
                 kind,
+                attempt: None,
             };
             let reply = backend.release(release).await.unwrap();
             if remaining == 0 {

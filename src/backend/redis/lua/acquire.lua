@@ -8,6 +8,7 @@
 -- ARGV[3]  attempt id (lets a caller whose reply was lost undo this attempt)
 -- ARGV[4]  '1' to issue a fencing token
 -- ARGV[5]  an earlier attempt of this acquisition whose reply was lost, or ''
+-- ARGV[6]  '1' to re-enter only: grant nothing unless the holder already holds the lock
 --
 -- Returns {1, count, token} when the holder now holds the lock (token -1 without fencing),
 -- or {0, pttl} when another holder has it (pttl -1 when the key has no expiry).
@@ -17,6 +18,9 @@ if redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 1 then
   return {0, redis.call('PTTL', lock)}
 end
 local count
+if ARGV[6] == '1' and redis.call('HEXISTS', lock, holder) == 0 then
+  return {0, redis.call('PTTL', lock)}
+end
 if redis.call('EXISTS', lock) == 0 then
   count = 1
   redis.call('HSET', lock, holder, 1, '~a', ARGV[3])

@@ -12,6 +12,8 @@
 -- ARGV[4]  '1' to issue a fencing token
 -- ARGV[5]  waiter timeout in milliseconds; '0' to try without joining the queue
 -- ARGV[6]  an earlier attempt of this acquisition whose reply was lost, or ''
+-- ARGV[7]  '1' to re-enter only: grant nothing (and queue nothing) unless the holder already
+--          holds the lock
 --
 -- Returns {1, count, token} when the holder now holds the lock (token -1 without fencing), or
 -- {0, retry} when it must wait: retry is the lock's remaining lease, or while the lock is free
@@ -19,6 +21,9 @@
 local lock, queue, timeouts = KEYS[1], KEYS[2], KEYS[3]
 local holder = ARGV[1]
 if redis.call('SISMEMBER', KEYS[5], ARGV[3]) == 1 then
+  return {0, redis.call('PTTL', lock)}
+end
+if ARGV[7] == '1' and redis.call('HEXISTS', lock, holder) == 0 then
   return {0, redis.call('PTTL', lock)}
 end
 local now = now_ms()

@@ -23,10 +23,11 @@ local function fencing_token(lock, counter)
   return tonumber(token)
 end
 
--- The reply of an acquire that granted `count` holds: sets the lease and, when `fencing` is
--- '1', adds the lock's fencing token (-1 without one).
+-- The reply of an acquire that granted `count` holds: makes the lease last at least `lease`
+-- (a re-entry with a shorter lease never cuts the holder's earlier lease short) and, when
+-- `fencing` is '1', adds the lock's fencing token (-1 without one).
 local function granted(lock, lease, count, fencing, counter)
-  redis.call('PEXPIRE', lock, lease)
+  extend(lock, lease)
   local token = -1
   if fencing == '1' then
     token = fencing_token(lock, counter)
@@ -46,6 +47,12 @@ local function reenter(lock, field, attempt, supersedes)
   end
   redis.call('HSET', lock, '~a', attempt)
   return count
+end
+
+-- Whether the lock's last recorded attempt is `attempt` ('' matches any): a release made on
+-- behalf of one particular hold changes nothing once the holder has acquired the lock anew.
+local function last_attempt_is(lock, attempt)
+  return attempt == '' or redis.call('HGET', lock, '~a') == attempt
 end
 
 -- Gives back one hold counted in `field` (every hold, with `all`): nil when there is none,

@@ -11,6 +11,8 @@
 -- ARGV[5]  hand-off lease in milliseconds
 -- ARGV[6]  hand-off attempt id
 -- ARGV[7]  '1' to issue a fencing token to the hand-off holder
+-- ARGV[8]  attempt id that must be the lock's last recorded one, or '' for any: a release
+--          for one particular hold (a lost one, or a retry) never frees a newer hold
 --
 -- Returns {0} when the holder does not hold the lock (nothing changed), {1, remaining} when
 -- holds remain, {2} when the lock was freed and the release published, {3, token} when it was
@@ -18,6 +20,9 @@
 -- reached.
 local lock = KEYS[1]
 local holder = ARGV[1]
+if not last_attempt_is(lock, ARGV[8]) then
+  return {0}
+end
 local remaining = give_back(lock, holder, ARGV[3] == '1')
 if not remaining then
   return {0}

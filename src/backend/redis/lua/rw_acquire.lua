@@ -18,6 +18,7 @@
 -- ARGV[5]  '1' to issue a fencing token (write side only)
 -- ARGV[6]  waiter timeout in milliseconds for a writer that must wait; '0' not to wait
 -- ARGV[7]  an earlier attempt of this acquisition whose reply was lost, or ''
+-- ARGV[8]  '1' to re-enter only: grant nothing unless the holder already holds that side
 --
 -- Returns {1, count, token} when granted (token -1 without one), {0, retry} when the holder
 -- must wait (retry: ms until the blocking lease or waiting writer times out, -1 unknown), or
@@ -26,6 +27,9 @@ local lock, readers, writers = KEYS[1], KEYS[2], KEYS[3]
 local holder, side = ARGV[1], ARGV[2]
 local lease = tonumber(ARGV[3])
 if redis.call('SISMEMBER', KEYS[5], ARGV[4]) == 1 then
+  return {0, redis.call('PTTL', lock)}
+end
+if ARGV[8] == '1' and redis.call('HEXISTS', lock, side .. ':' .. holder) == 0 then
   return {0, redis.call('PTTL', lock)}
 end
 local now = now_ms()
@@ -88,7 +92,8 @@ else
   if mode == false then
     redis.call('HSET', lock, '~m', 'read')
   end
-  redis.call('ZADD', readers, now + lease, holder)
+  -- A re-entry with a shorter lease never cuts the reader's earlier lease short.
+  redis.call('ZADD', readers, 'GT', now + lease, holder)
   extend(readers, lease)
 end
 extend(lock, lease)

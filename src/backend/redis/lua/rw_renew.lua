@@ -14,7 +14,7 @@ if redis.call('HEXISTS', lock, side .. ':' .. holder) == 0 then
   return 0
 end
 if side == 'r' then
-  redis.call('ZADD', readers, now_ms() + lease, holder)
+  redis.call('ZADD', readers, 'GT', now_ms() + lease, holder)
   extend(readers, lease)
 end
 extend(lock, lease)

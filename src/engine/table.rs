@@ -24,7 +24,11 @@ use crate::{
     holder::Holder,
     key::LockKey,
     lease::Lease,
-    watchdog::{Held, Queued, Scan},
+};
+
+use super::{
+    held::{Check, Held},
+    place::Queued,
 };
 
 /// The per-key state of one client.
@@ -126,6 +130,7 @@ impl Want {
             kind: self.kind,
             queue,
             supersedes: self.supersedes.as_deref(),
+            only_if_held: false,
         }
     }
 }
@@ -177,19 +182,42 @@ impl<L> Table<L> {
         self.keys.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The live entry of `holder` for `key` of `kind`, if it holds it here.
-    pub(crate) fn held_by(
+    /// The live entry of `holder` for `key` of `kind`, if it holds it here, with one more
+    /// (pending) reference taken for a re-entry: a release of its other guards meanwhile
+    /// leaves the entry in place. Give the reference back with
+    /// [`drop_pending`](Self::drop_pending) if the re-entry does not happen.
+    pub(crate) fn reenter(
         &self,
         key: &LockKey,
         holder: &Holder,
         kind: LockKind,
     ) -> Option<Arc<Held>> {
-        self.keys()
+        let keys = self.keys();
+        let held = keys
             .get(key.as_str())?
             .held
             .iter()
-            .find(|held| held.holder == *holder && held.kind == kind && !held.is_lost())
-            .cloned()
+            .find(|held| held.holder == *holder && held.kind == kind && !held.is_lost())?;
+        held.add_ref();
+        Some(held.clone())
+    }
+
+    /// Gives back the pending reference of a re-entry that did not happen. Returns true when
+    /// it was the entry's last (the other guards were released meanwhile): the entry is gone,
+    /// and the backend holds nothing for it once the attempt is resolved.
+    pub(crate) fn drop_pending(&self, held: &Arc<Held>) -> bool {
+        let mut keys = self.keys();
+        if held.drop_ref() > 0 {
+            return false;
+        }
+        if let Some(state) = keys.get_mut(held.key.as_str()) {
+            state.held.retain(|other| !Arc::ptr_eq(other, held));
+            state.wake_head();
+            if state.is_idle() {
+                keys.remove(held.key.as_str());
+            }
+        }
+        true
     }
 
     /// Queues a waiter.
@@ -285,12 +313,6 @@ impl<L> Table<L> {
             state.listener = None;
             state.yield_until = None;
         }
-    }
-
-    /// A holder re-entered a lock it holds here.
-    pub(crate) fn reentered(&self, held: &Held, sent_at: BootInstant) {
-        let _keys = self.keys();
-        held.add_ref(sent_at);
     }
 
     /// Waiter `id` leaves the queue (timed out, failed or dropped).
@@ -485,5 +507,40 @@ impl Slot {
     /// Delivers a handed-off lock to the waiter; gives it back if the waiter has left.
     pub(crate) fn deliver(self, held: Arc<Held>) -> Result<(), Arc<Held>> {
         self.handoff.send(held)
+    }
+}
+
+/// What a scan of the table found.
+#[derive(Default)]
+pub(crate) struct Scan {
+    pub(crate) lost: Vec<Arc<Held>>,
+    pub(crate) due: Vec<Arc<Held>>,
+    pub(crate) due_waits: Vec<Arc<Queued>>,
+    pub(crate) next: Option<BootInstant>,
+}
+
+impl Scan {
+    pub(crate) fn add(&mut self, held: &Arc<Held>, now: BootInstant) {
+        match held.check(now) {
+            Check::Lost => self.lost.push(held.clone()),
+            Check::Due(deadline) => {
+                // The renewal may hang: wake at the deadline whatever it does.
+                self.due.push(held.clone());
+                self.later(deadline);
+            }
+            Check::Later(at) => self.later(at),
+        }
+    }
+
+    pub(crate) fn add_wait(&mut self, wait: &Arc<Queued>, now: BootInstant) {
+        match wait.check(now) {
+            Some(Check::Due(_)) => self.due_waits.push(wait.clone()),
+            Some(Check::Later(at)) => self.later(at),
+            _ => {}
+        }
+    }
+
+    fn later(&mut self, at: BootInstant) {
+        self.next = Some(self.next.map_or(at, |next| next.min(at)));
     }
 }

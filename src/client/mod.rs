@@ -1,0 +1,243 @@
+//! [`LockClient`]: the lock engine's public face, its builder and lock requests.
+
+use std::{fmt, sync::Arc};
+
+use crate::{
+    backend::{Backend, LockKind},
+    engine::{Config, EngineRef},
+    holder::Holder,
+    key::{KeyError, LockKey},
+};
+
+mod builder;
+mod request;
+
+pub use builder::LockClientBuilder;
+pub use request::{LockRequest, ReadWriteLock};
+
+/// The lock engine: acquires, renews and releases locks in a [`Backend`].
+///
+/// Cheap to clone; clones share the watchdog, the waiter queues and the backend connections.
+/// Dropping the last clone (and the last guard) stops the background tasks.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_lock::{Lease, LockClient, MemoryBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let locks = LockClient::builder(MemoryBackend::new())
+///     .prefix("shop:")
+///     .lease(Lease::watchdog(Duration::from_secs(30)))
+///     .wait(Duration::from_secs(5))
+///     .build()?;
+///
+/// let guard = locks.lock("order:42").fencing().acquire().await?;
+/// assert_eq!(guard.fencing_token(), Some(1));
+///
+/// // Someone else cannot have it meanwhile.
+/// let busy = locks.lock("order:42").try_acquire().await;
+/// assert!(matches!(busy, Err(tower_lock::LockError::WaitTimeout { .. })));
+///
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct LockClient<B: Backend> {
+    pub(crate) inner: Arc<EngineRef<B>>,
+}
+
+impl<B: Backend> Clone for LockClient<B> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<B: Backend> fmt::Debug for LockClient<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockClient")
+            .field("id", &self.inner.engine.id)
+            .field("config", &self.inner.engine.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LockClient<crate::MemoryBackend> {
+    /// A client on a fresh [`MemoryBackend`](crate::MemoryBackend) with default settings.
+    pub fn in_memory() -> Self {
+        Self::builder(crate::MemoryBackend::new())
+            .build()
+            .unwrap_or_else(|_| unreachable!("the default configuration is valid"))
+    }
+}
+
+impl<B: Backend> LockClient<B> {
+    /// Starts building a client on `backend`.
+    pub fn builder(backend: B) -> LockClientBuilder<B> {
+        LockClientBuilder {
+            backend,
+            config: Config::default(),
+        }
+    }
+
+    /// A request for the lock named `key`, to configure and then
+    /// [`acquire`](LockRequest::acquire). The key is validated and escaped here; an invalid key
+    /// fails at acquire time with [`LockError::InvalidKey`].
+    pub fn lock(&self, key: impl AsRef<[u8]>) -> LockRequest<'_, B> {
+        self.request(self.key(key.as_ref()), LockKind::Exclusive)
+    }
+
+    /// A request for the lock named `key` in `namespace`: the same lock a
+    /// [`LockLayer`](crate::LockLayer) named `namespace` (or on the route `namespace`) takes for
+    /// that key, so code inside or outside the request can share it.
+    pub fn lock_in_namespace(&self, namespace: &str, key: impl AsRef<[u8]>) -> LockRequest<'_, B> {
+        let key = self.key_in(namespace, key.as_ref(), LockKind::Exclusive);
+        self.request(key, LockKind::Exclusive)
+    }
+
+    /// A request for the fair lock named `key`: waiters get it in the order they asked, across
+    /// every process. It shares its name with [`lock`](Self::lock)'s lock; use one kind per key.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_lock::LockError> {
+    /// let locks = tower_lock::LockClient::in_memory();
+    /// let guard = locks.fair_lock("order:42").acquire().await?;
+    /// guard.release().await
+    /// # }
+    /// ```
+    pub fn fair_lock(&self, key: impl AsRef<[u8]>) -> LockRequest<'_, B> {
+        self.request(self.key(key.as_ref()), LockKind::Fair)
+    }
+
+    /// The read-write lock named `key`: many readers or one writer. A waiting writer holds
+    /// back new readers; the writer may take the read side too and keep it after releasing the
+    /// write side (downgrade), but a reader asking for the write side fails with
+    /// [`LockError::UpgradeRefused`]. Its name is separate from [`lock`](Self::lock)'s.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_lock::LockError> {
+    /// let locks = tower_lock::LockClient::in_memory();
+    /// let rw = locks.read_write_lock("doc:7");
+    /// let a = rw.read().acquire().await?;
+    /// let b = rw.read().acquire().await?; // readers share
+    /// assert!(rw.write().try_acquire().await.is_err());
+    /// a.release().await?;
+    /// b.release().await
+    /// # }
+    /// ```
+    pub fn read_write_lock(&self, key: impl AsRef<[u8]>) -> ReadWriteLock<'_, B> {
+        ReadWriteLock {
+            client: self,
+            key: self.key(key.as_ref()).map(|key| key.with_suffix(":rw")),
+        }
+    }
+
+    /// The backend name of the lock `key` in `namespace` (`""` for [`lock`](Self::lock) and
+    /// its siblings) of `kind`: what this client locks for that key. The backend derives its
+    /// other keys of the lock (and its release channel) by appending suffixes to it.
+    ///
+    /// # Errors
+    /// [`KeyError`] when the key is empty or longer than `max_key_len`.
+    pub fn lock_key(
+        &self,
+        namespace: &str,
+        key: impl AsRef<[u8]>,
+        kind: LockKind,
+    ) -> Result<LockKey, KeyError> {
+        self.key_in(namespace, key.as_ref(), kind)
+    }
+
+    /// The lock name of `key` in `namespace`, for a lock of `kind`.
+    pub(crate) fn key_in(
+        &self,
+        namespace: &str,
+        key: &[u8],
+        kind: LockKind,
+    ) -> Result<LockKey, KeyError> {
+        let name = self.name(namespace, key)?;
+        Ok(match kind {
+            LockKind::Read | LockKind::Write => name.with_suffix(":rw"),
+            _ => name,
+        })
+    }
+
+    /// A request for the lock `key` (from [`key_in`](Self::key_in)) of `kind`.
+    pub(crate) fn request_for(&self, key: LockKey, kind: LockKind) -> LockRequest<'_, B> {
+        self.request(Ok(key), kind)
+    }
+
+    fn key(&self, key: &[u8]) -> Result<LockKey, KeyError> {
+        self.name("", key)
+    }
+
+    /// The one place user keys become lock names: escaped, or hashed under the secret.
+    fn name(&self, namespace: &str, key: &[u8]) -> Result<LockKey, KeyError> {
+        let config = &self.inner.engine.config;
+        #[cfg(feature = "keyed-hash")]
+        if let Some(hash) = &config.keyed_hash {
+            return hash.name(&config.prefix, namespace, key, config.max_key_len);
+        }
+        LockKey::namespaced(&config.prefix, namespace, key, config.max_key_len)
+    }
+
+    fn request(&self, key: Result<LockKey, KeyError>, kind: LockKind) -> LockRequest<'_, B> {
+        let config = &self.inner.engine.config;
+        LockRequest {
+            client: self,
+            key,
+            kind,
+            wait: config.wait,
+            lease: config.lease,
+            fencing: false,
+            holder: None,
+        }
+    }
+
+    /// A new holder identity of this client, for [`Holder::scope`].
+    pub fn holder(&self) -> Holder {
+        self.inner.engine.new_holder()
+    }
+
+    /// The backend this client uses.
+    pub fn backend(&self) -> &B {
+        &self.inner.engine.backend
+    }
+
+    /// How many keys this client holds or waits for right now.
+    pub fn active_keys(&self) -> usize {
+        self.inner.engine.table.key_count()
+    }
+
+    /// How many waiters of this client hold a place in a backend queue right now (fair locks
+    /// and writers of read-write locks).
+    pub fn queued(&self) -> usize {
+        self.inner.engine.table.queued_count()
+    }
+
+    /// How many acquires of this client are waiting right now.
+    pub fn waiters(&self) -> usize {
+        self.inner.engine.table.waiter_count()
+    }
+
+    /// Releases every lock this client holds, fails every waiting acquire with
+    /// [`LockError::ShutDown`], and stops the background tasks. Guards still alive report
+    /// themselves lost.
+    pub async fn shutdown(&self) {
+        let shared = &self.inner.engine;
+        shared.stop.cancel();
+        let held = shared.table.drain_held();
+        let releases = held.iter().map(|held| async move {
+            held.lost.cancel();
+            if let Err(error) = shared.backend.release(held.release_all()).await {
+                tracing::warn!(key = %held.key, %error, "release at shutdown failed");
+            }
+        });
+        futures_util::future::join_all(releases).await;
+        shared.backend.shutdown().await;
+        tracing::debug!(released = held.len(), "lock client shut down");
+    }
+}

@@ -1,0 +1,182 @@
+//! One lock acquisition to configure: [`LockRequest`], and both sides of a read-write lock.
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use tracing::Instrument;
+
+use super::LockClient;
+use crate::{
+    backend::{Backend, LockKind},
+    engine::{MIN_LEASE, Request, Want, watchdog},
+    error::LockError,
+    guard::LockGuard,
+    holder::Holder,
+    key::{KeyError, LockKey},
+    lease::Lease,
+};
+
+/// Both sides of one read-write lock. Made by [`LockClient::read_write_lock`].
+pub struct ReadWriteLock<'a, B: Backend> {
+    pub(super) client: &'a LockClient<B>,
+    pub(super) key: Result<LockKey, KeyError>,
+}
+
+impl<'a, B: Backend> ReadWriteLock<'a, B> {
+    /// A request for the read side, shared with other readers.
+    pub fn read(&self) -> LockRequest<'a, B> {
+        self.client.request(self.key.clone(), LockKind::Read)
+    }
+
+    /// A request for the write side, exclusive.
+    pub fn write(&self) -> LockRequest<'a, B> {
+        self.client.request(self.key.clone(), LockKind::Write)
+    }
+}
+
+impl<B: Backend> fmt::Debug for ReadWriteLock<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadWriteLock")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One lock acquisition to configure. Made by [`LockClient::lock`],
+/// [`LockClient::fair_lock`] and [`ReadWriteLock`].
+#[must_use = "a lock request does nothing until acquired"]
+pub struct LockRequest<'a, B: Backend> {
+    pub(super) client: &'a LockClient<B>,
+    pub(super) key: Result<LockKey, KeyError>,
+    pub(super) kind: LockKind,
+    pub(super) wait: Duration,
+    pub(super) lease: Lease,
+    pub(super) fencing: bool,
+    pub(super) holder: Option<Holder>,
+}
+
+impl<B: Backend> fmt::Debug for LockRequest<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockRequest")
+            .field("key", &self.key)
+            .field("kind", &self.kind)
+            .field("wait", &self.wait)
+            .field("lease", &self.lease)
+            .field("fencing", &self.fencing)
+            .field("holder", &self.holder)
+            .finish()
+    }
+}
+
+impl<B: Backend> LockRequest<'_, B> {
+    /// How long to wait for the lock. Zero means try once. Defaults to the client's `wait`.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// The lease to hold the lock with. Defaults to the client's `lease`.
+    pub fn lease(mut self, lease: Lease) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Issue a fencing token with the lock ([`LockGuard::fencing_token`]). Off by default: the
+    /// counter is a backend key per lock name that never expires.
+    pub fn fencing(mut self) -> Self {
+        self.fencing = true;
+        self
+    }
+
+    /// Acquire as `holder` instead of the current [`Holder::scope`] (or a fresh holder). Unlike
+    /// a scope, an explicit holder is used even when another client made it.
+    pub fn holder(mut self, holder: &Holder) -> Self {
+        self.holder = Some(holder.clone());
+        self
+    }
+
+    /// Acquires the lock, waiting up to the request's `wait` for it.
+    ///
+    /// # Errors
+    /// [`LockError::WaitTimeout`] when another holder kept it for the whole wait,
+    /// [`LockError::InvalidKey`], [`LockError::TooManyWaiters`], [`LockError::Backend`] when the
+    /// backend failed (an acquire whose reply was lost is undone before this returns, where the
+    /// backend can still be reached), [`LockError::ShutDown`].
+    pub async fn acquire(self) -> Result<LockGuard<B>, LockError> {
+        let kind = self.kind;
+        let checked = self.key.map_err(LockError::from).and_then(|key| {
+            if self.lease.duration() < MIN_LEASE {
+                return Err(LockError::InvalidLease(self.lease.duration()));
+            }
+            Ok(key)
+        });
+        let key = match checked {
+            Ok(key) => key,
+            Err(error) => {
+                crate::metrics::acquire_finished(kind, Err(&error), Duration::ZERO);
+                return Err(error);
+            }
+        };
+        let inner = &self.client.inner;
+        let shared = &inner.engine;
+        if shared.stop.is_cancelled() {
+            return Err(LockError::ShutDown);
+        }
+        watchdog::start(shared);
+        let holder = self
+            .holder
+            .or_else(|| Holder::current().filter(|holder| holder.is_from(&shared.id)))
+            .unwrap_or_else(|| shared.new_holder());
+        let request = Request {
+            key,
+            want: Arc::new(Want {
+                attempt: shared.attempt_id(&holder),
+                holder,
+                kind: self.kind,
+                lease: self.lease,
+                fencing: self.fencing,
+                supersedes: None,
+            }),
+            wait: self.wait,
+        };
+        let started = tokio::time::Instant::now();
+        let key_name = request.key.clone();
+        let span = tracing::debug_span!(
+            "lock_acquire",
+            key = %request.key,
+            kind = ?request.want.kind,
+            holder = %request.want.holder
+        );
+        let result = shared.acquire(request).instrument(span).await;
+        let waited = started.elapsed();
+        crate::metrics::acquire_finished(kind, result.as_ref().map(|_| ()), waited);
+        match result {
+            Ok((held, count)) => {
+                tracing::debug!(
+                    key = %held.key,
+                    count,
+                    waited_ms = waited.as_millis() as u64,
+                    token = held.token,
+                    "lock acquired"
+                );
+                Ok(LockGuard::new(inner.clone(), held, count))
+            }
+            Err(error) => {
+                tracing::debug!(
+                    key = %key_name,
+                    waited_ms = waited.as_millis() as u64,
+                    %error,
+                    "lock not acquired"
+                );
+                Err(error)
+            }
+        }
+    }
+
+    /// Tries once, without waiting. Same as `.wait(Duration::ZERO).acquire()`.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire).
+    pub async fn try_acquire(self) -> Result<LockGuard<B>, LockError> {
+        self.wait(Duration::ZERO).acquire().await
+    }
+}

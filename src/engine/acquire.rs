@@ -1,0 +1,458 @@
+//! Acquiring: re-entry, the local waiter queue, contending in the backend, waiting for a
+//! release, and resolving attempts whose outcome is unknown.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use super::{
+    Engine, Held, Loss,
+    table::{Turn, Want},
+};
+use crate::{
+    backend::{AcquireReply, Backend, Grant, Listen, LockKind},
+    clock::BootInstant,
+    error::{BackendError, BackendErrorKind, LockError},
+    key::LockKey,
+};
+
+/// A validated acquire.
+pub(crate) struct Request {
+    pub(crate) key: LockKey,
+    pub(crate) want: Arc<Want>,
+    pub(crate) wait: Duration,
+}
+
+/// One acquire counted against `max_waiters` until it ends, however it ends.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    /// Counts one more waiter of `shared`, or refuses it when `max_waiters` already wait.
+    fn admit<B: Backend>(shared: &'a Engine<B>) -> Result<Self, LockError> {
+        let waiting = &shared.waiting;
+        if waiting.fetch_add(1, Ordering::AcqRel) >= shared.config.max_waiters {
+            waiting.fetch_sub(1, Ordering::AcqRel);
+            tracing::debug!(
+                max = shared.config.max_waiters,
+                "too many waiters in this client"
+            );
+            return Err(LockError::TooManyWaiters);
+        }
+        crate::metrics::waiting(true);
+        Ok(Self(waiting))
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+        crate::metrics::waiting(false);
+    }
+}
+
+/// Leaves the waiter queue when the acquire future ends, however it ends.
+struct QueueGuard<'a, B: Backend> {
+    shared: &'a Arc<Engine<B>>,
+    request: &'a Request,
+    id: u64,
+    /// The waiter has a place in the backend's queue to give up.
+    in_backend: bool,
+}
+
+impl<B: Backend> Drop for QueueGuard<'_, B> {
+    fn drop(&mut self) {
+        self.shared.table.leave(&self.request.key, self.id);
+        if !self.in_backend {
+            return;
+        }
+        let Some(runtime) = self.shared.runtime() else {
+            return;
+        };
+        // Leave at once rather than wait to be purged, passing the wake-up on if first.
+        let (shared, key, want) = (
+            self.shared.clone(),
+            self.request.key.clone(),
+            self.request.want.clone(),
+        );
+        runtime.spawn(async move {
+            if let Err(error) = shared.backend.leave(&key, want.holder.id(), want.kind).await {
+                tracing::debug!(key = %key, %error, "leaving the wait queue failed; the entry times out");
+            }
+        });
+    }
+}
+
+/// An attempt sent to the backend whose answer has not been dealt with. Dropped unsettled
+/// (the acquire future was cancelled while the call was on its way: a client disconnected, a
+/// timeout fired), it is resolved in the background exactly like an attempt whose reply was
+/// lost: undone if it took the lock, voided if it has not arrived yet. A re-entry's pending
+/// reference is given back at once.
+struct InFlight<B: Backend> {
+    shared: Arc<Engine<B>>,
+    key: LockKey,
+    want: Arc<Want>,
+    reentering: Option<Arc<Held>>,
+    settled: bool,
+}
+
+impl<B: Backend> InFlight<B> {
+    fn new(
+        shared: &Arc<Engine<B>>,
+        key: &LockKey,
+        want: &Arc<Want>,
+        reentering: Option<Arc<Held>>,
+    ) -> Self {
+        Self {
+            shared: shared.clone(),
+            key: key.clone(),
+            want: want.clone(),
+            reentering,
+            settled: false,
+        }
+    }
+
+    /// The answer was dealt with: nothing to resolve.
+    fn settle(&mut self) {
+        self.settled = true;
+    }
+}
+
+impl<B: Backend> Drop for InFlight<B> {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        if let Some(held) = &self.reentering {
+            self.shared.table.drop_pending(held);
+        }
+        let Some(runtime) = self.shared.runtime() else {
+            return;
+        };
+        let (shared, key, want) = (self.shared.clone(), self.key.clone(), self.want.clone());
+        tracing::debug!(key = %key, attempt = %want.attempt, "acquire cancelled in flight; resolving it");
+        runtime.spawn(async move {
+            shared.resolve_attempt(want.grant(&key, None)).await;
+        });
+    }
+}
+
+impl<B: Backend> Engine<B> {
+    /// Acquires for `request`: re-enters when its holder holds the lock here, and otherwise
+    /// (or when the re-entry lost a race with the release of the holder's last guard) waits
+    /// for it.
+    pub(crate) async fn acquire(
+        self: &Arc<Self>,
+        request: Request,
+    ) -> Result<(Arc<Held>, u64), LockError> {
+        let want = &request.want;
+        if let Some(held) = self.table.reenter(&request.key, &want.holder, want.kind) {
+            if let Some(reentered) = self.reenter(&request, held).await? {
+                return Ok(reentered);
+            }
+            // The holder released its last guard while the re-entry was on its way: acquire
+            // afresh, under a new attempt id.
+            let request = Request {
+                want: Arc::new(want.retry(self.attempt_id(&want.holder), false)),
+                ..request
+            };
+            return self.wait_and_acquire(&request).await;
+        }
+        self.wait_and_acquire(&request).await
+    }
+
+    /// Re-enters `held`, which the holder holds here and whose pending reference the caller
+    /// took: one round trip, no queueing. `None` when the backend found the holder's last hold
+    /// released meanwhile (the pending reference is given back; nothing is held).
+    async fn reenter(
+        self: &Arc<Self>,
+        request: &Request,
+        held: Arc<Held>,
+    ) -> Result<Option<(Arc<Held>, u64)>, LockError> {
+        let grant = Grant {
+            only_if_held: true,
+            ..request.want.grant(&request.key, None)
+        };
+        let mut in_flight = InFlight::new(self, &request.key, &request.want, Some(held.clone()));
+        let sent_at = BootInstant::now();
+        let reply = self.backend.acquire(grant).await;
+        let outcome = match reply {
+            Ok(AcquireReply::Acquired { count, .. }) => {
+                in_flight.settle();
+                held.reentered(&request.want.attempt, request.want.lease, sent_at);
+                return Ok(Some((held, count)));
+            }
+            Ok(AcquireReply::Held { .. }) => Ok(None),
+            Ok(AcquireReply::WouldDeadlock) => Err(LockError::UpgradeRefused),
+            Err(error) => Err(self.unknown_outcome(grant, error).await),
+        };
+        in_flight.settle();
+        let last = self.table.drop_pending(&held);
+        match outcome {
+            // Other guards share the entry, but the backend no longer has it for this holder:
+            // the lock was lost behind their back.
+            Ok(None) if !last => {
+                self.lose(&held, Loss::Taken("re-entry found another owner"));
+                Err(LockError::Lost)
+            }
+            other => other,
+        }
+    }
+
+    /// Queues behind local waiters, contends in the backend when first, and waits for a
+    /// release notification, a hand-off or the holder's lease to run out.
+    async fn wait_and_acquire(
+        self: &Arc<Self>,
+        request: &Request,
+    ) -> Result<(Arc<Held>, u64), LockError> {
+        let _waiting = Waiting::admit(self)?;
+        let mut want = request.want.clone();
+        let id = self.next_id();
+        // Fair waiters and waiting writers keep a place in the backend's queue while waiting.
+        let queue =
+            (want.kind.queues() && !request.wait.is_zero()).then_some(self.config.waiter_timeout);
+        let mut ticket = self.table.join(
+            id,
+            &request.key,
+            want.clone(),
+            queue,
+            self.config.max_waiters_per_key,
+        )?;
+        let mut queued = QueueGuard {
+            shared: self,
+            request,
+            id,
+            in_backend: false,
+        };
+        let deadline = tokio::time::Instant::now() + request.wait;
+        let mut listener = None;
+        // The current holder's remaining lease, as last seen: the hint for a caller timed out.
+        let mut retry_after = None;
+        loop {
+            // When to try again at the latest (the holder's lease runs out).
+            let retry_in = match self.table.turn(&request.key, id) {
+                Turn::Contend => {
+                    let grant = want.grant(&request.key, queue);
+                    let sent_at = BootInstant::now();
+                    let attempt_started = tokio::time::Instant::now();
+                    let mut in_flight = InFlight::new(self, &request.key, &want, None);
+                    let reply = self.backend.acquire(grant).await;
+                    let late = matches!(reply, Ok(AcquireReply::Acquired { .. }))
+                        && want.lease.valid_until(sent_at) <= BootInstant::now();
+                    // Settled now unless something is still to be undone below.
+                    if !late && !matches!(&reply, Err(error) if error.outcome_unknown()) {
+                        in_flight.settle();
+                    }
+                    match reply {
+                        Ok(AcquireReply::Acquired { count, token }) => {
+                            // The backend took it out of its queue in the same step.
+                            queued.in_backend = false;
+                            if late {
+                                // Granted, but the reply came after the lease ran out: the
+                                // lock may be someone else's already. Undo it and say so.
+                                self.resolve_attempt(grant).await;
+                                in_flight.settle();
+                                let error = BackendError::new(
+                                    BackendErrorKind::Timeout,
+                                    "the lock was granted, but the reply came after its lease ran out",
+                                );
+                                return Err(LockError::Backend(
+                                    error.with_key(request.key.as_str()),
+                                ));
+                            }
+                            let held = Held::new(
+                                request.key.clone(),
+                                want.holder.clone(),
+                                want.kind,
+                                (want.lease, token, &want.attempt),
+                                sent_at,
+                                self.config.max_hold,
+                            );
+                            self.table.acquired(&request.key, id, held.clone());
+                            self.watch(held.next_event());
+                            return Ok((held, count));
+                        }
+                        Ok(AcquireReply::Held { ttl }) => {
+                            retry_after = ttl;
+                            if let Some(place) = &ticket.queued {
+                                // The watchdog keeps the place alive from now on.
+                                self.watch(place.joined(sent_at));
+                                queued.in_backend = true;
+                            }
+                            if request.wait.is_zero() || tokio::time::Instant::now() >= deadline {
+                                return Err(LockError::WaitTimeout { retry_after: ttl });
+                            }
+                            if listener.is_none() {
+                                let (shared_listener, fresh) =
+                                    self.listen(&request.key, &want).await?;
+                                listener = Some(shared_listener);
+                                if fresh {
+                                    // Check again now that releases can no longer be missed.
+                                    continue;
+                                }
+                            }
+                            ttl
+                        }
+                        Ok(AcquireReply::WouldDeadlock) => return Err(LockError::UpgradeRefused),
+                        Err(error) => {
+                            let unknown = error.outcome_unknown();
+                            let error = self.unknown_outcome(grant, error).await;
+                            in_flight.settle();
+                            // A connection that broke (a restarting backend) is tried again
+                            // while the wait lasts. A timeout is not: it already took its time.
+                            // An attempt that could not end before the deadline is not started:
+                            // the caller hears of the failure within its wait.
+                            let pause = Duration::from_millis(50);
+                            let transient =
+                                matches!(&error, LockError::Backend(e) if e.is_unavailable());
+                            let now = tokio::time::Instant::now();
+                            let next_ends = now + pause + (now - attempt_started);
+                            if !transient || next_ends >= deadline {
+                                return Err(error);
+                            }
+                            tracing::debug!(%error, "backend error while waiting; trying again");
+                            // The failed attempt may have been voided: retry under a new id. If
+                            // it may have taken the lock, the retry takes that hold over.
+                            want = Arc::new(want.retry(self.attempt_id(&want.holder), unknown));
+                            self.table.set_want(&request.key, id, want.clone());
+                            Some(pause)
+                        }
+                    }
+                }
+                Turn::Park(remaining) => {
+                    retry_after = remaining.or(retry_after);
+                    if request.wait.is_zero() {
+                        return Err(LockError::WaitTimeout { retry_after });
+                    }
+                    None
+                }
+                Turn::Yield(pause) => {
+                    if request.wait.is_zero() {
+                        return Err(LockError::WaitTimeout {
+                            retry_after: Some(pause),
+                        });
+                    }
+                    Some(pause)
+                }
+                Turn::AwaitHandoff => None,
+            };
+            tracing::trace!(?retry_in, "waiting for the lock");
+            let listening = listener.clone();
+            tokio::select! {
+                biased;
+                () = self.stop.cancelled() => return Err(LockError::ShutDown),
+                handed = &mut ticket.handoff => match handed {
+                    Ok(held) => return Ok((held, 1)),
+                    // Only a dropped table could drop the sender; contend again.
+                    Err(_) => return Err(LockError::ShutDown),
+                },
+                () = ticket.wake.notified() => {}
+                () = notified(listening.as_deref()) => {}
+                () = sleep_opt(retry_in) => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    return Err(LockError::WaitTimeout { retry_after });
+                }
+            }
+        }
+    }
+
+    /// The release listener for a waiter of `key`; the flag tells whether it is new (the lock
+    /// must then be checked again). Exclusive waiters share one per key (only the head
+    /// contends); a fair waiter listens for its own name; readers and writers each listen.
+    async fn listen(
+        &self,
+        key: &LockKey,
+        want: &Want,
+    ) -> Result<(Arc<B::Listener>, bool), LockError> {
+        let exclusive = want.kind == LockKind::Exclusive;
+        if exclusive && let Some(listener) = self.table.listener(key) {
+            return Ok((listener, false));
+        }
+        let only_for = (want.kind == LockKind::Fair).then(|| want.holder.id());
+        let listener = self
+            .backend
+            .listen(key, only_for)
+            .await
+            .map_err(|e| LockError::Backend(e.with_key(key.as_str())))?;
+        let listener = match exclusive {
+            true => self.table.set_listener(key, listener),
+            false => Arc::new(listener),
+        };
+        Ok((listener, true))
+    }
+
+    /// An acquire failed without a clear answer: undo what it may have taken, then report it.
+    async fn unknown_outcome(self: &Arc<Self>, grant: Grant<'_>, error: BackendError) -> LockError {
+        if error.outcome_unknown() {
+            self.resolve_attempt(grant).await;
+        }
+        LockError::Backend(error.with_key(grant.key.as_str()))
+    }
+
+    /// Makes sure an attempt whose reply was lost holds nothing: once now, and while the
+    /// backend cannot be reached, again in the background until it answers or the attempt's
+    /// lease has run out anyway.
+    pub(crate) async fn resolve_attempt(self: &Arc<Self>, grant: Grant<'_>) {
+        match self.backend.abandon(grant).await {
+            Ok(undone) => {
+                tracing::info!(key = %grant.key, undone, "resolved an attempt whose reply was lost");
+                return;
+            }
+            Err(error) => tracing::warn!(
+                key = %grant.key,
+                %error,
+                "could not resolve an attempt whose reply was lost; retrying in the background"
+            ),
+        }
+        let Some(runtime) = self.runtime() else {
+            return;
+        };
+        let (shared, key, holder, attempt) = (
+            self.clone(),
+            grant.key.clone(),
+            grant.holder.to_owned(),
+            grant.attempt.to_owned(),
+        );
+        let (lease, fencing, kind) = (grant.lease, grant.fencing, grant.kind);
+        runtime.spawn(async move {
+            let give_up = tokio::time::Instant::now() + lease.duration();
+            let mut pause = Duration::from_millis(50);
+            while tokio::time::Instant::now() < give_up && !shared.stop.is_cancelled() {
+                tokio::time::sleep(pause).await;
+                let grant = Grant {
+                    key: &key,
+                    holder: &holder,
+                    attempt: &attempt,
+                    lease,
+                    fencing,
+                    kind,
+                    queue: None,
+                    supersedes: None,
+                    only_if_held: false,
+                };
+                if let Ok(undone) = shared.backend.abandon(grant).await {
+                    tracing::info!(key = %key, undone, "resolved an attempt whose reply was lost");
+                    return;
+                }
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+        });
+    }
+}
+
+async fn notified<L: Listen>(listener: Option<&L>) {
+    match listener {
+        Some(listener) => listener.notified().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_opt(duration: Option<Duration>) {
+    match duration {
+        Some(duration) => tokio::time::sleep(duration).await,
+        None => std::future::pending().await,
+    }
+}

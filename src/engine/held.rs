@@ -1,0 +1,215 @@
+//! One lock held by one holder in a client, shared by the guards of a holder that re-entered
+//! it.
+//!
+//! The deadline counts from when the last successful acquire or renewal was *sent*, minus a
+//! drift margin, on a clock that keeps counting through suspend; so a holder whose process or
+//! network stalled learns about it from its own clock, not from a reply that may never come.
+
+use std::{
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    time::Duration,
+};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    backend::{LockKind, Release},
+    clock::BootInstant,
+    holder::Holder,
+    key::LockKey,
+    lease::Lease,
+};
+
+/// One lock held by one holder in this client.
+#[derive(Debug)]
+pub(crate) struct Held {
+    pub(crate) key: LockKey,
+    pub(crate) holder: Holder,
+    pub(crate) kind: LockKind,
+    pub(crate) lease: Lease,
+    pub(crate) token: Option<u64>,
+    pub(crate) lost: CancellationToken,
+    /// When the request that acquired it was sent, for the hold-time metric.
+    pub(crate) acquired_at: BootInstant,
+    state: Mutex<HeldState>,
+}
+
+#[derive(Debug)]
+struct HeldState {
+    /// Guards sharing this entry (re-entries of the same holder).
+    refs: usize,
+    /// When the lock must be considered gone unless a renewal succeeds first.
+    deadline: BootInstant,
+    /// When the next renewal is due.
+    next_renew: BootInstant,
+    /// A renewal for this entry is in flight.
+    renewing: bool,
+    /// With `max_hold`: no renewals after this.
+    renew_until: Option<BootInstant>,
+    /// The attempt that last took a hold of this entry (its grant, a hand-off or a
+    /// re-entry): the backend's record of it, so a release meant for this entry alone can
+    /// check that it still is this entry's.
+    last_attempt: String,
+    /// Every guard of this entry has been released: the entry is out of the table, and a
+    /// late renewal reply says nothing about the lock any more.
+    released: bool,
+}
+
+impl Held {
+    /// A new entry for a lock acquired by a request sent at `sent_at`.
+    pub(crate) fn new(
+        key: LockKey,
+        holder: Holder,
+        kind: LockKind,
+        (lease, token, attempt): (Lease, Option<u64>, &str),
+        sent_at: BootInstant,
+        max_hold: Option<Duration>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            key,
+            holder,
+            kind,
+            lease,
+            token,
+            lost: CancellationToken::new(),
+            acquired_at: sent_at,
+            state: Mutex::new(HeldState {
+                refs: 1,
+                deadline: lease.valid_until(sent_at),
+                next_renew: sent_at + lease.renew_interval(),
+                renewing: false,
+                renew_until: max_hold.map(|max| sent_at + max),
+                last_attempt: attempt.to_owned(),
+                released: false,
+            }),
+        })
+    }
+
+    /// A release of every hold of this entry (at shutdown).
+    pub(crate) fn release_all(&self) -> Release<'_> {
+        Release {
+            key: &self.key,
+            holder: self.holder.id(),
+            all: true,
+            handoff: None,
+            kind: self.kind,
+            attempt: None,
+        }
+    }
+
+    /// A release of every hold of this entry that changes nothing unless `attempt` (this
+    /// entry's [`last_attempt`](Self::last_attempt)) is still the backend's last record: it
+    /// never frees a hold the holder took anew.
+    pub(crate) fn release_if_last<'a>(&'a self, attempt: &'a str) -> Release<'a> {
+        Release {
+            attempt: Some(attempt),
+            ..self.release_all()
+        }
+    }
+
+    /// The attempt that last took a hold of this entry.
+    pub(crate) fn last_attempt(&self) -> String {
+        self.state().last_attempt.clone()
+    }
+
+    /// Whether every guard of this entry has been released.
+    pub(crate) fn is_released(&self) -> bool {
+        self.state().released
+    }
+
+    /// Whether the lock is known to be lost, or its deadline has passed.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.is_cancelled() || self.state().deadline <= BootInstant::now()
+    }
+
+    /// When the watchdog must look at this entry next.
+    pub(crate) fn next_event(&self) -> BootInstant {
+        let state = self.state();
+        if self.lease.is_renewed() {
+            state.next_renew.min(state.deadline)
+        } else {
+            state.deadline
+        }
+    }
+
+    /// Time left before the deadline.
+    pub(crate) fn remaining(&self) -> Duration {
+        self.state()
+            .deadline
+            .saturating_duration_until(BootInstant::now())
+    }
+
+    /// One more guard will share this entry: a re-entry about to be sent. Taken before the
+    /// backend call, so a release of the other guards meanwhile does not end the entry.
+    pub(crate) fn add_ref(&self) {
+        self.state().refs += 1;
+    }
+
+    /// The re-entry `attempt`, sent at `sent_at` with `lease`, was granted: the backend keeps
+    /// the lock at least that long (a re-entry never shortens a lease).
+    pub(crate) fn reentered(&self, attempt: &str, lease: Lease, sent_at: BootInstant) {
+        let mut state = self.state();
+        state.deadline = state.deadline.max(lease.valid_until(sent_at));
+        attempt.clone_into(&mut state.last_attempt);
+    }
+
+    /// One guard fewer; returns how many remain. The last one marks the entry released.
+    pub(crate) fn drop_ref(&self) -> usize {
+        let mut state = self.state();
+        state.refs = state.refs.saturating_sub(1);
+        if state.refs == 0 {
+            state.released = true;
+        }
+        state.refs
+    }
+
+    /// Looks at the entry at `now`: what it needs and when it next needs attention.
+    pub(crate) fn check(&self, now: BootInstant) -> Check {
+        let mut state = self.state();
+        if state.deadline <= now {
+            return Check::Lost;
+        }
+        let renewable = self.lease.is_renewed()
+            && !state.renewing
+            && state.renew_until.is_none_or(|until| now < until);
+        // Renew a little early so entries due at nearly the same time share one round trip.
+        let slack = self.lease.renew_interval() / 4;
+        if renewable && state.next_renew <= now + slack {
+            state.renewing = true;
+            return Check::Due(state.deadline);
+        }
+        let next = if renewable {
+            state.next_renew.min(state.deadline)
+        } else {
+            state.deadline
+        };
+        Check::Later(next)
+    }
+
+    pub(crate) fn renewed(&self, sent_at: BootInstant) {
+        let mut state = self.state();
+        state.renewing = false;
+        state.deadline = state.deadline.max(self.lease.valid_until(sent_at));
+        state.next_renew = sent_at + self.lease.renew_interval();
+    }
+
+    pub(crate) fn renew_failed(&self, now: BootInstant) {
+        let mut state = self.state();
+        state.renewing = false;
+        let retry = (self.lease.renew_interval() / 4).min(Duration::from_secs(1));
+        state.next_renew = now + retry;
+    }
+
+    // A std mutex: a few field updates, never held across an await.
+    fn state(&self) -> MutexGuard<'_, HeldState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// What an entry needs.
+pub(crate) enum Check {
+    Lost,
+    /// A renewal is due; the entry is lost at the deadline unless it succeeds first.
+    Due(BootInstant),
+    Later(BootInstant),
+}

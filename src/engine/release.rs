@@ -1,0 +1,264 @@
+//! Releasing: the synchronous half (renewal stops, a local waiter is picked for a hand-off),
+//! the backend half with its retries, and losing a lock.
+
+use std::{sync::Arc, time::Duration};
+
+use super::{Engine, Held, table::Slot};
+use crate::{
+    backend::{Backend, Release, ReleaseReply},
+    clock::BootInstant,
+    error::{BackendError, BackendErrorKind, LockError},
+};
+
+/// How long a release that failed without an answer is retried before its caller hears of
+/// the failure (the retries go on in the background while the lock may still be held).
+const RELEASE_RETRY_INLINE: Duration = Duration::from_secs(1);
+
+/// Why a held lock was lost.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Loss {
+    /// Its deadline passed without a successful renewal: the backend may still have it.
+    Expired,
+    /// The backend said another owner has it (the reason says how it was found).
+    Taken(&'static str),
+}
+
+/// A release decided locally (renewal already stopped), with its backend call still to make.
+pub(crate) struct Releasing {
+    held: Arc<Held>,
+    handoff: Option<Slot>,
+    /// The hand-off streak ended: local waiters let other processes go first.
+    yield_turn: bool,
+}
+
+impl<B: Backend> Engine<B> {
+    /// Marks `held` lost and stops renewing it. A hold whose deadline passed is also freed in
+    /// the backend if it is still there for this very entry.
+    pub(crate) fn lose(self: &Arc<Self>, held: &Arc<Held>, loss: Loss) {
+        // A released entry has ended: a late reply about it is no loss.
+        if held.lost.is_cancelled() || held.is_released() {
+            return;
+        }
+        held.lost.cancel();
+        self.table.remove_held(held);
+        crate::metrics::lost(held.kind);
+        let reason = match loss {
+            Loss::Expired => "lease deadline passed before a renewal succeeded",
+            Loss::Taken(reason) => reason,
+        };
+        tracing::warn!(key = %held.key, holder = %held.holder, reason, "lock lost");
+        // The backend may still have it for us (it was unreachable past our deadline): free it
+        // now rather than leave it for a whole lease, but only if it is still this entry's
+        // hold, never one the holder took anew since.
+        if let (Loss::Expired, Some(runtime)) = (loss, self.runtime()) {
+            let shared = self.clone();
+            let held = held.clone();
+            runtime.spawn(async move {
+                let attempt = held.last_attempt();
+                let _ = shared.backend.release(held.release_if_last(&attempt)).await;
+            });
+        }
+    }
+
+    /// The synchronous half of a release: stop renewing and pick a waiter to hand off to.
+    pub(crate) fn begin_release(self: &Arc<Self>, held: Arc<Held>) -> Result<Releasing, LockError> {
+        if held.is_lost() {
+            // Its deadline may have passed before the watchdog saw it: mark it lost now, so
+            // the entry leaves the table (waiters here contend again).
+            self.lose(&held, Loss::Expired);
+            held.drop_ref();
+            return Err(LockError::Lost);
+        }
+        let (handoff, yield_turn) = self.table.release_ref(&held, self.config.handoff_streak);
+        Ok(Releasing {
+            held,
+            handoff,
+            yield_turn,
+        })
+    }
+
+    /// The backend half of a release.
+    pub(crate) async fn finish_release(
+        self: &Arc<Self>,
+        releasing: Releasing,
+    ) -> Result<(), LockError> {
+        let Releasing {
+            held,
+            handoff,
+            yield_turn,
+        } = releasing;
+        let release = Release {
+            key: &held.key,
+            holder: held.holder.id(),
+            all: false,
+            handoff: handoff
+                .as_ref()
+                .map(|slot| slot.want.grant(&held.key, None)),
+            kind: held.kind,
+            attempt: None,
+        };
+        let sent_at = BootInstant::now();
+        let started = tokio::time::Instant::now();
+        let mut reply = self.backend.release(release).await;
+        if handoff.is_none()
+            && let Err(error) = &reply
+            && (error.is_unavailable() || error.outcome_unknown())
+        {
+            reply = self.release_again(&held, error.outcome_unknown()).await;
+        }
+        if let Ok(ReleaseReply::Released { .. } | ReleaseReply::HandedOff { .. }) = reply {
+            let held_for = BootInstant::now().duration_since(held.acquired_at);
+            crate::metrics::released(held.kind, held_for);
+        }
+        // When listeners elsewhere heard the release, they learn of it about when we do and
+        // need one more round trip to reach the backend: hold local waiters back for two.
+        let own = u64::from(self.table.listener(&held.key).is_some());
+        let others_heard = matches!(reply, Ok(ReleaseReply::Released { notified }) if notified.is_none_or(|n| n > own));
+        let yield_for = (yield_turn && others_heard).then(|| {
+            (started.elapsed() * 2).clamp(Duration::from_micros(200), Duration::from_millis(20))
+        });
+        let outcome = match (reply, handoff) {
+            (Ok(ReleaseReply::HandedOff { token }), Some(slot)) => {
+                let next = Held::new(
+                    held.key.clone(),
+                    slot.want.holder.clone(),
+                    slot.want.kind,
+                    (slot.want.lease, token, &slot.want.attempt),
+                    sent_at,
+                    self.config.max_hold,
+                );
+                self.table.handed_off(next.clone());
+                self.watch(next.next_event());
+                tracing::debug!(key = %held.key, "lock handed to a local waiter");
+                if let Err(orphan) = slot.deliver(next) {
+                    // The waiter gave up while the lock was on its way: release it in turn.
+                    let releasing = self.begin_release(orphan)?;
+                    return Box::pin(self.finish_release(releasing)).await;
+                }
+                Ok(())
+            }
+            (mut reply, slot) => {
+                if let Some(slot) = slot {
+                    if let Err(error) = &reply
+                        && error.outcome_unknown()
+                    {
+                        // The hand-off may have happened: undo it before the waiter retries.
+                        self.resolve_attempt(slot.want.grant(&held.key, None)).await;
+                    }
+                    self.table.restore(&held.key, slot);
+                    if let Err(error) = &reply
+                        && (error.is_unavailable() || error.outcome_unknown())
+                    {
+                        reply = self.release_again(&held, error.outcome_unknown()).await;
+                    }
+                }
+                // Unless holds remain, the head waiter looks again, whatever happened.
+                if !matches!(reply, Ok(ReleaseReply::Decremented { .. })) {
+                    self.table.released(&held.key, others_heard, yield_for);
+                }
+                match reply {
+                    Ok(
+                        ReleaseReply::Released { .. }
+                        | ReleaseReply::Decremented { .. }
+                        | ReleaseReply::HandedOff { .. },
+                    ) => Ok(()),
+                    Ok(ReleaseReply::NotHeld) => Err(LockError::NotHeld),
+                    Err(error) => Err(LockError::Backend(error.with_key(held.key.as_str()))),
+                }
+            }
+        };
+        tracing::debug!(key = %held.key, ok = outcome.is_ok(), "lock released");
+        outcome
+    }
+
+    /// Sends the release of `held`'s last guard again after it failed without an answer:
+    /// while the lock may still be held, with a growing pause, first for up to
+    /// [`RELEASE_RETRY_INLINE`] and then in the background. After a failure whose outcome is
+    /// unknown, the retry releases only while the backend's last record is still this entry's
+    /// attempt, so it never frees a hold taken anew. Returns the reply of the last try made
+    /// here.
+    async fn release_again(
+        self: &Arc<Self>,
+        held: &Arc<Held>,
+        mut unknown: bool,
+    ) -> Result<ReleaseReply, BackendError> {
+        let inline_until = tokio::time::Instant::now() + RELEASE_RETRY_INLINE;
+        let attempt = held.last_attempt();
+        let mut pause = Duration::from_millis(10);
+        loop {
+            // Past the deadline the lease runs out on its own: stop.
+            if held.remaining().is_zero() || self.stop.is_cancelled() {
+                return Err(BackendError::from_kind(BackendErrorKind::Unavailable));
+            }
+            if tokio::time::Instant::now() + pause >= inline_until {
+                self.release_in_background(held.clone(), attempt, unknown, pause);
+                return Err(BackendError::from_kind(BackendErrorKind::Unavailable));
+            }
+            tokio::time::sleep(pause).await;
+            let release = Release {
+                all: unknown,
+                ..held.release_if_last(&attempt)
+            };
+            let reply = self.backend.release(release).await;
+            match reply {
+                Err(error) if error.is_unavailable() || error.outcome_unknown() => {
+                    unknown |= error.outcome_unknown();
+                    tracing::debug!(key = %held.key, %error, "release failed; retrying");
+                }
+                // After a try whose outcome is unknown, "not held" says that try went through
+                // (or the lease ran out): either way the lock is free of this hold.
+                Ok(ReleaseReply::NotHeld) if unknown => {
+                    return Ok(ReleaseReply::Released { notified: None });
+                }
+                other => return other,
+            }
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// Goes on with [`release_again`](Self::release_again) on the runtime until the lock's
+    /// deadline.
+    fn release_in_background(
+        self: &Arc<Self>,
+        held: Arc<Held>,
+        attempt: String,
+        mut unknown: bool,
+        mut pause: Duration,
+    ) {
+        let Some(runtime) = self.runtime() else {
+            return;
+        };
+        let shared = self.clone();
+        runtime.spawn(async move {
+            while !held.remaining().is_zero() && !shared.stop.is_cancelled() {
+                tokio::time::sleep(pause).await;
+                let release = Release {
+                    all: unknown,
+                    ..held.release_if_last(&attempt)
+                };
+                match shared.backend.release(release).await {
+                    Err(error) if error.is_unavailable() || error.outcome_unknown() => {
+                        unknown |= error.outcome_unknown();
+                    }
+                    Ok(reply) => {
+                        tracing::info!(key = %held.key, ?reply, "released after retrying");
+                        return;
+                    }
+                    Err(error) => {
+                        tracing::warn!(key = %held.key, %error, "release failed");
+                        return;
+                    }
+                }
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+        });
+    }
+
+    /// A release that cannot run (no runtime): put its waiter back; the lease frees the lock.
+    pub(crate) fn abort_release(&self, releasing: Releasing) {
+        if let Some(slot) = releasing.handoff {
+            self.table.restore(&releasing.held.key, slot);
+        }
+        self.table.released(&releasing.held.key, false, None);
+    }
+}

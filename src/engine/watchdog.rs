@@ -1,0 +1,162 @@
+//! The watchdog that keeps held leases (and waiters' places) alive.
+//!
+//! One background task per client wakes when the earliest entry needs attention, renews every
+//! entry that is due in one [`Backend::renew`] call (one pipelined round trip per Redis node),
+//! and marks an entry lost the moment its validity deadline passes, whether or not a renewal is
+//! still in flight.
+
+use std::{sync::Arc, time::Duration};
+
+use super::{Engine, Held, Loss, place::Queued};
+use crate::{
+    backend::{Backend, Renew, RenewReply},
+    clock::BootInstant,
+};
+
+/// Starts the watchdog of `engine` on the current runtime, once.
+pub(crate) fn start<B: Backend>(engine: &Arc<Engine<B>>) {
+    if engine.runtime.get().is_some() {
+        return;
+    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    if engine.runtime.set(runtime.clone()).is_ok() {
+        runtime.spawn(run(engine.clone()));
+    }
+}
+
+/// How long the watchdog sleeps when it holds nothing.
+const IDLE: Duration = Duration::from_secs(3600);
+
+/// The watchdog task of one client. Runs until the client stops.
+pub(crate) async fn run<B: Backend>(shared: Arc<Engine<B>>) {
+    loop {
+        // While the scan runs, every entry added wakes the watchdog: one added just after the
+        // scan looked would otherwise compare its time with the previous plan, which may be
+        // earlier than the one stored below, and never be renewed.
+        shared
+            .watchdog_due
+            .store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
+        let now = BootInstant::now();
+        let scan = shared.table.scan(now);
+        for held in scan.lost {
+            shared.lose(&held, Loss::Expired);
+        }
+        if !scan.due.is_empty() || !scan.due_waits.is_empty() {
+            tokio::spawn(renew(shared.clone(), scan.due, scan.due_waits, now));
+        }
+        #[cfg(test)]
+        {
+            let pause = shared
+                .scan_pause
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            if let Some(pause) = pause {
+                tokio::time::sleep(pause).await;
+            }
+        }
+        let sleep = scan
+            .next
+            .map_or(IDLE, |next| next.saturating_duration_until(now));
+        // Entries added later only wake the watchdog when they need it sooner than this.
+        shared.watchdog_due.store(
+            (now + sleep).as_nanos(),
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        tokio::select! {
+            () = shared.stop.cancelled() => return,
+            () = shared.watchdog_wake.notified() => {}
+            () = tokio::time::sleep(sleep) => {}
+        }
+    }
+}
+
+/// Renews one batch of leases and waiter places, sent at `sent_at`, in one backend call.
+async fn renew<B: Backend>(
+    shared: Arc<Engine<B>>,
+    due: Vec<Arc<Held>>,
+    waits: Vec<Arc<Queued>>,
+    sent_at: BootInstant,
+) {
+    let holds = due
+        .iter()
+        .map(|held| Renew::hold(&held.key, held.holder.id(), held.lease, held.kind));
+    let places = waits
+        .iter()
+        .map(|wait| Renew::place(&wait.key, wait.holder.id(), wait.timeout, wait.kind));
+    let renewals: Vec<Renew<'_>> = holds.chain(places).collect();
+    let result = shared.backend.renew(&renewals).await;
+    crate::metrics::renewal_batch(BootInstant::now().duration_since(sent_at), result.is_ok());
+    let replies = match result {
+        Ok(replies) if replies.len() == renewals.len() => Some(replies),
+        Ok(_) => {
+            tracing::warn!("lease renewal returned the wrong number of replies");
+            None
+        }
+        Err(error) => {
+            tracing::warn!(%error, locks = due.len(), "lease renewal failed; retrying until the deadline");
+            None
+        }
+    };
+    drop(renewals);
+    tracing::trace!(
+        locks = due.len(),
+        waiters = waits.len(),
+        ok = replies.is_some(),
+        "leases renewed"
+    );
+    let mut replies = replies.map(Vec::into_iter);
+    for held in &due {
+        let reply = replies.as_mut().and_then(Iterator::next);
+        crate::metrics::renewal(held.kind, reply);
+        match reply {
+            // Released while the renewal was in flight: the reply is about a hold that has
+            // ended (and the holder may hold the lock anew), not a loss.
+            Some(RenewReply::NotHeld) if held.is_released() => {}
+            Some(RenewReply::NotHeld) => {
+                shared.lose(held, Loss::Taken("renewal found another owner"))
+            }
+            Some(_) => held.renewed(sent_at),
+            None => held.renew_failed(BootInstant::now()),
+        }
+    }
+    for wait in &waits {
+        wait.refreshed(sent_at, replies.as_mut().and_then(Iterator::next));
+    }
+    shared.watchdog_wake.notify_one();
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::{Lease, LockClient, MemoryBackend};
+
+    /// An entry added while the watchdog scans (after it looked at the table, before it stored
+    /// when it plans to wake) still wakes it: the lock is renewed, not left to run out.
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_entry_added_during_a_scan_is_renewed() {
+        let locks = LockClient::builder(MemoryBackend::new())
+            .lease(Lease::watchdog(Duration::from_millis(300)))
+            .build()
+            .unwrap();
+        *locks.inner.engine.scan_pause.lock().unwrap() = Some(Duration::from_millis(100));
+        // The first acquire starts the watchdog; once released, its next scan finds nothing.
+        locks
+            .lock("warm-up")
+            .acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        tokio::task::yield_now().await;
+        // The watchdog is now paused after that scan.
+        let guard = locks.lock("order:1").acquire().await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!guard.is_lost(), "the lock was not renewed");
+        guard.release().await.unwrap();
+    }
+}

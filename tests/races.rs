@@ -1,0 +1,460 @@
+//! Concurrent paths of the engine that once granted a lock twice or stranded it: a cancelled
+//! acquire, a re-entry with a shorter lease, a re-entry racing a release of the same holder, a
+//! renewal reply about a hold that ended, a handler resumed past its lease, a release whose
+//! reply was lost.
+//!
+//! Each interleaving is forced, not hoped for: [`Gated`] wraps the in-memory backend and holds
+//! one chosen call at its arrival and again before its reply, so the test decides what happens
+//! in between. On Redis, the faults are real: a future dropped with its script on the wire, a
+//! server frozen with SIGSTOP.
+
+mod support;
+
+use std::{
+    future::Future,
+    sync::{Arc, Mutex, PoisonError},
+    task::Poll,
+    time::Duration,
+};
+
+use support::RedisServer;
+use tokio::sync::oneshot;
+use tower_lock::{
+    Backend, Lease, LockClient, LockError, MemoryBackend, RedisBackend,
+    backend::{AcquireReply, Grant, Listener, Release, ReleaseReply, Renew, RenewReply},
+    key::LockKey,
+};
+
+/// Which call the gate holds next.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Call {
+    Acquire,
+    Renew,
+}
+
+/// The test's side of a held call: learn that it arrived, let it run, learn that it ran, let
+/// its reply go.
+struct Held {
+    arrived: oneshot::Receiver<()>,
+    run: oneshot::Sender<()>,
+    ran: oneshot::Receiver<()>,
+    reply: oneshot::Sender<()>,
+}
+
+impl Held {
+    async fn arrived(&mut self) {
+        (&mut self.arrived).await.expect("the gated call arrives");
+    }
+
+    /// Lets the call run in the store and waits until it has.
+    async fn run(self) -> oneshot::Sender<()> {
+        let Self {
+            run, ran, reply, ..
+        } = self;
+        run.send(()).expect("the gated call waits to run");
+        ran.await.expect("the gated call runs");
+        reply
+    }
+}
+
+/// The backend's side of a held call.
+struct Gate {
+    call: Call,
+    arrived: oneshot::Sender<()>,
+    run: oneshot::Receiver<()>,
+    ran: oneshot::Sender<()>,
+    reply: oneshot::Receiver<()>,
+}
+
+/// The in-memory backend with a gate in front: the next call of a chosen kind waits at its
+/// arrival and before its reply until the test lets it go.
+#[derive(Clone, Default)]
+struct Gated {
+    inner: MemoryBackend,
+    gate: Arc<Mutex<Option<Gate>>>,
+}
+
+impl Gated {
+    fn hold_next(&self, call: Call) -> Held {
+        let (arrived_tx, arrived) = oneshot::channel();
+        let (run, run_rx) = oneshot::channel();
+        let (ran_tx, ran) = oneshot::channel();
+        let (reply, reply_rx) = oneshot::channel();
+        *self.gate.lock().unwrap_or_else(PoisonError::into_inner) = Some(Gate {
+            call,
+            arrived: arrived_tx,
+            run: run_rx,
+            ran: ran_tx,
+            reply: reply_rx,
+        });
+        Held {
+            arrived,
+            run,
+            ran,
+            reply,
+        }
+    }
+
+    /// Runs `op` through the gate when it is set for `call`. A call whose caller went away
+    /// while it waited still runs, as a request on the wire would.
+    async fn pass<T>(&self, call: Call, op: impl Future<Output = T>) -> T {
+        let gate = {
+            let mut slot = self.gate.lock().unwrap_or_else(PoisonError::into_inner);
+            match slot.as_ref() {
+                Some(gate) if gate.call == call => slot.take(),
+                _ => None,
+            }
+        };
+        let Some(gate) = gate else {
+            return op.await;
+        };
+        let _ = gate.arrived.send(());
+        let _ = gate.run.await;
+        let result = op.await;
+        let _ = gate.ran.send(());
+        let _ = gate.reply.await;
+        result
+    }
+}
+
+impl Backend for Gated {
+    type Listener = Listener;
+
+    async fn acquire(&self, grant: Grant<'_>) -> Result<AcquireReply, tower_lock::BackendError> {
+        self.pass(Call::Acquire, self.inner.acquire(grant)).await
+    }
+
+    async fn release(
+        &self,
+        release: Release<'_>,
+    ) -> Result<ReleaseReply, tower_lock::BackendError> {
+        self.inner.release(release).await
+    }
+
+    async fn renew(
+        &self,
+        renewals: &[Renew<'_>],
+    ) -> Result<Vec<RenewReply>, tower_lock::BackendError> {
+        self.pass(Call::Renew, self.inner.renew(renewals)).await
+    }
+
+    async fn abandon(&self, grant: Grant<'_>) -> Result<bool, tower_lock::BackendError> {
+        self.inner.abandon(grant).await
+    }
+
+    async fn leave(
+        &self,
+        key: &LockKey,
+        holder: &str,
+        kind: tower_lock::LockKind,
+    ) -> Result<(), tower_lock::BackendError> {
+        self.inner.leave(key, holder, kind).await
+    }
+
+    async fn listen(
+        &self,
+        key: &LockKey,
+        only_for: Option<&str>,
+    ) -> Result<Listener, tower_lock::BackendError> {
+        self.inner.listen(key, only_for).await
+    }
+}
+
+fn client<B: Backend>(backend: B, lease: Lease) -> LockClient<B> {
+    LockClient::builder(backend)
+        .lease(lease)
+        .build()
+        .expect("a valid configuration")
+}
+
+/// Asserts that `other` cannot take `key` within `wait`: someone holds it.
+async fn assert_held_against<B: Backend>(other: &LockClient<B>, key: &str, wait: Duration) {
+    match other.lock(key).wait(wait).acquire().await {
+        Err(LockError::WaitTimeout { .. }) => {}
+        Ok(guard) => panic!("another client took {key} while it was held: {guard:?}"),
+        Err(error) => panic!("unexpected error: {error:?}"),
+    }
+}
+
+/// Polls `future` once; true when it is still pending.
+async fn pending_after_one_poll<F: Future>(future: &mut std::pin::Pin<Box<F>>) -> bool {
+    std::future::poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx).is_pending())).await
+}
+
+/// An acquire dropped after the store granted it, before the reply came back: the grant is
+/// undone in the background, and the next client gets the lock at once rather than after the
+/// 30 s lease.
+#[tokio::test(flavor = "current_thread")]
+async fn cancelled_acquire_in_flight_does_not_strand_the_lock() {
+    let backend = Gated::default();
+    let a = client(backend.clone(), Lease::DEFAULT);
+    let b = client(backend.clone(), Lease::DEFAULT);
+    let held = backend.hold_next(Call::Acquire);
+    let mut acquire = Box::pin(a.lock("order:1").acquire());
+    assert!(
+        pending_after_one_poll(&mut acquire).await,
+        "waits at the gate"
+    );
+    let Held {
+        mut arrived,
+        run,
+        ran,
+        reply,
+    } = held;
+    (&mut arrived).await.unwrap();
+    run.send(()).unwrap();
+    // The store grants it; the reply is on its way when the caller goes away.
+    assert!(
+        pending_after_one_poll(&mut acquire).await,
+        "waits for its reply"
+    );
+    ran.await.unwrap();
+    drop(acquire);
+    drop(reply);
+    let guard = b
+        .lock("order:1")
+        .wait(Duration::from_secs(2))
+        .acquire()
+        .await
+        .expect("the cancelled grant was undone");
+    guard.release().await.unwrap();
+    assert_eq!(a.active_keys(), 0);
+}
+
+/// The same on Redis: an acquire future polled until its script is on the wire, then
+/// dropped. The lock must not stay taken for the 30 s lease; the rounds drop it at different
+/// points after the script was sent.
+#[tokio::test]
+async fn cancelled_acquire_on_redis_does_not_strand_the_lock() {
+    let server = RedisServer::start();
+    let a = client(
+        RedisBackend::connect(&server.url()).await.unwrap(),
+        Lease::DEFAULT,
+    );
+    let b = client(
+        RedisBackend::connect(&server.url()).await.unwrap(),
+        Lease::DEFAULT,
+    );
+    for round in 0..8 {
+        let key = format!("order:{round}");
+        let mut acquire = Box::pin(a.lock(&key).acquire());
+        // One poll queues the script; letting the runtime run (without polling the acquire)
+        // puts it on the wire. The drop comes while its reply is on its way.
+        if !pending_after_one_poll(&mut acquire).await {
+            continue;
+        }
+        for _ in 0..round % 4 + 1 {
+            tokio::task::yield_now().await;
+        }
+        drop(acquire);
+        let guard = b
+            .lock(&key)
+            .wait(Duration::from_secs(2))
+            .acquire()
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the dropped acquire kept the lock: {e:?}"));
+        guard.release().await.unwrap();
+    }
+}
+
+/// A re-entry with a shorter fixed lease never shortens the outer hold: after it is released
+/// and its lease has passed, the outer guard still holds the lock, in the store too.
+async fn short_reentry_keeps_the_outer_hold<B: Backend + Clone>(backend: B) {
+    let a = client(backend.clone(), Lease::watchdog(Duration::from_secs(30)));
+    let b = client(backend, Lease::DEFAULT);
+    let holder = a.holder();
+    holder
+        .scope(async {
+            let outer = a.lock("doc:1").acquire().await.unwrap();
+            let inner = a
+                .lock("doc:1")
+                .lease(Lease::fixed(Duration::from_millis(100)))
+                .acquire()
+                .await
+                .unwrap();
+            assert_eq!(inner.hold_count(), 2);
+            inner.release().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert!(!outer.is_lost());
+            assert_held_against(&b, "doc:1", Duration::ZERO).await;
+            outer.release().await.unwrap();
+        })
+        .await;
+}
+
+#[tokio::test]
+async fn short_reentry_keeps_the_outer_hold_in_memory() {
+    short_reentry_keeps_the_outer_hold(MemoryBackend::new()).await;
+}
+
+#[tokio::test]
+async fn short_reentry_keeps_the_outer_hold_on_redis() {
+    let server = RedisServer::start();
+    short_reentry_keeps_the_outer_hold(RedisBackend::connect(&server.url()).await.unwrap()).await;
+}
+
+/// A re-entry that reaches the store after the holder released its last guard there: it must
+/// not come back as a re-entry of an entry that is gone (never renewed, never reported lost).
+/// The acquire takes the lock afresh instead, and the new guard is renewed like any other.
+#[tokio::test(flavor = "current_thread")]
+async fn reentry_racing_the_last_release_holds_a_renewed_lock() {
+    let backend = Gated::default();
+    let lease = Lease::watchdog(Duration::from_millis(150));
+    let a = client(backend.clone(), lease);
+    let b = client(backend.clone(), lease);
+    let holder = a.holder();
+    let first = holder
+        .clone()
+        .scope(a.lock("doc:2").acquire())
+        .await
+        .unwrap();
+    let mut held = backend.hold_next(Call::Acquire);
+    let reentry = tokio::spawn(holder.scope({
+        let a = a.clone();
+        async move { a.lock("doc:2").acquire().await }
+    }));
+    held.arrived().await;
+    first.release().await.unwrap();
+    let reply = held.run().await;
+    let _ = reply.send(());
+    let second = reentry.await.unwrap().expect("the acquire takes the lock");
+    // Several leases later: still renewed, still ours.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(!second.is_lost());
+    assert_held_against(&b, "doc:2", Duration::ZERO).await;
+    second.release().await.unwrap();
+    assert_eq!(a.active_keys(), 0);
+}
+
+/// The same race on Redis, where the order of the re-entry and the release on the wire is up
+/// to the connections: whichever wins, the re-entered guard holds a renewed lock.
+#[tokio::test]
+async fn reentry_racing_a_release_on_redis() {
+    let server = RedisServer::start();
+    let lease = Lease::watchdog(Duration::from_millis(150));
+    let a = client(RedisBackend::connect(&server.url()).await.unwrap(), lease);
+    let b = client(RedisBackend::connect(&server.url()).await.unwrap(), lease);
+    for round in 0..10 {
+        let key = format!("doc:{round}");
+        let holder = a.holder();
+        let second = holder
+            .scope(async {
+                let first = a.lock(&key).acquire().await.unwrap();
+                let (second, released) = tokio::join!(a.lock(&key).acquire(), first.release());
+                released.unwrap();
+                second
+            })
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e:?}"));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!second.is_lost(), "round {round}: the guard was lost");
+        assert_held_against(&b, &key, Duration::ZERO).await;
+        second.release().await.unwrap();
+    }
+    assert_eq!(a.active_keys(), 0);
+}
+
+/// A renewal on its way when its guard was released comes back "not held". That is about the
+/// hold that ended: it must neither report a loss nor free the hold the same holder took anew
+/// meanwhile.
+#[tokio::test(flavor = "current_thread")]
+async fn stale_renewal_does_not_free_a_newer_hold() {
+    let backend = Gated::default();
+    let lease = Lease::watchdog(Duration::from_millis(150));
+    let a = client(backend.clone(), lease);
+    let b = client(backend.clone(), lease);
+    let holder = a.holder();
+    let mut held = backend.hold_next(Call::Renew);
+    let first = holder
+        .clone()
+        .scope(a.lock("doc:3").acquire())
+        .await
+        .unwrap();
+    held.arrived().await;
+    first.release().await.unwrap();
+    // The renewal reaches the store after the release: nothing to renew.
+    let reply = held.run().await;
+    let again = holder.scope(a.lock("doc:3").acquire()).await.unwrap();
+    // Its reply arrives after the holder took the lock anew.
+    let _ = reply.send(());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!again.is_lost());
+    assert_held_against(&b, "doc:3", Duration::from_millis(100)).await;
+    again.release().await.unwrap();
+}
+
+/// A release whose reply is lost (the server froze past the command timeout) is sent again
+/// once the server answers, instead of leaving the lock for the rest of its 30 s lease.
+#[tokio::test]
+async fn release_whose_reply_was_lost_is_retried() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(server.url())
+        .command_timeout(Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap();
+    let a = client(backend, Lease::DEFAULT);
+    let b = client(
+        RedisBackend::connect(&server.url()).await.unwrap(),
+        Lease::DEFAULT,
+    );
+    let guard = a.lock("doc:4").acquire().await.unwrap();
+    server.pause();
+    let release = tokio::spawn(guard.release());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.resume();
+    let _ = release.await.unwrap();
+    let again = b
+        .lock("doc:4")
+        .wait(Duration::from_secs(3))
+        .acquire()
+        .await
+        .expect("the release went through once the server answered");
+    again.release().await.unwrap();
+}
+
+/// A release that found no pooled connection within the command timeout (nothing was sent)
+/// is sent again: with one connection and 64 tasks on their own keys, every task's next
+/// acquire of its key gets it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_without_a_connection_is_retried() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(server.url())
+        .pool_size(1)
+        .command_timeout(Duration::from_millis(20))
+        .connect()
+        .await
+        .unwrap();
+    let locks = client(backend, Lease::DEFAULT);
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..64 {
+        let locks = locks.clone();
+        tasks.spawn(async move {
+            let key = format!("task:{task}");
+            let mut strays = 0;
+            for _ in 0..20 {
+                match locks
+                    .lock(&key)
+                    .wait(Duration::from_secs(2))
+                    .acquire()
+                    .await
+                {
+                    Ok(guard) => drop(guard),
+                    // Acquires may fail for want of a connection; none may find the key
+                    // still taken by this task's own earlier hold.
+                    Err(LockError::WaitTimeout { .. }) => strays += 1,
+                    Err(_) => {}
+                }
+            }
+            strays
+        });
+    }
+    let mut strays = 0;
+    while let Some(joined) = tasks.join_next().await {
+        strays += joined.unwrap();
+    }
+    assert_eq!(
+        strays, 0,
+        "acquires found the task's own released lock still held"
+    );
+}
