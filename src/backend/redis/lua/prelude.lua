@@ -24,10 +24,15 @@ local function fencing_token(lock, counter)
 end
 
 -- The reply of an acquire that granted `count` holds: makes the lease last at least `lease`
--- (a re-entry with a shorter lease never cuts the holder's earlier lease short) and, when
--- `fencing` is '1', adds the lock's fencing token (-1 without one).
+-- (a re-entry with a shorter lease never cuts the holder's earlier lease short; a first hold
+-- has no earlier lease) and, when `fencing` is '1', adds the lock's fencing token (-1 without
+-- one).
 local function granted(lock, lease, count, fencing, counter)
-  extend(lock, lease)
+  if count == 1 then
+    redis.call('PEXPIRE', lock, lease)
+  else
+    extend(lock, lease)
+  end
   local token = -1
   if fencing == '1' then
     token = fencing_token(lock, counter)
