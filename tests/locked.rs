@@ -697,3 +697,32 @@ async fn handler_finishing_past_its_deadline_gets_503() {
     let response = router.oneshot(request).await.unwrap();
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
 }
+
+#[locked(key = "stall:{id}", lease = "150ms", on_lost = "continue")]
+async fn reports_its_loss(Path(id): Path<u64>, lock: LockContext) -> String {
+    let before = lock.is_lost();
+    // Blocks the runtime's only thread: no timer or watchdog runs meanwhile.
+    std::thread::sleep(Duration::from_millis(300));
+    format!("{id} {before} {}", lock.is_lost())
+}
+
+/// Under `#[locked]`, `LockContext::is_lost` looks at the lease's deadline too: a handler
+/// that stalled past it learns so before its next write, before the watchdog reports it.
+#[tokio::test(flavor = "current_thread")]
+async fn lock_context_is_lost_past_the_deadline() {
+    use tower::ServiceExt as _;
+    let locks = LockClient::in_memory();
+    let router = Router::new()
+        .route("/stall/{id}", post(reports_its_loss))
+        .layer(Extension(AnyLockClient::from(locks.clone())));
+    let request = http::Request::post("/stall/4")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = router.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert_eq!(&body[..], b"4 false true");
+}

@@ -464,9 +464,19 @@ async fn release_without_a_connection_is_retried() {
 #[tokio::test]
 async fn uncontended_pairs_cost_one_call_each() {
     let server = RedisServer::start();
-    let locks = client(RedisBackend::connect(&server.url()).await.unwrap(), Lease::DEFAULT);
+    let locks = client(
+        RedisBackend::connect(&server.url()).await.unwrap(),
+        Lease::DEFAULT,
+    );
     // Warm: scripts cached, the connection made.
-    locks.lock("warm").acquire().await.unwrap().release().await.unwrap();
+    locks
+        .lock("warm")
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     server.cmd(&["CONFIG", "RESETSTAT"]);
     for pair in 0..100 {
         let guard = locks.lock(format!("pair:{pair}")).acquire().await.unwrap();
@@ -477,7 +487,12 @@ async fn uncontended_pairs_cost_one_call_each() {
         .lines()
         .filter_map(|line| {
             let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let count = rest.strip_prefix("calls=")?.split(',').next()?.parse().ok()?;
+            let count = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
             Some((name.to_owned(), count))
         })
         .filter(|(name, _)| !matches!(name.as_str(), "info" | "config|resetstat"))
@@ -486,7 +501,15 @@ async fn uncontended_pairs_cost_one_call_each() {
     println!("commands per 100 pairs, those run inside the scripts included: {calls:?}");
     // What the scripts run inside Redis is counted too; only EVALSHA comes from the client.
     let inside_scripts = [
-        "del", "exists", "hexists", "hget", "hincrby", "hset", "pexpire", "pttl", "publish",
+        "del",
+        "exists",
+        "hexists",
+        "hget",
+        "hincrby",
+        "hset",
+        "pexpire",
+        "pttl",
+        "publish",
         "sismember",
     ];
     calls.retain(|(name, _)| !inside_scripts.contains(&name.as_str()));
