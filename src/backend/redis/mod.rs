@@ -213,8 +213,9 @@ impl RedisBackendBuilder {
         }
     }
 
-    /// The most pooled connections. Each is multiplexed, so a few serve many tasks.
-    /// Defaults to 4. A cluster backend keeps one multiplexed connection per node instead.
+    /// The most pooled connections (sockets). Each is multiplexed and only cloned out for a
+    /// command, so any number of commands are in flight on a few connections. Defaults to 4.
+    /// A cluster backend keeps one multiplexed connection per node instead.
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size;
         self
@@ -308,6 +309,7 @@ impl RedisBackendBuilder {
     /// has no `WAITAOF`, or the server's error when it refuses it as configured.
     pub async fn connect(self) -> Result<RedisBackend, BackendError> {
         let command_timeout = self.command_timeout;
+        let pool_size = self.pool_size;
         #[cfg(feature = "cluster")]
         if let Source::Cluster(nodes) = &self.source {
             // `WAIT` and `WAITAOF` must follow the write on its connection, which a cluster
@@ -352,6 +354,7 @@ impl RedisBackendBuilder {
         }
         backend.ping().await?;
         backend.check_wait_aof().await?;
+        backend.open_pool(pool_size).await;
         Ok(backend)
     }
 
@@ -577,6 +580,21 @@ impl RedisBackend {
         }
     }
 
+    /// Opens every connection of the backend's own pool now (bounded by the command timeout),
+    /// so a burst later does not pay for connecting: a command only clones a connection, and
+    /// the pool would otherwise open more of them only under load.
+    async fn open_pool(&self, size: u32) {
+        if let Transport::Node {
+            pool: Pool::Own(pool),
+            ..
+        } = &self.inner.transport
+        {
+            // Held all at once, so the pool makes a new one for each.
+            let all = futures_util::future::join_all((0..size).map(|_| pool.get()));
+            let _ = tokio::time::timeout(self.inner.command_timeout, all).await;
+        }
+    }
+
     /// Runs one command with the command timeout.
     async fn query<T: FromRedisValue>(
         &self,
@@ -661,7 +679,7 @@ impl RedisBackend {
     async fn with_conn<T>(
         &self,
         key: Option<&LockKey>,
-        op: impl AsyncFnOnce(&mut Conn<'_>) -> Result<T, RedisError>,
+        op: impl AsyncFnOnce(&mut Conn) -> Result<T, RedisError>,
     ) -> Result<T, BackendError> {
         self.with_conn_within(key, self.inner.command_timeout, op)
             .await
@@ -672,7 +690,7 @@ impl RedisBackend {
         &self,
         key: Option<&LockKey>,
         budget: Duration,
-        op: impl AsyncFnOnce(&mut Conn<'_>) -> Result<T, RedisError>,
+        op: impl AsyncFnOnce(&mut Conn) -> Result<T, RedisError>,
     ) -> Result<T, BackendError> {
         let deadline = tokio::time::Instant::now() + budget;
         let result = async {

@@ -11,7 +11,10 @@
 
 use std::{
     ops::{Deref, DerefMut},
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -37,11 +40,11 @@ impl Manager {
     }
 }
 
-/// A multiplexed connection with a flag for "do not reuse".
+/// A multiplexed connection with a flag for "do not reuse", shared by the clones in use.
 #[derive(Debug)]
 pub(super) struct Tracked {
     conn: MultiplexedConnection,
-    broken: bool,
+    broken: Arc<AtomicBool>,
 }
 
 impl bb8::ManageConnection for Manager {
@@ -61,7 +64,7 @@ impl bb8::ManageConnection for Manager {
             .await?;
         Ok(Tracked {
             conn,
-            broken: false,
+            broken: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -70,7 +73,7 @@ impl bb8::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut Tracked) -> bool {
-        conn.broken
+        conn.broken.load(Ordering::Relaxed)
     }
 }
 
@@ -81,46 +84,58 @@ pub(super) enum Pool {
     Shared(bb8::Pool<RedisConnectionManager>),
 }
 
-/// A checked-out connection.
-pub(super) enum Conn<'a> {
-    Own(bb8::PooledConnection<'a, Manager>),
-    Shared(bb8::PooledConnection<'a, RedisConnectionManager>),
+/// A connection for one command (or one batch): a clone of a pooled multiplexed connection.
+///
+/// A multiplexed connection carries any number of requests at once, so a command does not keep
+/// it checked out: it is cloned and goes straight back to the pool, and `pool_size` is the
+/// number of sockets, not a cap on commands in flight.
+pub(super) struct Conn {
+    conn: MultiplexedConnection,
+    /// The pooled connection's flag, for connections of the backend's own pool.
+    broken: Option<Arc<AtomicBool>>,
 }
 
 impl Pool {
-    pub(super) async fn get(&self) -> Result<Conn<'_>, bb8::RunError<RedisError>> {
-        Ok(match self {
-            Self::Own(pool) => Conn::Own(pool.get().await?),
-            Self::Shared(pool) => Conn::Shared(pool.get().await?),
-        })
-    }
-}
-
-impl Conn<'_> {
-    /// Keeps this connection out of the pool after the current use.
-    pub(super) fn mark_broken(&mut self) {
-        if let Self::Own(conn) = self {
-            conn.broken = true;
+    pub(super) async fn get(&self) -> Result<Conn, bb8::RunError<RedisError>> {
+        match self {
+            Self::Own(pool) => loop {
+                let pooled = pool.get().await?;
+                // One that broke in another clone's hands goes: bb8 drops it on its return.
+                if pooled.broken.load(Ordering::Relaxed) {
+                    continue;
+                }
+                return Ok(Conn {
+                    conn: pooled.conn.clone(),
+                    broken: Some(pooled.broken.clone()),
+                });
+            },
+            Self::Shared(pool) => Ok(Conn {
+                conn: pool.get().await?.clone(),
+                broken: None,
+            }),
         }
     }
 }
 
-impl Deref for Conn<'_> {
+impl Conn {
+    /// Keeps this connection out of the pool: it is dropped at its next return.
+    pub(super) fn mark_broken(&mut self) {
+        if let Some(broken) = &self.broken {
+            broken.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Deref for Conn {
     type Target = MultiplexedConnection;
 
     fn deref(&self) -> &MultiplexedConnection {
-        match self {
-            Self::Own(conn) => &conn.conn,
-            Self::Shared(conn) => conn,
-        }
+        &self.conn
     }
 }
 
-impl DerefMut for Conn<'_> {
+impl DerefMut for Conn {
     fn deref_mut(&mut self) -> &mut MultiplexedConnection {
-        match self {
-            Self::Own(conn) => &mut conn.conn,
-            Self::Shared(conn) => &mut *conn,
-        }
+        &mut self.conn
     }
 }

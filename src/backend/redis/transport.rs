@@ -30,7 +30,7 @@ pub(super) enum Transport {
 
 impl Transport {
     /// A connection for one command (or one batch).
-    pub(super) async fn get(&self) -> Result<Conn<'_>, BackendError> {
+    pub(super) async fn get(&self) -> Result<Conn, BackendError> {
         match self {
             Self::Node { pool, .. } => pool.get().await.map(Conn::Node).map_err(pool_error),
             #[cfg(feature = "cluster")]
@@ -67,14 +67,14 @@ impl Transport {
 }
 
 /// A connection checked out of a [`Transport`].
-pub(super) enum Conn<'a> {
-    Node(pool::Conn<'a>),
+pub(super) enum Conn {
+    Node(pool::Conn),
     /// A handle on the shared cluster connection (cheap to clone).
     #[cfg(feature = "cluster")]
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
-impl Conn<'_> {
+impl Conn {
     /// Keeps a pooled connection out of the pool after the current use. The cluster connection
     /// repairs its node connections itself.
     pub(super) fn mark_broken(&mut self) {
@@ -86,7 +86,7 @@ impl Conn<'_> {
     }
 }
 
-impl ConnectionLike for Conn<'_> {
+impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Self::Node(conn) => conn.req_packed_command(cmd),
