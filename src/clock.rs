@@ -3,9 +3,12 @@
 //! A lease is counted by the Redis server in wall time, including any time this machine spends
 //! suspended. `std::time::Instant` uses `CLOCK_MONOTONIC` on Linux, which stops during suspend, so
 //! a laptop or VM waking up would believe a long-expired lease is still valid. Deadlines are
-//! therefore measured on `CLOCK_BOOTTIME` where the platform has it.
+//! therefore measured on `CLOCK_BOOTTIME` where the platform has it: the monotonic clock plus
+//! the time spent suspended. The monotonic part is read through tokio, so that under a paused
+//! test clock the engine's deadlines, its watchdog's timers and the in-memory backend's leases
+//! all move together.
 
-use std::time::Duration;
+use std::{sync::OnceLock, time::Duration};
 
 /// A point in time on a clock that keeps counting while the machine is suspended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -49,24 +52,64 @@ impl std::ops::Sub<Duration> for BootInstant {
     }
 }
 
+/// The monotonic clock as tokio reads it: the system's monotonic clock, except under a paused
+/// test clock (`tokio::time::pause`), which deadlines then follow as timers do.
+fn monotonic_now() -> Duration {
+    static ANCHOR: OnceLock<(tokio::time::Instant, Duration)> = OnceLock::new();
+    let (at, since_start_at) =
+        *ANCHOR.get_or_init(|| (tokio::time::Instant::now(), system_monotonic()));
+    let now = tokio::time::Instant::now();
+    if now >= at {
+        since_start_at + (now - at)
+    } else {
+        since_start_at.saturating_sub(at - now)
+    }
+}
+
+/// The monotonic clock plus the time the machine spent suspended (boot time minus monotonic
+/// time, as the kernel counts them).
 #[cfg(target_os = "linux")]
 fn now_since_boot() -> Duration {
-    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    let boot = read(rustix::time::ClockId::Boottime);
+    let suspended = boot.saturating_sub(system_monotonic());
+    monotonic_now() + suspended
+}
+
+#[cfg(target_os = "linux")]
+fn system_monotonic() -> Duration {
+    read(rustix::time::ClockId::Monotonic)
+}
+
+#[cfg(target_os = "linux")]
+fn read(clock: rustix::time::ClockId) -> Duration {
+    let ts = rustix::time::clock_gettime(clock);
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 #[cfg(not(target_os = "linux"))]
 fn now_since_boot() -> Duration {
     // Elsewhere the monotonic clock is the best portable choice; see the module docs.
-    use std::sync::OnceLock;
-    use std::time::Instant;
-    static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed()
+    monotonic_now()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn system_monotonic() -> Duration {
+    Duration::ZERO
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Under a paused tokio clock, deadlines follow it.
+    #[tokio::test(start_paused = true)]
+    async fn follows_a_paused_clock() {
+        let a = BootInstant::now();
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let b = BootInstant::now();
+        assert!(b.duration_since(a) >= Duration::from_secs(30));
+        assert!(b.duration_since(a) < Duration::from_secs(31));
+    }
 
     /// The boot clock moves forward with the monotonic clock.
     #[test]

@@ -72,10 +72,38 @@ pub struct Grant<'a> {
     /// earlier attempt may arrive only later, and then finds nothing to undo). Backends that
     /// never lose replies may ignore it.
     pub supersedes: Option<&'a str>,
+    /// Whether this grant may add a hold to one the holder already has.
+    pub reentry: Reentry,
+}
+
+/// Whether an acquire may add a hold to one its holder already has in the backend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reentry {
+    /// Re-enter when the holder holds the lock, take it when it is free.
+    #[default]
+    Allowed,
     /// Re-enter only: grant nothing (and join no queue) unless the holder already holds the
-    /// lock, answering [`AcquireReply::Held`] instead. A re-entry that raced a release of the
-    /// holder's last hold must not take the lock afresh behind the engine's back.
-    pub only_if_held: bool,
+    /// lock (that side, for a read-write lock), answering [`AcquireReply::Held`] instead. A
+    /// re-entry racing the release of the holder's last hold must not take the lock afresh.
+    Only,
+    /// Take the lock only as a new hold: while the holder still holds it (a hold its client
+    /// no longer counts on, say one being released or whose deadline passed), answer
+    /// [`AcquireReply::Held`], as for any other owner. An earlier attempt named in
+    /// `supersedes` is still taken over.
+    Refused,
+}
+
+impl Reentry {
+    /// The script argument: `''`, `'held'` or `'free'`.
+    #[cfg(feature = "redis")]
+    pub(crate) fn as_arg(self) -> &'static str {
+        match self {
+            Self::Allowed => "",
+            Self::Only => "held",
+            Self::Refused => "free",
+        }
+    }
 }
 
 /// The answer to an acquire.

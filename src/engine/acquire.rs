@@ -14,7 +14,7 @@ use super::{
     table::{Turn, Want},
 };
 use crate::{
-    backend::{AcquireReply, Backend, Grant, Listen, LockKind},
+    backend::{AcquireReply, Backend, Grant, Listen, LockKind, Reentry},
     clock::BootInstant,
     error::{BackendError, BackendErrorKind, LockError},
     key::LockKey,
@@ -126,16 +126,33 @@ impl<B: Backend> Drop for InFlight<B> {
         if self.settled {
             return;
         }
-        if let Some(held) = &self.reentering {
-            self.shared.table.drop_pending(held);
-        }
         let Some(runtime) = self.shared.runtime() else {
+            if let Some(held) = &self.reentering {
+                self.shared.table.drop_pending(held);
+            }
             return;
         };
+        // A re-entry keeps its reference until it is resolved: the entry stays, and no other
+        // re-entry replaces the attempt record meanwhile.
+        let reentering = self.reentering.take();
+        if let Some(held) = &reentering {
+            held.begin_resolving();
+        }
         let (shared, key, want) = (self.shared.clone(), self.key.clone(), self.want.clone());
         tracing::debug!(key = %key, attempt = %want.attempt, "acquire cancelled in flight; resolving it");
         runtime.spawn(async move {
             shared.resolve_attempt(want.grant(&key, None)).await;
+            if let Some(held) = reentering {
+                held.end_resolving();
+                shared.table.drop_pending(&held);
+            }
+            // The attempt may have queued its holder (fair locks, writers): leave the queue
+            // rather than stay in the way until the place times out.
+            if want.kind.queues()
+                && let Err(error) = shared.backend.leave(&key, want.holder.id(), want.kind).await
+            {
+                tracing::debug!(key = %key, %error, "leaving the wait queue failed; the entry times out");
+            }
         });
     }
 }
@@ -150,6 +167,12 @@ impl<B: Backend> Engine<B> {
     ) -> Result<(Arc<Held>, u64), LockError> {
         let want = &request.want;
         if let Some(held) = self.table.reenter(&request.key, &want.holder, want.kind) {
+            // A cancelled re-entry of this entry is being resolved: wait for it first.
+            if held.is_resolving() {
+                self.table.drop_pending(&held);
+                held.until_resolved().await;
+                return Box::pin(self.acquire(request)).await;
+            }
             if let Some(reentered) = self.reenter(&request, held).await? {
                 return Ok(reentered);
             }
@@ -173,7 +196,7 @@ impl<B: Backend> Engine<B> {
         held: Arc<Held>,
     ) -> Result<Option<(Arc<Held>, u64)>, LockError> {
         let grant = Grant {
-            only_if_held: true,
+            reentry: Reentry::Only,
             ..request.want.grant(&request.key, None)
         };
         let mut in_flight = InFlight::new(self, &request.key, &request.want, Some(held.clone()));
@@ -182,7 +205,7 @@ impl<B: Backend> Engine<B> {
         let outcome = match reply {
             Ok(AcquireReply::Acquired { count, .. }) => {
                 in_flight.settle();
-                held.reentered(&request.want.attempt, request.want.lease, sent_at);
+                held.reentered(request.want.lease, sent_at);
                 return Ok(Some((held, count)));
             }
             Ok(AcquireReply::Held { .. }) => Ok(None),
@@ -235,7 +258,10 @@ impl<B: Backend> Engine<B> {
             // When to try again at the latest (the holder's lease runs out).
             let retry_in = match self.table.turn(&request.key, id) {
                 Turn::Contend => {
-                    let grant = want.grant(&request.key, queue);
+                    let grant = Grant {
+                        reentry: self.new_hold_reentry(&want.holder),
+                        ..want.grant(&request.key, queue)
+                    };
                     let sent_at = BootInstant::now();
                     let attempt_started = tokio::time::Instant::now();
                     let mut in_flight = InFlight::new(self, &request.key, &want, None);
@@ -359,6 +385,18 @@ impl<B: Backend> Engine<B> {
         }
     }
 
+    /// Whether a new hold of `holder` may merge with one the backend still has for it. This
+    /// client counts every hold of its own holders in its table, so such a leftover is one it
+    /// no longer counts on (a release on its way, a hold whose deadline passed): merging would
+    /// leave holds that no guard gives back, and the acquire waits for it to go instead. A
+    /// holder of another client (passed explicitly) re-enters what that client holds.
+    fn new_hold_reentry(&self, holder: &crate::holder::Holder) -> Reentry {
+        match holder.is_from(&self.id) {
+            true => Reentry::Refused,
+            false => Reentry::Allowed,
+        }
+    }
+
     /// The release listener for a waiter of `key`; the flag tells whether it is new (the lock
     /// must then be checked again). Exclusive waiters share one per key (only the head
     /// contends); a fair waiter listens for its own name; readers and writers each listen.
@@ -431,7 +469,7 @@ impl<B: Backend> Engine<B> {
                     kind,
                     queue: None,
                     supersedes: None,
-                    only_if_held: false,
+                    reentry: Reentry::Allowed,
                 };
                 if let Ok(undone) = shared.backend.abandon(grant).await {
                     tracing::info!(key = %key, undone, "resolved an attempt whose reply was lost");

@@ -10,6 +10,7 @@ use std::{
     time::Duration,
 };
 
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -29,6 +30,11 @@ pub(crate) struct Held {
     pub(crate) lease: Lease,
     pub(crate) token: Option<u64>,
     pub(crate) lost: CancellationToken,
+    /// The attempt that granted the hold (or handed it over): the backend records it with the
+    /// hold, so a release meant for this entry alone can check that the hold is still its.
+    grant_attempt: String,
+    /// Signalled when a cancelled re-entry of this entry has been resolved.
+    resolved: Notify,
     /// When the request that acquired it was sent, for the hold-time metric.
     pub(crate) acquired_at: BootInstant,
     state: Mutex<HeldState>,
@@ -46,13 +52,13 @@ struct HeldState {
     renewing: bool,
     /// With `max_hold`: no renewals after this.
     renew_until: Option<BootInstant>,
-    /// The attempt that last took a hold of this entry (its grant, a hand-off or a
-    /// re-entry): the backend's record of it, so a release meant for this entry alone can
-    /// check that it still is this entry's.
-    last_attempt: String,
     /// Every guard of this entry has been released: the entry is out of the table, and a
     /// late renewal reply says nothing about the lock any more.
     released: bool,
+    /// Cancelled re-entries of this entry still being resolved in the backend. While there
+    /// are any, no new re-entry is sent: it would replace the attempt record the resolution
+    /// needs to undo the cancelled one.
+    resolving: u32,
 }
 
 impl Held {
@@ -72,6 +78,8 @@ impl Held {
             lease,
             token,
             lost: CancellationToken::new(),
+            grant_attempt: attempt.to_owned(),
+            resolved: Notify::new(),
             acquired_at: sent_at,
             state: Mutex::new(HeldState {
                 refs: 1,
@@ -79,8 +87,8 @@ impl Held {
                 next_renew: sent_at + lease.renew_interval(),
                 renewing: false,
                 renew_until: max_hold.map(|max| sent_at + max),
-                last_attempt: attempt.to_owned(),
                 released: false,
+                resolving: 0,
             }),
         })
     }
@@ -97,19 +105,45 @@ impl Held {
         }
     }
 
-    /// A release of every hold of this entry that changes nothing unless `attempt` (this
-    /// entry's [`last_attempt`](Self::last_attempt)) is still the backend's last record: it
-    /// never frees a hold the holder took anew.
-    pub(crate) fn release_if_last<'a>(&'a self, attempt: &'a str) -> Release<'a> {
+    /// A release of every hold of this entry that changes nothing unless the backend's hold
+    /// is still the one this entry's attempt granted: it never frees a hold the holder took
+    /// anew.
+    pub(crate) fn release_if_granted(&self) -> Release<'_> {
         Release {
-            attempt: Some(attempt),
+            attempt: Some(&self.grant_attempt),
             ..self.release_all()
         }
     }
 
-    /// The attempt that last took a hold of this entry.
-    pub(crate) fn last_attempt(&self) -> String {
-        self.state().last_attempt.clone()
+    /// A cancelled re-entry of this entry is being resolved.
+    pub(crate) fn begin_resolving(&self) {
+        self.state().resolving += 1;
+    }
+
+    /// A cancelled re-entry of this entry has been resolved.
+    pub(crate) fn end_resolving(&self) {
+        let mut state = self.state();
+        state.resolving = state.resolving.saturating_sub(1);
+        drop(state);
+        self.resolved.notify_waiters();
+    }
+
+    /// Whether a cancelled re-entry of this entry is being resolved.
+    pub(crate) fn is_resolving(&self) -> bool {
+        self.state().resolving > 0
+    }
+
+    /// Waits until no cancelled re-entry of this entry is being resolved.
+    pub(crate) async fn until_resolved(&self) {
+        loop {
+            let notified = self.resolved.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if self.state().resolving == 0 {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Whether every guard of this entry has been released.
@@ -145,12 +179,11 @@ impl Held {
         self.state().refs += 1;
     }
 
-    /// The re-entry `attempt`, sent at `sent_at` with `lease`, was granted: the backend keeps
-    /// the lock at least that long (a re-entry never shortens a lease).
-    pub(crate) fn reentered(&self, attempt: &str, lease: Lease, sent_at: BootInstant) {
+    /// A re-entry sent at `sent_at` with `lease` was granted: the backend keeps the lock at
+    /// least that long (a re-entry never shortens a lease).
+    pub(crate) fn reentered(&self, lease: Lease, sent_at: BootInstant) {
         let mut state = self.state();
         state.deadline = state.deadline.max(lease.valid_until(sent_at));
-        attempt.clone_into(&mut state.last_attempt);
     }
 
     /// One guard fewer; returns how many remain. The last one marks the entry released.

@@ -54,8 +54,7 @@ impl<B: Backend> Engine<B> {
             let shared = self.clone();
             let held = held.clone();
             runtime.spawn(async move {
-                let attempt = held.last_attempt();
-                let _ = shared.backend.release(held.release_if_last(&attempt)).await;
+                let _ = shared.backend.release(held.release_if_granted()).await;
             });
         }
     }
@@ -152,8 +151,10 @@ impl<B: Backend> Engine<B> {
                         reply = self.release_again(&held, error.outcome_unknown()).await;
                     }
                 }
-                // Unless holds remain, the head waiter looks again, whatever happened.
-                if !matches!(reply, Ok(ReleaseReply::Decremented { .. })) {
+                // Unless holds remain, the head waiter looks again, whatever happened. Once the
+                // entry has ended here, its key's state goes too (when idle) whatever the
+                // backend still counts.
+                if held.is_released() || !matches!(reply, Ok(ReleaseReply::Decremented { .. })) {
                     self.table.released(&held.key, others_heard, yield_for);
                 }
                 match reply {
@@ -183,7 +184,6 @@ impl<B: Backend> Engine<B> {
         mut unknown: bool,
     ) -> Result<ReleaseReply, BackendError> {
         let inline_until = tokio::time::Instant::now() + RELEASE_RETRY_INLINE;
-        let attempt = held.last_attempt();
         let mut pause = Duration::from_millis(10);
         loop {
             // Past the deadline the lease runs out on its own: stop.
@@ -191,13 +191,13 @@ impl<B: Backend> Engine<B> {
                 return Err(BackendError::from_kind(BackendErrorKind::Unavailable));
             }
             if tokio::time::Instant::now() + pause >= inline_until {
-                self.release_in_background(held.clone(), attempt, unknown, pause);
+                self.release_in_background(held.clone(), unknown, pause);
                 return Err(BackendError::from_kind(BackendErrorKind::Unavailable));
             }
             tokio::time::sleep(pause).await;
             let release = Release {
                 all: unknown,
-                ..held.release_if_last(&attempt)
+                ..held.release_if_granted()
             };
             let reply = self.backend.release(release).await;
             match reply {
@@ -221,7 +221,6 @@ impl<B: Backend> Engine<B> {
     fn release_in_background(
         self: &Arc<Self>,
         held: Arc<Held>,
-        attempt: String,
         mut unknown: bool,
         mut pause: Duration,
     ) {
@@ -234,7 +233,7 @@ impl<B: Backend> Engine<B> {
                 tokio::time::sleep(pause).await;
                 let release = Release {
                     all: unknown,
-                    ..held.release_if_last(&attempt)
+                    ..held.release_if_granted()
                 };
                 match shared.backend.release(release).await {
                     Err(error) if error.is_unavailable() || error.outcome_unknown() => {

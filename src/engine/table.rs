@@ -18,7 +18,7 @@ use tokio::{
 };
 
 use crate::{
-    backend::{Grant, LockKind},
+    backend::{Grant, LockKind, Reentry},
     clock::BootInstant,
     error::LockError,
     holder::Holder,
@@ -130,7 +130,7 @@ impl Want {
             kind: self.kind,
             queue,
             supersedes: self.supersedes.as_deref(),
-            only_if_held: false,
+            reentry: Reentry::Allowed,
         }
     }
 }
@@ -408,10 +408,19 @@ impl<L> Table<L> {
     }
 
     /// A hand-off did not happen: the waiter goes back to the head of the queue and re-checks.
+    /// A waiter that gave up meanwhile is not put back: it left the queue already, and a dead
+    /// head would hold back every waiter behind it.
     pub(crate) fn restore(&self, key: &LockKey, slot: Slot) {
         let mut keys = self.keys();
         let state = state_of(&mut keys, key.as_str());
         state.handing_off = state.handing_off.saturating_sub(1);
+        if slot.handoff.is_closed() {
+            state.wake_head();
+            if state.is_idle() {
+                keys.remove(key.as_str());
+            }
+            return;
+        }
         slot.wake.notify_one();
         state.waiters.push_front(slot);
     }

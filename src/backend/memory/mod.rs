@@ -15,8 +15,8 @@ use std::{
 use tokio::time::Instant;
 
 use super::{
-    AcquireReply, Backend, Grant, Listener, Listeners, LockKind, Release, ReleaseReply, Renew,
-    RenewReply,
+    AcquireReply, Backend, Grant, Listener, Listeners, LockKind, Reentry, Release, ReleaseReply,
+    Renew, RenewReply,
 };
 use crate::{error::BackendError, key::LockKey};
 
@@ -57,7 +57,10 @@ struct Entry {
     owner: String,
     count: u64,
     expires: Instant,
+    /// The attempt that granted the hold.
     attempt: String,
+    /// The last re-entry's attempt.
+    reentry: String,
     token: Option<u64>,
 }
 
@@ -138,20 +141,24 @@ impl State {
                 count: 1,
                 expires: now + grant.lease.duration(),
                 attempt: grant.attempt.to_owned(),
+                reentry: String::new(),
                 token,
             },
         );
         token
     }
 
-    /// Re-entry of the current owner.
+    /// Re-entry of the current owner, unless the grant refuses it.
     fn reenter(&mut self, grant: Grant<'_>, now: Instant) -> Option<AcquireReply> {
         let name = grant.key.as_str();
+        if grant.reentry == Reentry::Refused {
+            return None;
+        }
         let entry = self.live(name, now).filter(|e| e.owner == grant.holder)?;
         entry.count += 1;
         // A re-entry with a shorter lease never cuts the earlier lease short.
         entry.expires = entry.expires.max(now + grant.lease.duration());
-        grant.attempt.clone_into(&mut entry.attempt);
+        grant.attempt.clone_into(&mut entry.reentry);
         let (count, existing) = (entry.count, entry.token);
         let token = match (grant.fencing, existing) {
             (false, _) => None,
@@ -175,7 +182,7 @@ impl State {
             Some(entry) => AcquireReply::Held {
                 ttl: Some(entry.expires.saturating_duration_since(now)),
             },
-            None if grant.only_if_held => AcquireReply::Held { ttl: None },
+            None if grant.reentry == Reentry::Only => AcquireReply::Held { ttl: None },
             None => {
                 let token = self.grant(grant, now);
                 AcquireReply::Acquired { count: 1, token }
@@ -185,7 +192,7 @@ impl State {
 
     fn acquire_fair(&mut self, grant: Grant<'_>, now: Instant) -> AcquireReply {
         let name = grant.key.as_str();
-        if grant.only_if_held {
+        if grant.reentry == Reentry::Only {
             return self.reenter(grant, now).unwrap_or(AcquireReply::Held {
                 ttl: self
                     .live(name, now)
@@ -390,14 +397,15 @@ impl Backend for MemoryBackend {
                 );
                 (reply != ReleaseReply::NotHeld, publish)
             } else {
-                match state
-                    .live(name, now)
-                    .filter(|e| e.owner == grant.holder && e.attempt == grant.attempt)
-                {
-                    None => (false, None),
-                    Some(entry) => {
+                match state.live(name, now).filter(|e| e.owner == grant.holder) {
+                    Some(entry)
+                        if entry.reentry == grant.attempt || entry.attempt == grant.attempt =>
+                    {
                         entry.count -= 1;
-                        entry.attempt.clear();
+                        match entry.reentry == grant.attempt {
+                            true => entry.reentry.clear(),
+                            false => entry.attempt.clear(),
+                        }
                         if entry.count == 0 {
                             state.locks.remove(name);
                             (true, Some((channel(grant.key), "released".to_owned())))
@@ -405,6 +413,7 @@ impl Backend for MemoryBackend {
                             (true, None)
                         }
                     }
+                    _ => (false, None),
                 }
             }
         };

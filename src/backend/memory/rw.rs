@@ -6,7 +6,7 @@ use tokio::time::Instant;
 
 use super::{Publish, State, channel};
 use crate::{
-    backend::{AcquireReply, Grant, LockKind, ReleaseReply, Renew, RenewReply},
+    backend::{AcquireReply, Grant, LockKind, Reentry, ReleaseReply, Renew, RenewReply},
     key::LockKey,
 };
 
@@ -15,10 +15,16 @@ use crate::{
 #[derive(Debug, Default)]
 pub(super) struct RwLock {
     writer: Option<(String, u64)>,
+    /// When the writer's own lease ends: a reader (the writer itself, after a downgrade)
+    /// keeping the lock alive does not keep the write side.
+    writer_until: Option<Instant>,
     readers: HashMap<String, (u64, Instant)>,
     /// The lock as a whole lives until the longest lease ends.
     expires: Option<Instant>,
-    attempt: String,
+    /// Each hold's attempts, by side and holder: the one that granted it and its last
+    /// re-entry's. Readers take holds side by side, so one record for the whole lock could
+    /// not tell whose attempt it was.
+    attempts: HashMap<(bool, String), (String, String)>,
     token: Option<u64>,
     waiting_writers: HashMap<String, Instant>,
 }
@@ -28,6 +34,15 @@ impl RwLock {
     fn purge(&mut self, now: Instant) {
         self.readers.retain(|_, (_, until)| *until > now);
         self.waiting_writers.retain(|_, until| *until > now);
+        if self.writer_until.is_some_and(|until| until <= now) {
+            self.writer = None;
+            self.writer_until = None;
+        }
+        let (readers, writer) = (&self.readers, &self.writer);
+        self.attempts.retain(|(write, holder), _| match write {
+            true => writer.as_ref().is_some_and(|(w, _)| w == holder),
+            false => readers.contains_key(holder),
+        });
         if self.expires.is_some_and(|until| until <= now) {
             self.writer = None;
             self.readers.clear();
@@ -78,7 +93,12 @@ impl State {
             LockKind::Write => is_writer,
             _ => is_reader,
         };
-        if grant.only_if_held && !holds_side {
+        let refused = match grant.reentry {
+            Reentry::Allowed => false,
+            Reentry::Only => !holds_side,
+            Reentry::Refused => holds_side,
+        };
+        if refused {
             return AcquireReply::Held {
                 ttl: lock.retry(now),
             };
@@ -105,11 +125,19 @@ impl State {
             };
         }
         let until = now + grant.lease.duration();
-        grant.attempt.clone_into(&mut lock.attempt);
+        let record = lock
+            .attempts
+            .entry((grant.kind == LockKind::Write, holder.to_owned()))
+            .or_default();
+        match holds_side {
+            true => grant.attempt.clone_into(&mut record.1),
+            false => *record = (grant.attempt.to_owned(), String::new()),
+        }
         lock.extend(until);
         let count = match grant.kind {
             LockKind::Write => {
                 lock.waiting_writers.remove(holder);
+                lock.writer_until = Some(lock.writer_until.map_or(until, |t| t.max(until)));
                 let writer = lock.writer.get_or_insert_with(|| (holder.to_owned(), 0));
                 writer.1 += 1;
                 writer.1
@@ -146,9 +174,15 @@ impl State {
         now: Instant,
     ) -> (ReleaseReply, Publish) {
         let lock = self.rw_entry(key, now);
-        if attempt.is_some_and(|attempt| attempt != lock.attempt) {
-            return (ReleaseReply::NotHeld, None);
-        }
+        let record = (kind == LockKind::Write, holder.to_owned());
+        // With an attempt: the record it must be, the grant's (or for one hold, as an undo,
+        // the last re-entry's).
+        let undone_reentry = match (attempt, lock.attempts.get(&record)) {
+            (None, _) => false,
+            (Some(attempt), Some((grant, _))) if grant == attempt => false,
+            (Some(attempt), Some((_, reentry))) if !all && reentry == attempt => true,
+            (Some(_), _) => return (ReleaseReply::NotHeld, None),
+        };
         let count = match kind {
             LockKind::Write => lock
                 .writer
@@ -163,12 +197,20 @@ impl State {
         *count = if all { 0 } else { *count - 1 };
         if *count > 0 {
             let remaining = *count;
+            if let Some(recorded) = attempt.and(lock.attempts.get_mut(&record)) {
+                match undone_reentry {
+                    true => recorded.1.clear(),
+                    false => recorded.0.clear(),
+                }
+            }
             return (ReleaseReply::Decremented { remaining }, None);
         }
+        lock.attempts.remove(&record);
         let publish = Some((channel(key), "released".to_owned()));
         let reply = match kind {
             LockKind::Write => {
                 lock.writer = None;
+                lock.writer_until = None;
                 (ReleaseReply::Released { notified: None }, publish)
             }
             _ => {
@@ -192,7 +234,13 @@ impl State {
         let lock = self.rw_entry(renew.key, now);
         let until = now + renew.lease.duration();
         let held = match renew.kind {
-            LockKind::Write => lock.writer.as_ref().is_some_and(|(w, _)| w == renew.holder),
+            LockKind::Write => {
+                let held = lock.writer.as_ref().is_some_and(|(w, _)| w == renew.holder);
+                if held {
+                    lock.writer_until = Some(lock.writer_until.map_or(until, |t| t.max(until)));
+                }
+                held
+            }
             _ => match lock.readers.get_mut(renew.holder) {
                 Some(reader) => {
                     reader.1 = reader.1.max(until);

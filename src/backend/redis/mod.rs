@@ -941,7 +941,7 @@ impl Backend for RedisBackend {
                     .arg(flag(grant.fencing))
                     .arg(queue)
                     .arg(grant.supersedes.unwrap_or(""))
-                    .arg(flag(grant.only_if_held));
+                    .arg(grant.reentry.as_arg());
                 invocation
             }
             LockKind::Read | LockKind::Write => {
@@ -959,7 +959,7 @@ impl Backend for RedisBackend {
                     .arg(flag(grant.fencing))
                     .arg(queue)
                     .arg(grant.supersedes.unwrap_or(""))
-                    .arg(flag(grant.only_if_held));
+                    .arg(grant.reentry.as_arg());
                 invocation
             }
             _ => {
@@ -973,7 +973,7 @@ impl Backend for RedisBackend {
                     .arg(grant.attempt)
                     .arg(flag(grant.fencing))
                     .arg(grant.supersedes.unwrap_or(""))
-                    .arg(flag(grant.only_if_held));
+                    .arg(grant.reentry.as_arg());
                 invocation
             }
         };

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::RedisBackend;
 use crate::{
-    backend::{AcquireReply, Backend, Grant, LockKind, Release, ReleaseReply},
+    backend::{AcquireReply, Backend, Grant, LockKind, Reentry, Release, ReleaseReply},
     key::LockKey,
     lease::Lease,
 };
@@ -28,7 +28,7 @@ fn grant<'a>(
         kind,
         queue: None,
         supersedes,
-        only_if_held: false,
+        reentry: Reentry::Allowed,
     }
 }
 

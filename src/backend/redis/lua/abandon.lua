@@ -1,5 +1,5 @@
 -- Resolves an acquire attempt whose reply was lost. If the attempt took the lock (it is the
--- holder's last recorded attempt), gives back the hold it took, freeing and publishing when it
+-- recorded grant or last re-entry of the holder's hold), gives back the hold it took, freeing and publishing when it
 -- was the last. If it took nothing yet, records it as given up, so that the request, should it
 -- still arrive, is refused.
 --
@@ -12,7 +12,14 @@
 --
 -- Returns 1 when a hold was given back, 0 when the attempt had taken nothing.
 local lock = KEYS[1]
-if redis.call('HGET', lock, '~a') ~= ARGV[2] or redis.call('HEXISTS', lock, ARGV[1]) == 0 then
+local holds = redis.call('HEXISTS', lock, ARGV[1]) == 1
+-- The record of the attempt: a re-entry's, or the grant's.
+local record
+if holds and redis.call('HGET', lock, '~r') == ARGV[2] then
+  record = '~r'
+elseif holds and redis.call('HGET', lock, '~a') == ARGV[2] then
+  record = '~a'
+else
   redis.call('SADD', KEYS[2], ARGV[2])
   extend(KEYS[2], ARGV[4])
   return 0
@@ -21,6 +28,6 @@ if redis.call('HINCRBY', lock, ARGV[1], -1) <= 0 then
   redis.call('DEL', lock)
   publish(ARGV[3], 'released')
 else
-  redis.call('HDEL', lock, '~a')
+  redis.call('HDEL', lock, record)
 end
 return 1

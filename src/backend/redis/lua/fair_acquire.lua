@@ -12,8 +12,7 @@
 -- ARGV[4]  '1' to issue a fencing token
 -- ARGV[5]  waiter timeout in milliseconds; '0' to try without joining the queue
 -- ARGV[6]  an earlier attempt of this acquisition whose reply was lost, or ''
--- ARGV[7]  '1' to re-enter only: grant nothing (and queue nothing) unless the holder already
---          holds the lock
+-- ARGV[7]  re-entry, as in acquire.lua ('held': nothing is queued either)
 --
 -- Returns {1, count, token} when the holder now holds the lock (token -1 without fencing), or
 -- {0, retry} when it must wait: retry is the lock's remaining lease, or while the lock is free
@@ -23,7 +22,8 @@ local holder = ARGV[1]
 if redis.call('SISMEMBER', KEYS[5], ARGV[3]) == 1 then
   return {0, redis.call('PTTL', lock)}
 end
-if ARGV[7] == '1' and redis.call('HEXISTS', lock, holder) == 0 then
+local holds = redis.call('HEXISTS', lock, holder) == 1
+if ARGV[7] == 'held' and not holds then
   return {0, redis.call('PTTL', lock)}
 end
 local now = now_ms()
@@ -32,8 +32,8 @@ local now = now_ms()
 purge_waiters(queue, timeouts, now)
 
 local count
-if redis.call('HEXISTS', lock, holder) == 1 then
-  count = reenter(lock, holder, ARGV[3], ARGV[6])
+if holds and may_reenter(lock, ARGV[7], ARGV[6], '~a', '~r') then
+  count = reenter(lock, holder, ARGV[3], ARGV[6], '~a', '~r')
 else
   local head = redis.call('LINDEX', queue, 0)
   if redis.call('EXISTS', lock) == 1 or (head and head ~= holder) then

@@ -40,22 +40,41 @@ local function granted(lock, lease, count, fencing, counter)
   return {1, count, token}
 end
 
--- One more hold in `field` of `lock`, taken by `attempt` — unless `supersedes` (an earlier
--- attempt of the same acquisition whose reply was lost) is the lock's last attempt: that one
--- took the hold, and this attempt takes it over instead of adding a second. Returns the count.
-local function reenter(lock, field, attempt, supersedes)
+-- Whether `attempt` is one of the records `grant` and `reentry` (field names; the same one
+-- for a read-write lock's side).
+local function recorded(lock, attempt, grant, reentry)
+  return attempt ~= '' and (redis.call('HGET', lock, grant) == attempt
+    or redis.call('HGET', lock, reentry) == attempt)
+end
+
+-- Whether `mode` (the acquire's re-entry argument) lets a holder add a hold to the one it
+-- has: 'held' and '' do; 'free' does not, except to take over the hold of `supersedes`, an
+-- earlier attempt of the same acquisition whose reply was lost.
+local function may_reenter(lock, mode, supersedes, grant, reentry)
+  return mode ~= 'free' or recorded(lock, supersedes, grant, reentry)
+end
+
+-- One more hold in `field` of `lock`, taken by `attempt` and recorded in the field `reentry`
+-- (the hold's first grant stays recorded in `grant`) — unless `supersedes` (an earlier
+-- attempt of the same acquisition whose reply was lost) is recorded: that one took the hold,
+-- and this attempt takes it over instead of adding a second. Returns the count.
+local function reenter(lock, field, attempt, supersedes, grant, reentry)
   local count
-  if supersedes ~= '' and redis.call('HGET', lock, '~a') == supersedes then
+  if recorded(lock, supersedes, grant, reentry) then
     count = tonumber(redis.call('HGET', lock, field))
+    if redis.call('HGET', lock, grant) == supersedes then
+      redis.call('HSET', lock, grant, attempt)
+      return count
+    end
   else
     count = redis.call('HINCRBY', lock, field, 1)
   end
-  redis.call('HSET', lock, '~a', attempt)
+  redis.call('HSET', lock, reentry, attempt)
   return count
 end
 
--- Whether the lock's last recorded attempt is `attempt` ('' matches any): a release made on
--- behalf of one particular hold changes nothing once the holder has acquired the lock anew.
+-- Whether the lock's hold was granted by `attempt` ('' matches any): a release made on behalf
+-- of one particular hold changes nothing once the holder has acquired the lock anew.
 local function last_attempt_is(lock, attempt)
   return attempt == '' or redis.call('HGET', lock, '~a') == attempt
 end
@@ -70,6 +89,36 @@ local function give_back(lock, field, all)
     return 0
   end
   return redis.call('HINCRBY', lock, field, -1)
+end
+
+-- Drops the writer of a read-write lock whose own lease ('~w', server time in ms) ended by
+-- `now`; readers keep theirs. A writer's hold must not live on because a reader (the writer
+-- itself, after a downgrade) keeps the lock's key alive.
+local function purge_writer(lock, readers, now)
+  local ends = redis.call('HGET', lock, '~w')
+  if not ends or tonumber(ends) > now then
+    return
+  end
+  for _, field in ipairs(redis.call('HKEYS', lock)) do
+    local prefix = string.sub(field, 1, 4)
+    if string.sub(field, 1, 2) == 'w:' or prefix == 'a:w:' or prefix == 'e:w:' then
+      redis.call('HDEL', lock, field)
+    end
+  end
+  redis.call('HDEL', lock, '~w')
+  if redis.call('ZCARD', readers) == 0 then
+    redis.call('DEL', lock)
+  else
+    redis.call('HSET', lock, '~m', 'read')
+  end
+end
+
+-- Makes the writer's own lease ('~w') last until at least `ends` (server time in ms).
+local function extend_writer(lock, ends)
+  local current = tonumber(redis.call('HGET', lock, '~w') or 0)
+  if ends > current then
+    redis.call('HSET', lock, '~w', ends)
+  end
 end
 
 -- Drops the waiters of a fair queue whose place was not kept alive until `now`.

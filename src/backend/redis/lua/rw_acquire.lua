@@ -1,7 +1,9 @@
 -- Acquires the read or the write side of a read-write lock.
 --
 -- The hash holds '~m' = 'read' or 'write', 'r:<holder>' and 'w:<holder>' = hold counts,
--- '~a' = last attempt id, '~f' = the writer's fencing token. Each reader's own lease is its
+-- 'a:<side>:<holder>' = the attempt that granted that hold, 'e:<side>:<holder>' = its last
+-- re-entry's attempt, '~f' = the writer's
+-- fencing token, '~w' = when the writer's own lease ends (server time in ms). Each reader's own lease is its
 -- score in the readers set, so one dead reader expires without cutting the others short; the
 -- hash lives as long as the longest lease. Writers waiting for the lock are in a set of their
 -- own, and while one is waiting no new reader gets in (writers are not starved).
@@ -18,7 +20,7 @@
 -- ARGV[5]  '1' to issue a fencing token (write side only)
 -- ARGV[6]  waiter timeout in milliseconds for a writer that must wait; '0' not to wait
 -- ARGV[7]  an earlier attempt of this acquisition whose reply was lost, or ''
--- ARGV[8]  '1' to re-enter only: grant nothing unless the holder already holds that side
+-- ARGV[8]  re-entry of that side, as in acquire.lua
 --
 -- Returns {1, count, token} when granted (token -1 without one), {0, retry} when the holder
 -- must wait (retry: ms until the blocking lease or waiting writer times out, -1 unknown), or
@@ -29,16 +31,20 @@ local lease = tonumber(ARGV[3])
 if redis.call('SISMEMBER', KEYS[5], ARGV[4]) == 1 then
   return {0, redis.call('PTTL', lock)}
 end
-if ARGV[8] == '1' and redis.call('HEXISTS', lock, side .. ':' .. holder) == 0 then
-  return {0, redis.call('PTTL', lock)}
-end
 local now = now_ms()
 
 for _, reader in ipairs(redis.call('ZRANGEBYSCORE', readers, '-inf', now)) do
-  redis.call('HDEL', lock, 'r:' .. reader)
+  redis.call('HDEL', lock, 'r:' .. reader, 'a:r:' .. reader, 'e:r:' .. reader)
   redis.call('ZREM', readers, reader)
 end
+purge_writer(lock, readers, now)
 redis.call('ZREMRANGEBYSCORE', writers, '-inf', now)
+local holds_side = redis.call('HEXISTS', lock, side .. ':' .. holder) == 1
+if (ARGV[8] == 'held' and not holds_side)
+    or (holds_side and not may_reenter(lock, ARGV[8], ARGV[7], 'a:' .. side .. ':' .. holder,
+      'e:' .. side .. ':' .. holder)) then
+  return {0, redis.call('PTTL', lock)}
+end
 local mode = redis.call('HGET', lock, '~m')
 if mode == 'read' and redis.call('ZCARD', readers) == 0 then
   redis.call('DEL', lock)
@@ -80,10 +86,17 @@ if not allowed then
   return {0, retry}
 end
 
-local count = reenter(lock, side == 'w' and wfield or rfield, ARGV[4], ARGV[7])
+local field = side == 'w' and wfield or rfield
+local count = reenter(lock, field, ARGV[4], ARGV[7], 'a:' .. field, 'e:' .. field)
+if count == 1 then
+  -- A new hold: its grant is recorded as such.
+  redis.call('HSET', lock, 'a:' .. field, ARGV[4])
+  redis.call('HDEL', lock, 'e:' .. field)
+end
 local token = -1
 if side == 'w' then
   redis.call('HSET', lock, '~m', 'write')
+  extend_writer(lock, now + lease)
   redis.call('ZREM', writers, holder)
   if ARGV[5] == '1' then
     token = fencing_token(lock, KEYS[4])

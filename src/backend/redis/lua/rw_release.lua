@@ -9,7 +9,8 @@
 -- ARGV[2]  'r' or 'w'
 -- ARGV[3]  release channel
 -- ARGV[4]  '1' to release every hold of that side, '0' for one
--- ARGV[5]  attempt id that must be the last one recorded, or '' for any
+-- ARGV[5]  attempt id that must be recorded: the hold's grant ('a:<side>:<holder>'), or for
+--          one hold its last re-entry ('e:<side>:<holder>') too; '' for any
 -- ARGV[6]  with an attempt id: how long to remember it as given up, in milliseconds
 --
 -- Returns {0} when the holder does not hold that side, {1, remaining} when holds remain,
@@ -19,22 +20,40 @@ local lock, readers = KEYS[1], KEYS[2]
 local holder, side = ARGV[1], ARGV[2]
 local field = side .. ':' .. holder
 local attempt = ARGV[5]
-if attempt ~= '' and (redis.call('HGET', lock, '~a') ~= attempt
-    or redis.call('HEXISTS', lock, field) == 0) then
-  redis.call('SADD', KEYS[3], attempt)
-  extend(KEYS[3], ARGV[6])
-  return {0}
+purge_writer(lock, readers, now_ms())
+local grant, reentry = 'a:' .. field, 'e:' .. field
+-- With an attempt: the record it must be. A release of every hold names the hold's grant; one
+-- hold (an undo) may name a re-entry too.
+local record
+if attempt ~= '' then
+  if redis.call('HEXISTS', lock, field) == 1 then
+    if redis.call('HGET', lock, grant) == attempt then
+      record = grant
+    elseif ARGV[4] ~= '1' and redis.call('HGET', lock, reentry) == attempt then
+      record = reentry
+    end
+  end
+  if not record then
+    redis.call('SADD', KEYS[3], attempt)
+    extend(KEYS[3], ARGV[6])
+    return {0}
+  end
 end
 local remaining = give_back(lock, field, ARGV[4] == '1')
 if not remaining then
   return {0}
 end
 if remaining > 0 then
+  if record then
+    redis.call('HDEL', lock, record)
+  end
   return {1, remaining}
 end
-redis.call('HDEL', lock, field)
+redis.call('HDEL', lock, field, grant, reentry)
 if side == 'r' then
   redis.call('ZREM', readers, holder)
+else
+  redis.call('HDEL', lock, '~w')
 end
 local writer = side == 'w'
 if not writer then

@@ -10,12 +10,16 @@
 local lock, readers = KEYS[1], KEYS[2]
 local holder, side = ARGV[1], ARGV[2]
 local lease = tonumber(ARGV[3])
+local now = now_ms()
+purge_writer(lock, readers, now)
 if redis.call('HEXISTS', lock, side .. ':' .. holder) == 0 then
   return 0
 end
 if side == 'r' then
-  redis.call('ZADD', readers, 'GT', now_ms() + lease, holder)
+  redis.call('ZADD', readers, 'GT', now + lease, holder)
   extend(readers, lease)
+else
+  extend_writer(lock, now + lease)
 end
 extend(lock, lease)
 return 1

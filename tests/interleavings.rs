@@ -1,0 +1,815 @@
+//! Random programs against the lock engine, under many seeds, with an independent checker.
+//!
+//! Each seed builds a program: three clients on one store, two holders (tasks) per client,
+//! each running a random sequence of operations on a few keys: acquires with random waits and
+//! leases, re-entries (often with a shorter lease than the hold they nest in), releases and
+//! dropped guards, acquires dropped at a random poll or after a random time, a re-entry joined
+//! with the release of the guard it nests in, critical sections long enough for renewals to
+//! fall due, a release followed by an acquire of the same key by the same holder, and now and
+//! then a client shut down while it holds and waits. On the in-memory store every backend call
+//! is delayed by a random few milliseconds before and after it runs, so attempts, renewals
+//! and releases are in flight when the program cancels or races them.
+//!
+//! The checker never looks inside the engine. It records who is inside which critical
+//! section, holding which guard, and asserts:
+//! 1. no two holders are inside one key's section with both guards not lost (readers may share);
+//! 2. a guard whose lock another holder took reports it: its `lost()` resolves soon after;
+//! 3. once the program is over, every key can be taken at once by a fresh client (no lock is
+//!    stranded by a cancelled or raced operation);
+//! 4. after the leases have run out, nothing is left: no client state, nothing in the store.
+//!
+//! On the in-memory store the clock is tokio's paused clock and every delay comes from the
+//! seed, so a seed replays exactly. A failure prints the seed and the program's log:
+//!
+//! ```text
+//! INTERLEAVINGS_SEED=1234 cargo test --all-features --test interleavings -- --nocapture
+//! INTERLEAVINGS_SEEDS=5000 cargo test --release --all-features --test interleavings   # soak
+//! ```
+//!
+//! A shorter run goes against a real `redis-server` in real time.
+
+mod support;
+
+use std::{
+    collections::HashMap,
+    fmt::Write as _,
+    future::Future,
+    sync::{Arc, Mutex, PoisonError},
+    task::Poll,
+    time::Duration,
+};
+
+use support::{RedisServer, RespValue};
+use tokio::time::Instant;
+use tower_lock::{
+    Backend, Lease, LockClient, LockError, LockGuard, MemoryBackend, RedisBackend,
+    backend::{AcquireReply, Grant, Listener, Release, ReleaseReply, Renew, RenewReply},
+    key::LockKey,
+};
+
+/// A small, seedable generator (SplitMix64): the same seed gives the same program.
+#[derive(Clone, Debug)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+
+    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len() as u64) as usize]
+    }
+
+    fn millis(&mut self, max: u64) -> Duration {
+        Duration::from_millis(self.below(max + 1))
+    }
+}
+
+/// The in-memory store with a random delay before and after every call, drawn from the seed:
+/// calls are in flight long enough to be cancelled or raced.
+#[derive(Clone)]
+struct Delayed {
+    inner: MemoryBackend,
+    rng: Arc<Mutex<Rng>>,
+}
+
+impl Delayed {
+    fn delay(&self) -> Duration {
+        let mut rng = self.rng.lock().unwrap_or_else(PoisonError::into_inner);
+        match rng.below(4) {
+            0 | 1 => Duration::ZERO,
+            2 => Duration::from_micros(500),
+            _ => rng.millis(3),
+        }
+    }
+
+    async fn pass<T>(&self, op: impl Future<Output = T>) -> T {
+        let (before, after) = (self.delay(), self.delay());
+        tokio::time::sleep(before).await;
+        let result = op.await;
+        tokio::time::sleep(after).await;
+        result
+    }
+}
+
+type BackendResult<T> = Result<T, tower_lock::BackendError>;
+
+impl Backend for Delayed {
+    type Listener = Listener;
+
+    async fn acquire(&self, grant: Grant<'_>) -> BackendResult<AcquireReply> {
+        self.pass(self.inner.acquire(grant)).await
+    }
+
+    async fn release(&self, release: Release<'_>) -> BackendResult<ReleaseReply> {
+        self.pass(self.inner.release(release)).await
+    }
+
+    async fn renew(&self, renewals: &[Renew<'_>]) -> BackendResult<Vec<RenewReply>> {
+        self.pass(self.inner.renew(renewals)).await
+    }
+
+    async fn abandon(&self, grant: Grant<'_>) -> BackendResult<bool> {
+        self.pass(self.inner.abandon(grant)).await
+    }
+
+    async fn leave(
+        &self,
+        key: &LockKey,
+        holder: &str,
+        kind: tower_lock::LockKind,
+    ) -> BackendResult<()> {
+        self.pass(self.inner.leave(key, holder, kind)).await
+    }
+
+    async fn listen(&self, key: &LockKey, only_for: Option<&str>) -> BackendResult<Listener> {
+        self.pass(self.inner.listen(key, only_for)).await
+    }
+}
+
+/// Which lock a key of the program is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Exclusive,
+    Fair,
+    Read,
+    Write,
+}
+
+impl Kind {
+    /// Whether holders of these two sides may be inside at once.
+    fn shares_with(self, other: Self) -> bool {
+        self == Self::Read && other == Self::Read
+    }
+}
+
+/// The program's keys: plain locks, one fair lock, one read-write lock.
+const KEYS: [(&str, Option<Kind>); 4] = [
+    ("a", Some(Kind::Exclusive)),
+    ("b", Some(Kind::Exclusive)),
+    ("f", Some(Kind::Fair)),
+    ("rw", None),
+];
+
+/// Who is inside which section: the checker's own record, built from the program's events.
+struct Inside<B: Backend> {
+    task: usize,
+    section: u64,
+    kind: Kind,
+    guard: Arc<LockGuard<B>>,
+}
+
+/// The independent checker, and the program's log.
+struct Checker<B: Backend> {
+    inside: Mutex<HashMap<&'static str, Vec<Inside<B>>>>,
+    violations: Mutex<Vec<String>>,
+    log: Mutex<String>,
+    sections: Mutex<u64>,
+    /// How long a lost guard's `lost()` may take to resolve once another holder is inside.
+    slack: Duration,
+    started: Instant,
+}
+
+impl<B: Backend> Checker<B> {
+    fn new(slack: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            inside: Mutex::new(HashMap::new()),
+            violations: Mutex::new(Vec::new()),
+            log: Mutex::new(String::new()),
+            sections: Mutex::new(0),
+            slack,
+            started: Instant::now(),
+        })
+    }
+
+    fn note(&self, task: usize, what: impl std::fmt::Display) {
+        let at = self.started.elapsed();
+        let mut log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
+        let _ = writeln!(log, "{:>9.3} ms  t{task}  {what}", at.as_secs_f64() * 1e3);
+    }
+
+    fn violation(&self, what: String) {
+        self.note(usize::MAX, format!("VIOLATION: {what}"));
+        self.violations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(what);
+    }
+
+    /// Checks `guard` against everyone inside `key` by another task.
+    fn check_against_others(
+        &self,
+        key: &'static str,
+        task: usize,
+        kind: Kind,
+        guard: &LockGuard<B>,
+    ) {
+        let inside = self.inside.lock().unwrap_or_else(PoisonError::into_inner);
+        for other in inside.get(key).into_iter().flatten() {
+            if other.task == task || kind.shares_with(other.kind) {
+                continue;
+            }
+            if !other.guard.is_lost() && !guard.is_lost() {
+                self.violation(format!(
+                    "key {key}: t{task} ({kind:?}) and t{} ({:?}, section {}) both hold it, neither lost",
+                    other.task, other.kind, other.section
+                ));
+            }
+        }
+    }
+
+    /// `task` enters the section of `key` holding `guard`.
+    fn enter(
+        self: &Arc<Self>,
+        key: &'static str,
+        task: usize,
+        kind: Kind,
+        guard: LockGuard<B>,
+    ) -> Arc<LockGuard<B>> {
+        let guard = Arc::new(guard);
+        self.check_against_others(key, task, kind, &guard);
+        let section = {
+            let mut sections = self.sections.lock().unwrap_or_else(PoisonError::into_inner);
+            *sections += 1;
+            *sections
+        };
+        let mut inside = self.inside.lock().unwrap_or_else(PoisonError::into_inner);
+        let entries = inside.entry(key).or_default();
+        // Everyone this entry displaced (inside, but past their deadline) must learn of it
+        // soon. An entry whose own guard is already lost displaced nobody.
+        for other in entries.iter() {
+            if other.task == task || kind.shares_with(other.kind) || guard.is_lost() {
+                continue;
+            }
+            let lost = other.guard.lost();
+            let (checker, slack, other_task) = (self.clone(), self.slack, other.task);
+            tokio::spawn(async move {
+                if tokio::time::timeout(slack, lost).await.is_err() {
+                    checker.violation(format!(
+                        "key {key}: t{other_task}'s guard was not reported lost within {slack:?} \
+                         after t{task} took the lock"
+                    ));
+                }
+            });
+        }
+        entries.push(Inside {
+            task,
+            section,
+            kind,
+            guard: guard.clone(),
+        });
+        drop(inside);
+        self.note(
+            task,
+            format_args!(
+                "enter {key} {kind:?} section {section} count {}",
+                guard.hold_count()
+            ),
+        );
+        guard
+    }
+
+    /// `task` leaves the section of `key`; gives the guard back to be released or dropped.
+    fn leave(
+        &self,
+        key: &'static str,
+        task: usize,
+        kind: Kind,
+        guard: Arc<LockGuard<B>>,
+    ) -> LockGuard<B> {
+        self.check_against_others(key, task, kind, &guard);
+        let mut inside = self.inside.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(entries) = inside.get_mut(key) {
+            entries.retain(|entry| !Arc::ptr_eq(&entry.guard, &guard));
+        }
+        drop(inside);
+        self.note(task, format_args!("leave {key} lost={}", guard.is_lost()));
+        Arc::try_unwrap(guard).unwrap_or_else(|_| panic!("the checker keeps no other reference"))
+    }
+
+    fn violations(&self) -> Vec<String> {
+        self.violations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn log(&self) -> String {
+        self.log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// Time scale of a program: the in-memory run uses short leases on the paused clock; the Redis
+/// run uses real time, with leases long enough for loopback round trips.
+#[derive(Clone, Copy)]
+struct Scale {
+    unit: Duration,
+}
+
+impl Scale {
+    fn ms(self, n: u32) -> Duration {
+        self.unit * n
+    }
+}
+
+/// What a task may be asked to do next, with its request settings drawn from the seed.
+struct Ask {
+    key: &'static str,
+    kind: Kind,
+    wait: Duration,
+    lease: Lease,
+    /// Drop the acquire after this many polls, or after this long.
+    cancel: Option<Cancel>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Cancel {
+    AfterPolls(u32),
+    After(Duration),
+}
+
+fn ask(rng: &mut Rng, scale: Scale) -> Ask {
+    let (key, kind) = rng.pick(&KEYS);
+    let kind = kind.unwrap_or_else(|| {
+        if rng.chance(0.7) {
+            Kind::Read
+        } else {
+            Kind::Write
+        }
+    });
+    let wait = rng.pick(&[Duration::ZERO, scale.ms(5), scale.ms(50), scale.ms(300)]);
+    let lease = lease(rng, scale);
+    let cancel = match rng.below(10) {
+        0 => Some(Cancel::AfterPolls(1 + rng.below(4) as u32)),
+        1 => Some(Cancel::After(
+            rng.millis(20).max(Duration::from_micros(300)) * scale.unit.as_millis().max(1) as u32,
+        )),
+        _ => None,
+    };
+    Ask {
+        key,
+        kind,
+        wait,
+        lease,
+        cancel,
+    }
+}
+
+fn lease(rng: &mut Rng, scale: Scale) -> Lease {
+    match rng.below(4) {
+        0 => Lease::fixed(scale.ms(30)),
+        1 => Lease::fixed(scale.ms(200)),
+        2 => Lease::watchdog(scale.ms(45)),
+        _ => Lease::watchdog(scale.ms(300)),
+    }
+}
+
+/// The longest lease a program uses.
+fn longest_lease(scale: Scale) -> Duration {
+    scale.ms(300)
+}
+
+/// Runs `acquire`, dropping it as `cancel` says. `None`: it was dropped before it finished.
+async fn acquire_unless_cancelled<F: Future>(
+    acquire: F,
+    cancel: Option<Cancel>,
+) -> Option<F::Output> {
+    match cancel {
+        None => Some(acquire.await),
+        Some(Cancel::After(after)) => tokio::time::timeout(after, acquire).await.ok(),
+        Some(Cancel::AfterPolls(polls)) => {
+            let mut acquire = std::pin::pin!(acquire);
+            let mut left = polls;
+            std::future::poll_fn(|cx| match acquire.as_mut().poll(cx) {
+                Poll::Ready(output) => Poll::Ready(Some(output)),
+                Poll::Pending if left <= 1 => Poll::Ready(None),
+                Poll::Pending => {
+                    left -= 1;
+                    Poll::Pending
+                }
+            })
+            .await
+        }
+    }
+}
+
+fn request<'a, B: Backend>(client: &'a LockClient<B>, ask: &Ask) -> tower_lock::LockRequest<'a, B> {
+    let request = match ask.kind {
+        Kind::Exclusive => client.lock(ask.key),
+        Kind::Fair => client.fair_lock(ask.key),
+        Kind::Read => client.read_write_lock(ask.key).read(),
+        Kind::Write => client.read_write_lock(ask.key).write(),
+    };
+    request.wait(ask.wait).lease(ask.lease)
+}
+
+/// Errors an acquire may end with in these programs; anything else is a defect.
+fn expected(error: &LockError) -> bool {
+    matches!(
+        error,
+        LockError::WaitTimeout { .. }
+            | LockError::Lost
+            | LockError::ShutDown
+            | LockError::UpgradeRefused
+            | LockError::TooManyWaiters
+    )
+}
+
+struct Task<B: Backend> {
+    id: usize,
+    client: LockClient<B>,
+    checker: Arc<Checker<B>>,
+    rng: Rng,
+    scale: Scale,
+}
+
+impl<B: Backend> Task<B> {
+    async fn run(mut self, ops: usize) {
+        let holder = self.client.holder();
+        holder
+            .scope(async move {
+                for _ in 0..ops {
+                    let ask = ask(&mut self.rng, self.scale);
+                    self.operation(ask, 0).await;
+                }
+            })
+            .await;
+    }
+
+    /// One acquire and, if it succeeds, one critical section (which may nest more).
+    fn operation(
+        &mut self,
+        ask: Ask,
+        depth: u32,
+    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            let (id, key, kind) = (self.id, ask.key, ask.kind);
+            self.checker.note(
+                id,
+                format_args!(
+                    "acquire {key} {kind:?} wait {:?} lease {:?} cancel {:?} depth {depth}",
+                    ask.wait, ask.lease, ask.cancel
+                ),
+            );
+            let outcome =
+                acquire_unless_cancelled(request(&self.client, &ask).acquire(), ask.cancel).await;
+            let guard = match outcome {
+                None => {
+                    self.checker
+                        .note(id, format_args!("acquire of {key} dropped"));
+                    return;
+                }
+                Some(Err(error)) => {
+                    self.checker
+                        .note(id, format_args!("acquire of {key} failed: {error}"));
+                    if !expected(&error) {
+                        self.checker.violation(format!(
+                            "t{id}: acquire of {key} failed unexpectedly: {error:?}"
+                        ));
+                    }
+                    return;
+                }
+                Some(Ok(guard)) => guard,
+            };
+            self.section(key, kind, guard, depth).await;
+        })
+    }
+
+    async fn section(&mut self, key: &'static str, kind: Kind, guard: LockGuard<B>, depth: u32) {
+        let id = self.id;
+        let mut guard = self.checker.enter(key, id, kind, guard);
+        // Long enough, at times, for renewals to fall due and fixed leases to run out.
+        let hold = self.rng.pick(&[0, 1, 5, 20, 60]);
+        tokio::time::sleep(self.scale.ms(hold)).await;
+        if depth < 2 && self.rng.chance(0.3) {
+            // Re-enter, often with a shorter fixed lease than the hold it nests in.
+            let lease = if self.rng.chance(0.6) {
+                Lease::fixed(self.scale.ms(10))
+            } else {
+                lease(&mut self.rng, self.scale)
+            };
+            let nested = Ask {
+                key,
+                kind,
+                wait: self.scale.ms(5),
+                lease,
+                cancel: if self.rng.chance(0.15) {
+                    Some(Cancel::AfterPolls(1))
+                } else {
+                    None
+                },
+            };
+            self.operation(nested, depth + 1).await;
+            tokio::time::sleep(self.scale.ms(self.rng.pick(&[0, 5, 20]))).await;
+        }
+        if depth == 0 && self.rng.chance(0.15) {
+            // A re-entry racing the release of the guard it would nest in.
+            let held = self.checker.leave(key, id, kind, guard);
+            let ask = Ask {
+                key,
+                kind,
+                wait: self.scale.ms(5),
+                lease: lease(&mut self.rng, self.scale),
+                cancel: None,
+            };
+            self.checker
+                .note(id, format_args!("re-enter {key} joined with the release"));
+            let (again, released) =
+                tokio::join!(request(&self.client, &ask).acquire(), held.release());
+            self.checker.note(
+                id,
+                format_args!(
+                    "joined: acquire {:?}, release {:?}",
+                    again.as_ref().map(|g| g.hold_count()),
+                    released
+                ),
+            );
+            match again {
+                Ok(again) => guard = self.checker.enter(key, id, kind, again),
+                Err(error) => {
+                    if !expected(&error) {
+                        self.checker
+                            .violation(format!("t{id}: joined acquire of {key} failed: {error:?}"));
+                    }
+                    return;
+                }
+            }
+            tokio::time::sleep(self.scale.ms(self.rng.pick(&[0, 5, 50]))).await;
+        }
+        let guard = self.checker.leave(key, id, kind, guard);
+        if self.rng.chance(0.6) {
+            let released = guard.release().await;
+            self.checker
+                .note(id, format_args!("released {key}: {released:?}"));
+        } else {
+            drop(guard);
+            self.checker.note(id, format_args!("dropped {key}"));
+        }
+    }
+}
+
+/// The store a program runs against, as the checker sees it at the end.
+trait Store: Backend + Clone {
+    /// What the store still holds (keys or locks), described; empty when nothing is left.
+    fn leftovers(&self) -> Vec<String>;
+}
+
+impl Store for Delayed {
+    fn leftovers(&self) -> Vec<String> {
+        let held = self.inner.held_count();
+        if held == 0 {
+            Vec::new()
+        } else {
+            vec![format!("{held} locks held")]
+        }
+    }
+}
+
+/// A Redis backend with the server it talks to.
+#[derive(Clone)]
+struct OnRedis {
+    backend: RedisBackend,
+    server: Arc<RedisServer>,
+}
+
+impl Store for OnRedis {
+    fn leftovers(&self) -> Vec<String> {
+        let mut left = Vec::new();
+        if let RespValue::Array(Some(keys)) = self.server.cmd(&["KEYS", "*"]) {
+            left.extend(keys.iter().filter_map(RespValue::as_str));
+        }
+        if let RespValue::Array(Some(channels)) = self.server.cmd(&["PUBSUB", "CHANNELS"]) {
+            left.extend(
+                channels
+                    .iter()
+                    .filter_map(RespValue::as_str)
+                    .map(|c| format!("channel {c}")),
+            );
+        }
+        left
+    }
+}
+
+impl Backend for OnRedis {
+    type Listener = <RedisBackend as Backend>::Listener;
+
+    async fn acquire(&self, grant: Grant<'_>) -> BackendResult<AcquireReply> {
+        self.backend.acquire(grant).await
+    }
+
+    async fn release(&self, release: Release<'_>) -> BackendResult<ReleaseReply> {
+        self.backend.release(release).await
+    }
+
+    async fn renew(&self, renewals: &[Renew<'_>]) -> BackendResult<Vec<RenewReply>> {
+        self.backend.renew(renewals).await
+    }
+
+    async fn abandon(&self, grant: Grant<'_>) -> BackendResult<bool> {
+        self.backend.abandon(grant).await
+    }
+
+    async fn leave(
+        &self,
+        key: &LockKey,
+        holder: &str,
+        kind: tower_lock::LockKind,
+    ) -> BackendResult<()> {
+        self.backend.leave(key, holder, kind).await
+    }
+
+    async fn listen(&self, key: &LockKey, only_for: Option<&str>) -> BackendResult<Self::Listener> {
+        self.backend.listen(key, only_for).await
+    }
+
+    async fn shutdown(&self) {
+        self.backend.shutdown().await;
+    }
+}
+
+/// One seed's program against `store`. Returns the violations and the log.
+async fn program<S: Store>(seed: u64, store: S, scale: Scale, ops: usize) -> (Vec<String>, String) {
+    let mut rng = Rng(seed);
+    let clients: Vec<LockClient<S>> = (0..3)
+        .map(|_| LockClient::builder(store.clone()).build().expect("valid"))
+        .collect();
+    let checker = Checker::new(scale.ms(40));
+    let mut tasks = tokio::task::JoinSet::new();
+    for id in 0..6 {
+        let task = Task {
+            id,
+            client: clients[id / 2].clone(),
+            checker: checker.clone(),
+            rng: Rng(rng.next()),
+            scale,
+        };
+        tasks.spawn(task.run(ops));
+    }
+    // Now and then a client shuts down in the middle of it all.
+    if rng.chance(0.2) {
+        let victim = clients[rng.below(3) as usize].clone();
+        let at = scale.ms(rng.below(200) as u32);
+        let checker = checker.clone();
+        tasks.spawn(async move {
+            tokio::time::sleep(at).await;
+            checker.note(99, "shutting a client down");
+            victim.shutdown().await;
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        if let Err(error) = joined {
+            checker.violation(format!("a task panicked: {error}"));
+        }
+    }
+    // Background releases finish; then no key may still be taken.
+    tokio::time::sleep(scale.ms(20)).await;
+    let fresh = LockClient::builder(store.clone()).build().expect("valid");
+    for (key, kind) in KEYS {
+        let request = match kind {
+            Some(Kind::Exclusive) => fresh.lock(key),
+            Some(Kind::Fair) => fresh.fair_lock(key),
+            _ => fresh.read_write_lock(key).write(),
+        };
+        match request.wait(scale.ms(10)).acquire().await {
+            Ok(guard) => {
+                let _ = guard.release().await;
+            }
+            Err(error) => checker.violation(format!(
+                "key {key} is still taken after the program: {error:?}"
+            )),
+        }
+    }
+    // Once every lease has run out, nothing is left anywhere.
+    tokio::time::sleep(longest_lease(scale) + scale.ms(50)).await;
+    for (i, client) in clients.iter().chain([&fresh]).enumerate() {
+        let state = (client.active_keys(), client.waiters(), client.queued());
+        if state != (0, 0, 0) {
+            checker.violation(format!(
+                "client {i} still tracks (keys, waiters, queued) = {state:?}"
+            ));
+        }
+    }
+    for client in clients.iter().chain([&fresh]) {
+        client.shutdown().await;
+    }
+    let left = store.leftovers();
+    if !left.is_empty() {
+        checker.violation(format!("the store still holds {left:?}"));
+    }
+    (checker.violations(), checker.log())
+}
+
+/// Runs the in-memory program of `seed` on a paused clock.
+fn memory_seed(seed: u64, ops: usize) -> (Vec<String>, String) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let store = Delayed {
+            inner: MemoryBackend::new(),
+            rng: Arc::new(Mutex::new(Rng(seed ^ 0x5EED))),
+        };
+        program(
+            seed,
+            store,
+            Scale {
+                unit: Duration::from_millis(1),
+            },
+            ops,
+        )
+        .await
+    })
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|value| {
+        value
+            .parse()
+            .unwrap_or_else(|_| panic!("{name} must be a number, not {value:?}"))
+    })
+}
+
+fn report(seed: u64, violations: &[String], log: &str) -> String {
+    format!(
+        "seed {seed}: {} violation(s):\n  {}\nprogram log:\n{log}\nreplay: INTERLEAVINGS_SEED={seed} cargo test --all-features --test interleavings -- --nocapture",
+        violations.len(),
+        violations.join("\n  ")
+    )
+}
+
+/// Many seeds on the in-memory store (each replays exactly). `INTERLEAVINGS_SEEDS` sets how
+/// many, `INTERLEAVINGS_SEED` runs one and prints its log.
+#[test]
+fn random_programs_in_memory() {
+    const OPS: usize = 12;
+    if let Some(seed) = env_u64("INTERLEAVINGS_SEED") {
+        let (violations, log) = memory_seed(seed, OPS);
+        println!("{log}");
+        assert!(violations.is_empty(), "{}", report(seed, &violations, ""));
+        return;
+    }
+    let seeds = env_u64("INTERLEAVINGS_SEEDS").unwrap_or(400);
+    let first = env_u64("INTERLEAVINGS_FIRST_SEED").unwrap_or(1);
+    let started = std::time::Instant::now();
+    let mut failed = Vec::new();
+    for seed in first..first + seeds {
+        let (violations, log) = memory_seed(seed, OPS);
+        if !violations.is_empty() {
+            if failed.is_empty() {
+                eprintln!("{}", report(seed, &violations, &log));
+            }
+            failed.push(seed);
+        }
+    }
+    println!(
+        "interleavings: {seeds} seeds x 6 tasks x {OPS} operations in {:.1} s, {} failing",
+        started.elapsed().as_secs_f64(),
+        failed.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "failing seeds: {failed:?} (the first one's log is above)"
+    );
+}
+
+/// A few seeds against a real `redis-server`, in real time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_programs_on_redis() {
+    let seeds = env_u64("INTERLEAVINGS_REDIS_SEEDS").unwrap_or(3);
+    for seed in 1..=seeds {
+        let server = Arc::new(RedisServer::start());
+        let backend = RedisBackend::connect(&server.url()).await.expect("connect");
+        let store = OnRedis { backend, server };
+        let (violations, log) = program(
+            seed,
+            store,
+            Scale {
+                unit: Duration::from_millis(3),
+            },
+            8,
+        )
+        .await;
+        assert!(
+            violations.is_empty(),
+            "Redis {}",
+            report(seed, &violations, &log)
+        );
+    }
+}
