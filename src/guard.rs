@@ -61,9 +61,11 @@ impl<B: Backend> LockGuard<B> {
     }
 
     /// The fencing token, when the lock was acquired with
-    /// [`fencing`](crate::LockRequest::fencing). Tokens rise strictly from one owner to the next;
-    /// a store that rejects writes carrying a token lower than the highest it has seen is safe
-    /// even against a holder that paused past its lease.
+    /// [`fencing`](crate::LockRequest::fencing). Tokens of one lock name rise strictly from one
+    /// owner to the next, across a restart of the lock store and a failover too (under the
+    /// clock assumption [`LockRequest::fencing`](crate::LockRequest::fencing) states); a store
+    /// that rejects writes carrying a lower token than the highest it has seen is safe even
+    /// against a holder that paused past its lease. Re-entries share their hold's token.
     pub fn fencing_token(&self) -> Option<u64> {
         self.held().token
     }
@@ -117,22 +119,8 @@ impl<B: Backend> Drop for LockGuard<B> {
         let Some(held) = self.held.take() else {
             return;
         };
-        let shared = &self.client.engine;
         // Renewal stops here, synchronously; only the backend call is spawned.
-        let Ok(releasing) = shared.begin_release(held) else {
-            return;
-        };
-        match shared.runtime() {
-            Some(runtime) => {
-                let shared = shared.clone();
-                runtime.spawn(async move {
-                    if let Err(error) = shared.finish_release(releasing).await {
-                        tracing::debug!(%error, "background release failed");
-                    }
-                });
-            }
-            None => shared.abort_release(releasing),
-        }
+        self.client.engine.release_detached(held);
     }
 }
 

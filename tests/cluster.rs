@@ -305,6 +305,34 @@ async fn slot_migrated_while_held() {
     guard.release().await.expect("release");
 }
 
+/// A fenced lock's tokens rise across a migration of its slot, whether the lock's last token
+/// travels with it or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_rise_across_a_slot_migration() {
+    let cluster = RedisCluster::start();
+    let locks = client(&cluster, "fence:").await;
+    let key = key_on(&cluster, "fence:", 0);
+    let name = lock_name("fence:", &key);
+    let mut last = 0;
+    for (to, keep_record) in [(1, true), (2, false)] {
+        let guard = locks.lock(&key).fencing().acquire().await.expect("acquire");
+        let token = guard.fencing_token().expect("a token");
+        assert!(token > last, "token {token} after {last}");
+        last = token;
+        guard.release().await.expect("release");
+        let from = cluster.owner_of(&name);
+        if !keep_record {
+            // As if the last token had been lost with the old owner.
+            cluster.node(from).cmd(&["DEL", &format!("{name}:fence")]);
+        }
+        cluster.migrate_slot(cluster.slot_of(&name), to);
+        assert_eq!(cluster.owner_of(&name), to);
+    }
+    let guard = locks.lock(&key).fencing().acquire().await.expect("acquire");
+    assert!(guard.fencing_token().expect("a token") > last);
+    guard.release().await.expect("release");
+}
+
 /// A master killed while locks on it and on another master are held and waited on: its replica
 /// takes over with the replicated locks, locks on the surviving masters keep working throughout
 /// (new ones too, while the failed shard has no master), and both waiters get their lock

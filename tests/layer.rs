@@ -336,7 +336,7 @@ async fn nested_layers_reenter() {
                         .expect("re-entry from the handler");
                     let count = again.hold_count();
                     again.release().await.unwrap();
-                    format!("{count} {:?}", context.fencing_token())
+                    format!("{count} {}", context.fencing_token().is_some())
                 },
             ),
         )
@@ -355,7 +355,7 @@ async fn nested_layers_reenter() {
     let base = serve(app).await;
     let (status, _, body) = send(&http(), "POST", &format!("{base}/n/1")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body, "3 Some(1)");
+    assert_eq!(body, "3 true");
 }
 
 /// The layer composes with tower-http's `TimeoutLayer` (the lock is released when the

@@ -69,6 +69,10 @@ async fn follows_a_failover_while_locks_are_held_and_waited_on() {
     let mut group = tokio::task::block_in_place(SentinelGroup::start);
     let locks = client(&group).await;
     let lease = Lease::watchdog(Duration::from_secs(6));
+    // A fenced lock's token before the failover; its next owner's must be higher after it.
+    let fenced = locks.lock("f").fencing().acquire().await.expect("f");
+    let token_before = fenced.fencing_token().expect("a token");
+    fenced.release().await.expect("release f");
     let first = locks.lock("a").lease(lease).acquire().await.expect("a");
     let second = locks.lock("b").lease(lease).acquire().await.expect("b");
 
@@ -153,6 +157,18 @@ async fn follows_a_failover_while_locks_are_held_and_waited_on() {
         .expect("acquire after failover");
     assert!(exists(&group.replica, "tl:{c}"));
     guard.release().await.expect("release after failover");
+    let fenced = locks
+        .lock("f")
+        .fencing()
+        .acquire()
+        .await
+        .expect("f after failover");
+    let token_after = fenced.fencing_token().expect("a token");
+    assert!(
+        token_after > token_before,
+        "token {token_after} after the failover, {token_before} before"
+    );
+    fenced.release().await.expect("release f");
 }
 
 /// Polls `check` every 10 ms for up to 5 s.

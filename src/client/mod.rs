@@ -33,7 +33,7 @@ pub use request::{LockRequest, ReadWriteLock};
 ///     .build()?;
 ///
 /// let guard = locks.lock("order:42").fencing().acquire().await?;
-/// assert_eq!(guard.fencing_token(), Some(1));
+/// assert!(guard.fencing_token().is_some());
 ///
 /// // Someone else cannot have it meanwhile.
 /// let busy = locks.lock("order:42").try_acquire().await;

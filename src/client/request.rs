@@ -80,8 +80,48 @@ impl<B: Backend> LockRequest<'_, B> {
         self
     }
 
-    /// Issue a fencing token with the lock ([`LockGuard::fencing_token`]). Off by default: the
-    /// counter is a backend key per lock name that never expires.
+    /// Issue a fencing token with the lock ([`LockGuard::fencing_token`]). Off by default.
+    ///
+    /// A token is the lock store's clock (Redis `TIME`) in milliseconds times 1000, or one
+    /// more than the last token of the same lock name when that is higher (grants within one
+    /// millisecond). The last token is kept for 5 s after each grant (a `…:fence` key that
+    /// expires): nothing of a lock outlives it for longer, whatever names clients send.
+    ///
+    /// **Guarantee**: the tokens of one lock name rise strictly from one owner to the next,
+    /// including across a restart of the lock store without persistence, a Sentinel failover
+    /// and a Cluster slot migration. **Assumption**: the clock of the Redis server that grants
+    /// never steps back by more than 5 s, and after a failover the new master's clock is not
+    /// behind the old one's by more than the failover took (clocks kept by NTP are within
+    /// milliseconds; a failover takes seconds). Tokens are below 2^53 until the year 2255, so
+    /// they fit a JSON number, an `i64` or a double.
+    ///
+    /// The store checks it in the same step as the write, for example in Redis:
+    ///
+    /// ```lua
+    /// -- KEYS[1]: the resource; ARGV[1]: the token, ARGV[2]: the new value
+    /// local last = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
+    /// if tonumber(ARGV[1]) < last then
+    ///   return redis.error_reply('STALE fencing token')
+    /// end
+    /// redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'value', ARGV[2])
+    /// return 1
+    /// ```
+    ///
+    /// or in SQL: `UPDATE accounts SET balance = $1, fence = $2 WHERE id = $3 AND fence <= $2`
+    /// (zero rows updated: a newer owner has written; answer 409).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_lock::LockError> {
+    /// let locks = tower_lock::LockClient::in_memory();
+    /// let first = locks.lock("order:42").fencing().acquire().await?;
+    /// let token = first.fencing_token().expect("asked for");
+    /// first.release().await?;
+    /// let next = locks.lock("order:42").fencing().acquire().await?;
+    /// assert!(next.fencing_token().expect("asked for") > token);
+    /// # next.release().await
+    /// # }
+    /// ```
     pub fn fencing(mut self) -> Self {
         self.fencing = true;
         self

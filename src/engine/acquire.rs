@@ -371,7 +371,7 @@ impl<B: Backend> Engine<B> {
                 biased;
                 () = self.stop.cancelled() => return Err(LockError::ShutDown),
                 handed = &mut ticket.handoff => match handed {
-                    Ok(held) => return Ok((held, 1)),
+                    Ok(handoff) => return Ok((handoff.take(), 1)),
                     // Only a dropped table could drop the sender; contend again.
                     Err(_) => return Err(LockError::ShutDown),
                 },

@@ -3,7 +3,10 @@
 
 use std::{sync::Arc, time::Duration};
 
-use super::{Engine, Held, table::Slot};
+use super::{
+    Engine, Held,
+    table::{Handoff, Slot},
+};
 use crate::{
     backend::{Backend, Release, ReleaseReply},
     clock::BootInstant,
@@ -129,11 +132,10 @@ impl<B: Backend> Engine<B> {
                 self.table.handed_off(next.clone());
                 self.watch(next.next_event());
                 tracing::debug!(key = %held.key, "lock handed to a local waiter");
-                if let Err(orphan) = slot.deliver(next) {
-                    // The waiter gave up while the lock was on its way: release it in turn.
-                    let releasing = self.begin_release(orphan)?;
-                    return Box::pin(self.finish_release(releasing)).await;
-                }
+                let engine = self.clone();
+                slot.deliver(Handoff::new(next, move |orphan| {
+                    engine.release_detached(orphan)
+                }));
                 Ok(())
             }
             (mut reply, slot) => {
@@ -251,6 +253,26 @@ impl<B: Backend> Engine<B> {
                 pause = (pause * 2).min(Duration::from_secs(1));
             }
         });
+    }
+
+    /// Releases one hold of `held` without a caller to tell: a dropped guard, or a lock handed
+    /// to a waiter that gave up before taking it. Renewal stops now; the backend call runs on
+    /// the runtime (without one, the lease frees the lock).
+    pub(crate) fn release_detached(self: &Arc<Self>, held: Arc<Held>) {
+        let Ok(releasing) = self.begin_release(held) else {
+            return;
+        };
+        match self.runtime() {
+            Some(runtime) => {
+                let engine = self.clone();
+                runtime.spawn(async move {
+                    if let Err(error) = engine.finish_release(releasing).await {
+                        tracing::debug!(%error, "background release failed");
+                    }
+                });
+            }
+            None => self.abort_release(releasing),
+        }
     }
 
     /// A release that cannot run (no runtime): put its waiter back; the lease frees the lock.

@@ -140,7 +140,7 @@ impl Want {
 pub(crate) struct Slot {
     id: u64,
     pub(crate) want: Arc<Want>,
-    handoff: oneshot::Sender<Arc<Held>>,
+    handoff: oneshot::Sender<Handoff>,
     wake: Arc<Notify>,
     /// Its place in a backend queue, kept alive by the watchdog.
     queued: Option<Arc<Queued>>,
@@ -150,7 +150,7 @@ pub(crate) struct Slot {
 #[derive(Debug)]
 pub(crate) struct Ticket {
     pub(crate) wake: Arc<Notify>,
-    pub(crate) handoff: oneshot::Receiver<Arc<Held>>,
+    pub(crate) handoff: oneshot::Receiver<Handoff>,
     pub(crate) queued: Option<Arc<Queued>>,
 }
 
@@ -513,9 +513,53 @@ fn state_of<'a, L>(keys: &'a mut HashMap<String, KeyState<L>>, name: &str) -> &'
 }
 
 impl Slot {
-    /// Delivers a handed-off lock to the waiter; gives it back if the waiter has left.
-    pub(crate) fn deliver(self, held: Arc<Held>) -> Result<(), Arc<Held>> {
-        self.handoff.send(held)
+    /// Delivers a handed-off lock to the waiter. Should the waiter have left, or leave before
+    /// taking it, the hand-off releases the lock on its own.
+    pub(crate) fn deliver(self, handoff: Handoff) {
+        let _ = self.handoff.send(handoff);
+    }
+}
+
+/// A lock handed over to a local waiter. Released when dropped untaken: the waiter gave up (its
+/// wait ran out, its future was dropped, its client shut down) while the lock was on its way,
+/// or after it arrived but before the waiter looked.
+pub(crate) struct Handoff {
+    held: Option<Arc<Held>>,
+    release: Option<Box<dyn FnOnce(Arc<Held>) + Send + Sync>>,
+}
+
+impl Handoff {
+    /// `held`, to be released by `release` unless it is [taken](Self::take).
+    pub(crate) fn new(
+        held: Arc<Held>,
+        release: impl FnOnce(Arc<Held>) + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            held: Some(held),
+            release: Some(Box::new(release)),
+        }
+    }
+
+    /// The waiter takes the lock.
+    pub(crate) fn take(mut self) -> Arc<Held> {
+        self.release = None;
+        self.held.take().expect("taken once")
+    }
+}
+
+impl Drop for Handoff {
+    fn drop(&mut self) {
+        if let (Some(held), Some(release)) = (self.held.take(), self.release.take()) {
+            release(held);
+        }
+    }
+}
+
+impl std::fmt::Debug for Handoff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handoff")
+            .field("held", &self.held)
+            .finish_non_exhaustive()
     }
 }
 

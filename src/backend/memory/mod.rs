@@ -44,8 +44,8 @@ pub struct MemoryBackend {
 #[derive(Debug, Default)]
 struct State {
     locks: HashMap<String, Entry>,
-    /// Fencing counters outlive their locks, as the Redis counter key does.
-    fences: HashMap<String, u64>,
+    /// The last fencing token issued, for any lock: one number, whatever the lock names.
+    last_token: u64,
     /// Fair locks' waiter queues.
     queues: HashMap<String, FairQueue>,
     /// Read-write locks.
@@ -125,15 +125,22 @@ impl State {
         self.locks.get_mut(key)
     }
 
-    fn next_token(&mut self, name: &str) -> u64 {
-        let fence = self.fences.entry(name.to_owned()).or_default();
-        *fence += 1;
-        *fence
+    /// A new fencing token: the wall clock in milliseconds times 1000, or one more than the
+    /// last token when that is higher, as the Redis backend issues them (strictly rising in
+    /// this store, across all locks).
+    fn next_token(&mut self) -> u64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| {
+                u64::try_from(since.as_millis()).unwrap_or(u64::MAX / 1000)
+            });
+        self.last_token = (now * 1000).max(self.last_token + 1);
+        self.last_token
     }
 
     fn grant(&mut self, grant: Grant<'_>, now: Instant) -> Option<u64> {
         let name = grant.key.as_str();
-        let token = grant.fencing.then(|| self.next_token(name));
+        let token = grant.fencing.then(|| self.next_token());
         self.locks.insert(
             name.to_owned(),
             Entry {
@@ -164,7 +171,7 @@ impl State {
             (false, _) => None,
             (true, Some(token)) => Some(token),
             (true, None) => {
-                let token = self.next_token(name);
+                let token = self.next_token();
                 if let Some(entry) = self.locks.get_mut(name) {
                     entry.token = Some(token);
                 }

@@ -153,7 +153,7 @@ impl State {
         let token = match (grant.kind, grant.fencing, lock.token) {
             (LockKind::Write, true, Some(token)) => Some(token),
             (LockKind::Write, true, None) => {
-                let token = self.next_token(grant.key.as_str());
+                let token = self.next_token();
                 if let Some(lock) = self.rw.get_mut(grant.key.as_str()) {
                     lock.token = Some(token);
                 }

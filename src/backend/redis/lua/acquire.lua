@@ -2,7 +2,7 @@
 --
 -- KEYS[1]  the lock hash: field <holder> = hold count, '~a' = the attempt that granted the
 --          hold, '~r' = the last re-entry's attempt, '~f' = token
--- KEYS[2]  the fencing counter (never expires)
+-- KEYS[2]  the fencing record (the last token issued; lives 5 s after a grant)
 -- KEYS[3]  attempts given up on (set), so one that arrives late is refused
 -- ARGV[1]  holder id
 -- ARGV[2]  lease in milliseconds

@@ -4,7 +4,7 @@
 -- KEYS[1]  the lock hash (same layout as acquire.lua)
 -- KEYS[2]  the waiter queue (list of holder ids, oldest first)
 -- KEYS[3]  the waiter timeouts (sorted set: holder id -> server time in ms it may live until)
--- KEYS[4]  the fencing counter (never expires)
+-- KEYS[4]  the fencing record (the last token issued; lives 5 s after a grant)
 -- KEYS[5]  attempts given up on (set), so one that arrives late is refused
 -- ARGV[1]  holder id
 -- ARGV[2]  lease in milliseconds

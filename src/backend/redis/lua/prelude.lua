@@ -13,21 +13,35 @@ local function extend(key, ms)
   end
 end
 
--- The lock's fencing token, the next one from `counter` when the lock has none yet.
-local function fencing_token(lock, counter)
+-- How long a lock's fencing record outlives the lock's last grant, in milliseconds.
+local FENCE_RECORD_MS = 5000
+
+-- The lock's fencing token; a new one when the lock has none yet: the server's time in
+-- milliseconds times 1000, or one more than the last token issued for this lock name when that
+-- is higher (grants within one millisecond, or a clock that stepped back a little). The last
+-- token is kept in `record` for FENCE_RECORD_MS after each grant, so nothing of a lock outlives
+-- it for longer, and tokens still rise after a restart or a failover, which lose the record.
+-- At 2^53 (exact in Lua's numbers) this works until the year 2255.
+local function fencing_token(lock, record)
   local token = redis.call('HGET', lock, '~f')
-  if not token then
-    token = redis.call('INCR', counter)
-    redis.call('HSET', lock, '~f', token)
+  if token then
+    return tonumber(token)
   end
-  return tonumber(token)
+  token = now_ms() * 1000
+  local last = tonumber(redis.call('GET', record) or 0)
+  if last >= token then
+    token = last + 1
+  end
+  redis.call('SET', record, string.format('%d', token), 'PX', FENCE_RECORD_MS)
+  redis.call('HSET', lock, '~f', string.format('%d', token))
+  return token
 end
 
 -- The reply of an acquire that granted `count` holds: makes the lease last at least `lease`
 -- (a re-entry with a shorter lease never cuts the holder's earlier lease short; a first hold
 -- has no earlier lease) and, when `fencing` is '1', adds the lock's fencing token (-1 without
 -- one).
-local function granted(lock, lease, count, fencing, counter)
+local function granted(lock, lease, count, fencing, record)
   if count == 1 then
     redis.call('PEXPIRE', lock, lease)
   else
@@ -35,7 +49,7 @@ local function granted(lock, lease, count, fencing, counter)
   end
   local token = -1
   if fencing == '1' then
-    token = fencing_token(lock, counter)
+    token = fencing_token(lock, record)
   end
   return {1, count, token}
 end

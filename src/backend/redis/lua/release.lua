@@ -2,7 +2,7 @@
 -- either grants it to a hand-off holder in the same step or publishes the release.
 --
 -- KEYS[1]  the lock hash
--- KEYS[2]  the fencing counter
+-- KEYS[2]  the fencing record
 -- KEYS[3]  attempts given up on (a hand-off to one of them is not made)
 -- ARGV[1]  releasing holder id
 -- ARGV[2]  release channel

@@ -11,7 +11,7 @@
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the readers (sorted set: holder id -> server time in ms its read lease ends)
 -- KEYS[3]  the waiting writers (sorted set: holder id -> server time in ms it may wait until)
--- KEYS[4]  the fencing counter (never expires)
+-- KEYS[4]  the fencing record (the last token issued; lives 5 s after a grant)
 -- KEYS[5]  attempts given up on (set), so one that arrives late is refused
 -- ARGV[1]  holder id
 -- ARGV[2]  'r' for the read side, 'w' for the write side
