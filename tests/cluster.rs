@@ -310,9 +310,9 @@ async fn slot_migrated_while_held() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_rise_across_a_slot_migration() {
     let cluster = RedisCluster::start();
-    let locks = client(&cluster, "fence:").await;
-    let key = key_on(&cluster, "fence:", 0);
-    let name = lock_name("fence:", &key);
+    let locks = client(&cluster, "mig:").await;
+    let key = key_on(&cluster, "mig:", 0);
+    let name = lock_name("mig:", &key);
     let mut last = 0;
     for (to, keep_record) in [(1, true), (2, false)] {
         let guard = locks.lock(&key).fencing().acquire().await.expect("acquire");
