@@ -563,87 +563,28 @@ impl<B: Backend> Task<B> {
     }
 }
 
-/// The store a program runs against, as the checker sees it at the end.
-trait Store: Backend + Clone {
-    /// What the store still holds (keys or locks), described; empty when nothing is left.
-    fn leftovers(&self) -> Vec<String>;
+/// What the Redis store still holds: keys and release channels.
+fn redis_leftovers(server: &RedisServer) -> Vec<String> {
+    let mut left = Vec::new();
+    if let RespValue::Array(Some(keys)) = server.cmd(&["KEYS", "*"]) {
+        left.extend(keys.iter().filter_map(RespValue::as_str));
+    }
+    if let RespValue::Array(Some(channels)) = server.cmd(&["PUBSUB", "CHANNELS"]) {
+        let channels = channels.iter().filter_map(RespValue::as_str);
+        left.extend(channels.map(|channel| format!("channel {channel}")));
+    }
+    left
 }
 
-impl Store for Delayed {
-    fn leftovers(&self) -> Vec<String> {
-        let held = self.inner.held_count();
-        if held == 0 {
-            Vec::new()
-        } else {
-            vec![format!("{held} locks held")]
-        }
-    }
-}
-
-/// A Redis backend with the server it talks to.
-#[derive(Clone)]
-struct OnRedis {
-    backend: RedisBackend,
-    server: Arc<RedisServer>,
-}
-
-impl Store for OnRedis {
-    fn leftovers(&self) -> Vec<String> {
-        let mut left = Vec::new();
-        if let RespValue::Array(Some(keys)) = self.server.cmd(&["KEYS", "*"]) {
-            left.extend(keys.iter().filter_map(RespValue::as_str));
-        }
-        if let RespValue::Array(Some(channels)) = self.server.cmd(&["PUBSUB", "CHANNELS"]) {
-            left.extend(
-                channels
-                    .iter()
-                    .filter_map(RespValue::as_str)
-                    .map(|c| format!("channel {c}")),
-            );
-        }
-        left
-    }
-}
-
-impl Backend for OnRedis {
-    type Listener = <RedisBackend as Backend>::Listener;
-
-    async fn acquire(&self, grant: Grant<'_>) -> BackendResult<AcquireReply> {
-        self.backend.acquire(grant).await
-    }
-
-    async fn release(&self, release: Release<'_>) -> BackendResult<ReleaseReply> {
-        self.backend.release(release).await
-    }
-
-    async fn renew(&self, renewals: &[Renew<'_>]) -> BackendResult<Vec<RenewReply>> {
-        self.backend.renew(renewals).await
-    }
-
-    async fn abandon(&self, grant: Grant<'_>) -> BackendResult<bool> {
-        self.backend.abandon(grant).await
-    }
-
-    async fn leave(
-        &self,
-        key: &LockKey,
-        holder: &str,
-        kind: tower_lock::LockKind,
-    ) -> BackendResult<()> {
-        self.backend.leave(key, holder, kind).await
-    }
-
-    async fn listen(&self, key: &LockKey, only_for: Option<&str>) -> BackendResult<Self::Listener> {
-        self.backend.listen(key, only_for).await
-    }
-
-    async fn shutdown(&self) {
-        self.backend.shutdown().await;
-    }
-}
-
-/// One seed's program against `store`. Returns the violations and the log.
-async fn program<S: Store>(seed: u64, store: S, scale: Scale, ops: usize) -> (Vec<String>, String) {
+/// One seed's program against `store`; `leftovers` says what the store still holds at the end.
+/// Returns the violations and the log.
+async fn program<S: Backend + Clone>(
+    seed: u64,
+    store: S,
+    leftovers: impl Fn() -> Vec<String>,
+    scale: Scale,
+    ops: usize,
+) -> (Vec<String>, String) {
     let mut rng = Rng(seed);
     let clients: Vec<LockClient<S>> = (0..3)
         .map(|_| LockClient::builder(store.clone()).build().expect("valid"))
@@ -707,7 +648,7 @@ async fn program<S: Store>(seed: u64, store: S, scale: Scale, ops: usize) -> (Ve
     for client in clients.iter().chain([&fresh]) {
         client.shutdown().await;
     }
-    let left = store.leftovers();
+    let left = leftovers();
     if !left.is_empty() {
         checker.violation(format!("the store still holds {left:?}"));
     }
@@ -726,15 +667,15 @@ fn memory_seed(seed: u64, ops: usize) -> (Vec<String>, String) {
             inner: MemoryBackend::new(),
             rng: Arc::new(Mutex::new(Rng(seed ^ 0x5EED))),
         };
-        program(
-            seed,
-            store,
-            Scale {
-                unit: Duration::from_millis(1),
-            },
-            ops,
-        )
-        .await
+        let memory = store.inner.clone();
+        let leftovers = move || match memory.held_count() {
+            0 => Vec::new(),
+            held => vec![format!("{held} locks held")],
+        };
+        let scale = Scale {
+            unit: Duration::from_millis(1),
+        };
+        program(seed, store, leftovers, scale, ops).await
     })
 }
 
@@ -794,18 +735,13 @@ fn random_programs_in_memory() {
 async fn random_programs_on_redis() {
     let seeds = env_u64("INTERLEAVINGS_REDIS_SEEDS").unwrap_or(3);
     for seed in 1..=seeds {
-        let server = Arc::new(RedisServer::start());
+        let server = RedisServer::start();
         let backend = RedisBackend::connect(&server.url()).await.expect("connect");
-        let store = OnRedis { backend, server };
-        let (violations, log) = program(
-            seed,
-            store,
-            Scale {
-                unit: Duration::from_millis(3),
-            },
-            8,
-        )
-        .await;
+        let leftovers = || redis_leftovers(&server);
+        let scale = Scale {
+            unit: Duration::from_millis(3),
+        };
+        let (violations, log) = program(seed, backend, leftovers, scale, 8).await;
         assert!(
             violations.is_empty(),
             "Redis {}",
