@@ -515,3 +515,27 @@ async fn uncontended_pairs_cost_one_call_each() {
     calls.retain(|(name, _)| !inside_scripts.contains(&name.as_str()));
     assert_eq!(calls, [("evalsha".to_owned(), 200)]);
 }
+
+/// A lock key overwritten with another type of value while held: the renewal batch that meets
+/// it reports that lock lost, and renews the others it carries as usual.
+#[tokio::test]
+async fn a_foreign_key_in_a_renewal_batch_loses_only_its_lock() {
+    let server = RedisServer::start();
+    let lease = Lease::watchdog(Duration::from_millis(300));
+    let a = client(RedisBackend::connect(&server.url()).await.unwrap(), lease);
+    let b = client(RedisBackend::connect(&server.url()).await.unwrap(), lease);
+    let mut guards = Vec::new();
+    for key in ["k1", "k2", "k3"] {
+        guards.push(a.lock(key).acquire().await.unwrap());
+    }
+    let name = guards[1].key().as_str().to_owned();
+    server.cmd(&["SET", &name, "foreign"]);
+    tokio::time::timeout(Duration::from_secs(2), guards[1].lost())
+        .await
+        .expect("the overwritten lock is reported lost");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for (guard, key) in [(&guards[0], "k1"), (&guards[2], "k3")] {
+        assert!(!guard.is_lost(), "{key} was renewed");
+        assert_held_against(&b, key, Duration::ZERO).await;
+    }
+}

@@ -621,10 +621,22 @@ impl RedisServer {
 /// The `calls` of `command` (lower case) in the text of `INFO commandstats`; 0 when it never
 /// ran. Scripts' calls are counted too.
 pub fn command_calls(commandstats: &str, command: &str) -> u64 {
-    let prefix = format!("cmdstat_{command}:calls=");
+    command_stat(commandstats, command, "calls")
+}
+
+/// One field (`calls`, `usec`, …) of `command`'s line in an `INFO commandstats` reply; 0 when
+/// the command was never called.
+pub fn command_stat(commandstats: &str, command: &str, field: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:");
+    let field = format!("{field}=");
     commandstats
         .lines()
         .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .and_then(|rest| {
+            rest.split(',')
+                .find_map(|part| part.strip_prefix(&field))?
+                .parse()
+                .ok()
+        })
         .unwrap_or(0)
 }

@@ -759,32 +759,114 @@ impl RedisBackend {
                 .await
                 .map_err(|_| BackendError::from_kind(BackendErrorKind::Timeout));
         }
-        let mut replies = self.renew_pipeline(renewals, true).await?;
+        let (mut replies, noscript) = self.renew_pipeline(renewals, true).await?;
         // A pipeline is not retried by redis-rs: when the server lost a script, resend the
         // batch by body. Renewal is idempotent, so entries that succeeded are safe to resend.
-        if replies
-            .iter()
-            .any(|reply| reply.as_ref().is_err_and(is_noscript))
-        {
-            replies = self.renew_pipeline(renewals, false).await?;
+        if noscript {
+            replies = self.renew_pipeline(renewals, false).await?.0;
         }
         Ok(replies)
     }
 
-    /// Runs the renewal script of every entry in one pipeline, by hash or by body.
+    /// Renews every entry in one pipeline, by hash or by body: the holds of plain and fair
+    /// locks in calls of up to [`RENEW_CHUNK`] locks each, every other entry in a call of its
+    /// own. Also says whether the server had lost a script.
     async fn renew_pipeline(
         &self,
         renewals: &[Renew<'_>],
         by_hash: bool,
-    ) -> Result<Vec<Result<i64, RedisError>>, BackendError> {
+    ) -> Result<(Vec<Result<i64, RedisError>>, bool), BackendError> {
+        let plain = |renew: &&Renew<'_>| {
+            !renew.queued && matches!(renew.kind, LockKind::Exclusive | LockKind::Fair)
+        };
+        let (many, single): (Vec<usize>, Vec<usize>) =
+            (0..renewals.len()).partition(|&i| plain(&&renewals[i]));
+        let chunks: Vec<&[usize]> = many.chunks(RENEW_CHUNK).collect();
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
-        for renew in renewals {
-            pipe.add_command(renew_call(self.scripts(), renew).cmd(by_hash));
+        for chunk in &chunks {
+            let mut call = self.scripts().renew_many.prepare_invoke();
+            for &i in *chunk {
+                let renew = &renewals[i];
+                call.key(renew.key.as_str())
+                    .arg(renew.holder)
+                    .arg(renew.lease.millis());
+            }
+            pipe.add_command(call.cmd(by_hash));
         }
-        self.with_conn(None, async |conn| pipe.query_async(conn).await)
-            .await
+        for &i in &single {
+            pipe.add_command(renew_call(self.scripts(), &renewals[i]).cmd(by_hash));
+        }
+        let values: Vec<Value> = self
+            .with_conn(None, async |conn| pipe.query_async(conn).await)
+            .await?;
+        let mut replies: Vec<Option<Result<i64, RedisError>>> =
+            (0..renewals.len()).map(|_| None).collect();
+        let mut noscript = false;
+        let mut values = values.into_iter();
+        for chunk in &chunks {
+            let value = values.next().unwrap_or(Value::Nil);
+            match reply_of::<Vec<i64>>(value) {
+                Ok(each) if each.len() == chunk.len() => {
+                    for (&i, reply) in chunk.iter().zip(each) {
+                        // Foreign data at a key: as renew.lua's own error would say.
+                        replies[i] = Some(match reply {
+                            -1 => Err(wrong_type()),
+                            reply => Ok(reply),
+                        });
+                    }
+                }
+                Ok(_) => return Err(protocol_error("renewal batch reply")),
+                Err(error) => {
+                    noscript |= is_noscript(&error);
+                    for &i in *chunk {
+                        replies[i] = Some(Err(RedisError::from((
+                            redis::ErrorKind::Io,
+                            "renewal batch failed",
+                            error.to_string(),
+                        ))));
+                    }
+                }
+            }
+        }
+        for &i in &single {
+            let reply = values
+                .next()
+                .map_or(Err(protocol_error_redis()), reply_of::<i64>);
+            noscript |= reply.as_ref().is_err_and(is_noscript);
+            replies[i] = Some(reply);
+        }
+        let replies = replies
+            .into_iter()
+            .map(|reply| reply.unwrap_or_else(|| Err(protocol_error_redis())))
+            .collect();
+        Ok((replies, noscript))
     }
+}
+
+/// How many locks one renewal call renews at most, bounding the time one script holds the
+/// server.
+const RENEW_CHUNK: usize = 500;
+
+/// One reply of a pipeline that ignores errors: the server's error, or the value.
+fn reply_of<T: FromRedisValue>(value: Value) -> Result<T, RedisError> {
+    Result::<T, RedisError>::from_redis_value(value)
+        .map_err(RedisError::from)
+        .and_then(|reply| reply)
+}
+
+/// The error of a reply missing from a pipeline.
+fn protocol_error_redis() -> RedisError {
+    RedisError::from((redis::ErrorKind::Parse, "a pipeline reply is missing"))
+}
+
+/// The error a script meets at a key of another type.
+fn wrong_type() -> RedisError {
+    RedisError::from((
+        redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+        "WRONGTYPE",
+        "Operation against a key holding the wrong kind of value".to_owned(),
+    ))
 }
 
 /// Runs one script call on `conn`: by hash, and by body when the server lost the script.
