@@ -539,3 +539,41 @@ async fn a_foreign_key_in_a_renewal_batch_loses_only_its_lock() {
         assert_held_against(&b, key, Duration::ZERO).await;
     }
 }
+
+/// 256 tasks, each on its own key, with the default pool: no acquire or release fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_errors_at_256_tasks() {
+    let server = RedisServer::start();
+    let locks = client(
+        RedisBackend::connect(&server.url()).await.unwrap(),
+        Lease::DEFAULT,
+    );
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..256 {
+        let locks = locks.clone();
+        tasks.spawn(async move {
+            let mut errors = Vec::new();
+            for _ in 0..20 {
+                match locks.lock(format!("task:{task}")).acquire().await {
+                    Ok(guard) => {
+                        if let Err(error) = guard.release().await {
+                            errors.push(format!("release: {error}"));
+                        }
+                    }
+                    Err(error) => errors.push(format!("acquire: {error}")),
+                }
+            }
+            errors
+        });
+    }
+    let mut errors = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        errors.extend(joined.unwrap());
+    }
+    assert!(
+        errors.is_empty(),
+        "{} errors, e.g. {:?}",
+        errors.len(),
+        errors.first()
+    );
+}
