@@ -34,7 +34,7 @@ impl<B: Backend> LockClientBuilder<B> {
         self
     }
 
-    /// How long [`LockRequest::acquire`] waits when a request does not say. Zero means try
+    /// How long [`LockRequest::acquire`](crate::LockRequest::acquire) waits when a request does not say. Zero means try
     /// once. Defaults to 5 seconds.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.config.wait = wait;
@@ -55,14 +55,14 @@ impl<B: Backend> LockClientBuilder<B> {
     }
 
     /// How many acquires may wait for one key in this client at once; one more fails at once
-    /// with [`LockError::TooManyWaiters`]. Defaults to 1024.
+    /// with [`LockError::TooManyWaiters`](crate::LockError::TooManyWaiters). Defaults to 1024.
     pub fn max_waiters_per_key(mut self, max: usize) -> Self {
         self.config.max_waiters_per_key = max;
         self
     }
 
     /// How many acquires may wait in this client at once, over all keys; one more fails at
-    /// once with [`LockError::TooManyWaiters`] (the layer answers 503 with `Retry-After`).
+    /// once with [`LockError::TooManyWaiters`](crate::LockError::TooManyWaiters) (the layer answers 503 with `Retry-After`).
     /// Each waiter costs a task, and for a new key a subscription. Defaults to 10 000.
     pub fn max_waiters(mut self, max: usize) -> Self {
         self.config.max_waiters = max;

@@ -84,7 +84,7 @@ impl<B: Backend> LockClient<B> {
 
     /// A request for the lock named `key`, to configure and then
     /// [`acquire`](LockRequest::acquire). The key is validated and escaped here; an invalid key
-    /// fails at acquire time with [`LockError::InvalidKey`].
+    /// fails at acquire time with [`LockError::InvalidKey`](crate::LockError::InvalidKey).
     pub fn lock(&self, key: impl AsRef<[u8]>) -> LockRequest<'_, B> {
         self.request(self.key(key.as_ref()), LockKind::Exclusive)
     }
@@ -115,7 +115,7 @@ impl<B: Backend> LockClient<B> {
     /// The read-write lock named `key`: many readers or one writer. A waiting writer holds
     /// back new readers; the writer may take the read side too and keep it after releasing the
     /// write side (downgrade), but a reader asking for the write side fails with
-    /// [`LockError::UpgradeRefused`]. Its name is separate from [`lock`](Self::lock)'s.
+    /// [`LockError::UpgradeRefused`](crate::LockError::UpgradeRefused). Its name is separate from [`lock`](Self::lock)'s.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -224,7 +224,7 @@ impl<B: Backend> LockClient<B> {
     }
 
     /// Releases every lock this client holds, fails every waiting acquire with
-    /// [`LockError::ShutDown`], and stops the background tasks. Guards still alive report
+    /// [`LockError::ShutDown`](crate::LockError::ShutDown), and stops the background tasks. Guards still alive report
     /// themselves lost.
     pub async fn shutdown(&self) {
         let shared = &self.inner.engine;
