@@ -551,7 +551,8 @@ impl RedisBackend {
         ))
     }
 
-    async fn ping(&self) -> Result<(), BackendError> {
+    /// One `PING`, within the command timeout.
+    pub(crate) async fn ping(&self) -> Result<(), BackendError> {
         self.query(&mut redis::cmd("PING"), None).await
     }
 

@@ -15,6 +15,8 @@
 //! - **Renewal** extends a lock only if a majority renewed it; otherwise the guard is lost. If
 //!   fewer than a majority answer, the watchdog keeps trying until the lock's deadline.
 //! - **Waiting** listens on every node and wakes once a majority of them published a release.
+//! - **A node that cannot be reached** (no connection within the node timeout) is skipped for
+//!   a second, counting as not answering at once, rather than costing every call its timeout.
 //!
 //! Fair and read-write locks and fencing tokens are refused with
 //! [`BackendErrorKind::Unsupported`] before any node is contacted: a FIFO queue and a counter
@@ -46,7 +48,7 @@ use std::{
     fmt,
     future::Future,
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
     time::Duration,
@@ -73,6 +75,45 @@ pub use listener::RedlockListener;
 /// The most nodes one backend takes (the listener tracks them in a 64-bit mask).
 const MAX_NODES: usize = 63;
 
+/// How long a node that could not be reached is skipped before it is tried again.
+const NODE_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Skips `node` for [`NODE_BACKOFF`] after `error`, with a probe in the background that ends
+/// the skip as soon as the node answers again (a node back from a restart is not ignored).
+fn skip(node: &RedisBackend, skipped_until: &Arc<Mutex<Option<Instant>>>, error: &BackendError) {
+    let was_skipped = lock(skipped_until)
+        .replace(Instant::now() + NODE_BACKOFF)
+        .is_some_and(|until| Instant::now() < until);
+    if was_skipped {
+        return;
+    }
+    tracing::debug!(node = ?node, %error, "Redlock node unreachable; skipping it until it answers");
+    let (node, skipped_until) = (node.clone(), skipped_until.clone());
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(PROBE_EVERY).await;
+            let until = *lock(&skipped_until);
+            if until.is_none_or(|until| Instant::now() >= until) {
+                return;
+            }
+            if node.ping().await.is_ok() {
+                *lock(&skipped_until) = None;
+                return;
+            }
+        }
+    });
+}
+
+/// How often a skipped node is probed.
+const PROBE_EVERY: Duration = Duration::from_millis(25);
+
+// A std mutex: one field read or written, never held across an await.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Locks held on a majority of independent Redis masters. See the [module docs](self).
 /// Cheap to clone.
 #[derive(Clone)]
@@ -82,6 +123,9 @@ pub struct RedlockBackend {
 
 struct Inner {
     nodes: Vec<RedisBackend>,
+    /// Per node: until when it is skipped, after it could not be reached. A probe clears it
+    /// as soon as the node answers again.
+    skipped_until: Vec<Arc<Mutex<Option<Instant>>>>,
     quorum: usize,
     node_timeout: Duration,
     retry_jitter: Duration,
@@ -132,8 +176,10 @@ impl RedlockBackendBuilder {
     }
 
     /// How long one node may take to answer one call before it counts as not answering. Keep
-    /// it a small fraction of the lease: every acquire may wait this long for a node that is
-    /// down. Defaults to 100 ms.
+    /// it a small fraction of the lease: an acquire may wait this long for a node that is slow.
+    /// A node that cannot be reached (no connection within this time) is skipped for a second
+    /// afterwards, so a node that is down costs one call in a second its timeout, not every
+    /// call. Defaults to 100 ms.
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = timeout;
         self
@@ -200,6 +246,7 @@ impl RedlockBackendBuilder {
         Ok(RedlockBackend {
             inner: Arc::new(Inner {
                 quorum: count / 2 + 1,
+                skipped_until: nodes.iter().map(|_| Arc::default()).collect(),
                 nodes,
                 node_timeout: self.node_timeout,
                 retry_jitter: self.retry_jitter,
@@ -247,19 +294,38 @@ impl RedlockBackend {
     }
 
     /// Runs `op` on every node at once, each bounded by the node timeout; results in node
-    /// order.
+    /// order. A node that could not be reached (no connection: refused, or none in time) is
+    /// skipped for [`NODE_BACKOFF`] and counts as not answering at once, instead of costing
+    /// every call its whole timeout.
     async fn on_every_node<'a, T, F, Fut>(&'a self, op: F) -> Vec<NodeResult<T>>
     where
         F: Fn(&'a RedisBackend) -> Fut,
         Fut: Future<Output = NodeResult<T>>,
     {
-        let timeout = self.inner.node_timeout;
-        join_all(self.inner.nodes.iter().map(|node| {
-            let call = op(node);
+        // The node's own budget ends first, so a call that found no connection says so
+        // (`Unavailable`) rather than timing out here.
+        let timeout = self.inner.node_timeout + Duration::from_millis(10);
+        let nodes = self.inner.nodes.iter().zip(&self.inner.skipped_until);
+        join_all(nodes.map(|(node, skipped_until)| {
+            let now = Instant::now();
+            let skipped = lock(skipped_until).is_some_and(|until| now < until);
+            let call = (!skipped).then(|| op(node));
             async move {
-                tokio::time::timeout(timeout, call)
+                let Some(call) = call else {
+                    return Err(BackendError::new(
+                        BackendErrorKind::Unavailable,
+                        "skipped: the node could not be reached moments ago",
+                    ));
+                };
+                let result = tokio::time::timeout(timeout, call)
                     .await
-                    .unwrap_or_else(|_| Err(BackendError::from_kind(BackendErrorKind::Timeout)))
+                    .unwrap_or_else(|_| Err(BackendError::from_kind(BackendErrorKind::Timeout)));
+                if let Err(error) = &result
+                    && *error.kind() == BackendErrorKind::Unavailable
+                {
+                    skip(node, skipped_until, error);
+                }
+                result
             }
         }))
         .await
