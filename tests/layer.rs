@@ -778,3 +778,62 @@ async fn lock_context_is_lost_past_the_deadline() {
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(&body[..], b"false true");
 }
+
+/// Options the layer does not set come from the client: its lease (here 10 s, where the
+/// engine's default is 30 s) and its wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unset_options_come_from_the_client() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let locks = LockClient::builder(backend)
+        .lease(Lease::watchdog(Duration::from_secs(10)))
+        .wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    let probe = server.url();
+    let app = Router::new()
+        .route(
+            "/docs/{id}",
+            post(move |Extension(lock): Extension<LockContext>| {
+                let probe = probe.clone();
+                async move {
+                    let client = redis::Client::open(probe).unwrap();
+                    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+                    let ttl: i64 = redis::cmd("PTTL")
+                        .arg(lock.key().as_str())
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                    ttl.to_string()
+                }
+            }),
+        )
+        .route_layer(
+            LockLayer::new(locks.clone())
+                .key(key::path_param("id"))
+                .name("docs"),
+        );
+    let base = serve(app).await;
+    let (status, _, body) = send(&http(), "POST", &format!("{base}/docs/1")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let ttl: i64 = body.parse().unwrap();
+    assert!(
+        (9_000..=10_000).contains(&ttl),
+        "lease {ttl} ms, not the client's 10 s"
+    );
+    // The client's zero wait: a held lock is answered at once.
+    let held = locks
+        .lock_in_namespace("docs", "1")
+        .acquire()
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let (status, _, _) = send(&http(), "POST", &format!("{base}/docs/1")).await;
+    assert_eq!(status, StatusCode::LOCKED);
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "waited {:?}",
+        started.elapsed()
+    );
+    held.release().await.unwrap();
+}

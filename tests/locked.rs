@@ -726,3 +726,50 @@ async fn lock_context_is_lost_past_the_deadline() {
         .to_bytes();
     assert_eq!(&body[..], b"4 false true");
 }
+
+/// Where a handler can reach the test's Redis.
+#[derive(Clone)]
+struct RedisUrl(String);
+
+#[locked(key = "doc:{id}")]
+async fn reports_its_lease(
+    Path(id): Path<u64>,
+    Extension(RedisUrl(url)): Extension<RedisUrl>,
+    lock: LockContext,
+) -> String {
+    let client = redis::Client::open(url).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(lock.key().as_str())
+        .query_async(&mut conn)
+        .await
+        .expect("PTTL");
+    format!("{id} {ttl}")
+}
+
+/// Options the attribute does not set come from the client: its lease (10 s here, where the
+/// engine's default is 30 s).
+#[tokio::test]
+async fn unset_options_come_from_the_client() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let locks = LockClient::builder(backend)
+        .lease(tower_lock::Lease::watchdog(Duration::from_secs(10)))
+        .build()
+        .unwrap();
+    let router = Router::new()
+        .route("/docs/{id}", post(reports_its_lease))
+        .layer(Extension(AnyLockClient::from(locks)))
+        .layer(Extension(RedisUrl(server.url())));
+    let base = serve(router).await;
+    let (status, _, body) = send(&http(), "POST", &format!("{base}/docs/3")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let ttl: i64 = body.strip_prefix("3 ").unwrap().parse().unwrap();
+    assert!(
+        (9_000..=10_000).contains(&ttl),
+        "lease {ttl} ms, not the client's 10 s"
+    );
+}

@@ -147,16 +147,19 @@ impl Options {
             Kind::Read => quote!(#private::LockKind::Read),
             Kind::Write => quote!(#private::LockKind::Write),
         };
-        // The same defaults as `LockLayer`.
-        let wait = self.wait_ms.unwrap_or(5_000);
+        // Unset: the client's, as for `LockLayer`.
+        let wait = match self.wait_ms {
+            Some(ms) => quote!(::core::option::Option::Some(#private::Duration::from_millis(#ms))),
+            None => quote!(::core::option::Option::None),
+        };
         let lease = match self.lease {
-            Some(Lease::Fixed(ms)) => {
-                quote!(#private::Lease::fixed(#private::Duration::from_millis(#ms)))
-            }
-            Some(Lease::Watchdog(ms)) => {
-                quote!(#private::Lease::watchdog(#private::Duration::from_millis(#ms)))
-            }
-            None => quote!(#private::Lease::DEFAULT),
+            Some(Lease::Fixed(ms)) => quote!(::core::option::Option::Some(
+                #private::Lease::fixed(#private::Duration::from_millis(#ms))
+            )),
+            Some(Lease::Watchdog(ms)) => quote!(::core::option::Option::Some(
+                #private::Lease::watchdog(#private::Duration::from_millis(#ms))
+            )),
+            None => quote!(::core::option::Option::None),
         };
         let fencing = self.fencing;
         let name = match &self.name {
@@ -166,7 +169,7 @@ impl Options {
         let abort_on_lost = self.abort_on_lost.unwrap_or(true);
         quote! {
             #private::Options {
-                wait: #private::Duration::from_millis(#wait),
+                wait: #wait,
                 lease: #lease,
                 kind: #kind,
                 fencing: #fencing,

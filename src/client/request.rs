@@ -127,6 +127,19 @@ impl<B: Backend> LockRequest<'_, B> {
         self
     }
 
+    /// Applies what a layer or an attribute set; what it left unset stays the client's.
+    pub(crate) fn configured(
+        mut self,
+        wait: Option<Duration>,
+        lease: Option<Lease>,
+        fencing: bool,
+    ) -> Self {
+        self.wait = wait.unwrap_or(self.wait);
+        self.lease = lease.unwrap_or(self.lease);
+        self.fencing |= fencing;
+        self
+    }
+
     /// Acquire as `holder` instead of the current [`Holder::scope`] (or a fresh holder). Unlike
     /// a scope, an explicit holder is used even when another client made it.
     pub fn holder(mut self, holder: &Holder) -> Self {

@@ -21,10 +21,10 @@ pub use axum::response::Response;
 /// The attribute's options, checked at compile time.
 #[derive(Debug)]
 pub struct Options {
-    /// How long to wait for the lock before answering 423.
-    pub wait: Duration,
-    /// The lease to hold it with.
-    pub lease: Lease,
+    /// How long to wait for the lock before answering 423; `None`: the client's.
+    pub wait: Option<Duration>,
+    /// The lease to hold it with; `None`: the client's.
+    pub lease: Option<Lease>,
     /// Which lock to take.
     pub kind: LockKind,
     /// Whether to issue a fencing token.

@@ -45,8 +45,10 @@ impl fmt::Debug for AnyLockClient {
 pub(crate) struct Acquire {
     pub(crate) key: LockKey,
     pub(crate) kind: LockKind,
-    pub(crate) wait: Duration,
-    pub(crate) lease: Lease,
+    /// `None`: the client's.
+    pub(crate) wait: Option<Duration>,
+    /// `None`: the client's.
+    pub(crate) lease: Option<Lease>,
     pub(crate) fencing: bool,
 }
 
@@ -98,15 +100,8 @@ impl<B: Backend> ErasedClient for LockClient<B> {
     fn acquire(&self, acquire: Acquire) -> BoxFuture<Result<AnyGuard, LockError>> {
         let locks = self.clone();
         Box::pin(async move {
-            let request = locks
-                .request_for(acquire.key, acquire.kind)
-                .wait(acquire.wait)
-                .lease(acquire.lease);
-            let request = if acquire.fencing {
-                request.fencing()
-            } else {
-                request
-            };
+            let request = locks.request_for(acquire.key, acquire.kind);
+            let request = request.configured(acquire.wait, acquire.lease, acquire.fencing);
             let guard = request.acquire().await?;
             Ok(AnyGuard(Box::new(guard)))
         })

@@ -19,8 +19,10 @@ pub(crate) enum Mode {
 /// Settings shared by every service the layer makes; `Default` states every default.
 #[derive(Clone, Debug)]
 pub(crate) struct LayerConfig {
-    pub(crate) wait: Duration,
-    pub(crate) lease: Lease,
+    /// `None`: the client's.
+    pub(crate) wait: Option<Duration>,
+    /// `None`: the client's.
+    pub(crate) lease: Option<Lease>,
     pub(crate) mode: Mode,
     pub(crate) fencing: bool,
     pub(crate) name: Option<Arc<str>>,
@@ -32,8 +34,8 @@ pub(crate) struct LayerConfig {
 impl Default for LayerConfig {
     fn default() -> Self {
         Self {
-            wait: Duration::from_secs(5),
-            lease: Lease::DEFAULT,
+            wait: None,
+            lease: None,
             mode: Mode::Exclusive,
             fencing: false,
             name: None,
@@ -94,15 +96,17 @@ impl<B: Backend, K, R> LockLayer<B, K, R> {
     }
 
     /// How long a request may wait for its lock before it is answered 423. Zero means try
-    /// once. Defaults to 5 seconds.
+    /// once. Defaults to the client's wait ([`LockClientBuilder::wait`](crate::LockClientBuilder::wait),
+    /// 5 seconds unless set).
     pub fn wait(self, wait: Duration) -> Self {
-        self.config(|c| c.wait = wait)
+        self.config(|c| c.wait = Some(wait))
     }
 
-    /// The lease to hold locks with. Defaults to `Lease::watchdog(30 s)`: renewed while the
-    /// request runs, freed within 30 s if the instance dies.
+    /// The lease to hold locks with. Defaults to the client's lease
+    /// ([`LockClientBuilder::lease`](crate::LockClientBuilder::lease), `Lease::watchdog(30 s)`
+    /// unless set: renewed while the request runs, freed within 30 s if the instance dies).
     pub fn lease(self, lease: Lease) -> Self {
-        self.config(|c| c.lease = lease)
+        self.config(|c| c.lease = Some(lease))
     }
 
     /// Take the fair lock: requests get it in the order they arrived, across instances.

@@ -98,13 +98,8 @@ where
         let locks = self.locks.clone();
         let (wait, lease, fencing) = (config.wait, config.lease, config.fencing);
         let acquire = Box::pin(async move {
-            let request = locks
-                .request_for(key, kind)
-                .wait(wait)
-                .lease(lease)
-                .holder(&holder);
-            let request = if fencing { request.fencing() } else { request };
-            request.acquire().await
+            let request = locks.request_for(key, kind).holder(&holder);
+            request.configured(wait, lease, fencing).acquire().await
         });
         ResponseFuture::acquiring(
             acquire,
