@@ -36,7 +36,7 @@ use std::{
 
 use support::RedisServer;
 use tower_lock::{
-    Backend, Lease, LockClient, LockKind, MemoryBackend, RedisBackend,
+    Backend, Lease, LockClient, LockKind, MemoryBackend,
     backend::{Renew, RenewReply},
 };
 use workloads::{contend, w1, w1_pairs};
@@ -56,7 +56,7 @@ fn main() {
             async move {
                 let mut clients = Vec::new();
                 for _ in 0..n {
-                    let backend = RedisBackend::connect(&url).await.expect("connect");
+                    let backend = support::redis_backend(&url).connect().await.expect("connect");
                     let mut builder = LockClient::builder(backend);
                     if let Some(streak) = std::env::var("HANDOFF_STREAK").ok().and_then(|s| s.parse().ok()) {
                         builder = builder.handoff_streak(streak);

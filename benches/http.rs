@@ -27,7 +27,7 @@ use axum::{Router, routing::post};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
-use tower_lock::{Backend, LockClient, LockLayer, MemoryBackend, RedisBackend, key};
+use tower_lock::{Backend, LockClient, LockLayer, MemoryBackend, key};
 
 const TASKS: usize = 32;
 
@@ -43,7 +43,10 @@ fn main() {
         );
         println!("{TASKS} requests in flight:");
         let redis = || async {
-            let backend = RedisBackend::connect(&server.url()).await.expect("connect");
+            let backend = support::redis_backend(server.url())
+                .connect()
+                .await
+                .expect("connect");
             LockClient::builder(backend).build().expect("client")
         };
         let memory = LockClient::builder(MemoryBackend::new())

@@ -24,7 +24,7 @@ mod workloads;
 use std::{future::Future, time::Duration};
 
 use support::RedisServer;
-use tower_lock::{Backend, LockClient, LockKind, RedisBackend, RedlockBackend};
+use tower_lock::{Backend, LockClient, LockKind, RedisBackend};
 use workloads::{Contention, contend, w1};
 
 /// Nodes of the Redlock row.
@@ -59,11 +59,14 @@ fn main() {
         #[allow(unused_mut)]
         let mut rows = vec![
             measure("single node", window, || async {
-                RedisBackend::connect(&single_url).await.expect("connect")
+                support::redis_backend(&single_url)
+                    .connect()
+                    .await
+                    .expect("connect")
             })
             .await,
             measure("redlock, 5 nodes", window, || async {
-                RedlockBackend::builder(redlock_urls.iter().cloned())
+                support::redlock_backend(redlock_urls.iter().cloned())
                     .build()
                     .expect("Redlock configuration")
             })

@@ -97,6 +97,10 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+// The unit tests share the integration tests' fixture, which names this crate by its name.
+#[cfg(test)]
+extern crate self as tower_lock;
+
 pub mod backend;
 mod client;
 mod clock;

@@ -17,7 +17,7 @@ async fn client_as(
     user: &str,
     timeout: Duration,
 ) -> LockClient<RedisBackend> {
-    let backend = RedisBackend::builder(server.url_as(user, PASSWORD))
+    let backend = support::redis_backend(server.url_as(user, PASSWORD))
         .command_timeout(timeout)
         .connect()
         .await

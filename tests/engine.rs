@@ -69,8 +69,18 @@ async fn memory_env() -> Env<MemoryBackend> {
 async fn redis_env() -> Env<RedisBackend> {
     let server = RedisServer::start();
     let url = server.url();
-    let a = client(RedisBackend::connect(&url).await.expect("connect a"));
-    let b = client(RedisBackend::connect(&url).await.expect("connect b"));
+    let a = client(
+        support::redis_backend(&url)
+            .connect()
+            .await
+            .expect("connect a"),
+    );
+    let b = client(
+        support::redis_backend(&url)
+            .connect()
+            .await
+            .expect("connect b"),
+    );
     Env {
         a,
         b,
@@ -835,7 +845,10 @@ lock_semantics!(redis, redis_env());
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn max_hold_caps_renewal() {
     let server = RedisServer::start();
-    let redis = RedisBackend::connect(&server.url()).await.unwrap();
+    let redis = support::redis_backend(server.url())
+        .connect()
+        .await
+        .unwrap();
     let lease = Lease::watchdog(Duration::from_millis(300));
     let cap = Duration::from_millis(600);
     let on_redis = LockClient::builder(redis).lease(lease).max_hold(cap);

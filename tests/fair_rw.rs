@@ -448,7 +448,7 @@ fair_rw_semantics!(redis, async {
     let url = server.url();
     let connect = move || {
         let url = url.clone();
-        Box::pin(async move { builder(tower_lock::RedisBackend::connect(&url).await.unwrap()) })
+        Box::pin(async move { builder(support::redis_backend(&url).connect().await.unwrap()) })
             as std::pin::Pin<Box<dyn Future<Output = _>>>
     };
     Env {

@@ -14,7 +14,7 @@ use tower_lock::{Backend, Lease, LockClient, MemoryBackend, RedisBackend};
 const RECORD: Duration = Duration::from_secs(5);
 
 async fn client(server: &RedisServer) -> LockClient<RedisBackend> {
-    let backend = RedisBackend::builder(server.url())
+    let backend = support::redis_backend(server.url())
         .command_timeout(Duration::from_millis(300))
         .connect()
         .await

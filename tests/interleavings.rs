@@ -42,7 +42,7 @@ use std::{
 use support::{RedisServer, RespValue};
 use tokio::time::Instant;
 use tower_lock::{
-    Backend, Lease, LockClient, LockError, LockGuard, MemoryBackend, RedisBackend,
+    Backend, Lease, LockClient, LockError, LockGuard, MemoryBackend,
     backend::{AcquireReply, Grant, Listener, Release, ReleaseReply, Renew, RenewReply},
     key::LockKey,
 };
@@ -736,7 +736,10 @@ async fn random_programs_on_redis() {
     let seeds = env_u64("INTERLEAVINGS_REDIS_SEEDS").unwrap_or(3);
     for seed in 1..=seeds {
         let server = RedisServer::start();
-        let backend = RedisBackend::connect(&server.url()).await.expect("connect");
+        let backend = support::redis_backend(server.url())
+            .connect()
+            .await
+            .expect("connect");
         let leftovers = || redis_leftovers(&server);
         let scale = Scale {
             unit: Duration::from_millis(3),

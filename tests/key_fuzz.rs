@@ -15,7 +15,7 @@ use percent_encoding::{NON_ALPHANUMERIC, percent_encode};
 use proptest::{collection::vec, prelude::*};
 use support::{RedisServer, RespValue};
 use tower_lock::{
-    LockClient, LockError, LockKind, MemoryBackend, RedisBackend,
+    LockClient, LockError, LockKind, MemoryBackend,
     key::{self, KeyError, MakeKey},
 };
 
@@ -263,7 +263,10 @@ fn path_param(encoded: &str) -> Option<Vec<u8>> {
 #[tokio::test]
 async fn refused_keys_send_no_command() {
     let server = RedisServer::start();
-    let backend = RedisBackend::connect(&server.url()).await.expect("connect");
+    let backend = support::redis_backend(server.url())
+        .connect()
+        .await
+        .expect("connect");
     let locks = LockClient::builder(backend)
         .max_key_len(16)
         .build()

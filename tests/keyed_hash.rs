@@ -18,7 +18,10 @@ use tower_lock::{LockClient, LockError, LockKind, RedisBackend};
 const SECRET: &[u8] = b"keyed-hash test secret";
 
 async fn client(server: &RedisServer, secret: &[u8]) -> LockClient<RedisBackend> {
-    let backend = RedisBackend::connect(&server.url()).await.expect("connect");
+    let backend = support::redis_backend(server.url())
+        .connect()
+        .await
+        .expect("connect");
     LockClient::builder(backend)
         .keyed_hash(secret)
         .wait(Duration::from_secs(5))

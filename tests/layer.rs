@@ -26,7 +26,10 @@ use support::{
 use tower_lock::{Lease, LockClient, LockContext, LockLayer, RedisBackend, key};
 
 async fn locks(server: &RedisServer) -> LockClient<RedisBackend> {
-    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let backend = support::redis_backend(server.url())
+        .connect()
+        .await
+        .unwrap();
     LockClient::builder(backend).build().unwrap()
 }
 
@@ -473,7 +476,10 @@ async fn read_write_mode() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiter_cap_and_bad_lease() {
     let server = RedisServer::start();
-    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let backend = support::redis_backend(server.url())
+        .connect()
+        .await
+        .unwrap();
     let locks = LockClient::builder(backend)
         .max_waiters_per_key(2)
         .build()
@@ -784,7 +790,10 @@ async fn lock_context_is_lost_past_the_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unset_options_come_from_the_client() {
     let server = RedisServer::start();
-    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let backend = support::redis_backend(server.url())
+        .connect()
+        .await
+        .unwrap();
     let locks = LockClient::builder(backend)
         .lease(Lease::watchdog(Duration::from_secs(10)))
         .wait(Duration::ZERO)

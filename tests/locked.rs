@@ -150,7 +150,10 @@ async fn serializes_across_instances_on_redis() {
     let witness = Witness::default();
     let mut bases = Vec::new();
     for _ in 0..2 {
-        let backend = RedisBackend::connect(&server.url()).await.unwrap();
+        let backend = support::redis_backend(server.url())
+            .connect()
+            .await
+            .unwrap();
         let app = RedisApp {
             locks: LockClient::builder(backend).build().unwrap(),
             witness: witness.clone(),
@@ -524,7 +527,10 @@ impl Drop for OnDrop {
 
 /// A client with default settings on `server`.
 async fn redis_locks(server: &RedisServer) -> LockClient<RedisBackend> {
-    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let backend = support::redis_backend(server.url())
+        .connect()
+        .await
+        .unwrap();
     LockClient::builder(backend).build().unwrap()
 }
 
@@ -755,7 +761,10 @@ async fn reports_its_lease(
 #[tokio::test]
 async fn unset_options_come_from_the_client() {
     let server = RedisServer::start();
-    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let backend = support::redis_backend(server.url())
+        .connect()
+        .await
+        .unwrap();
     let locks = LockClient::builder(backend)
         .lease(tower_lock::Lease::watchdog(Duration::from_secs(10)))
         .build()

@@ -11,7 +11,7 @@ use http::{Request, Response, StatusCode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use support::RedisServer;
 use tower::{ServiceBuilder, ServiceExt, service_fn};
-use tower_lock::{Lease, LockClient, LockError, LockLayer, RedisBackend, key, metrics::*};
+use tower_lock::{Lease, LockClient, LockError, LockLayer, key, metrics::*};
 
 /// A snapshot as `name{label=value,...}` → value; counters and gauges as numbers, histograms
 /// as their sample count. Taking it resets the recorder.
@@ -57,7 +57,12 @@ fn metrics_follow_the_engine() {
 }
 
 async fn scenario(server: &RedisServer, snapshotter: &Snapshotter) {
-    let connect = async || RedisBackend::connect(&server.url()).await.expect("connect");
+    let connect = async || {
+        support::redis_backend(server.url())
+            .connect()
+            .await
+            .expect("connect")
+    };
     let a = LockClient::builder(connect().await)
         .lease(Lease::watchdog(Duration::from_millis(150)))
         .build()

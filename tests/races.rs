@@ -20,7 +20,7 @@ use std::{
 use support::RedisServer;
 use tokio::sync::oneshot;
 use tower_lock::{
-    Backend, Lease, LockClient, LockError, MemoryBackend, RedisBackend,
+    Backend, Lease, LockClient, LockError, MemoryBackend,
     backend::{AcquireReply, Grant, Listener, Release, ReleaseReply, Renew, RenewReply},
     key::LockKey,
 };
@@ -228,11 +228,17 @@ async fn cancelled_acquire_in_flight_does_not_strand_the_lock() {
 async fn cancelled_acquire_on_redis_does_not_strand_the_lock() {
     let server = RedisServer::start();
     let a = client(
-        RedisBackend::connect(&server.url()).await.unwrap(),
+        support::redis_backend(server.url())
+            .connect()
+            .await
+            .unwrap(),
         Lease::DEFAULT,
     );
     let b = client(
-        RedisBackend::connect(&server.url()).await.unwrap(),
+        support::redis_backend(server.url())
+            .connect()
+            .await
+            .unwrap(),
         Lease::DEFAULT,
     );
     for round in 0..8 {
@@ -290,7 +296,13 @@ async fn short_reentry_keeps_the_outer_hold_in_memory() {
 #[tokio::test]
 async fn short_reentry_keeps_the_outer_hold_on_redis() {
     let server = RedisServer::start();
-    short_reentry_keeps_the_outer_hold(RedisBackend::connect(&server.url()).await.unwrap()).await;
+    short_reentry_keeps_the_outer_hold(
+        support::redis_backend(server.url())
+            .connect()
+            .await
+            .unwrap(),
+    )
+    .await;
 }
 
 /// A re-entry that reaches the store after the holder released its last guard there: it must
@@ -332,8 +344,20 @@ async fn reentry_racing_the_last_release_holds_a_renewed_lock() {
 async fn reentry_racing_a_release_on_redis() {
     let server = RedisServer::start();
     let lease = Lease::watchdog(Duration::from_millis(150));
-    let a = client(RedisBackend::connect(&server.url()).await.unwrap(), lease);
-    let b = client(RedisBackend::connect(&server.url()).await.unwrap(), lease);
+    let a = client(
+        support::redis_backend(server.url())
+            .connect()
+            .await
+            .unwrap(),
+        lease,
+    );
+    let b = client(
+        support::redis_backend(server.url())
+            .connect()
+            .await
+            .unwrap(),
+        lease,
+    );
     for round in 0..10 {
         let key = format!("doc:{round}");
         let holder = a.holder();
@@ -388,14 +412,17 @@ async fn stale_renewal_does_not_free_a_newer_hold() {
 #[tokio::test]
 async fn release_whose_reply_was_lost_is_retried() {
     let server = RedisServer::start();
-    let backend = RedisBackend::builder(server.url())
+    let backend = support::redis_backend(server.url())
         .command_timeout(Duration::from_millis(100))
         .connect()
         .await
         .unwrap();
     let a = client(backend, Lease::DEFAULT);
     let b = client(
-        RedisBackend::connect(&server.url()).await.unwrap(),
+        support::redis_backend(server.url())
+            .connect()
+            .await
+            .unwrap(),
         Lease::DEFAULT,
     );
     let guard = a.lock("doc:4").acquire().await.unwrap();
@@ -419,7 +446,7 @@ async fn release_whose_reply_was_lost_is_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_without_a_connection_is_retried() {
     let server = RedisServer::start();
-    let backend = RedisBackend::builder(server.url())
+    let backend = support::redis_backend(server.url())
         .pool_size(1)
         .command_timeout(Duration::from_millis(20))
         .connect()
@@ -465,7 +492,10 @@ async fn release_without_a_connection_is_retried() {
 async fn uncontended_pairs_cost_one_call_each() {
     let server = RedisServer::start();
     let locks = client(
-        RedisBackend::connect(&server.url()).await.unwrap(),
+        support::redis_backend(server.url())
+            .connect()
+            .await
+            .unwrap(),
         Lease::DEFAULT,
     );
     // Warm: scripts cached, the connection made.
@@ -522,8 +552,20 @@ async fn uncontended_pairs_cost_one_call_each() {
 async fn a_foreign_key_in_a_renewal_batch_loses_only_its_lock() {
     let server = RedisServer::start();
     let lease = Lease::watchdog(Duration::from_millis(300));
-    let a = client(RedisBackend::connect(&server.url()).await.unwrap(), lease);
-    let b = client(RedisBackend::connect(&server.url()).await.unwrap(), lease);
+    let a = client(
+        support::redis_backend(server.url())
+            .connect()
+            .await
+            .unwrap(),
+        lease,
+    );
+    let b = client(
+        support::redis_backend(server.url())
+            .connect()
+            .await
+            .unwrap(),
+        lease,
+    );
     let mut guards = Vec::new();
     for key in ["k1", "k2", "k3"] {
         guards.push(a.lock(key).acquire().await.unwrap());
@@ -545,7 +587,10 @@ async fn a_foreign_key_in_a_renewal_batch_loses_only_its_lock() {
 async fn no_errors_at_256_tasks() {
     let server = RedisServer::start();
     let locks = client(
-        RedisBackend::connect(&server.url()).await.unwrap(),
+        support::redis_backend(server.url())
+            .connect()
+            .await
+            .unwrap(),
         Lease::DEFAULT,
     );
     let mut tasks = tokio::task::JoinSet::new();

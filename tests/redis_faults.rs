@@ -22,7 +22,10 @@ const TOLERANCE: Duration = Duration::from_millis(100);
 
 /// A client with its own connections to `url`, using `prefix`.
 async fn client(url: &str, prefix: &str) -> LockClient<RedisBackend> {
-    let backend = RedisBackend::connect(url).await.expect("connect");
+    let backend = support::redis_backend(url)
+        .connect()
+        .await
+        .expect("connect");
     LockClient::builder(backend)
         .prefix(prefix)
         .build()
@@ -515,7 +518,7 @@ async fn paused_server_holder_lost_at_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn paused_server_times_out_and_undoes_attempt() {
     let server = RedisServer::start();
-    let backend = RedisBackend::builder(server.url())
+    let backend = support::redis_backend(server.url())
         .command_timeout(Duration::from_millis(200))
         .connect()
         .await

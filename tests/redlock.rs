@@ -42,7 +42,7 @@ impl Nodes {
 
     /// A backend of its own (own connections, own pub/sub: a separate process's view).
     fn backend(&self) -> RedlockBackend {
-        RedlockBackend::builder(self.servers.iter().map(RedisServer::url))
+        support::redlock_backend(self.servers.iter().map(RedisServer::url))
             .node_timeout(NODE_TIMEOUT)
             .retry_jitter(Duration::from_millis(20))
             .build()
@@ -486,10 +486,10 @@ async fn refused_kinds() {
 async fn builder_refuses_node_counts_without_a_majority() {
     for count in [0, 1, 2, 4, 6] {
         let urls = (0..count).map(|i| format!("redis://127.0.0.1:{}", 7000 + i));
-        let built = RedlockBackend::builder(urls).build();
+        let built = support::redlock_backend(urls).build();
         assert!(built.is_err(), "{count} nodes accepted");
     }
     let urls = (0..3).map(|i| format!("redis://127.0.0.1:{}", 7000 + i));
-    let backend = RedlockBackend::builder(urls).build().expect("3 nodes");
+    let backend = support::redlock_backend(urls).build().expect("3 nodes");
     assert_eq!(backend.quorum(), 2);
 }

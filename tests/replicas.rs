@@ -29,7 +29,7 @@ const SHORT_ACK_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// A client of `url` that wants `replicas` acknowledgements within `timeout` (none with 0).
 async fn client(url: &str, replicas: u32, timeout: Duration) -> LockClient<RedisBackend> {
-    let backend = RedisBackend::builder(url)
+    let backend = support::redis_backend(url)
         .min_replicas(replicas, timeout)
         .connect()
         .await
@@ -238,7 +238,10 @@ async fn wait_aof_support_is_asked_on_demand() {
     use tower_lock::backend::redis::{bb8, bb8_redis::RedisConnectionManager, redis::Client};
 
     let server = RedisServer::start();
-    let connected = RedisBackend::connect(&server.url()).await.expect("connect");
+    let connected = support::redis_backend(server.url())
+        .connect()
+        .await
+        .expect("connect");
     let commands = server.info("commandstats").expect("INFO commandstats");
     assert!(!commands.contains("cmdstat_waitaof"), "{commands}");
 

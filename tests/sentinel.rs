@@ -22,6 +22,7 @@ const PREFIX: &str = "tl:";
 async fn client(group: &SentinelGroup) -> LockClient<RedisBackend> {
     let backend = RedisBackend::sentinel(group.sentinel_urls(), MASTER_NAME)
         .command_timeout(Duration::from_millis(500))
+        .quarantine(Duration::ZERO)
         .connect()
         .await
         .expect("connect through the sentinels");

@@ -25,7 +25,7 @@ fn trusting(root_cert: Vec<u8>) -> TlsCertificates {
 }
 
 async fn connect(url: String, roots: Option<Vec<u8>>) -> Result<RedisBackend, BackendError> {
-    let mut builder = RedisBackend::builder(url);
+    let mut builder = support::redis_backend(url);
     if let Some(roots) = roots {
         builder = builder.tls_certificates(trusting(roots));
     }
@@ -168,7 +168,7 @@ async fn passwords_are_redacted() {
     let server = support::RedisServer::start();
     server.acl_setuser("app", &["on", &format!(">{PASSWORD}"), "~*", "&*", "+@all"]);
     let url = server.url_as("app", PASSWORD);
-    let builder = RedisBackend::builder(url.clone());
+    let builder = support::redis_backend(url.clone());
     let mut shown = vec![format!("{builder:?}")];
     let backend = builder.connect().await.expect("connect with the password");
     shown.push(format!("{backend:?}"));
@@ -190,7 +190,7 @@ async fn passwords_are_redacted() {
     tracing::error!(error = %failed, "connect failed");
     shown.push(format!("{failed:?}"));
     shown.push(failed.to_string());
-    shown.push(format!("{:?}", RedisBackend::builder(wrong)));
+    shown.push(format!("{:?}", support::redis_backend(wrong)));
 
     let logs = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
     assert!(logs.contains("connect failed"), "the capture works: {logs}");

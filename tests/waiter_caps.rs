@@ -13,7 +13,7 @@ use tower_lock::{LockClient, LockError, LockGuard, RedisBackend};
 const POOL_SIZE: u32 = 4;
 
 async fn client(server: &RedisServer, max_waiters: usize) -> LockClient<RedisBackend> {
-    let backend = RedisBackend::builder(server.url())
+    let backend = support::redis_backend(server.url())
         .pool_size(POOL_SIZE)
         .command_timeout(Duration::from_secs(5))
         .connect()
@@ -127,7 +127,10 @@ async fn global_cap_refuses_at_once() {
 async fn per_key_cap_refuses_at_once() {
     let server = RedisServer::start();
     let holder = client(&server, 100).await;
-    let backend = RedisBackend::connect(&server.url()).await.expect("connect");
+    let backend = support::redis_backend(server.url())
+        .connect()
+        .await
+        .expect("connect");
     let waiter = LockClient::builder(backend)
         .max_waiters(100)
         .max_waiters_per_key(3)

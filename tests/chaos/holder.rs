@@ -259,7 +259,7 @@ struct Holding {
 
 /// Serves commands until stdin closes.
 async fn serve(setup: Setup) {
-    let backend = RedisBackend::builder(&setup.url)
+    let backend = crate::support::redis_backend(&setup.url)
         .command_timeout(Duration::from_millis(setup.command_timeout_ms))
         .connect()
         .await

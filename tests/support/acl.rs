@@ -18,6 +18,7 @@ pub const PASSWORD: &str = "lock-password";
 /// The commands the crate sends and its scripts call, on every Redis version it supports.
 pub const COMMANDS: &[&str] = &[
     "+ping",
+    "+info",
     "+evalsha",
     "+eval",
     "+type",

@@ -640,3 +640,20 @@ pub fn command_stat(commandstats: &str, command: &str, field: &str) -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// A Redis backend builder for a server the test started itself. Its quarantine after a
+/// server's start is off: a fresh server would otherwise grant nothing for a lease (the
+/// quarantine tests set their own).
+pub fn redis_backend(url: impl Into<String>) -> tower_lock::RedisBackendBuilder {
+    tower_lock::RedisBackend::builder(url).quarantine(Duration::ZERO)
+}
+
+/// A Redlock backend builder for nodes the test started itself, quarantine off as for
+/// [`redis_backend`].
+pub fn redlock_backend<I>(urls: I) -> tower_lock::RedlockBackendBuilder
+where
+    I: IntoIterator,
+    I::Item: Into<String>,
+{
+    tower_lock::RedlockBackend::builder(urls).quarantine(Duration::ZERO)
+}

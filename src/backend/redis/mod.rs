@@ -41,6 +41,7 @@ use self::{
     acknowledge::{Acknowledgement, MinReplicas, Probed, WaitAof, wait_aof_probe},
     pool::{Manager, Pool},
     pubsub::PubSub,
+    quarantine::Quarantine,
     scripts::{Call, Scripts},
     target::Target,
     transport::{Conn, Transport},
@@ -59,6 +60,7 @@ mod acknowledge;
 mod cluster;
 mod pool;
 mod pubsub;
+mod quarantine;
 mod scripts;
 #[cfg(feature = "cluster")]
 mod sharded_pubsub;
@@ -93,6 +95,7 @@ struct Inner {
     pubsub: OnceLock<PubSub>,
     command_timeout: Duration,
     acknowledgement: Acknowledgement,
+    quarantine: Arc<Quarantine>,
     stop: CancellationToken,
     _stop_on_drop: DropGuard,
 }
@@ -107,6 +110,7 @@ impl fmt::Debug for RedisBackend {
             Transport::Cluster(cluster) => f.field("cluster", &cluster.addrs()),
         };
         f.field("command_timeout", &self.inner.command_timeout)
+            .field("quarantine", &self.inner.quarantine.length())
             .field("min_replicas", &self.inner.acknowledgement.replicas)
             .field("wait_aof", &self.inner.acknowledgement.aof)
             .finish_non_exhaustive()
@@ -120,6 +124,7 @@ pub struct RedisBackendBuilder {
     pool_size: u32,
     command_timeout: Duration,
     acknowledgement: Acknowledgement,
+    quarantine: Option<Duration>,
     #[cfg(feature = "tls")]
     tls: Option<redis::TlsCertificates>,
 }
@@ -173,6 +178,7 @@ impl fmt::Debug for RedisBackendBuilder {
             .field("source", &self.source)
             .field("pool_size", &self.pool_size)
             .field("command_timeout", &self.command_timeout)
+            .field("quarantine", &self.quarantine)
             .field("min_replicas", &self.acknowledgement.replicas)
             .field("wait_aof", &self.acknowledgement.aof);
         // Certificates and the client key are not shown, only whether they are set.
@@ -208,6 +214,7 @@ impl RedisBackendBuilder {
             pool_size: 4,
             command_timeout: Duration::from_secs(1),
             acknowledgement: Acknowledgement::default(),
+            quarantine: None,
             #[cfg(feature = "tls")]
             tls: None,
         }
@@ -225,6 +232,45 @@ impl RedisBackendBuilder {
     /// [`BackendErrorKind::Timeout`] error. Keep it well below the lease. Defaults to 1 second.
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
         self.command_timeout = timeout;
+        self
+    }
+
+    /// How long a server that has just started grants no new lock (its quarantine). Defaults
+    /// to the longest lease this process's clients have asked for.
+    ///
+    /// A Redis restarted without persistence has forgotten every lock, while their holders are
+    /// still inside their critical sections until their leases run out: granting at once would
+    /// let a second holder in. So a server that has been up for less than the quarantine
+    /// answers every new acquire with "held" (a layer answers `423 Locked` with the time left
+    /// as `Retry-After`; a waiter waits); renewals and releases go on. The server's own
+    /// `uptime_in_seconds` (`INFO server`, asked once per new connection: the ACL user needs
+    /// `+info`) tells when it started, so no clocks are compared. A Sentinel failover to
+    /// another server counts as a start, unless [`min_replicas`](Self::min_replicas) is set.
+    ///
+    /// The cost: up to one lease without new grants after a restart, and after the first start
+    /// of a server. Set it to at least the longest lease any client of this store uses when
+    /// they differ. `Duration::ZERO` turns it off, for a server that loses no acknowledged
+    /// write across a restart (`appendonly yes` with `appendfsync always`), or for tests that
+    /// start their own server. A Redis Cluster, and a pool handed in with
+    /// [`RedisBackend::from_pool`], are not quarantined: the backend does not open their
+    /// connections.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    ///
+    /// use tower_lock::RedisBackend;
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Some clients of this Redis hold locks for up to 2 minutes.
+    /// let backend = RedisBackend::builder("redis://127.0.0.1:6379")
+    ///     .quarantine(Duration::from_secs(120))
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn quarantine(mut self, quarantine: Duration) -> Self {
+        self.quarantine = Some(quarantine);
         self
     }
 
@@ -331,6 +377,7 @@ impl RedisBackendBuilder {
                 Transport::Cluster(cluster),
                 command_timeout,
                 Acknowledgement::default(),
+                Arc::new(Quarantine::new(Some(Duration::ZERO))),
             ));
         }
         let backend = self.build_lazy()?;
@@ -392,11 +439,18 @@ impl RedisBackendBuilder {
             }
         };
         let target = Arc::new(target);
+        let quarantine = Arc::new(Quarantine::new(self.quarantine));
+        let manager = Manager::new(
+            target.clone(),
+            self.command_timeout,
+            quarantine.clone(),
+            self.acknowledgement.replicas.is_none(),
+        );
         let pool = bb8::Pool::builder()
             .max_size(self.pool_size.max(1))
             .connection_timeout(self.command_timeout)
             .test_on_check_out(false)
-            .build_unchecked(Manager::new(target.clone(), self.command_timeout));
+            .build_unchecked(manager);
         Ok(RedisBackend::new(
             Transport::Node {
                 pool: Pool::Own(pool),
@@ -404,6 +458,7 @@ impl RedisBackendBuilder {
             },
             self.command_timeout,
             self.acknowledgement,
+            quarantine,
         ))
     }
 }
@@ -500,6 +555,7 @@ impl RedisBackend {
             },
             Duration::from_secs(1),
             Acknowledgement::default(),
+            Arc::new(Quarantine::new(Some(Duration::ZERO))),
         )
     }
 
@@ -507,6 +563,7 @@ impl RedisBackend {
         transport: Transport,
         command_timeout: Duration,
         acknowledgement: Acknowledgement,
+        quarantine: Arc<Quarantine>,
     ) -> Self {
         let stop = CancellationToken::new();
         Self {
@@ -515,6 +572,7 @@ impl RedisBackend {
                 pubsub: OnceLock::new(),
                 command_timeout,
                 acknowledgement,
+                quarantine,
                 _stop_on_drop: stop.clone().drop_guard(),
                 stop,
             }),
@@ -622,17 +680,28 @@ impl RedisBackend {
     /// Runs an acquire script as [`invoke`](Self::invoke) does. With
     /// [`min_replicas`](RedisBackendBuilder::min_replicas) or
     /// [`wait_aof`](RedisBackendBuilder::wait_aof), a grant is then followed, on the same
-    /// connection, by `WAIT` and `WAITAOF`; what they found short comes back too.
+    /// connection, by `WAIT` and `WAITAOF`; what they found short comes back too. On a
+    /// connection to a server in [quarantine](RedisBackendBuilder::quarantine), nothing is
+    /// sent: the reply is "held" until the quarantine ends.
     async fn invoke_acquire(
         &self,
         call: &Call,
         key: &LockKey,
     ) -> Result<(Vec<i64>, Option<BackendErrorKind>), BackendError> {
         let acknowledgement = self.inner.acknowledgement;
+        let quarantine = &self.inner.quarantine;
         // The waits may take their whole timeouts on top of the script's command.
         let budget = self.inner.command_timeout + acknowledgement.timeout();
         let result = self
             .with_conn_within(Some(key), budget, async |conn| {
+                if let Some(left) = conn
+                    .booted()
+                    .and_then(|booted| quarantine.remaining(booted))
+                {
+                    tracing::debug!(key = %key, ?left, "lock store in quarantine after a start");
+                    let retry_ms = i64::try_from(left.as_millis()).unwrap_or(i64::MAX).max(1);
+                    return Ok((vec![0, retry_ms], None));
+                }
                 let reply: Vec<i64> = run_call(call, conn).await?;
                 let shortfall = if reply.first() == Some(&1) {
                     acknowledgement.shortfall(conn).await?
@@ -1006,6 +1075,7 @@ impl Backend for RedisBackend {
 
     async fn acquire(&self, grant: Grant<'_>) -> Result<AcquireReply, BackendError> {
         let key = grant.key;
+        self.inner.quarantine.note_lease(grant.lease.duration());
         let queue = grant
             .queue
             .map_or(0, |timeout| Lease::fixed(timeout).millis());

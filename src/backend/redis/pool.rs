@@ -12,7 +12,7 @@
 use std::{
     ops::{Deref, DerefMut},
     sync::{
-        Arc,
+        Arc, Mutex, PoisonError,
         atomic::{AtomicBool, Ordering},
     },
     time::Duration,
@@ -20,23 +20,77 @@ use std::{
 
 use bb8_redis::RedisConnectionManager;
 use redis::{AsyncConnectionConfig, RedisError, aio::MultiplexedConnection};
+use tokio::time::Instant;
 
-use super::target::Target;
+use super::{
+    quarantine::{self, Quarantine},
+    target::Target,
+};
 
-/// A bb8 manager of multiplexed connections that knows when one broke. Each new connection
-/// goes to the server the [`Target`] names at that moment (after a failover, the new master).
+/// A bb8 manager of multiplexed connections that knows when one broke, and when the server
+/// of each booted. Each new connection goes to the server the [`Target`] names at that moment
+/// (after a failover, the new master).
 #[derive(Clone, Debug)]
 pub(super) struct Manager {
     target: Arc<Target>,
     connect_timeout: Duration,
+    quarantine: Arc<Quarantine>,
+    /// Whether a switch to another server (a Sentinel failover) counts as a boot: a promoted
+    /// replica may have missed the last grants, unless every grant waited for a replica.
+    failover_boots: bool,
+    /// The address of the server the last connection went to.
+    last_server: Arc<Mutex<Option<String>>>,
 }
 
 impl Manager {
-    pub(super) fn new(target: Arc<Target>, connect_timeout: Duration) -> Self {
+    pub(super) fn new(
+        target: Arc<Target>,
+        connect_timeout: Duration,
+        quarantine: Arc<Quarantine>,
+        failover_boots: bool,
+    ) -> Self {
         Self {
             target,
             connect_timeout,
+            quarantine,
+            failover_boots,
+            last_server: Arc::default(),
         }
+    }
+
+    /// When the server `conn` goes to booted, as far as its locks go: its own boot, or the
+    /// moment this process first saw it replace another server. `None` with the quarantine off.
+    async fn booted(
+        &self,
+        server: String,
+        conn: &mut MultiplexedConnection,
+    ) -> Result<Option<Instant>, RedisError> {
+        if !self.quarantine.is_on() {
+            return Ok(None);
+        }
+        let mut booted = quarantine::boot_time(conn).await?;
+        let previous = self
+            .last_server
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .replace(server.clone());
+        if self.failover_boots && previous.as_ref().is_some_and(|old| *old != server) {
+            tracing::warn!(
+                %server,
+                previous = previous.as_deref().unwrap_or_default(),
+                "the lock store moved to another server (failover): treating it as restarted"
+            );
+            booted = Instant::now();
+        }
+        if let Some(remaining) = self.quarantine.remaining(booted) {
+            tracing::warn!(
+                %server,
+                quarantine_ms = u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX),
+                "the lock store started less than a lease ago: it grants no new lock until \
+                 every lease it may have forgotten has run out"
+            );
+        }
+        Ok(Some(booted))
     }
 }
 
@@ -45,6 +99,8 @@ impl Manager {
 pub(super) struct Tracked {
     conn: MultiplexedConnection,
     broken: Arc<AtomicBool>,
+    /// When its server booted (for the quarantine); `None` when not asked.
+    booted: Option<Instant>,
 }
 
 impl bb8::ManageConnection for Manager {
@@ -59,12 +115,15 @@ impl bb8::ManageConnection for Manager {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(None);
-        let conn = client
+        let mut conn = client
             .get_multiplexed_async_connection_with_config(&config)
             .await?;
+        let server = client.get_connection_info().addr().to_string();
+        let booted = self.booted(server, &mut conn).await?;
         Ok(Tracked {
             conn,
             broken: Arc::new(AtomicBool::new(false)),
+            booted,
         })
     }
 
@@ -93,6 +152,8 @@ pub(super) struct Conn {
     conn: MultiplexedConnection,
     /// The pooled connection's flag, for connections of the backend's own pool.
     broken: Option<Arc<AtomicBool>>,
+    /// When its server booted, for connections of the backend's own pool with the quarantine on.
+    booted: Option<Instant>,
 }
 
 impl Pool {
@@ -107,11 +168,13 @@ impl Pool {
                 return Ok(Conn {
                     conn: pooled.conn.clone(),
                     broken: Some(pooled.broken.clone()),
+                    booted: pooled.booted,
                 });
             },
             Self::Shared(pool) => Ok(Conn {
                 conn: pool.get().await?.clone(),
                 broken: None,
+                booted: None,
             }),
         }
     }
@@ -123,6 +186,11 @@ impl Conn {
         if let Some(broken) = &self.broken {
             broken.store(true, Ordering::Relaxed);
         }
+    }
+
+    /// When the server of this connection booted, when known.
+    pub(super) fn booted(&self) -> Option<Instant> {
+        self.booted
     }
 }
 

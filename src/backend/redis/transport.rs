@@ -84,6 +84,16 @@ impl Conn {
             Self::Cluster(_) => {}
         }
     }
+
+    /// When the server this connection goes to booted, when known: for the backend's own pool
+    /// of one node, not for an application's pool or a cluster.
+    pub(super) fn booted(&self) -> Option<tokio::time::Instant> {
+        match self {
+            Self::Node(conn) => conn.booted(),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(_) => None,
+        }
+    }
 }
 
 impl ConnectionLike for Conn {

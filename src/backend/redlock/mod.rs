@@ -159,6 +159,7 @@ pub struct RedlockBackendBuilder {
     node_timeout: Duration,
     retry_jitter: Duration,
     pool_size: u32,
+    quarantine: Option<Duration>,
 }
 
 impl RedlockBackendBuilder {
@@ -189,6 +190,16 @@ impl RedlockBackendBuilder {
     /// majority). Defaults to 50 ms.
     pub fn retry_jitter(mut self, jitter: Duration) -> Self {
         self.retry_jitter = jitter;
+        self
+    }
+
+    /// How long a node added by URL that has just started grants no new lock: see
+    /// [`RedisBackendBuilder::quarantine`](crate::backend::redis::RedisBackendBuilder::quarantine).
+    /// Defaults to the longest lease asked for. A node restarted without persistence while
+    /// it was part of a holder's majority would otherwise let a second holder win a majority
+    /// with it; in quarantine it votes "held".
+    pub fn quarantine(mut self, quarantine: Duration) -> Self {
+        self.quarantine = Some(quarantine);
         self
     }
 
@@ -233,14 +244,20 @@ impl RedlockBackendBuilder {
             .into_iter()
             .map(|node| match node {
                 Node::Backend(backend) => Ok(backend),
-                Node::Url(url) => RedisBackend::builder(url)
-                    .command_timeout(self.node_timeout)
-                    .pool_size(self.pool_size)
+                Node::Url(url) => {
+                    let builder = RedisBackend::builder(url)
+                        .command_timeout(self.node_timeout)
+                        .pool_size(self.pool_size);
+                    match self.quarantine {
+                        Some(quarantine) => builder.quarantine(quarantine),
+                        None => builder,
+                    }
                     .build_lazy()
                     .map_err(|_| ConfigError::Invalid {
                         setting: "nodes",
                         reason: "invalid Redis URL",
-                    }),
+                    })
+                }
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(RedlockBackend {
@@ -270,6 +287,7 @@ impl RedlockBackend {
             node_timeout: Duration::from_millis(100),
             retry_jitter: Duration::from_millis(50),
             pool_size: 4,
+            quarantine: None,
         }
     }
 

@@ -15,7 +15,7 @@ use std::{
 use futures_util::future::join_all;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::oneshot;
-use tower_lock::{Lease, LockClient, LockError, RedisBackend, metrics::RENEWAL_BATCH_SECONDS};
+use tower_lock::{Lease, LockClient, LockError, metrics::RENEWAL_BATCH_SECONDS};
 
 use super::{Bed, Topology};
 use crate::{clock, run};
@@ -55,7 +55,10 @@ fn start_holder(url: String, prefix: String, recorder: DebuggingRecorder) -> Hol
             .expect("runtime");
         metrics::with_local_recorder(&recorder, || {
             runtime.block_on(async move {
-                let backend = RedisBackend::connect(&url).await.expect("connect");
+                let backend = crate::support::redis_backend(&url)
+                    .connect()
+                    .await
+                    .expect("connect");
                 let holder = LockClient::builder(backend)
                     .prefix(&prefix)
                     .build()

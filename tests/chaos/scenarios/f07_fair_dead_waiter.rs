@@ -53,7 +53,7 @@ const PLACE_LEFT: &str = "
 
 /// A client in this process with the shared waiter timeout.
 async fn client(bed: &Bed) -> LockClient<RedisBackend> {
-    let backend = RedisBackend::builder(bed.redis.url())
+    let backend = crate::support::redis_backend(bed.redis.url())
         .connect()
         .await
         .expect("connect");

@@ -103,7 +103,8 @@ async fn failover(
 ) {
     replica.kill();
     proxy.retarget(master.url());
-    let builder = RedisBackend::builder(proxy.url()).command_timeout(Duration::from_secs(1));
+    let builder =
+        crate::support::redis_backend(proxy.url()).command_timeout(Duration::from_secs(1));
     let first = bed
         .client_of(if acknowledged {
             builder.min_replicas(1, ACK_TIMEOUT)
@@ -148,7 +149,9 @@ async fn failover(
     proxy.retarget(replica.url());
 
     let second = bed
-        .client_of(RedisBackend::builder(proxy.url()).command_timeout(Duration::from_secs(1)))
+        .client_of(
+            crate::support::redis_backend(proxy.url()).command_timeout(Duration::from_secs(1)),
+        )
         .await;
     super::grant_again_after_failover(history, &second, key, (first_section, granted)).await;
 }
@@ -156,9 +159,11 @@ async fn failover(
 /// Acquire latencies of `samples` uncontended acquisitions on `master`, alternating a client
 /// without and one with `min_replicas`: (without, with).
 async fn wait_overhead(bed: &Bed, master: &Node, samples: usize) -> (Vec<Duration>, Vec<Duration>) {
-    let plain = bed.client_of(RedisBackend::builder(master.url())).await;
+    let plain = bed
+        .client_of(crate::support::redis_backend(master.url()))
+        .await;
     let acknowledged = bed
-        .client_of(RedisBackend::builder(master.url()).min_replicas(1, HEALTHY_ACK_TIMEOUT))
+        .client_of(crate::support::redis_backend(master.url()).min_replicas(1, HEALTHY_ACK_TIMEOUT))
         .await;
     let (mut without, mut with) = (Vec::new(), Vec::new());
     for sample in 0..samples {
@@ -248,13 +253,15 @@ async fn wait_aof_detection(bed: &mut Bed) -> String {
     let version = bed.redis.version();
     let numbers: Vec<u32> = version.split('.').filter_map(|n| n.parse().ok()).collect();
     let expected = numbers[..] >= [7, 2][..];
-    let plain = RedisBackend::connect(bed.redis.url())
+    let plain = crate::support::redis_backend(bed.redis.url())
+        .connect()
         .await
         .expect("connect without wait_aof, whatever the version");
     let supported = plain.supports_wait_aof().await.expect("ask for WAITAOF");
     assert_eq!(supported, expected, "redis {version}");
 
-    let local = |url: &str| RedisBackend::builder(url).wait_aof(true, 0, HEALTHY_ACK_TIMEOUT);
+    let local =
+        |url: &str| crate::support::redis_backend(url).wait_aof(true, 0, HEALTHY_ACK_TIMEOUT);
     let refused = local(bed.redis.url())
         .connect()
         .await
@@ -273,7 +280,7 @@ async fn wait_aof_detection(bed: &mut Bed) -> String {
         assert!(aof.calls("waitaof") >= 2, "the probe and one grant");
 
         let no_replica = bed
-            .client_of(RedisBackend::builder(aof.url()).wait_aof(false, 1, ACK_TIMEOUT))
+            .client_of(crate::support::redis_backend(aof.url()).wait_aof(false, 1, ACK_TIMEOUT))
             .await;
         let error = no_replica
             .lock("aof-replica")
@@ -457,7 +464,7 @@ async fn f19_coordinated_failover_loses_no_lock() {
     // succeeded the release goes through a live connection.
     let holders = bed
         .client_of(
-            RedisBackend::builder(proxy.url())
+            crate::support::redis_backend(proxy.url())
                 .pool_size(1)
                 .command_timeout(Duration::from_secs(1)),
         )

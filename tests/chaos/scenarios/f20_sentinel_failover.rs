@@ -48,6 +48,7 @@ const UNREPLICATED_LEASE: Duration = Duration::from_secs(30);
 fn following(group: &SentinelGroup) -> RedisBackendBuilder {
     RedisBackend::sentinel(group.sentinel_urls(), MASTER_NAME)
         .command_timeout(Duration::from_millis(500))
+        .quarantine(Duration::ZERO)
 }
 
 async fn client_of(builder: RedisBackendBuilder) -> LockClient<RedisBackend> {

@@ -122,7 +122,7 @@ impl Bed {
         url: &str,
         command_timeout: Duration,
     ) -> LockClient<RedisBackend> {
-        self.client_of(RedisBackend::builder(url).command_timeout(command_timeout))
+        self.client_of(crate::support::redis_backend(url).command_timeout(command_timeout))
             .await
     }
 
@@ -144,7 +144,7 @@ impl Bed {
     /// A Redlock client over every node of the bed, with its own connections (as a separate
     /// process would have), each call bounded by `node_timeout`.
     pub(crate) fn redlock_client(&self, node_timeout: Duration) -> LockClient<RedlockBackend> {
-        let backend = RedlockBackend::builder(self.nodes.iter().map(Node::url))
+        let backend = crate::support::redlock_backend(self.nodes.iter().map(Node::url))
             .node_timeout(node_timeout)
             .retry_jitter(Duration::from_millis(20))
             .build()

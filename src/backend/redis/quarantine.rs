@@ -1,0 +1,122 @@
+//! Quarantine after a restart: a server that has been up for less than the longest lease any
+//! client may still hold grants nothing new.
+//!
+//! A Redis restarted without persistence (or from an append-only file that missed its last
+//! second, or a replica promoted before it received the last grants) has forgotten locks whose
+//! holders still run their critical sections: each believes it holds until its own deadline,
+//! at most one lease after its last grant or renewal, which happened before the restart. So
+//! a server that booted less than one lease ago must not grant, and after that it may.
+//!
+//! The restart is told by the server itself, never by comparing clocks: every connection the
+//! backend opens asks `INFO server` for `uptime_in_seconds` once, and a connection cannot
+//! outlive the server it was opened to, so each command knows when its server booted (by this
+//! process's monotonic clock). An acquire sent on a connection whose server is still in
+//! quarantine is not sent: it answers "held, try again when the quarantine ends". Renewals and
+//! releases go on as usual.
+
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
+
+use redis::{RedisError, RedisResult, aio::ConnectionLike};
+use tokio::time::Instant;
+
+/// How long a freshly booted server grants nothing new.
+#[derive(Debug)]
+pub(super) struct Quarantine {
+    /// Set with [`RedisBackendBuilder::quarantine`](super::RedisBackendBuilder::quarantine).
+    fixed: Option<Duration>,
+    /// Otherwise: the longest lease this process's clients use, in milliseconds.
+    longest_lease_ms: AtomicU64,
+}
+
+impl Quarantine {
+    /// A quarantine of `fixed`, or (with `None`) of the longest lease in use.
+    pub(super) fn new(fixed: Option<Duration>) -> Self {
+        Self {
+            fixed,
+            longest_lease_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Records that a client of this backend uses leases of `lease`.
+    pub(super) fn note_lease(&self, lease: Duration) {
+        let millis = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+        self.longest_lease_ms.fetch_max(millis, Ordering::Relaxed);
+    }
+
+    /// How long the quarantine is now.
+    pub(super) fn length(&self) -> Duration {
+        self.fixed
+            .unwrap_or_else(|| Duration::from_millis(self.longest_lease_ms.load(Ordering::Relaxed)))
+    }
+
+    /// Whether new connections must learn when their server booted: not when the quarantine
+    /// was turned off, which also spares the `INFO` grant.
+    pub(super) fn is_on(&self) -> bool {
+        self.fixed != Some(Duration::ZERO)
+    }
+
+    /// How much longer a server that booted at `booted` grants nothing new, if at all.
+    pub(super) fn remaining(&self, booted: Instant) -> Option<Duration> {
+        let until = booted + self.length();
+        let now = Instant::now();
+        (now < until).then(|| until - now)
+    }
+}
+
+/// When the server behind `conn` booted, from its own uptime. Rounded down to whole seconds
+/// by the server, so the boot time found is at most a second later than the real one: the
+/// quarantine errs long.
+pub(super) async fn boot_time<C: ConnectionLike>(conn: &mut C) -> RedisResult<Instant> {
+    let asked = Instant::now();
+    let info: String = redis::cmd("INFO").arg("server").query_async(conn).await?;
+    let uptime = uptime_of(&info).ok_or_else(|| {
+        RedisError::from((
+            redis::ErrorKind::Parse,
+            "INFO server has no uptime_in_seconds",
+        ))
+    })?;
+    Ok(asked
+        .checked_sub(Duration::from_secs(uptime))
+        .unwrap_or(asked))
+}
+
+/// `uptime_in_seconds` of an `INFO server` reply.
+fn uptime_of(info: &str) -> Option<u64> {
+    info.lines()
+        .find_map(|line| line.strip_prefix("uptime_in_seconds:"))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uptime_is_read_from_the_server_section() {
+        let info =
+            "# Server\r\nredis_version:7.0.15\r\nuptime_in_seconds:42\r\nuptime_in_days:0\r\n";
+        assert_eq!(uptime_of(info), Some(42));
+        assert_eq!(uptime_of("# Server\r\nredis_version:7.0.15\r\n"), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn follows_the_longest_lease_unless_fixed() {
+        let auto = Quarantine::new(None);
+        auto.note_lease(Duration::from_secs(3));
+        auto.note_lease(Duration::from_secs(1));
+        assert_eq!(auto.length(), Duration::from_secs(3));
+        let booted = Instant::now();
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(auto.remaining(booted), Some(Duration::from_secs(1)));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(auto.remaining(booted), None);
+
+        let off = Quarantine::new(Some(Duration::ZERO));
+        off.note_lease(Duration::from_secs(30));
+        assert!(!off.is_on());
+        assert_eq!(off.remaining(Instant::now()), None);
+    }
+}

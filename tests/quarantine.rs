@@ -1,0 +1,196 @@
+//! A lock store that restarts without persistence while a lock is held grants nothing new
+//! until every lease it may have forgotten has run out (its quarantine), on one node and as a
+//! Redlock node; with the quarantine off, the same runs show the double grant it prevents.
+//!
+//! The checker is the holders' own view: a second holder may be granted only once the first
+//! holder's guard reports the lock lost (its deadline passed). Leases are fixed, so the first
+//! holder never renews and learns of the restart only at its deadline: exactly the holder a
+//! restart endangers, one inside a long critical section.
+
+mod support;
+
+use std::time::Duration;
+
+use support::RedisServer;
+use tokio::time::Instant;
+use tower_lock::{Lease, LockClient, LockGuard, RedisBackend, RedlockBackend};
+
+/// The lease of every lock here, and the quarantine that covers it.
+const LEASE: Duration = Duration::from_millis(2500);
+/// Scheduling slack past a computed bound.
+const SLACK: Duration = Duration::from_millis(700);
+
+async fn node_client(server: &RedisServer, quarantine: Duration) -> LockClient<RedisBackend> {
+    let backend = RedisBackend::builder(server.url())
+        .quarantine(quarantine)
+        .connect()
+        .await
+        .expect("connect");
+    LockClient::builder(backend)
+        .lease(Lease::fixed(LEASE))
+        .build()
+        .expect("valid configuration")
+}
+
+/// What happened to the waiter: when it was granted, and whether the first holder still
+/// believed it held the lock at that moment.
+struct Outcome {
+    granted_after_restart: Duration,
+    double_grant: bool,
+}
+
+/// A holds `key` with a fixed lease; B waits for it; the server restarts empty at once.
+async fn single_node_restart(quarantine: Duration) -> Outcome {
+    let mut server = RedisServer::start();
+    let a = node_client(&server, quarantine).await;
+    let b = node_client(&server, quarantine).await;
+    // A fresh server is itself in quarantine: A waits it out.
+    let held = a
+        .lock("account")
+        .wait(quarantine + LEASE)
+        .acquire()
+        .await
+        .expect("A acquires once the new server's quarantine is over");
+    let waiter = tokio::spawn(async move {
+        let guard = b
+            .lock("account")
+            .wait(LEASE * 4)
+            .acquire()
+            .await
+            .expect("B acquires in the end");
+        (Instant::now(), guard)
+    });
+    // B is queued on A's hold before the restart (it listens for the release).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiter.is_finished(), "B waits while A holds");
+    let restarted = Instant::now();
+    server.restart();
+    let (granted, guard) = waiter.await.expect("waiter task");
+    let outcome = Outcome {
+        granted_after_restart: granted - restarted,
+        double_grant: !held.is_lost(),
+    };
+    drop((held, guard));
+    outcome
+}
+
+/// With the quarantine on, B is granted only after A's deadline, and no later than the
+/// quarantine plus slack after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_grants_nothing_while_a_forgotten_lease_runs() {
+    let outcome = single_node_restart(LEASE).await;
+    assert!(
+        !outcome.double_grant,
+        "B was granted {:?} after the restart while A's lease ran",
+        outcome.granted_after_restart
+    );
+    assert!(
+        outcome.granted_after_restart <= LEASE + SLACK,
+        "B waited {:?} after the restart (quarantine {LEASE:?})",
+        outcome.granted_after_restart
+    );
+}
+
+/// Negative control: without the quarantine, the same restart grants the lock twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_quarantine_a_restarted_node_grants_twice() {
+    let outcome = single_node_restart(Duration::ZERO).await;
+    assert!(
+        outcome.double_grant,
+        "B was granted {:?} after the restart, after A's lease: the control found nothing",
+        outcome.granted_after_restart
+    );
+}
+
+/// A Redlock client of five nodes with the given quarantine.
+fn redlock_client(servers: &[RedisServer], quarantine: Duration) -> LockClient<RedlockBackend> {
+    let backend = RedlockBackend::builder(servers.iter().map(RedisServer::url))
+        .node_timeout(Duration::from_millis(200))
+        .quarantine(quarantine)
+        .build()
+        .expect("valid Redlock configuration");
+    LockClient::builder(backend)
+        .lease(Lease::fixed(LEASE))
+        .build()
+        .expect("valid configuration")
+}
+
+/// A holds on exactly nodes 0–2 (3 and 4 are down when it acquires, then come back empty);
+/// node 2 is restarted empty at once; B then tries for the lock until A's lease is over.
+async fn redlock_restart(quarantine: Duration) -> (Option<Duration>, bool) {
+    let mut servers: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+    let a = redlock_client(&servers, quarantine);
+    let b = redlock_client(&servers, quarantine);
+    servers[3].kill();
+    servers[4].kill();
+    let held: LockGuard<_> = a
+        .lock("order")
+        .wait(LEASE + Duration::from_secs(2))
+        .acquire()
+        .await
+        .expect("A wins nodes 0, 1 and 2");
+    servers[3].restart();
+    servers[4].restart();
+    servers[2].restart();
+    let restarted = Instant::now();
+    // B tries until well past A's lease: any grant while A's guard is not lost is a double grant.
+    let taken = b.lock("order").wait(LEASE * 3).acquire().await;
+    let double_grant = taken.is_ok() && !held.is_lost();
+    let after = taken.is_ok().then(|| restarted.elapsed());
+    (after, double_grant)
+}
+
+/// With the quarantine on, the restarted node votes "held" until A's lease is over: B never
+/// holds a majority while A does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_redlock_node_lends_no_majority_while_a_forgotten_lease_runs() {
+    let (granted_after, double_grant) = redlock_restart(LEASE).await;
+    assert!(
+        !double_grant,
+        "B won a majority {granted_after:?} after node 2 restarted, while A held"
+    );
+    let granted_after = granted_after.expect("B acquires once A's lease is over");
+    assert!(
+        granted_after <= LEASE + SLACK,
+        "B waited {granted_after:?} after the restart (quarantine {LEASE:?})"
+    );
+}
+
+/// Negative control: without the quarantine, B wins nodes 2, 3 and 4 while A holds 0, 1, 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_quarantine_a_restarted_redlock_node_grants_twice() {
+    let (granted_after, double_grant) = redlock_restart(Duration::ZERO).await;
+    assert!(
+        double_grant,
+        "B was granted {granted_after:?} after the restart, not while A held: the control found nothing"
+    );
+}
+
+/// By default the quarantine is the longest lease the client asked for, counted from the
+/// server's start: a server started just now grants its first lock only a lease later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_quarantine_is_the_longest_lease_in_use() {
+    let server = RedisServer::start();
+    let started = Instant::now();
+    let backend = RedisBackend::connect(&server.url()).await.expect("connect");
+    let locks = LockClient::builder(backend)
+        .lease(Lease::fixed(Duration::from_millis(1500)))
+        .build()
+        .expect("valid configuration");
+    let refused = locks.lock("first").wait(Duration::ZERO).acquire().await;
+    assert!(refused.is_err(), "a fresh server granted at once");
+    let guard = locks
+        .lock("first")
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .expect("granted once the quarantine is over");
+    let waited = started.elapsed();
+    // uptime_in_seconds is whole seconds: the quarantine may end up to a second late.
+    assert!(
+        waited >= Duration::from_millis(1400)
+            && waited <= Duration::from_millis(1500) + Duration::from_secs(1) + SLACK,
+        "first grant {waited:?} after the server started (lease 1.5 s)"
+    );
+    guard.release().await.expect("release");
+}
