@@ -311,6 +311,20 @@ impl RedlockBackend {
         self.inner.won.load(Ordering::Relaxed)
     }
 
+    /// The nodes (by their index in [`nodes`](Self::nodes)) skipped right now because they
+    /// could not be reached moments ago; each is tried again once a probe finds it answering,
+    /// or after a second. A lock acquired meanwhile is held on the other nodes only.
+    pub fn skipped_nodes(&self) -> Vec<usize> {
+        let now = Instant::now();
+        self.inner
+            .skipped_until
+            .iter()
+            .enumerate()
+            .filter(|(_, until)| lock(until).is_some_and(|until| now < until))
+            .map(|(node, _)| node)
+            .collect()
+    }
+
     /// Runs `op` on every node at once, each bounded by the node timeout; results in node
     /// order. A node that could not be reached (no connection: refused, or none in time) is
     /// skipped for [`NODE_BACKOFF`] and counts as not answering at once, instead of costing

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use tokio::time::{Instant, timeout};
-use tower_lock::{Lease, LockError};
+use tower_lock::{Lease, LockClient, LockError, RedlockBackend};
 
 use super::{Bed, Topology};
 use crate::{clock, run};
@@ -36,6 +36,9 @@ async fn f25_redlock_paused_nodes() {
         // Which nodes stop is the seed's choice; the first two stop first.
         let first = rng.below(5) as usize;
         let paused: Vec<_> = (0..3).map(|i| &bed.nodes[(first + i * 2) % 5]).collect();
+        // The nodes resumed by the last run answer again once the holder's probes say so:
+        // until then they are skipped and the lock would be held on fewer than five.
+        every_node_answering(&holder).await;
         let guard = holder
             .lock(&key)
             .lease(Lease::watchdog(LEASE))
@@ -105,4 +108,16 @@ async fn f25_redlock_paused_nodes() {
         "lost {:.1} ms after the deadline",
         clock::ms(latest)
     );
+}
+
+/// Waits until `client`'s backend skips no node (a second at most: a skip ends on its own).
+async fn every_node_answering(client: &LockClient<RedlockBackend>) {
+    let given_up = Instant::now() + Duration::from_secs(2);
+    while !client.backend().skipped_nodes().is_empty() {
+        assert!(
+            Instant::now() < given_up,
+            "a node is still skipped 2 s after resuming"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
