@@ -183,3 +183,59 @@ async fn wait_for(mut check: impl FnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Without `min_replicas`, a failover counts as a restart: the promoted replica may have missed
+/// the last grants, so it grants nothing new for the quarantine after the backend moved to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_replica_is_in_quarantine() {
+    const QUARANTINE: Duration = Duration::from_millis(1500);
+    let mut group = SentinelGroup::start();
+    let backend = RedisBackend::sentinel(group.sentinel_urls(), MASTER_NAME)
+        .command_timeout(Duration::from_millis(500))
+        .quarantine(QUARANTINE)
+        .connect()
+        .await
+        .expect("connect through the sentinels");
+    let locks = LockClient::builder(backend)
+        .prefix(PREFIX)
+        .build()
+        .expect("valid configuration");
+    // The fresh master's own quarantine (uptime counts whole seconds: up to a second more).
+    let guard = locks
+        .lock("before")
+        .wait(QUARANTINE + Duration::from_secs(2))
+        .acquire()
+        .await
+        .expect("the first master grants once its quarantine is over");
+    guard.release().await.expect("release before the failover");
+
+    group.master.kill();
+    tokio::task::block_in_place(|| group.wait_for_master(&group.replica, Duration::from_secs(20)));
+    // Until the backend has moved, a try fails with a backend error; once it has, it must be
+    // refused as held (nobody holds "after") until the quarantine is over.
+    let refused = loop {
+        match locks.lock("after").try_acquire().await {
+            Err(LockError::Backend(_)) => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => break other,
+        }
+    };
+    let moved = std::time::Instant::now();
+    assert!(
+        matches!(refused, Err(LockError::WaitTimeout { .. })),
+        "the promoted replica granted at once: {refused:?}"
+    );
+    let guard = locks
+        .lock("after")
+        .wait(QUARANTINE * 2)
+        .acquire()
+        .await
+        .expect("granted once the quarantine is over");
+    let waited = moved.elapsed();
+    assert!(
+        waited >= QUARANTINE - Duration::from_millis(300),
+        "granted {waited:?} after the move (quarantine {QUARANTINE:?})"
+    );
+    guard.release().await.expect("release after the failover");
+}
