@@ -346,22 +346,51 @@ async fn two_nodes_killed_still_works() {
 async fn nodes_refusing_connections_are_skipped() {
     let mut nodes = Nodes::start();
     let client = nodes.client();
+    let healthy = pair_latencies(&client, "skip", 50).await;
     nodes.servers[1].kill();
     nodes.servers[3].kill();
     let started = Instant::now();
-    for _ in 0..50 {
-        let guard = client
-            .lock("skip")
-            .acquire()
-            .await
-            .expect("acquire on 3 of 5");
-        guard.release().await.expect("release on 3 of 5");
-    }
+    let down = pair_latencies(&client, "skip", 50).await;
     let took = started.elapsed();
-    println!("redlock with 2 of 5 refusing: 50 pairs in {took:?} (node timeout {NODE_TIMEOUT:?})");
+    let (healthy_p50, down_p50) = (median(healthy), median(down));
+    println!(
+        "redlock with 2 of 5 refusing: 50 pairs in {took:?} (node timeout {NODE_TIMEOUT:?}), \
+         pair p50 {down_p50:?} against {healthy_p50:?} with all 5 up"
+    );
     // Without skipping: at least 100 node timeouts. With it: the first call, plus one more
     // per node back-off (1 s) that the loop outlasts.
     assert!(took < NODE_TIMEOUT * 10, "50 pairs took {took:?}");
+    // A skipped node answers "no" at once: a typical pair costs what it costs with every node
+    // up (a millisecond of allowance for a loaded machine).
+    assert!(
+        down_p50 <= healthy_p50 * 2 + Duration::from_millis(1),
+        "pair p50 {down_p50:?} with 2 of 5 down, {healthy_p50:?} with all up"
+    );
+}
+
+/// The time of each of `pairs` acquire-and-release pairs on `key`.
+async fn pair_latencies(
+    client: &LockClient<RedlockBackend>,
+    key: &str,
+    pairs: usize,
+) -> Vec<Duration> {
+    let mut latencies = Vec::with_capacity(pairs);
+    for _ in 0..pairs {
+        let started = Instant::now();
+        let guard = client
+            .lock(key)
+            .acquire()
+            .await
+            .expect("acquire on a majority");
+        guard.release().await.expect("release on a majority");
+        latencies.push(started.elapsed());
+    }
+    latencies
+}
+
+fn median(mut latencies: Vec<Duration>) -> Duration {
+    latencies.sort_unstable();
+    latencies[latencies.len() / 2]
 }
 
 /// With 3 of 5 nodes killed, an acquire fails with `QuorumUnavailable` within its wait.
