@@ -20,7 +20,7 @@ use std::{
 use support::RedisServer;
 use tokio::sync::oneshot;
 use tower_lock::{
-    Backend, Lease, LockClient, LockError, MemoryBackend,
+    Backend, Lease, LockClient, LockError, MemoryBackend, RedisBackend,
     backend::{AcquireReply, Grant, Listener, Release, ReleaseReply, Renew, RenewReply},
     key::LockKey,
 };
@@ -165,6 +165,15 @@ fn client<B: Backend>(backend: B, lease: Lease) -> LockClient<B> {
         .lease(lease)
         .build()
         .expect("a valid configuration")
+}
+
+/// A client with connections of its own on `server`: another process's view.
+async fn redis_client(server: &RedisServer, lease: Lease) -> LockClient<RedisBackend> {
+    let backend = support::redis_backend(server.url())
+        .connect()
+        .await
+        .expect("connect");
+    client(backend, lease)
 }
 
 /// Asserts that `other` cannot take `key` within `wait`: someone holds it.
@@ -344,20 +353,8 @@ async fn reentry_racing_the_last_release_holds_a_renewed_lock() {
 async fn reentry_racing_a_release_on_redis() {
     let server = RedisServer::start();
     let lease = Lease::watchdog(Duration::from_millis(150));
-    let a = client(
-        support::redis_backend(server.url())
-            .connect()
-            .await
-            .unwrap(),
-        lease,
-    );
-    let b = client(
-        support::redis_backend(server.url())
-            .connect()
-            .await
-            .unwrap(),
-        lease,
-    );
+    let a = redis_client(&server, lease).await;
+    let b = redis_client(&server, lease).await;
     for round in 0..10 {
         let key = format!("doc:{round}");
         let holder = a.holder();
@@ -552,20 +549,8 @@ async fn uncontended_pairs_cost_one_call_each() {
 async fn a_foreign_key_in_a_renewal_batch_loses_only_its_lock() {
     let server = RedisServer::start();
     let lease = Lease::watchdog(Duration::from_millis(300));
-    let a = client(
-        support::redis_backend(server.url())
-            .connect()
-            .await
-            .unwrap(),
-        lease,
-    );
-    let b = client(
-        support::redis_backend(server.url())
-            .connect()
-            .await
-            .unwrap(),
-        lease,
-    );
+    let a = redis_client(&server, lease).await;
+    let b = redis_client(&server, lease).await;
     let mut guards = Vec::new();
     for key in ["k1", "k2", "k3"] {
         guards.push(a.lock(key).acquire().await.unwrap());

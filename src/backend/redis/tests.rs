@@ -6,7 +6,6 @@ mod support;
 
 use std::time::Duration;
 
-use super::RedisBackend;
 use crate::{
     backend::{AcquireReply, Backend, Grant, LockKind, Reentry, Release, ReleaseReply},
     key::LockKey,
@@ -45,7 +44,10 @@ fn count(reply: AcquireReply) -> u64 {
 #[tokio::test]
 async fn a_retry_takes_over_the_hold_of_a_lost_attempt() {
     let server = support::RedisServer::start();
-    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let backend = support::redis_backend(server.url())
+        .connect()
+        .await
+        .unwrap();
     for kind in [LockKind::Exclusive, LockKind::Fair, LockKind::Write] {
         let key = LockKey::new("tl:", format!("retry-{kind:?}").as_bytes(), 512).unwrap();
         let key = if kind == LockKind::Write {
