@@ -3,11 +3,14 @@
 //! Each node is a [`RedisBackend`], so the scripts, script reloading, error mapping and pub/sub
 //! of a single node are the same here. On top of them:
 //!
-//! - **Acquire** asks every node at once, each bounded by the node timeout. It succeeds when a
-//!   majority granted it while the lease still had time left once the round trip and the clock
-//!   drift margin (1 % of the lease + 2 ms) are taken off. Otherwise the attempt is given back
-//!   on every node that took it (or may have), and the engine is told to retry after a random
-//!   delay under the retry jitter, so that contenders of a split vote do not collide again.
+//! - **Acquire** asks every node at once, each bounded by the node timeout, and returns as
+//!   soon as a majority granted it: a slow node does not hold up a won vote, and its late
+//!   reply is left to finish in the background. A vote not won waits for every node, so that
+//!   what the slow ones took is given back before the engine tries again. It succeeds when a majority granted it while the lease still
+//!   had time left once the round trip and the clock drift margin (1 % of the lease + 2 ms)
+//!   are taken off. Otherwise the attempt is given back on every node that took it (or may
+//!   have), and the engine is told to retry after a random delay under the retry jitter, so
+//!   that contenders of a split vote do not collide again.
 //!   When fewer than a majority answer at all, the acquire fails with
 //!   [`BackendErrorKind::QuorumUnavailable`], which the engine retries while the wait lasts.
 //! - **Release** goes to every node. A hand-off cannot be made atomically across nodes: the lock
@@ -45,6 +48,7 @@
 //! ```
 
 use std::{
+    collections::HashMap,
     fmt,
     future::Future,
     sync::{
@@ -54,12 +58,16 @@ use std::{
     time::Duration,
 };
 
-use futures_util::future::join_all;
+use futures_util::{
+    StreamExt,
+    future::{BoxFuture, join_all},
+    stream::FuturesUnordered,
+};
 use tokio::time::Instant;
 
 use self::vote::{AcquireVote, NodeResult};
 use super::{
-    AcquireReply, Backend, Grant, LockKind, Release, ReleaseReply, Renew, RenewReply,
+    AcquireReply, Backend, Grant, LockKind, Reentry, Release, ReleaseReply, Renew, RenewReply,
     redis::RedisBackend,
 };
 use crate::{
@@ -131,7 +139,14 @@ struct Inner {
     retry_jitter: Duration,
     rounds: AtomicU64,
     won: AtomicU64,
+    /// Per lock and holder, the acquire calls still on their way after their vote was won:
+    /// each holds a read guard until it is answered, and a release of that hold first takes
+    /// the write lock, so it cannot overtake a late grant and leave it behind.
+    late: Mutex<HashMap<Hold, Arc<tokio::sync::RwLock<()>>>>,
 }
+
+/// A lock and its holder.
+type Hold = (LockKey, String);
 
 impl fmt::Debug for RedlockBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -269,6 +284,7 @@ impl RedlockBackendBuilder {
                 retry_jitter: self.retry_jitter,
                 rounds: AtomicU64::new(0),
                 won: AtomicU64::new(0),
+                late: Mutex::default(),
             }),
         })
     }
@@ -334,33 +350,57 @@ impl RedlockBackend {
         F: Fn(&'a RedisBackend) -> Fut,
         Fut: Future<Output = NodeResult<T>>,
     {
-        // The node's own budget ends first, so a call that found no connection says so
-        // (`Unavailable`) rather than timing out here.
-        let timeout = self.inner.node_timeout + Duration::from_millis(10);
+        let timeout = self.inner.call_timeout();
         let nodes = self.inner.nodes.iter().zip(&self.inner.skipped_until);
-        join_all(nodes.map(|(node, skipped_until)| {
-            let now = Instant::now();
-            let skipped = lock(skipped_until).is_some_and(|until| now < until);
-            let call = (!skipped).then(|| op(node));
-            async move {
-                let Some(call) = call else {
-                    return Err(BackendError::new(
-                        BackendErrorKind::Unavailable,
-                        "skipped: the node could not be reached moments ago",
-                    ));
-                };
-                let result = tokio::time::timeout(timeout, call)
-                    .await
-                    .unwrap_or_else(|_| Err(BackendError::from_kind(BackendErrorKind::Timeout)));
-                if let Err(error) = &result
-                    && *error.kind() == BackendErrorKind::Unavailable
-                {
-                    skip(node, skipped_until, error);
-                }
-                result
-            }
-        }))
+        join_all(
+            nodes.map(|(node, skipped_until)| call_node(node, skipped_until, timeout, op(node))),
+        )
         .await
+    }
+
+    /// Sends `grant` to every node at once and returns as soon as a majority granted it, or
+    /// once every node answered. Nodes that have not answered by then are [`Stragglers`],
+    /// shown as not answering.
+    async fn acquire_round(&self, grant: Grant<'_>) -> (Vec<NodeResult<AcquireReply>>, Stragglers) {
+        let owned = Arc::new(OwnedGrant::of(grant));
+        let timeout = self.inner.call_timeout();
+        let mut pending: FuturesUnordered<StragglerCall> = (0..self.inner.nodes.len())
+            .map(|index| {
+                let (inner, owned) = (self.inner.clone(), owned.clone());
+                let call: StragglerCall = Box::pin(async move {
+                    let (node, skipped_until) = (&inner.nodes[index], &inner.skipped_until[index]);
+                    let reply =
+                        call_node(node, skipped_until, timeout, node.acquire(owned.grant())).await;
+                    (index, reply)
+                });
+                call
+            })
+            .collect();
+        let mut replies: Vec<Option<NodeResult<AcquireReply>>> =
+            self.inner.nodes.iter().map(|_| None).collect();
+        while !vote::acquire_decided(&replies, self.inner.quorum) {
+            let Some((index, reply)) = pending.next().await else {
+                break;
+            };
+            replies[index] = Some(reply);
+        }
+        let replies = replies
+            .into_iter()
+            .map(|reply| {
+                reply.unwrap_or_else(|| {
+                    Err(BackendError::new(
+                        BackendErrorKind::Unavailable,
+                        "no answer before the vote was decided",
+                    ))
+                })
+            })
+            .collect();
+        let stragglers = Stragglers {
+            pending,
+            grant: owned,
+            inner: self.inner.clone(),
+        };
+        (replies, stragglers)
     }
 
     /// Gives back an attempt that lost its vote on every node that took it or may have.
@@ -370,10 +410,7 @@ impl RedlockBackend {
             .nodes
             .iter()
             .zip(replies)
-            .filter(|(_, reply)| match reply {
-                Ok(reply) => matches!(reply, AcquireReply::Acquired { .. }),
-                Err(error) => error.outcome_unknown(),
-            });
+            .filter(|(_, reply)| took_or_may_have(reply));
         let undo =
             join_all(took.map(|(node, _)| {
                 tokio::time::timeout(self.inner.node_timeout, node.abandon(grant))
@@ -410,6 +447,172 @@ fn refuse(kind: LockKind, fencing: bool, key: &LockKey) -> Result<(), BackendErr
     Err(BackendError::from_kind(BackendErrorKind::Unsupported { feature }).with_key(key.as_str()))
 }
 
+/// The node calls of an acquire that were still on their way when its vote was decided.
+struct Stragglers {
+    pending: FuturesUnordered<StragglerCall>,
+    grant: Arc<OwnedGrant>,
+    inner: Arc<Inner>,
+}
+
+/// One node's acquire call, with the node's index.
+type StragglerCall = BoxFuture<'static, (usize, NodeResult<AcquireReply>)>;
+
+impl Stragglers {
+    /// Lets the late calls finish in the background. With `undo` (the acquire failed), what
+    /// each took, or may have, is given back.
+    fn settle(self, undo: bool) {
+        let Self {
+            pending,
+            grant,
+            inner,
+        } = self;
+        if pending.is_empty() {
+            return;
+        }
+        let hold = (grant.key.clone(), grant.holder.clone());
+        let gate = lock(&inner.late).entry(hold.clone()).or_default().clone();
+        let Ok(in_flight) = gate.try_read_owned() else {
+            // A release is waiting for earlier late calls: these will be answered within the
+            // same bound, so it is not waited for; nothing is lost but the ordering.
+            return Self::finish(pending, grant, inner, undo, None);
+        };
+        Self::finish(pending, grant, inner, undo, Some((hold, in_flight)));
+    }
+
+    fn finish(
+        mut pending: FuturesUnordered<StragglerCall>,
+        grant: Arc<OwnedGrant>,
+        inner: Arc<Inner>,
+        undo: bool,
+        in_flight: Option<(Hold, tokio::sync::OwnedRwLockReadGuard<()>)>,
+    ) {
+        tokio::spawn(async move {
+            while let Some((index, reply)) = pending.next().await {
+                if undo && took_or_may_have(&reply) {
+                    let node = &inner.nodes[index];
+                    let given_back =
+                        tokio::time::timeout(inner.node_timeout, node.abandon(grant.grant())).await;
+                    if !matches!(given_back, Ok(Ok(_))) {
+                        tracing::debug!(key = %grant.key, node = index, "could not give a late grant back; its lease frees it");
+                    }
+                }
+            }
+            if let Some((hold, guard)) = in_flight {
+                drop(guard);
+                inner.forget_late(&hold);
+            }
+        });
+    }
+}
+
+/// An acquire's grant with owned fields, for node calls that outlive the acquire.
+struct OwnedGrant {
+    key: LockKey,
+    holder: String,
+    attempt: String,
+    supersedes: Option<String>,
+    lease: crate::lease::Lease,
+    fencing: bool,
+    kind: LockKind,
+    queue: Option<Duration>,
+    reentry: Reentry,
+}
+
+impl OwnedGrant {
+    fn of(grant: Grant<'_>) -> Self {
+        Self {
+            key: grant.key.clone(),
+            holder: grant.holder.to_owned(),
+            attempt: grant.attempt.to_owned(),
+            supersedes: grant.supersedes.map(str::to_owned),
+            lease: grant.lease,
+            fencing: grant.fencing,
+            kind: grant.kind,
+            queue: grant.queue,
+            reentry: grant.reentry,
+        }
+    }
+
+    fn grant(&self) -> Grant<'_> {
+        Grant {
+            key: &self.key,
+            holder: &self.holder,
+            attempt: &self.attempt,
+            lease: self.lease,
+            fencing: self.fencing,
+            kind: self.kind,
+            queue: self.queue,
+            supersedes: self.supersedes.as_deref(),
+            reentry: self.reentry,
+        }
+    }
+}
+
+/// Whether a node's reply to an acquire means it holds the attempt's grant, or may.
+fn took_or_may_have(reply: &NodeResult<AcquireReply>) -> bool {
+    match reply {
+        Ok(reply) => matches!(reply, AcquireReply::Acquired { .. }),
+        Err(error) => error.outcome_unknown(),
+    }
+}
+
+/// One call to one node, bounded by `timeout`: a node being skipped answers "unavailable" at
+/// once (the call is never started), and a node that could not be reached starts being
+/// skipped.
+async fn call_node<T>(
+    node: &RedisBackend,
+    skipped_until: &Arc<Mutex<Option<Instant>>>,
+    timeout: Duration,
+    call: impl Future<Output = NodeResult<T>>,
+) -> NodeResult<T> {
+    if lock(skipped_until).is_some_and(|until| Instant::now() < until) {
+        return Err(BackendError::new(
+            BackendErrorKind::Unavailable,
+            "skipped: the node could not be reached moments ago",
+        ));
+    }
+    let result = tokio::time::timeout(timeout, call)
+        .await
+        .unwrap_or_else(|_| Err(BackendError::from_kind(BackendErrorKind::Timeout)));
+    if let Err(error) = &result
+        && *error.kind() == BackendErrorKind::Unavailable
+    {
+        skip(node, skipped_until, error);
+    }
+    result
+}
+
+impl Inner {
+    /// Waits (within a node call's bound) for the late acquire calls of `holder`'s hold of
+    /// `key`, so that a release sent next reaches every node after them.
+    async fn after_late_calls(&self, key: &LockKey, holder: &str) {
+        let hold = (key.clone(), holder.to_owned());
+        let Some(gate) = lock(&self.late).get(&hold).cloned() else {
+            return;
+        };
+        let _ = tokio::time::timeout(self.call_timeout(), gate.write()).await;
+        drop(gate);
+        self.forget_late(&hold);
+    }
+
+    /// Drops the entry of `hold` once nothing uses it.
+    fn forget_late(&self, hold: &Hold) {
+        let mut late = lock(&self.late);
+        if late
+            .get(hold)
+            .is_some_and(|gate| Arc::strong_count(gate) == 1)
+        {
+            late.remove(hold);
+        }
+    }
+
+    /// The bound of one node call: the node's own budget ends first, so a call that found no
+    /// connection says so (`Unavailable`) rather than timing out here.
+    fn call_timeout(&self) -> Duration {
+        self.node_timeout + Duration::from_millis(10)
+    }
+}
+
 impl Backend for RedlockBackend {
     type Listener = RedlockListener;
 
@@ -418,7 +621,7 @@ impl Backend for RedlockBackend {
         let quorum = self.inner.quorum;
         let started = Instant::now();
         self.inner.rounds.fetch_add(1, Ordering::Relaxed);
-        let replies = self.on_every_node(|node| node.acquire(grant)).await;
+        let (replies, stragglers) = self.acquire_round(grant).await;
         let vote = vote::acquire(&replies, quorum);
         let elapsed = started.elapsed();
         let validity = grant
@@ -429,6 +632,7 @@ impl Backend for RedlockBackend {
         let ttl = match vote {
             AcquireVote::Won { count } if validity.is_some() => {
                 self.inner.won.fetch_add(1, Ordering::Relaxed);
+                stragglers.settle(false);
                 return Ok(AcquireReply::Acquired { count, token: None });
             }
             AcquireVote::Won { .. } => {
@@ -438,6 +642,7 @@ impl Backend for RedlockBackend {
             AcquireVote::Lost { blocked: true, ttl } => ttl,
             AcquireVote::Lost { blocked: false, .. } => Some(self.jitter()),
             AcquireVote::NoQuorum { reachable } => {
+                stragglers.settle(true);
                 self.give_back(grant, &replies).await;
                 let error =
                     vote::no_quorum(replies, reachable, quorum).with_key(grant.key.as_str());
@@ -445,6 +650,7 @@ impl Backend for RedlockBackend {
                 return Err(error);
             }
         };
+        stragglers.settle(true);
         self.give_back(grant, &replies).await;
         Ok(AcquireReply::Held { ttl })
     }
@@ -456,6 +662,9 @@ impl Backend for RedlockBackend {
             handoff: None,
             ..release
         };
+        self.inner
+            .after_late_calls(release.key, release.holder)
+            .await;
         let replies = self.on_every_node(|node| node.release(plain)).await;
         let (reply, behind) = match vote::release(&replies, self.inner.quorum) {
             Ok(tally) => tally,

@@ -72,6 +72,20 @@ pub(super) fn acquire(replies: &[NodeResult<AcquireReply>], quorum: usize) -> Ac
     }
 }
 
+/// Whether an acquire round can stop listening to the replies so far (`None`: not answered
+/// yet): a majority granted it, or every node answered. A round that is not won waits for
+/// every node (each within its timeout), so that what the slow ones took is given back before
+/// the engine tries again: its waiter then waits for a release notification, which the
+/// listener keeps, so answering earlier would not make it acquire sooner.
+pub(super) fn acquire_decided(replies: &[Option<NodeResult<AcquireReply>>], quorum: usize) -> bool {
+    let granted = replies
+        .iter()
+        .flatten()
+        .filter(|reply| matches!(reply, Ok(AcquireReply::Acquired { .. })))
+        .count();
+    granted >= quorum || replies.iter().all(Option::is_some)
+}
+
 /// Tallies a release on every node, and names the nodes to release fully so that they agree
 /// with the answer (a node that missed an earlier step may count one hold more). Fails with
 /// the number of nodes that answered when that is too few to tell.
@@ -192,6 +206,45 @@ mod tests {
     fn a_majority_of_grants_wins_with_the_count_a_majority_reached() {
         let replies = [acquired(2), acquired(2), acquired(3), down(), held(5)];
         assert_eq!(acquire(&replies, 3), AcquireVote::Won { count: 2 });
+    }
+
+    #[test]
+    fn a_round_is_decided_by_a_majority_of_grants_or_every_answer() {
+        let pending = || None;
+        // Three grants of five: won, whatever the other two say later.
+        let won = [
+            Some(acquired(1)),
+            pending(),
+            Some(acquired(1)),
+            pending(),
+            Some(acquired(1)),
+        ];
+        assert!(acquire_decided(&won, 3));
+        // Not won yet: the rest decide, or must be given back if they took it.
+        let open = [
+            Some(acquired(1)),
+            Some(held(5)),
+            Some(acquired(1)),
+            Some(down()),
+            pending(),
+        ];
+        assert!(!acquire_decided(&open, 3));
+        let lost = [
+            Some(held(5)),
+            Some(down()),
+            pending(),
+            Some(held(5)),
+            Some(held(5)),
+        ];
+        assert!(!acquire_decided(&lost, 3));
+        let all = [
+            Some(acquired(1)),
+            Some(acquired(1)),
+            Some(held(5)),
+            Some(held(5)),
+            Some(down()),
+        ];
+        assert!(acquire_decided(&all, 3));
     }
 
     #[test]
