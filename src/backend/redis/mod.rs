@@ -251,9 +251,10 @@ impl RedisBackendBuilder {
     /// of a server. Set it to at least the longest lease any client of this store uses when
     /// they differ. `Duration::ZERO` turns it off, for a server that loses no acknowledged
     /// write across a restart (`appendonly yes` with `appendfsync always`), or for tests that
-    /// start their own server. A Redis Cluster, and a pool handed in with
-    /// [`RedisBackend::from_pool`], are not quarantined: the backend does not open their
-    /// connections.
+    /// start their own server. A pool handed in with [`RedisBackend::from_pool`] is
+    /// quarantined through a boot marker instead ([`RedisBackend::with_quarantine`]); a Redis
+    /// Cluster is not quarantined (its nodes fail over to replicas rather than restart empty
+    /// as masters).
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -555,8 +556,35 @@ impl RedisBackend {
             },
             Duration::from_secs(1),
             Acknowledgement::default(),
-            Arc::new(Quarantine::new(Some(Duration::ZERO))),
+            Arc::new(Quarantine::new(None)),
         )
+    }
+
+    /// Sets the [quarantine](RedisBackendBuilder::quarantine) of a backend made with
+    /// [`from_pool`](Self::from_pool) (a backend made by a builder takes it there). On an
+    /// application's pool, a restart is told by a boot marker the backend keeps in Redis (a key
+    /// `…{}:boot` under the lock prefix), which a restart without persistence loses; a server
+    /// restarted from an append-only file that missed its last writes is not told apart.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    ///
+    /// use tower_lock::{RedisBackend, backend::redis::{bb8, bb8_redis, redis}};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let url = "redis://127.0.0.1:6379";
+    /// let pool = bb8::Pool::builder()
+    ///     .build(bb8_redis::RedisConnectionManager::new(url)?)
+    ///     .await?;
+    /// let backend = RedisBackend::from_pool(pool, redis::Client::open(url)?)
+    ///     .with_quarantine(Duration::from_secs(60));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_quarantine(self, quarantine: Duration) -> Self {
+        self.inner.quarantine.set(quarantine);
+        self
     }
 
     fn new(
@@ -712,6 +740,54 @@ impl RedisBackend {
             })
             .await;
         self.name_wrong_type_in(result, key).await
+    }
+
+    /// The boot marker the acquire scripts require for `key`: for an application's pool with
+    /// the quarantine on (the backend's own connections know their server's boot), else `''`.
+    fn boot_marker(&self, key: &LockKey) -> String {
+        let shared = matches!(
+            self.inner.transport,
+            Transport::Node {
+                pool: Pool::Shared(_),
+                ..
+            }
+        );
+        if shared && self.inner.quarantine.is_on() {
+            quarantine::boot_marker(key.as_str())
+        } else {
+            String::new()
+        }
+    }
+
+    /// After an acquire found no boot marker: asks the server's uptime and, when it has been up
+    /// for a whole quarantine, sets the marker on the same connection (so on the same server
+    /// run) and answers `None`; otherwise the time the quarantine has left.
+    async fn verify_boot(
+        &self,
+        marker: &str,
+        key: &LockKey,
+    ) -> Result<Option<Duration>, BackendError> {
+        let quarantine = &self.inner.quarantine;
+        self.with_conn(Some(key), async |conn| {
+            let uptime = quarantine::uptime(conn).await?;
+            if let Some(left) = quarantine.remaining_after(uptime) {
+                tracing::warn!(
+                    key = %key,
+                    uptime_s = uptime.as_secs(),
+                    quarantine_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
+                    "the lock store started less than a lease ago: it grants no new lock until \
+                     every lease it may have forgotten has run out"
+                );
+                return Ok(Some(left));
+            }
+            redis::cmd("SET")
+                .arg(marker)
+                .arg(1)
+                .query_async::<()>(conn)
+                .await?;
+            Ok(None)
+        })
+        .await
     }
 
     /// Replaces a wrong-type error with one naming the type found at `key`.
@@ -1076,6 +1152,7 @@ impl Backend for RedisBackend {
     async fn acquire(&self, grant: Grant<'_>) -> Result<AcquireReply, BackendError> {
         let key = grant.key;
         self.inner.quarantine.note_lease(grant.lease.duration());
+        let marker = self.boot_marker(key);
         let queue = grant
             .queue
             .map_or(0, |timeout| Lease::fixed(timeout).millis());
@@ -1094,7 +1171,8 @@ impl Backend for RedisBackend {
                     .arg(flag(grant.fencing))
                     .arg(queue)
                     .arg(grant.supersedes.unwrap_or(""))
-                    .arg(grant.reentry.as_arg());
+                    .arg(grant.reentry.as_arg())
+                    .arg(&marker);
                 invocation
             }
             LockKind::Read | LockKind::Write => {
@@ -1112,7 +1190,8 @@ impl Backend for RedisBackend {
                     .arg(flag(grant.fencing))
                     .arg(queue)
                     .arg(grant.supersedes.unwrap_or(""))
-                    .arg(grant.reentry.as_arg());
+                    .arg(grant.reentry.as_arg())
+                    .arg(&marker);
                 invocation
             }
             _ => {
@@ -1126,11 +1205,18 @@ impl Backend for RedisBackend {
                     .arg(grant.attempt)
                     .arg(flag(grant.fencing))
                     .arg(grant.supersedes.unwrap_or(""))
-                    .arg(grant.reentry.as_arg());
+                    .arg(grant.reentry.as_arg())
+                    .arg(&marker);
                 invocation
             }
         };
-        let (reply, shortfall) = self.invoke_acquire(&invocation, key).await?;
+        let (mut reply, mut shortfall) = self.invoke_acquire(&invocation, key).await?;
+        if reply == [-2] {
+            if let Some(left) = self.verify_boot(&marker, key).await? {
+                return Ok(AcquireReply::Held { ttl: Some(left) });
+            }
+            (reply, shortfall) = self.invoke_acquire(&invocation, key).await?;
+        }
         if let Some(shortfall) = shortfall {
             return Err(self.unacknowledged(grant, shortfall).await);
         }
@@ -1143,6 +1229,10 @@ impl Backend for RedisBackend {
                 ttl: u64::try_from(*retry).ok().map(Duration::from_millis),
             }),
             [-1] => Ok(AcquireReply::WouldDeadlock),
+            // The marker went again between the check and the retry: another restart.
+            [-2] => Ok(AcquireReply::Held {
+                ttl: Some(self.inner.quarantine.length()),
+            }),
             _ => Err(protocol_error("acquire reply").with_key(key.as_str())),
         }
     }

@@ -13,6 +13,12 @@
 //! process's monotonic clock). An acquire sent on a connection whose server is still in
 //! quarantine is not sent: it answers "held, try again when the quarantine ends". Renewals and
 //! releases go on as usual.
+//!
+//! An application's pool ([`RedisBackend::from_pool`](super::RedisBackend::from_pool)) opens
+//! its connections itself, so there a boot marker stands in: a key the backend sets once it
+//! has seen the server up for a whole quarantine, and that the acquire scripts require. A
+//! server restarted without persistence has lost it, so its first acquire comes back
+//! unverified and the backend asks the server's uptime before granting.
 
 use std::{
     sync::atomic::{AtomicU64, Ordering},
@@ -25,8 +31,9 @@ use tokio::time::Instant;
 /// How long a freshly booted server grants nothing new.
 #[derive(Debug)]
 pub(super) struct Quarantine {
-    /// Set with [`RedisBackendBuilder::quarantine`](super::RedisBackendBuilder::quarantine).
-    fixed: Option<Duration>,
+    /// Set with [`RedisBackendBuilder::quarantine`](super::RedisBackendBuilder::quarantine),
+    /// in milliseconds; [`FOLLOW_LEASES`] when not set.
+    fixed_ms: AtomicU64,
     /// Otherwise: the longest lease this process's clients use, in milliseconds.
     longest_lease_ms: AtomicU64,
 }
@@ -34,10 +41,21 @@ pub(super) struct Quarantine {
 impl Quarantine {
     /// A quarantine of `fixed`, or (with `None`) of the longest lease in use.
     pub(super) fn new(fixed: Option<Duration>) -> Self {
-        Self {
-            fixed,
+        let quarantine = Self {
+            fixed_ms: AtomicU64::new(FOLLOW_LEASES),
             longest_lease_ms: AtomicU64::new(0),
+        };
+        if let Some(fixed) = fixed {
+            quarantine.set(fixed);
         }
+        quarantine
+    }
+
+    /// Fixes the quarantine at `quarantine`.
+    pub(super) fn set(&self, quarantine: Duration) {
+        let millis = u64::try_from(quarantine.as_millis()).unwrap_or(FOLLOW_LEASES - 1);
+        self.fixed_ms
+            .store(millis.min(FOLLOW_LEASES - 1), Ordering::Relaxed);
     }
 
     /// Records that a client of this backend uses leases of `lease`.
@@ -48,14 +66,23 @@ impl Quarantine {
 
     /// How long the quarantine is now.
     pub(super) fn length(&self) -> Duration {
-        self.fixed
-            .unwrap_or_else(|| Duration::from_millis(self.longest_lease_ms.load(Ordering::Relaxed)))
+        match self.fixed_ms.load(Ordering::Relaxed) {
+            FOLLOW_LEASES => Duration::from_millis(self.longest_lease_ms.load(Ordering::Relaxed)),
+            fixed => Duration::from_millis(fixed),
+        }
     }
 
-    /// Whether new connections must learn when their server booted: not when the quarantine
-    /// was turned off, which also spares the `INFO` grant.
+    /// Whether the backend must learn when its server booted: not when the quarantine was
+    /// turned off, which also spares the `INFO` grant.
     pub(super) fn is_on(&self) -> bool {
-        self.fixed != Some(Duration::ZERO)
+        self.fixed_ms.load(Ordering::Relaxed) != 0
+    }
+
+    /// How much longer a server up for `uptime` grants nothing new, if at all.
+    pub(super) fn remaining_after(&self, uptime: Duration) -> Option<Duration> {
+        self.length()
+            .checked_sub(uptime)
+            .filter(|left| !left.is_zero())
     }
 
     /// How much longer a server that booted at `booted` grants nothing new, if at all.
@@ -71,16 +98,31 @@ impl Quarantine {
 /// quarantine errs long.
 pub(super) async fn boot_time<C: ConnectionLike>(conn: &mut C) -> RedisResult<Instant> {
     let asked = Instant::now();
+    let uptime = uptime(conn).await?;
+    Ok(asked.checked_sub(uptime).unwrap_or(asked))
+}
+
+/// How long the server behind `conn` has been up, in whole seconds (`INFO server`).
+pub(super) async fn uptime<C: ConnectionLike>(conn: &mut C) -> RedisResult<Duration> {
     let info: String = redis::cmd("INFO").arg("server").query_async(conn).await?;
-    let uptime = uptime_of(&info).ok_or_else(|| {
+    let seconds = uptime_of(&info).ok_or_else(|| {
         RedisError::from((
             redis::ErrorKind::Parse,
             "INFO server has no uptime_in_seconds",
         ))
     })?;
-    Ok(asked
-        .checked_sub(Duration::from_secs(uptime))
-        .unwrap_or(asked))
+    Ok(Duration::from_secs(seconds))
+}
+
+/// The quarantine's length when none is set: follow the longest lease.
+const FOLLOW_LEASES: u64 = u64::MAX;
+
+/// The boot marker of the locks named like `lock`: one per prefix and namespace, under the
+/// lock's prefix (so the crate's ACL key pattern covers it), and never a lock's name nor one
+/// of its keys, whose hash tags are never empty.
+pub(super) fn boot_marker(lock: &str) -> String {
+    let namespace = lock.find('{').map_or(lock, |brace| &lock[..brace]);
+    format!("{namespace}{{}}:boot")
 }
 
 /// `uptime_in_seconds` of an `INFO server` reply.
@@ -102,6 +144,12 @@ mod tests {
         assert_eq!(uptime_of("# Server\r\nredis_version:7.0.15\r\n"), None);
     }
 
+    #[test]
+    fn the_boot_marker_is_no_lock_key() {
+        assert_eq!(boot_marker("tower-lock:{alice}"), "tower-lock:{}:boot");
+        assert_eq!(boot_marker("tl:POST%20x{a}"), "tl:POST%20x{}:boot");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn follows_the_longest_lease_unless_fixed() {
         let auto = Quarantine::new(None);
@@ -113,6 +161,12 @@ mod tests {
         assert_eq!(auto.remaining(booted), Some(Duration::from_secs(1)));
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(auto.remaining(booted), None);
+
+        assert_eq!(
+            auto.remaining_after(Duration::from_secs(1)),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(auto.remaining_after(Duration::from_secs(3)), None);
 
         let off = Quarantine::new(Some(Duration::ZERO));
         off.note_lease(Duration::from_secs(30));

@@ -12,11 +12,16 @@
 -- ARGV[6]  re-entry: 'held' to re-enter only (grant nothing unless the holder already holds
 --          the lock), 'free' to take only a new hold (a hold the holder still has counts as
 --          another owner's), '' for either
+-- ARGV[7]  the server's boot marker, or '' (see `boot_unverified`)
 --
 -- Returns {1, count, token} when the holder now holds the lock (token -1 without fencing),
--- or {0, pttl} when another holder has it (pttl -1 when the key has no expiry).
+-- {0, pttl} when another holder has it (pttl -1 when the key has no expiry), or {-2} when the
+-- boot marker is missing: the client checks the server's uptime first.
 local lock = KEYS[1]
 local holder = ARGV[1]
+if boot_unverified(ARGV[7]) then
+  return {-2}
+end
 if redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 1 then
   return {0, redis.call('PTTL', lock)}
 end

@@ -6,6 +6,13 @@ local function now_ms()
   return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 end
 
+-- Whether the server may have forgotten locks since a client last saw it up for a whole
+-- quarantine: the boot marker `marker` (set by the client after checking the server's uptime,
+-- never expiring) is gone, as after a restart without persistence. '' skips the check.
+local function boot_unverified(marker)
+  return marker ~= '' and redis.call('EXISTS', marker) == 0
+end
+
 -- Makes `key` live at least `ms` more milliseconds, never shortening it.
 local function extend(key, ms)
   if redis.call('PTTL', key) < tonumber(ms) then
