@@ -230,6 +230,38 @@ async fn cancelled_acquire_in_flight_does_not_strand_the_lock() {
     assert_eq!(a.active_keys(), 0);
 }
 
+/// A client shut down while an acquire's call is on its way: the store grants it after the
+/// client released what it held, and the acquire must not hand out a guard that no watchdog
+/// watches. It fails with `ShutDown` and gives the lock back (found by the interleaving test,
+/// seed 34075).
+#[tokio::test(flavor = "current_thread")]
+async fn an_acquire_granted_after_shutdown_gives_the_lock_back() {
+    let backend = Gated::default();
+    let a = client(backend.clone(), Lease::DEFAULT);
+    let b = client(backend.clone(), Lease::DEFAULT);
+    let mut held = backend.hold_next(Call::Acquire);
+    let acquire = tokio::spawn({
+        let a = a.clone();
+        async move { a.lock("order:2").acquire().await }
+    });
+    held.arrived().await;
+    a.shutdown().await;
+    let reply = held.run().await;
+    reply.send(()).unwrap();
+    let acquired = acquire.await.expect("acquire task");
+    assert!(
+        matches!(acquired, Err(LockError::ShutDown)),
+        "a guard from a shut-down client: {acquired:?}"
+    );
+    let guard = b
+        .lock("order:2")
+        .wait(Duration::from_secs(2))
+        .acquire()
+        .await
+        .expect("the late grant was given back");
+    guard.release().await.unwrap();
+}
+
 /// The same on Redis: an acquire future polled until its script is on the wire, then
 /// dropped. The lock must not stay taken for the 30 s lease; the rounds drop it at different
 /// points after the script was sent.

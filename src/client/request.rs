@@ -203,6 +203,14 @@ impl<B: Backend> LockRequest<'_, B> {
         let waited = started.elapsed();
         crate::metrics::acquire_finished(kind, result.as_ref().map(|_| ()), waited);
         match result {
+            Ok((held, _)) if shared.stop.is_cancelled() => {
+                // The client shut down while this acquire was on its way, perhaps after its
+                // held locks were released: a guard now would have no watchdog to tell it of a
+                // loss. The hold is given back as a dropped guard's is.
+                tracing::debug!(key = %held.key, "lock acquired as the client shut down; giving it back");
+                shared.release_detached(held);
+                Err(LockError::ShutDown)
+            }
             Ok((held, count)) => {
                 tracing::debug!(
                     key = %held.key,
