@@ -368,6 +368,58 @@ async fn nodes_refusing_connections_are_skipped() {
     );
 }
 
+/// Two clients (two processes' worth of connections) pass one lock back and forth: with 2 of
+/// 5 nodes refusing connections, the lock changes owner at least half as often as with all 5
+/// up, in the same test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hand_offs_keep_pace_with_two_nodes_refusing() {
+    const RUN: Duration = Duration::from_millis(1500);
+    let mut nodes = Nodes::start();
+    let clients = [nodes.client(), nodes.client()];
+    let healthy = owner_changes(&clients, "pass", RUN).await;
+    nodes.servers[0].kill();
+    nodes.servers[4].kill();
+    let down = owner_changes(&clients, "pass", RUN).await;
+    println!(
+        "redlock hand-offs: {:.0}/s with 2 of 5 refusing, {:.0}/s with all 5 up",
+        down as f64 / RUN.as_secs_f64(),
+        healthy as f64 / RUN.as_secs_f64()
+    );
+    assert!(
+        down * 2 >= healthy,
+        "{down} owner changes with 2 of 5 refusing, {healthy} with all up"
+    );
+}
+
+/// How many times `key` changed owner while each client kept taking it, for `run`.
+async fn owner_changes(clients: &[LockClient<RedlockBackend>], key: &str, run: Duration) -> u64 {
+    let last = Arc::new(AtomicU64::new(u64::MAX));
+    let changes = Arc::new(AtomicU64::new(0));
+    let until = Instant::now() + run;
+    let tasks = clients.iter().enumerate().map(|(me, client)| {
+        let (client, key) = (client.clone(), key.to_owned());
+        let (last, changes) = (last.clone(), changes.clone());
+        tokio::spawn(async move {
+            while Instant::now() < until {
+                let guard = client
+                    .lock(&key)
+                    .wait(Duration::from_secs(2))
+                    .acquire()
+                    .await
+                    .expect("acquire on a majority");
+                if last.swap(me as u64, Ordering::SeqCst) != me as u64 {
+                    changes.fetch_add(1, Ordering::SeqCst);
+                }
+                guard.release().await.expect("release on a majority");
+            }
+        })
+    });
+    for task in futures_util::future::join_all(tasks).await {
+        task.expect("contending task");
+    }
+    changes.load(Ordering::SeqCst)
+}
+
 /// The time of each of `pairs` acquire-and-release pairs on `key`.
 async fn pair_latencies(
     client: &LockClient<RedlockBackend>,

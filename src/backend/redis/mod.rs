@@ -790,6 +790,31 @@ impl RedisBackend {
         .await
     }
 
+    /// The pub/sub connection's handle, started on first use.
+    fn pubsub(&self) -> &PubSub {
+        let inner = &self.inner;
+        inner.pubsub.get_or_init(|| match &inner.transport {
+            Transport::Node { target, .. } => {
+                PubSub::start(target.clone(), inner.command_timeout, inner.stop.clone())
+            }
+            #[cfg(feature = "cluster")]
+            Transport::Cluster(cluster) => {
+                sharded_pubsub::start(cluster, inner.command_timeout, inner.stop.clone())
+            }
+        })
+    }
+
+    /// [`listen`](Backend::listen) in two halves, for a Redlock listener that need not wait
+    /// for every node: the listener at once, and the wait for the subscription, which tells
+    /// whether the server confirmed it.
+    pub(crate) fn subscribe(
+        &self,
+        key: &LockKey,
+        only_for: Option<&str>,
+    ) -> (Listener, impl Future<Output = bool> + Send + 'static) {
+        self.pubsub().subscribe(key.derived(CHANNEL), only_for)
+    }
+
     /// Replaces a wrong-type error with one naming the type found at `key`.
     async fn name_wrong_type_in<T>(
         &self,
@@ -1399,17 +1424,7 @@ impl Backend for RedisBackend {
         key: &LockKey,
         only_for: Option<&str>,
     ) -> Result<Listener, BackendError> {
-        let inner = &self.inner;
-        let pubsub = inner.pubsub.get_or_init(|| match &inner.transport {
-            Transport::Node { target, .. } => {
-                PubSub::start(target.clone(), inner.command_timeout, inner.stop.clone())
-            }
-            #[cfg(feature = "cluster")]
-            Transport::Cluster(cluster) => {
-                sharded_pubsub::start(cluster, inner.command_timeout, inner.stop.clone())
-            }
-        });
-        Ok(pubsub.listen(key.derived(CHANNEL), only_for).await)
+        Ok(self.pubsub().listen(key.derived(CHANNEL), only_for).await)
     }
 
     async fn shutdown(&self) {

@@ -98,12 +98,26 @@ impl PubSub {
     /// lock again counting on releases reaching it from then on. The task answers in order, so
     /// the answer comes after that subscribe's.
     pub(super) async fn listen(&self, channel: String, only_for: Option<&str>) -> Listener {
+        let (listener, confirmed) = self.subscribe(channel, only_for);
+        confirmed.await;
+        listener
+    }
+
+    /// [`listen`](Self::listen) in two halves: the listener, registered at once, and the wait
+    /// for Redis to confirm the subscription (or for the timeout), which tells whether it did.
+    pub(super) fn subscribe(
+        &self,
+        channel: String,
+        only_for: Option<&str>,
+    ) -> (Listener, impl Future<Output = bool> + Send + 'static) {
         let (listener, _first) = self.listeners.add(channel.clone(), only_for);
         let (done, confirmed) = oneshot::channel();
-        if self.requests.send((channel, done)).is_ok() {
-            let _ = tokio::time::timeout(self.timeout, confirmed).await;
-        }
-        listener
+        let sent = self.requests.send((channel, done)).is_ok();
+        let timeout = self.timeout;
+        let confirmation = async move {
+            sent && matches!(tokio::time::timeout(timeout, confirmed).await, Ok(Ok(())))
+        };
+        (listener, confirmation)
     }
 
     /// How many channels have listeners.

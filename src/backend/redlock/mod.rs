@@ -86,8 +86,9 @@ const MAX_NODES: usize = 63;
 /// How long a node that could not be reached is skipped before it is tried again.
 const NODE_BACKOFF: Duration = Duration::from_secs(1);
 
-/// Skips `node` for [`NODE_BACKOFF`] after `error`, with a probe in the background that ends
-/// the skip as soon as the node answers again (a node back from a restart is not ignored).
+/// Skips `node` after `error`, with a probe in the background that keeps it skipped (for
+/// [`NODE_BACKOFF`] past each failed probe) until it answers again: calls then never wait for
+/// a node that is down, and a node back from a restart is used again at once.
 fn skip(node: &RedisBackend, skipped_until: &Arc<Mutex<Option<Instant>>>, error: &BackendError) {
     let was_skipped = lock(skipped_until)
         .replace(Instant::now() + NODE_BACKOFF)
@@ -100,14 +101,16 @@ fn skip(node: &RedisBackend, skipped_until: &Arc<Mutex<Option<Instant>>>, error:
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(PROBE_EVERY).await;
-            let until = *lock(&skipped_until);
-            if until.is_none_or(|until| Instant::now() >= until) {
+            // The backend is gone: nothing to probe for.
+            if Arc::strong_count(&skipped_until) == 1 {
                 return;
             }
             if node.ping().await.is_ok() {
                 *lock(&skipped_until) = None;
+                tracing::debug!(node = ?node, "Redlock node answers again");
                 return;
             }
+            *lock(&skipped_until) = Some(Instant::now() + NODE_BACKOFF);
         }
     });
 }
@@ -726,17 +729,24 @@ impl Backend for RedlockBackend {
         key: &LockKey,
         only_for: Option<&str>,
     ) -> Result<RedlockListener, BackendError> {
-        // Each node's listen returns once subscribed, or after its timeout when the node is
-        // down (it subscribes when the node is back).
-        let listeners = join_all(
-            self.inner
-                .nodes
-                .iter()
-                .map(|node| node.listen(key, only_for)),
-        )
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?;
+        // A waiter wakes once a majority of the nodes published a release, so it listens as
+        // soon as a majority confirmed its subscriptions: a node that is down (it subscribes
+        // when it is back) or slow does not hold up every waiter for its timeout.
+        let (listeners, confirmations): (Vec<_>, FuturesUnordered<_>) = self
+            .inner
+            .nodes
+            .iter()
+            .map(|node| node.subscribe(key, only_for))
+            .unzip();
+        let mut confirmations = confirmations;
+        let mut confirmed = 0;
+        while confirmed < self.inner.quorum {
+            match confirmations.next().await {
+                Some(true) => confirmed += 1,
+                Some(false) => {}
+                None => break,
+            }
+        }
         Ok(RedlockListener::new(listeners, self.inner.quorum))
     }
 
