@@ -205,8 +205,10 @@ impl Held {
         let renewable = self.lease.is_renewed()
             && !state.renewing
             && state.renew_until.is_none_or(|until| now < until);
-        // Renew a little early so entries due at nearly the same time share one round trip.
-        let slack = self.lease.renew_interval() / 4;
+        // Renew up to half an interval early, so entries due at nearly the same time share one
+        // round trip: groups taken in bursts merge within two ticks (the later group takes the
+        // earlier one along) and stay together, however long the burst that made them.
+        let slack = self.lease.renew_interval() / 2;
         if renewable && state.next_renew <= now + slack {
             state.renewing = true;
             return Check::Due(state.deadline);
