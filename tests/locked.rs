@@ -26,7 +26,9 @@ use support::{
 };
 use tokio::sync::{Notify, Semaphore, watch};
 use tower_lock::{
-    AnyLockClient, LockClient, LockContext, LockLayer, MemoryBackend, RedisBackend, key, locked,
+    AnyLockClient, LockClient, LockContext, LockLayer, MemoryBackend, RedisBackend,
+    key::{self, MakeKey},
+    locked,
 };
 
 /// Whether the lock the attribute takes for `key` on `route` is free right now.
@@ -173,7 +175,7 @@ async fn slow(Path(id): Path<u64>) -> String {
 }
 
 /// A lock held elsewhere for the whole wait answers 423 with `Retry-After`; the attribute names
-/// the lock as a layer on the route would (`lock_in_namespace(route, key)`). The client comes
+/// the lock its key names (`lock_in_namespace("", key)`, as `lock(key)`). The client comes
 /// from an `Extension<AnyLockClient>`.
 #[tokio::test]
 async fn wait_timeout_is_423() {
@@ -183,11 +185,7 @@ async fn wait_timeout_is_423() {
         .layer(Extension(AnyLockClient::from(locks.clone())));
     let base = serve(router).await;
     let url = format!("{base}/slow/1");
-    let held = locks
-        .lock_in_namespace("/slow/{id}", "slow:1")
-        .acquire()
-        .await
-        .unwrap();
+    let held = locks.lock("slow:1").acquire().await.unwrap();
     let started = Instant::now();
     let (status, retry, _) = send(&http(), "POST", &url).await;
     assert_eq!(status, StatusCode::LOCKED);
@@ -227,11 +225,7 @@ async fn client_from_any_lock_client_in_state() {
         });
     let base = serve(router).await;
     let url = format!("{base}/slow/9");
-    let held = locks
-        .lock_in_namespace("/slow/{id}", "slow:9")
-        .acquire()
-        .await
-        .unwrap();
+    let held = locks.lock("slow:9").acquire().await.unwrap();
     let (status, retry, _) = send(&http(), "POST", &url).await;
     assert_eq!(status, StatusCode::LOCKED);
     assert!(retry.is_some(), "423 without Retry-After");
@@ -327,7 +321,7 @@ async fn fencing_token_is_visible_to_the_handler() {
         assert!(token > last, "token {token} after {last}");
         last = token;
     }
-    assert!(is_free(&locks, "/docs/{doc_id}/{rev}", "doc:3:acme").await);
+    assert!(is_free(&locks, "", "doc:3:acme").await);
 }
 
 /// State of the read-write test: readers report how many are inside and wait for the gate.
@@ -509,10 +503,7 @@ async fn errors_pass_through_and_release() {
             (StatusCode::UNPROCESSABLE_ENTITY, "app error")
         );
         // Released before the response left.
-        assert!(
-            is_free(&locks, "/acct/{id}", "acct:4").await,
-            "held after an error"
-        );
+        assert!(is_free(&locks, "", "acct:4").await, "held after an error");
     }
 }
 
@@ -572,10 +563,10 @@ async fn disconnect_and_panic_release() {
     let url = format!("{base}/hang/1");
     let request = tokio::spawn(async move { send(&http(), "POST", &url).await });
     signals.entered.notified().await;
-    assert!(!is_free(&locks, "/hang/{id}", "hang:1").await);
+    assert!(!is_free(&locks, "", "hang:1").await);
     request.abort();
     let _ = request.await;
-    until_free(&locks, "/hang/{id}", "hang:1").await;
+    until_free(&locks, "", "hang:1").await;
     assert!(
         signals.dropped.load(Ordering::SeqCst),
         "the handler was not dropped"
@@ -583,7 +574,7 @@ async fn disconnect_and_panic_release() {
 
     let (status, _, _) = send(&http(), "POST", &format!("{base}/boom/1")).await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
-    until_free(&locks, "/boom/{id}", "boom:1").await;
+    until_free(&locks, "", "boom:1").await;
 }
 
 #[locked(key = "long:{id}", lease = "watchdog(600ms)")]
@@ -632,8 +623,8 @@ async fn lost_lock_aborts_or_continues() {
         let url = format!("{base}/{route}/1");
         let request = tokio::spawn(async move { send(&http(), "POST", &url).await });
         signals.entered.notified().await;
-        // The route is the namespace, its braces escaped.
-        let name = format!("tower-lock:/{route}/%7Bid%7D{{long:1}}");
+        // The key names its resource (`long:`): no route in the lock's name.
+        let name = "tower-lock:{long:1}".to_owned();
         let deleted = server.cmd(&["DEL", &name]).as_int();
         assert_eq!(deleted, 1, "no lock at {name}");
         let started = Instant::now();
@@ -781,4 +772,81 @@ async fn unset_options_come_from_the_client() {
         (9_000..=10_000).contains(&ttl),
         "lease {ttl} ms, not the client's 10 s"
     );
+}
+
+/// A deposit under `#[locked]`, keyed by the account alone.
+#[locked(key = "{id}")]
+async fn deposit(Path(id): Path<String>, lock: LockContext) -> String {
+    format!("{id} {}", lock.key())
+}
+
+/// A withdrawal under the route's `LockLayer`.
+async fn withdraw(Extension(lock): Extension<LockContext>) -> String {
+    lock.key().to_string()
+}
+
+/// One resource, one lock, whichever endpoint: a `LockLayer` on `/accounts/{id}/withdraw`
+/// keyed by the path parameter and `#[locked(key = "{id}")]` on `/accounts/{id}/deposit` take
+/// the same lock for one account (named by the route up to the parameter), with nothing
+/// named twice; `/orders/{id}/pay` takes another; a prefixed key names its resource itself.
+#[tokio::test]
+async fn one_lock_per_resource_across_endpoints() {
+    let locks = LockClient::in_memory();
+    let withdrawals = Router::new()
+        .route("/accounts/{id}/withdraw", post(withdraw))
+        .route("/orders/{id}/pay", post(withdraw))
+        .route_layer(LockLayer::new(locks.clone()).key(key::path_param("id")));
+    let prefixed = Router::new()
+        .route("/v2/accounts/{id}/withdraw", post(withdraw))
+        .route_layer(LockLayer::new(locks.clone()).key(key::path_param("id").prefixed("account:")));
+    let router = Router::new()
+        .route("/accounts/{id}/deposit", post(deposit))
+        .merge(withdrawals)
+        .merge(prefixed)
+        .layer(Extension(AnyLockClient::from(locks.clone())));
+    let base = serve(router).await;
+    let name = |path: &'static str| {
+        let url = format!("{base}{path}");
+        async move {
+            let (status, _, body) = send(&http(), "POST", &url).await;
+            assert_eq!(status, StatusCode::OK, "{path}: {body}");
+            body
+        }
+    };
+    let withdrawn = name("/accounts/alice/withdraw").await;
+    assert_eq!(withdrawn, "tower-lock:/accounts/:id{alice}");
+    assert_eq!(
+        name("/accounts/alice/deposit").await,
+        format!("alice {withdrawn}")
+    );
+    assert_eq!(
+        name("/orders/alice/pay").await,
+        "tower-lock:/orders/:id{alice}"
+    );
+    assert_eq!(
+        name("/v2/accounts/alice/withdraw").await,
+        "tower-lock:{account:alice}"
+    );
+
+    // The same lock for real: while the account's lock is held, either endpoint waits for it.
+    for path in ["/accounts/alice/withdraw", "/accounts/alice/deposit"] {
+        let held = locks
+            .lock_in_namespace("/accounts/{id}", "alice")
+            .acquire()
+            .await
+            .expect("take the account's lock");
+        let url = format!("{base}{path}");
+        let request = tokio::spawn(async move { send(&http(), "POST", &url).await });
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while locks.waiters() == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{path} did not wait for the account"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        held.release().await.expect("release");
+        let (status, _, _) = request.await.expect("request task");
+        assert_eq!(status, StatusCode::OK, "{path} after the release");
+    }
 }

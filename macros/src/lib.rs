@@ -12,8 +12,8 @@ use proc_macro::TokenStream;
 /// Holds a lock, named by a template over the handler's bindings, while the handler runs.
 ///
 /// `#[locked(key = "account:{id}", wait = "2s")]` on an `async fn` axum handler takes the lock
-/// `account:<id>` (in the namespace of the matched route, as a `LockLayer` on the route would)
-/// before the body runs, keeps it while the body runs, and releases it before the response
+/// `account:<id>` (the same on every route: the text names the resource, as a `LockLayer`
+/// with `key::path_param("id").prefixed("account:")` would) before the body runs, keeps it while the body runs, and releases it before the response
 /// leaves. Lock failures answer like the layer: 423 with `Retry-After` after `wait`, 503 when
 /// the backend is down or the lock is lost, 400 for an invalid key.
 ///
@@ -25,7 +25,7 @@ use proc_macro::TokenStream;
 /// | `fair` / `read` / `write` | fair lock; read or write side of a read-write lock | exclusive |
 /// | `fencing` | issue a fencing token (see `LockContext::fencing_token`) | off |
 /// | `on_lost = "abort"` / `"continue"` | lock lost mid-handler: cancel it with 503, or let it finish | `"abort"` |
-/// | `name = "..."` | namespace of the key instead of the matched route | the route |
+/// | `name = "..."` | namespace of the key | a key with text of its own (`account:{id}`): none; a lone path parameter (`{id}`): the route up to it (`/accounts/:id`), as `key::path_param("id")` on a layer; else the route |
 ///
 /// The lock client comes from the request's extensions (every `LockLayer` puts one there; or
 /// add `Extension(AnyLockClient::from(locks))`), else from the handler's `State<T>` when

@@ -167,6 +167,9 @@ impl Options {
             None => quote!(::core::option::Option::None),
         };
         let abort_on_lost = self.abort_on_lost.unwrap_or(true);
+        let resource = crate::template::resource_tokens(
+            &self.key.as_ref().map(LitStr::value).unwrap_or_default(),
+        );
         quote! {
             #private::Options {
                 wait: #wait,
@@ -174,6 +177,7 @@ impl Options {
                 kind: #kind,
                 fencing: #fencing,
                 name: #name,
+                resource: #resource,
                 abort_on_lost: #abort_on_lost,
             }
         }

@@ -63,6 +63,41 @@ pub(crate) fn key_expr(template: &LitStr, bindings: &[Ident]) -> syn::Result<Tok
     Ok(quote_spanned! {span=> ::tower_lock::__private::format!(#format #(, #args)*) })
 }
 
+/// The run-time `Resource` a template names (see `tower_lock::__private::Resource`): text of
+/// its own names the resource; a lone `{binding}` is a path parameter's; anything else leaves
+/// the lock to the route.
+pub(crate) fn resource_tokens(text: &str) -> TokenStream {
+    let private = quote::quote!(::tower_lock::__private);
+    let lone = text
+        .strip_prefix('{')
+        .and_then(|rest| rest.strip_suffix('}'))
+        .map(str::trim)
+        .filter(|inner| {
+            !inner.is_empty() && inner.chars().all(|c| c.is_alphanumeric() || c == '_')
+        });
+    if let Some(param) = lone {
+        return quote::quote!(#private::Resource::PathParam(#param));
+    }
+    // Text outside placeholders (a literal `{{` or `}}` counts as text).
+    let mut depth = 0usize;
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '{' if chars.peek() == Some(&'{') && depth == 0 => {
+                return quote::quote!(#private::Resource::Named);
+            }
+            '}' if chars.peek() == Some(&'}') && depth == 0 => {
+                return quote::quote!(#private::Resource::Named);
+            }
+            '{' => depth += 1,
+            '}' => depth = depth.saturating_sub(1),
+            _ if depth == 0 => return quote::quote!(#private::Resource::Named),
+            _ => {}
+        }
+    }
+    quote::quote!(#private::Resource::Route)
+}
+
 /// `name` or `name.field.0`: a reference to a binding or to a field of one.
 fn placeholder(template: &LitStr, inner: &str, bindings: &[Ident]) -> syn::Result<TokenStream> {
     let span = template.span();

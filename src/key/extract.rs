@@ -15,6 +15,21 @@ pub trait MakeKey: Clone + Send + Sync + 'static {
     /// The key for this request, or `None` when the request carries none.
     fn make_key(&self, parts: &mut Parts) -> Option<Vec<u8>>;
 
+    /// The resource this key names a member of, when the layer has no
+    /// [`name`](crate::LockLayer::name): the namespace of its locks. Requests for one resource
+    /// share a lock whichever endpoint they come through; different resources never do.
+    ///
+    /// By default the matched route (`route`, with its parameters written `:id`; empty outside
+    /// axum), so a key that says nothing of its resource locks per endpoint. A
+    /// [`prefixed`](Self::prefixed) key names its resource itself (no namespace), a path
+    /// parameter's resource is the route up to it (`/accounts/:id` for both
+    /// `/accounts/{id}/withdraw` and `/accounts/{id}/deposit`), a path segment's is the path
+    /// before it (`/accounts/*`).
+    fn namespace(&self, parts: &Parts, route: &str) -> String {
+        let _ = parts;
+        route.to_owned()
+    }
+
     /// The same key with `prefix` in front of it, to tell keys of different kinds apart.
     /// Keys with one prefix stay as distinct as before; keys with different prefixes stay apart
     /// only if no prefix starts another (end each with `:` and use no other `:` in it).
@@ -99,6 +114,20 @@ impl MakeKey for PathSegment {
             .nth(self.0)?;
         Some(percent_decode_str(segment).collect())
     }
+
+    /// The request path's segments before the key's, then `*`: `/accounts/*`.
+    fn namespace(&self, parts: &Parts, _route: &str) -> String {
+        let mut namespace: String = parts
+            .uri
+            .path()
+            .split('/')
+            .filter(|segment| !segment.is_empty())
+            .take(self.0)
+            .flat_map(|segment| ["/", segment])
+            .collect();
+        namespace.push_str("/*");
+        namespace
+    }
 }
 
 /// A key computed by a function. Made by [`from_fn`].
@@ -154,6 +183,11 @@ impl<K: MakeKey> MakeKey for Prefixed<K> {
         prefixed.extend_from_slice(&key);
         Some(prefixed)
     }
+
+    /// None: the prefix names the resource (`account:` + the id), wherever the request came.
+    fn namespace(&self, _parts: &Parts, _route: &str) -> String {
+        String::new()
+    }
 }
 
 /// An axum path parameter. Made by [`path_param`].
@@ -182,6 +216,27 @@ impl MakeKey for PathParam {
             .find(|(name, _)| *name == &*self.0)
             .map(|(_, value)| value.as_bytes().to_vec())
     }
+
+    /// The route up to this parameter: `/accounts/:id` for `/accounts/{id}/withdraw`.
+    fn namespace(&self, _parts: &Parts, route: &str) -> String {
+        route_through_param(route, &self.0)
+    }
+}
+
+/// `route` up to and including its `{param}` segment (`/accounts/{id}`); the whole route when
+/// it has no such segment.
+#[cfg(feature = "axum")]
+pub(crate) fn route_through_param(route: &str, param: &str) -> String {
+    let segment = format!("{{{param}}}");
+    let mut through = String::with_capacity(route.len());
+    for part in route.split('/').filter(|part| !part.is_empty()) {
+        through.push('/');
+        through.push_str(part);
+        if part == segment {
+            return through;
+        }
+    }
+    route.to_owned()
 }
 
 #[cfg(test)]

@@ -36,12 +36,14 @@ impl KeyedHash {
     ) -> Result<LockKey, KeyError> {
         check_len(user_key, max_len)?;
         let mut mac = self.0.clone();
+        // As the lock name shows it, so `/r/{id}` and `/r/:id` name one lock, as in plain names.
+        let namespace = super::readable(namespace);
         // The namespace's length first, so (namespace, key) pairs cannot run into each other.
         mac.update(&(namespace.len() as u64).to_be_bytes());
         mac.update(namespace.as_bytes());
         mac.update(user_key);
         let tag = base64url(&mac.finalize().into_bytes());
-        Ok(LockKey::with_tag(prefix, namespace, &tag))
+        Ok(LockKey::with_tag(prefix, &namespace, &tag))
     }
 }
 
@@ -112,7 +114,7 @@ mod tests {
         let a = KeyedHash::new(b"secret a");
         let b = KeyedHash::new(b"secret b");
         let name = a.name("p:", "/r/{id}", &[0xff; 512], 512).unwrap();
-        assert_eq!(name.as_str().len(), "p:/r/%7Bid%7D{}".len() + 43);
+        assert_eq!(name.as_str().len(), "p:/r/:id{}".len() + 43);
         assert_ne!(a.name("p:", "", b"k", 8), b.name("p:", "", b"k", 8));
         assert_ne!(a.name("p:", "n", b"k", 8), a.name("p:", "", b"nk", 8));
         assert_eq!(a.name("p:", "", b"", 8), Err(KeyError::Empty));

@@ -18,6 +18,8 @@
 
 use std::fmt;
 
+use std::borrow::Cow;
+
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode, percent_encode};
 
 mod extract;
@@ -27,11 +29,31 @@ mod hashed;
 #[cfg(feature = "keyed-hash")]
 pub(crate) use hashed::KeyedHash;
 
+#[cfg(feature = "macros")]
+pub(crate) use extract::route_through_param;
 pub use extract::{
     FromFn, Header, MakeKey, PathSegment, Prefixed, Query, from_fn, header, path_segment, query,
 };
 #[cfg(feature = "axum")]
 pub use extract::{PathParam, path_param};
+
+/// A namespace as lock names and logs show it: a route's parameters are written `:id` rather
+/// than `{id}`, so no brace (the hash tag's delimiter) needs escaping.
+pub(crate) fn readable(namespace: &str) -> Cow<'_, str> {
+    if !namespace.contains(['{', '}']) {
+        return Cow::Borrowed(namespace);
+    }
+    Cow::Owned(
+        namespace
+            .chars()
+            .filter_map(|c| match c {
+                '{' => Some(':'),
+                '}' => None,
+                c => Some(c),
+            })
+            .collect(),
+    )
+}
 
 /// Bytes escaped inside the hash tag. Non-ASCII bytes are always escaped by `percent_encode`.
 const ESCAPED: &AsciiSet = &CONTROLS.add(b'%').add(b'{').add(b'}');
@@ -94,6 +116,7 @@ impl LockKey {
 
     /// `prefix` + escaped namespace + `{tag}`; `tag` must be non-empty and free of braces.
     fn with_tag(prefix: &str, namespace: &str, tag: &str) -> Self {
+        let namespace = readable(namespace);
         let mut name = String::with_capacity(prefix.len() + namespace.len() + tag.len() + 2);
         name.push_str(prefix);
         name.extend(percent_encode(namespace.as_bytes(), ESCAPED));
@@ -227,12 +250,13 @@ mod tests {
         assert!(LockKey::new("p:", b"12345678", 8).is_ok());
     }
 
-    /// Namespaces (route templates, with braces) stay outside the hash tag and apart.
+    /// Namespaces (route templates, their parameters written `:id`) stay outside the hash tag
+    /// and apart.
     #[test]
     fn namespaces_keep_routes_apart() {
         let orders = LockKey::namespaced("p:", "/orders/{id}", b"42", 512).unwrap();
         let accounts = LockKey::namespaced("p:", "/accounts/{id}", b"42", 512).unwrap();
-        assert_eq!(orders.as_str(), "p:/orders/%7Bid%7D{42}");
+        assert_eq!(orders.as_str(), "p:/orders/:id{42}");
         assert_ne!(orders, accounts);
         assert_eq!(orders.user_key(), b"42");
     }

@@ -29,10 +29,24 @@ pub struct Options {
     pub kind: LockKind,
     /// Whether to issue a fencing token.
     pub fencing: bool,
-    /// The namespace of the key; the matched route when `None`.
+    /// The namespace of the key; from `resource` when `None`.
     pub name: Option<&'static str>,
+    /// What the key template says of the resource it names.
+    pub resource: Resource,
     /// Whether a lost lock cancels the handler (503) instead of letting it finish.
     pub abort_on_lost: bool,
+}
+
+/// What a key template says of the resource it names, which decides the namespace of its lock
+/// when the attribute has no `name`, the way a [`LockLayer`](super::LockLayer)'s key does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resource {
+    /// The template has text of its own (`account:{id}`): it names the resource; no namespace.
+    Named,
+    /// The template is one path parameter (`{id}`): the route up to it (`/accounts/:id`).
+    PathParam(&'static str),
+    /// Anything else: the matched route, one lock per endpoint.
+    Route,
 }
 
 /// What the attribute reads from the request before the handler's own extractors run.
@@ -193,8 +207,13 @@ where
         );
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     };
-    let namespace = options.name.unwrap_or(&parts.route);
-    let key = match locks.key_in(namespace, key.as_bytes(), options.kind) {
+    let namespace = match (options.name, options.resource) {
+        (Some(name), _) => name.to_owned(),
+        (None, Resource::Named) => String::new(),
+        (None, Resource::PathParam(param)) => crate::key::route_through_param(&parts.route, param),
+        (None, Resource::Route) => parts.route.clone(),
+    };
+    let key = match locks.key_in(&namespace, key.as_bytes(), options.kind) {
         Ok(key) => key,
         Err(error) => return rejected(LockRejection::InvalidKey(error)),
     };

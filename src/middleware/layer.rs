@@ -125,9 +125,13 @@ impl<B: Backend, K, R> LockLayer<B, K, R> {
         self.config(|c| c.fencing = true)
     }
 
-    /// The namespace of this layer's keys. Defaults to the matched route (with feature
-    /// `axum`), so `/orders/{id}` and `/accounts/{id}` never share a lock; without a route
-    /// (plain hyper), set one here so that different layers do not share keys.
+    /// The namespace of this layer's keys: the resource they name. Without it, the key says
+    /// ([`MakeKey::namespace`](crate::key::MakeKey::namespace)): a path parameter's resource is
+    /// the route up to it, so `/accounts/{id}/withdraw` and `/accounts/{id}/deposit` share one
+    /// lock per account while `/orders/{id}` never shares one with them; a
+    /// [`prefixed`](crate::key::MakeKey::prefixed) key names its resource itself; other keys
+    /// (a header, a query parameter, a closure) lock per matched route. Without a router (plain
+    /// hyper) a path segment's resource is the path before it.
     pub fn name(self, name: impl Into<Arc<str>>) -> Self {
         self.config(|c| c.name = Some(name.into()))
     }

@@ -44,9 +44,15 @@
 //!
 //! # Keys and namespaces
 //!
-//! The lock key is the route the request matched (axum's `MatchedPath`) or the layer's
-//! [`name`](LockLayer::name), plus the extracted key: `/orders/{id}` and `/accounts/{id}` with
-//! the same id never share a lock. Each request has one [`Holder`](crate::Holder), stored in
+//! A lock is named by the resource it protects, not by the endpoint: the layer's
+//! [`name`](LockLayer::name) when set, else what the key says of its resource
+//! ([`MakeKey::namespace`](crate::key::MakeKey::namespace)), plus the extracted key.
+//! `key::path_param("id")` on `/accounts/{id}/withdraw` and on `/accounts/{id}/deposit` both
+//! lock `/accounts/:id` + the id, and `#[locked(key = "{id}")]` on either route takes the same
+//! lock; `/orders/{id}` with the same id never shares it. A key with text of its own
+//! (`path_param("id").prefixed("account:")`, `#[locked(key = "account:{id}")]`) names its
+//! resource and takes the same lock on every route. A header, query or closure key without a
+//! prefix locks per matched route, so two resources never share a lock by accident. Each request has one [`Holder`](crate::Holder), stored in
 //! its extensions and current while the inner service runs, so a nested layer or a direct
 //! [`LockClient`](crate::LockClient) call on the same lock re-enters it. With feature `macros`
 //! the layer also puts its client into the extensions as an `AnyLockClient`, where a

@@ -63,7 +63,7 @@ where
         let namespace = config
             .name
             .as_deref()
-            .map_or_else(|| route(&parts), str::to_owned);
+            .map_or_else(|| self.key.namespace(&parts, &route(&parts)), str::to_owned);
         let kind = match config.mode {
             Mode::Exclusive => LockKind::Exclusive,
             Mode::Fair => LockKind::Fair,
