@@ -26,9 +26,7 @@ use support::{
 };
 use tokio::sync::{Notify, Semaphore, watch};
 use tower_lock::{
-    AnyLockClient, LockClient, LockContext, LockLayer, MemoryBackend, RedisBackend,
-    key::{self, MakeKey},
-    locked,
+    AnyLockClient, LockClient, LockContext, LockLayer, MemoryBackend, RedisBackend, key, locked,
 };
 
 /// Whether the lock the attribute takes for `key` on `route` is free right now.
@@ -780,8 +778,13 @@ async fn deposit(Path(id): Path<String>, lock: LockContext) -> String {
     format!("{id} {}", lock.key())
 }
 
-/// A withdrawal under the route's `LockLayer`.
-async fn withdraw(Extension(lock): Extension<LockContext>) -> String {
+/// A withdrawal under the route's `LockLayer`: `LockContext` is an extractor there too.
+async fn withdraw(lock: LockContext) -> String {
+    lock.key().to_string()
+}
+
+/// The same through the extensions the layer fills.
+async fn pay(Extension(lock): Extension<LockContext>) -> String {
     lock.key().to_string()
 }
 
@@ -794,7 +797,7 @@ async fn one_lock_per_resource_across_endpoints() {
     let locks = LockClient::in_memory();
     let withdrawals = Router::new()
         .route("/accounts/{id}/withdraw", post(withdraw))
-        .route("/orders/{id}/pay", post(withdraw))
+        .route("/orders/{id}/pay", post(pay))
         .route_layer(LockLayer::new(locks.clone()).key(key::path_param("id")));
     let prefixed = Router::new()
         .route("/v2/accounts/{id}/withdraw", post(withdraw))
@@ -849,4 +852,15 @@ async fn one_lock_per_resource_across_endpoints() {
         let (status, _, _) = request.await.expect("request task");
         assert_eq!(status, StatusCode::OK, "{path} after the release");
     }
+}
+
+/// A handler that takes `LockContext` on a route without a lock layer answers 500 (with a
+/// body and a log line naming the fix), rather than failing to compile in a way axum cannot
+/// explain.
+#[tokio::test]
+async fn lock_context_without_a_layer_is_500() {
+    let base = serve(Router::new().route("/accounts/{id}/withdraw", post(withdraw))).await;
+    let (status, _, body) = send(&http(), "POST", &format!("{base}/accounts/1/withdraw")).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(body.contains("no lock layer"), "{body}");
 }

@@ -36,6 +36,13 @@ pub(crate) fn expand(options: &Options, mut item: ItemFn) -> syn::Result<TokenSt
     let mut bindings = Vec::new();
     for (index, arg) in sig.inputs.iter().enumerate() {
         let FnArg::Typed(arg) = arg else { continue };
+        if is_extension_of_lock_context(&arg.ty) {
+            return Err(syn::Error::new(
+                arg.ty.span(),
+                "under #[locked] the lock is taken after the extractors run, so no \
+                 `Extension<LockContext>` exists yet: take `lock: LockContext` instead",
+            ));
+        }
         if is_lock_context(&arg.ty) {
             if context_arg.is_some() {
                 return Err(syn::Error::new(
@@ -125,6 +132,22 @@ fn is_lock_context(ty: &Type) -> bool {
             .segments
             .last()
             .is_some_and(|last| last.ident == "LockContext" && last.arguments.is_none())
+}
+
+/// `Extension<LockContext>` (any paths ending in them).
+fn is_extension_of_lock_context(ty: &Type) -> bool {
+    let Type::Path(path) = ty else { return false };
+    let Some(last) = path.path.segments.last() else {
+        return false;
+    };
+    let syn::PathArguments::AngleBracketed(args) = &last.arguments else {
+        return false;
+    };
+    last.ident == "Extension"
+        && args.args.iter().any(|arg| match arg {
+            syn::GenericArgument::Type(inner) => is_lock_context(inner),
+            _ => false,
+        })
 }
 
 /// `T` of a `State<T>` argument.

@@ -11,6 +11,12 @@ use http::{HeaderName, request::Parts};
 use percent_encoding::percent_decode_str;
 
 /// Takes the lock key from a request. Closures `Fn(&Parts) -> Option<String>` implement it.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` takes no lock key from a request: a `LockLayer` without `.key(..)`?",
+    label = "call `.key(..)` on the `LockLayer` first",
+    note = "for example `.key(key::path_param(\"id\"))`; `key::header`, `key::query`, \
+            `key::path_segment` and `key::from_fn` are the others"
+)]
 pub trait MakeKey: Clone + Send + Sync + 'static {
     /// The key for this request, or `None` when the request carries none.
     fn make_key(&self, parts: &mut Parts) -> Option<Vec<u8>>;
@@ -129,6 +135,34 @@ impl MakeKey for PathSegment {
         namespace
     }
 }
+
+/// `prefixed` as an inherent method too, so it needs no `use tower_lock::key::MakeKey`.
+macro_rules! prefixed_without_import {
+    ($($ty:ty),* $(,)?) => {$(
+        impl $ty {
+            /// See [`MakeKey::prefixed`]: the same key with `prefix` in front of it, which
+            /// also names the resource the lock is for.
+            pub fn prefixed(self, prefix: impl Into<Cow<'static, str>>) -> Prefixed<Self> {
+                MakeKey::prefixed(self, prefix)
+            }
+        }
+    )*};
+}
+
+prefixed_without_import!(Header, Query, PathSegment);
+
+impl<F> FromFn<F>
+where
+    F: Fn(&Parts) -> Option<String> + Clone + Send + Sync + 'static,
+{
+    /// See [`MakeKey::prefixed`]: the same key with `prefix` in front of it, which also names
+    /// the resource the lock is for.
+    pub fn prefixed(self, prefix: impl Into<Cow<'static, str>>) -> Prefixed<Self> {
+        MakeKey::prefixed(self, prefix)
+    }
+}
+#[cfg(feature = "axum")]
+prefixed_without_import!(PathParam);
 
 /// A key computed by a function. Made by [`from_fn`].
 #[derive(Clone)]

@@ -4,8 +4,24 @@ use std::sync::Arc;
 
 use crate::{Backend, LockGuard, LockKey, engine::Held, guard::Lost, holder::Holder};
 
-/// The lock held for the current request, put into the request's extensions by
-/// [`LockLayer`](super::LockLayer) (with axum: `Extension<LockContext>`).
+/// The lock held for the current request: an axum extractor (`lock: LockContext`) under a
+/// [`LockLayer`](super::LockLayer), which puts it into the request's extensions (so
+/// `Extension<LockContext>` works too), and under `#[locked]`, which supplies it.
+///
+/// ```
+/// # #[cfg(feature = "axum")] {
+/// use axum::{Router, routing::post};
+/// use tower_lock::{LockClient, LockContext, LockLayer, key};
+///
+/// async fn withdraw(lock: LockContext) -> String {
+///     format!("holding {}", lock.key())
+/// }
+///
+/// let app: Router = Router::new()
+///     .route("/accounts/{id}/withdraw", post(withdraw))
+///     .route_layer(LockLayer::new(LockClient::in_memory()).key(key::path_param("id")));
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct LockContext {
     pub(crate) key: LockKey,
@@ -54,5 +70,31 @@ impl LockContext {
     /// learns of it before its next write even if the watchdog has not run yet.
     pub fn is_lost(&self) -> bool {
         self.held.is_lost()
+    }
+}
+
+/// A handler asked for a [`LockContext`] on a route no [`LockLayer`](super::LockLayer) runs on:
+/// a mistake in the router, answered with 500 and a log line that says how to fix it.
+#[cfg(feature = "axum")]
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for LockContext {
+    type Rejection = (http::StatusCode, &'static str);
+
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        if let Some(context) = parts.extensions.get::<Self>() {
+            return Ok(context.clone());
+        }
+        tracing::error!(
+            target: "tower_lock::rejection",
+            path = parts.uri.path(),
+            "a handler takes `LockContext` but no LockLayer runs on its route: add one with \
+             `Router::route_layer`, or put `#[locked(...)]` on the handler"
+        );
+        Err((
+            http::StatusCode::INTERNAL_SERVER_ERROR,
+            "this route takes a lock context but runs under no lock layer",
+        ))
     }
 }

@@ -61,7 +61,7 @@ impl<B: Backend> LockLayer<B> {
     pub fn new(locks: LockClient<B>) -> Self {
         Self {
             locks,
-            key: MakeKeyUnset,
+            key: MakeKeyUnset::default(),
             on_rejected: DefaultRejection,
             config: Arc::new(LayerConfig::default()),
         }

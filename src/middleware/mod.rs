@@ -76,6 +76,22 @@ pub use rejection::{DefaultRejection, LockRejection, OnRejected};
 pub use service::LockService;
 
 /// The key slot of a [`LockLayer`] before [`LockLayer::key`] is called; such a layer cannot be
-/// used.
+/// used. (`T` only carries the compile error that says so.)
 #[derive(Clone, Copy, Debug, Default)]
-pub struct MakeKeyUnset;
+pub struct MakeKeyUnset<T = ()>(std::marker::PhantomData<T>);
+
+/// Never implemented: a layer used without a key fails to compile with this message, rather
+/// than with the closure bound of `MakeKey`'s blanket implementation.
+#[diagnostic::on_unimplemented(
+    message = "this `LockLayer` has no key: call `.key(..)` on it",
+    label = "a `LockLayer` without `.key(..)`",
+    note = "for example `.key(key::path_param(\"id\"))`; see `tower_lock::key` for the others"
+)]
+#[doc(hidden)]
+pub trait KeyIsSet {}
+
+impl<T: KeyIsSet + Clone + Send + Sync + 'static> crate::key::MakeKey for MakeKeyUnset<T> {
+    fn make_key(&self, _parts: &mut http::request::Parts) -> Option<Vec<u8>> {
+        None
+    }
+}
