@@ -726,7 +726,7 @@ impl RedisBackend {
                     .booted()
                     .and_then(|booted| quarantine.remaining(booted))
                 {
-                    tracing::debug!(key = %key, ?left, "lock store in quarantine after a start");
+                    quarantine.held_back(key.as_str(), left);
                     let retry_ms = i64::try_from(left.as_millis()).unwrap_or(i64::MAX).max(1);
                     return Ok((vec![0, retry_ms], None));
                 }
@@ -771,13 +771,7 @@ impl RedisBackend {
         self.with_conn(Some(key), async |conn| {
             let uptime = quarantine::uptime(conn).await?;
             if let Some(left) = quarantine.remaining_after(uptime) {
-                tracing::warn!(
-                    key = %key,
-                    uptime_s = uptime.as_secs(),
-                    quarantine_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
-                    "the lock store started less than a lease ago: it grants no new lock until \
-                     every lease it may have forgotten has run out"
-                );
+                quarantine.held_back(key.as_str(), left);
                 return Ok(Some(left));
             }
             redis::cmd("SET")

@@ -21,7 +21,10 @@
 //! unverified and the backend asks the server's uptime before granting.
 
 use std::{
-    sync::atomic::{AtomicU64, Ordering},
+    sync::{
+        Mutex, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -36,6 +39,8 @@ pub(super) struct Quarantine {
     fixed_ms: AtomicU64,
     /// Otherwise: the longest lease this process's clients use, in milliseconds.
     longest_lease_ms: AtomicU64,
+    /// When an operator was last told that acquires are held back.
+    last_warned: Mutex<Option<Instant>>,
 }
 
 impl Quarantine {
@@ -44,6 +49,7 @@ impl Quarantine {
         let quarantine = Self {
             fixed_ms: AtomicU64::new(FOLLOW_LEASES),
             longest_lease_ms: AtomicU64::new(0),
+            last_warned: Mutex::new(None),
         };
         if let Some(fixed) = fixed {
             quarantine.set(fixed);
@@ -85,6 +91,28 @@ impl Quarantine {
             .filter(|left| !left.is_zero())
     }
 
+    /// Tells the operator, at most every few seconds, that acquires are held back for `left`.
+    pub(super) fn held_back(&self, key: &str, left: Duration) {
+        let now = Instant::now();
+        {
+            let mut last = self
+                .last_warned
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if last.is_some_and(|at| now < at + WARN_EVERY) {
+                tracing::debug!(key, ?left, "lock store in quarantine after a start");
+                return;
+            }
+            *last = Some(now);
+        }
+        tracing::warn!(
+            key,
+            quarantine_left_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
+            "the lock store started less than a lease ago: it grants no new lock until every \
+             lease it may have forgotten has run out (RedisBackendBuilder::quarantine)"
+        );
+    }
+
     /// How much longer a server that booted at `booted` grants nothing new, if at all.
     pub(super) fn remaining(&self, booted: Instant) -> Option<Duration> {
         let until = booted + self.length();
@@ -113,6 +141,9 @@ pub(super) async fn uptime<C: ConnectionLike>(conn: &mut C) -> RedisResult<Durat
     })?;
     Ok(Duration::from_secs(seconds))
 }
+
+/// How often a held-back acquire is logged as a warning.
+const WARN_EVERY: Duration = Duration::from_secs(5);
 
 /// The quarantine's length when none is set: follow the longest lease.
 const FOLLOW_LEASES: u64 = u64::MAX;
