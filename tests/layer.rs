@@ -846,3 +846,47 @@ async fn unset_options_come_from_the_client() {
     );
     held.release().await.unwrap();
 }
+
+/// A handler that holds its account for 1.5 s.
+async fn slow_transfer(Path(id): Path<String>) -> String {
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    id
+}
+
+/// A request that waited in vain behind a 1.5 s handler holding a 30 s watchdog lease hears
+/// `Retry-After: 2` (how long this route's requests hold the lock, rounded up), not the 30 s of
+/// the holder's lease, and a one-line text body saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_tells_the_likely_wait() {
+    let locks = LockClient::in_memory();
+    let router = Router::new()
+        .route("/accounts/{id}/transfer", post(slow_transfer))
+        .route_layer(
+            LockLayer::new(locks.clone())
+                .key(key::path_param("id"))
+                .wait(Duration::from_millis(100))
+                .lease(Lease::watchdog(Duration::from_secs(30))),
+        );
+    let base = serve(router).await;
+    let url = format!("{base}/accounts/alice/transfer");
+    // One request finishes: the route has seen how long a transfer holds the account.
+    let (status, _, _) = send(&http(), "POST", &url).await;
+    assert_eq!(status, StatusCode::OK);
+    let holder = tokio::spawn({
+        let url = url.clone();
+        async move { send(&http(), "POST", &url).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while locks.active_keys() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the holder did not take the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (status, retry_after, body) = send(&http(), "POST", &url).await;
+    assert_eq!(status, StatusCode::LOCKED);
+    assert_eq!(retry_after.as_deref(), Some("2"), "body: {body}");
+    assert_eq!(body, "resource is locked; try again in 2 s\n");
+    assert_eq!(holder.await.unwrap().0, StatusCode::OK);
+}

@@ -609,7 +609,13 @@ async fn lost_lock_aborts_or_continues() {
     let base = serve(router).await;
 
     for (route, expect) in [
-        ("abort", (StatusCode::SERVICE_UNAVAILABLE, String::new())),
+        (
+            "abort",
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "lock lost while the request ran\n".to_owned(),
+            ),
+        ),
         (
             "continue",
             (

@@ -158,7 +158,20 @@ where
                             guard: Some(guard),
                         }
                     }
-                    Err(error) => reject(this.on_rejected, this.span, error.into()),
+                    Err(error) => {
+                        let rejection = match LockRejection::from(error) {
+                            // The holder's lease says when the lock is free at the latest; how
+                            // long this layer's requests hold it says when it likely is.
+                            LockRejection::Locked { retry_after } => LockRejection::Locked {
+                                retry_after: this
+                                    .config
+                                    .as_ref()
+                                    .and_then(|c| c.holds.retry_after(retry_after)),
+                            },
+                            other => other,
+                        };
+                        reject(this.on_rejected, this.span, rejection)
+                    }
                 },
                 StateProj::Running {
                     future,
@@ -178,6 +191,11 @@ where
                     } else {
                         let result = ready!(future.poll(cx));
                         this.span.record("held_ms", held_ms(*this.acquired));
+                        if let (Some(config), Some(acquired)) =
+                            (this.config.as_ref(), *this.acquired)
+                        {
+                            config.holds.record(acquired.elapsed());
+                        }
                         this.span
                             .record("outcome", if result.is_ok() { "ok" } else { "error" });
                         let guard = guard.take().expect("polled after completion");

@@ -29,6 +29,43 @@ pub(crate) struct LayerConfig {
     pub(crate) skip_missing: bool,
     pub(crate) continue_on_lost: bool,
     pub(crate) release_in_background: bool,
+    /// How long this layer's requests hold their locks, for `Retry-After`.
+    pub(crate) holds: Arc<HoldTimes>,
+}
+
+/// A running average of how long requests held their locks: the likely wait for a lock that
+/// is held, whatever lease the holder has (a watchdog lease says nothing of when it ends).
+#[derive(Debug, Default)]
+pub(crate) struct HoldTimes {
+    /// Milliseconds; 0 before the first request.
+    average_ms: std::sync::atomic::AtomicU64,
+}
+
+impl HoldTimes {
+    /// Adds one request's hold (weight 1/8: recent requests count most).
+    pub(crate) fn record(&self, held: Duration) {
+        use std::sync::atomic::Ordering;
+        let sample = u64::try_from(held.as_millis()).unwrap_or(u64::MAX).max(1);
+        let _ = self
+            .average_ms
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |average| {
+                Some(match average {
+                    0 => sample,
+                    average => average - average / 8 + sample / 8,
+                })
+            });
+    }
+
+    /// When a request that timed out waiting may try again: the typical hold, capped by the
+    /// holder's remaining lease (`lease_left`, the latest the lock is free) when known.
+    pub(crate) fn retry_after(&self, lease_left: Option<Duration>) -> Option<Duration> {
+        let average = self.average_ms.load(std::sync::atomic::Ordering::Relaxed);
+        let typical = (average > 0).then(|| Duration::from_millis(average));
+        match (typical, lease_left) {
+            (Some(typical), Some(left)) => Some(typical.min(left)),
+            (typical, left) => typical.or(left),
+        }
+    }
 }
 
 impl Default for LayerConfig {
@@ -42,6 +79,7 @@ impl Default for LayerConfig {
             skip_missing: false,
             continue_on_lost: false,
             release_in_background: false,
+            holds: Arc::default(),
         }
     }
 }

@@ -39,8 +39,9 @@
 //!
 //! # Rejections
 //!
-//! See [`LockRejection`] for the status of each; bodies are empty unless
-//! [`LockLayer::on_rejected`] builds them.
+//! See [`LockRejection`] for the status of each. Bodies are one line of text where the body
+//! type carries text, unless [`LockLayer::on_rejected`] builds them; rejections are logged on
+//! target `tower_lock::rejection` (a client's mistake as a warning, a busy lock as information).
 //!
 //! # Keys and namespaces
 //!

@@ -1,8 +1,11 @@
 //! What the layer answers when a request cannot hold its lock.
 
-use std::time::Duration;
+use std::{any::Any, time::Duration};
 
-use http::{HeaderValue, Response, StatusCode, header::RETRY_AFTER};
+use http::{
+    HeaderValue, Response, StatusCode,
+    header::{CONTENT_TYPE, RETRY_AFTER},
+};
 
 use crate::{
     error::{BackendError, LockError},
@@ -14,7 +17,7 @@ use crate::{
 /// | rejection | status | `Retry-After` |
 /// |---|---|---|
 /// | [`MissingKey`](Self::MissingKey), [`InvalidKey`](Self::InvalidKey) | 400 | |
-/// | [`Locked`](Self::Locked) (wait timed out) | 423 | the holder's remaining lease |
+/// | [`Locked`](Self::Locked) (wait timed out) | 423 | how long the layer's requests typically hold the lock, at most the holder's remaining lease |
 /// | [`TooManyWaiters`](Self::TooManyWaiters) | 503 | 1 s |
 /// | [`Unavailable`](Self::Unavailable) (backend down), [`Lost`](Self::Lost), [`ShutDown`](Self::ShutDown) | 503 | |
 /// | [`Conflict`](Self::Conflict) (a read lock asked for a write lock) | 409 | |
@@ -28,7 +31,9 @@ pub enum LockRejection {
     InvalidKey(KeyError),
     /// Another holder kept the lock for the whole wait.
     Locked {
-        /// The holder's remaining lease, when known.
+        /// When the lock is likely free: under a layer, the running average of how long its
+        /// requests held their locks, capped by the holder's remaining lease (the latest it is
+        /// free); the remaining lease alone before any request finished.
         retry_after: Option<Duration>,
     },
     /// Too many requests already wait for this key in this instance.
@@ -73,29 +78,59 @@ impl LockRejection {
     pub fn into_response_with<B>(self, body: B) -> Response<B> {
         let mut response = Response::new(body);
         *response.status_mut() = self.status();
-        if let Some(after) = self.retry_after() {
-            // Whole seconds, rounded up, at least one.
-            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+        if let Some(secs) = self.retry_after_secs() {
             response
                 .headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from(secs.max(1)));
+                .insert(RETRY_AFTER, HeaderValue::from(secs));
         }
         response
     }
 
-    /// Logs the rejection on target `tower_lock::rejection` (never more than the reason) and
-    /// counts it.
+    /// A response with this rejection's status, `Retry-After` where known, and a one-line
+    /// text body saying what happened when `B` can carry text (axum's `Body`, `String`,
+    /// `Vec<u8>`); an empty body otherwise.
+    pub fn into_text_response<B: Default + 'static>(self) -> Response<B> {
+        let mut text = self.to_string();
+        if let Some(secs) = self.retry_after_secs() {
+            text.push_str(&format!("; try again in {secs} s"));
+        }
+        text.push('\n');
+        let body = text_body(text);
+        let carries_text = body.is_some();
+        let mut response = self.into_response_with(body.unwrap_or_default());
+        if carries_text {
+            response.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            );
+        }
+        response
+    }
+
+    /// `Retry-After` in whole seconds, rounded up, at least one.
+    fn retry_after_secs(&self) -> Option<u64> {
+        self.retry_after()
+            .map(|after| (after.as_secs() + u64::from(after.subsec_nanos() > 0)).max(1))
+    }
+
+    /// Logs the rejection on target `tower_lock::rejection` (never more than the reason: no
+    /// key, no request data) and counts it. A client's mistake or a broken setup is a warning
+    /// or an error an operator sees; a lock that stayed busy is information.
     pub(crate) fn trace(&self) {
         crate::metrics::rejected(self);
+        let status = self.status();
         match self {
             Self::Misconfigured => {
-                tracing::error!(target: "tower_lock::rejection", "lock layer misconfigured: its lease is too short, or its backend refuses the lock kind");
+                tracing::error!(target: "tower_lock::rejection", %status, "lock layer misconfigured: its lease is too short, or its backend refuses the lock kind");
             }
             Self::Unavailable(error) => {
-                tracing::warn!(target: "tower_lock::rejection", %error, status = %self.status(), "lock backend unavailable");
+                tracing::warn!(target: "tower_lock::rejection", %error, %status, "lock backend unavailable");
             }
-            other => {
-                tracing::debug!(target: "tower_lock::rejection", rejection = ?other, status = %other.status(), "request rejected");
+            Self::MissingKey | Self::InvalidKey(_) | Self::Lost | Self::Conflict => {
+                tracing::warn!(target: "tower_lock::rejection", rejection = %self, %status, "request rejected");
+            }
+            Self::Locked { .. } | Self::TooManyWaiters | Self::ShutDown => {
+                tracing::info!(target: "tower_lock::rejection", rejection = %self, %status, retry_after_s = self.retry_after_secs(), "request rejected");
             }
         }
     }
@@ -125,7 +160,8 @@ impl std::fmt::Display for LockRejection {
             Self::InvalidKey(error) => write!(f, "invalid lock key: {error}"),
             Self::Locked { .. } => f.write_str("resource is locked"),
             Self::TooManyWaiters => f.write_str("too many requests wait for this resource"),
-            Self::Unavailable(error) => write!(f, "{error}"),
+            // The cause is the source: error reporters print it once, and clients see no more.
+            Self::Unavailable(_) => f.write_str("lock backend unavailable"),
             Self::Lost => f.write_str("lock lost while the request ran"),
             Self::Conflict => f.write_str("lock request would deadlock"),
             Self::ShutDown => f.write_str("lock client shut down"),
@@ -134,8 +170,26 @@ impl std::fmt::Display for LockRejection {
     }
 }
 
+/// `text` as a body of type `B`, when `B` is one that carries text.
+fn text_body<B: 'static>(text: String) -> Option<B> {
+    let mut slot: Option<B> = None;
+    let any: &mut dyn Any = &mut slot;
+    if let Some(slot) = any.downcast_mut::<Option<String>>() {
+        *slot = Some(text);
+    } else if let Some(slot) = any.downcast_mut::<Option<Vec<u8>>>() {
+        *slot = Some(text.into_bytes());
+    } else {
+        #[cfg(feature = "axum")]
+        if let Some(slot) = any.downcast_mut::<Option<axum::body::Body>>() {
+            *slot = Some(axum::body::Body::from(text));
+        }
+    }
+    slot
+}
+
 /// Builds the response for a rejection. Closures `Fn(LockRejection) -> Response<B>` implement
-/// it; the default, [`DefaultRejection`], answers with an empty body.
+/// it; the default, [`DefaultRejection`], answers with a one-line text body where the body
+/// type carries text.
 pub trait OnRejected<B>: Clone + Send + Sync + 'static {
     /// The response for `rejection`.
     fn on_rejected(&self, rejection: LockRejection) -> Response<B>;
@@ -150,20 +204,30 @@ where
     }
 }
 
-/// Answers rejections with their status, `Retry-After` where known, and an empty body.
+/// Answers rejections with their status, `Retry-After` where known, and a one-line text body
+/// ([`LockRejection::into_text_response`]): `resource is locked; try again in 3 s`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DefaultRejection;
 
-impl<B: Default> OnRejected<B> for DefaultRejection {
+impl<B: Default + 'static> OnRejected<B> for DefaultRejection {
     fn on_rejected(&self, rejection: LockRejection) -> Response<B> {
-        rejection.into_response_with(B::default())
+        rejection.into_text_response()
     }
 }
 
 #[cfg(feature = "axum")]
 impl axum::response::IntoResponse for LockRejection {
     fn into_response(self) -> axum::response::Response {
-        self.into_response_with(axum::body::Body::empty())
+        self.into_text_response()
+    }
+}
+
+impl std::error::Error for LockRejection {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Unavailable(error) => Some(error),
+            _ => None,
+        }
     }
 }
 
@@ -193,5 +257,21 @@ mod tests {
             LockRejection::from(LockError::UpgradeRefused).status(),
             StatusCode::CONFLICT
         );
+    }
+
+    /// Bodies that carry text get one line saying what happened; others stay empty.
+    #[test]
+    fn text_bodies_where_the_body_type_allows() {
+        let locked = || LockRejection::Locked {
+            retry_after: Some(Duration::from_millis(2500)),
+        };
+        let text: Response<String> = DefaultRejection.on_rejected(locked());
+        assert_eq!(text.body(), "resource is locked; try again in 3 s\n");
+        assert_eq!(text.headers()[CONTENT_TYPE], "text/plain; charset=utf-8");
+        let bytes: Response<Vec<u8>> = DefaultRejection.on_rejected(LockRejection::MissingKey);
+        assert_eq!(bytes.body(), b"request has no lock key\n");
+        let empty: Response<()> = DefaultRejection.on_rejected(locked());
+        assert!(!empty.headers().contains_key(CONTENT_TYPE));
+        assert_eq!(empty.headers()[RETRY_AFTER], "3");
     }
 }
