@@ -110,6 +110,13 @@ pub enum BackendErrorKind {
         /// What was asked for.
         feature: &'static str,
     },
+    /// The backend is set up in a way that cannot work (a URL that is not a Redis URL, a
+    /// password or ACL user the server refuses, a database it does not have, a `rediss://` URL
+    /// without the `tls` feature): fix the configuration; retrying will not help.
+    Misconfigured {
+        /// What to fix.
+        what: String,
+    },
     /// Any other backend failure.
     Other,
 }
@@ -243,13 +250,28 @@ impl fmt::Display for BackendError {
             BackendErrorKind::Unsupported { feature } => {
                 write!(f, "lock backend does not support {feature}")?;
             }
+            BackendErrorKind::Misconfigured { what } => {
+                write!(f, "lock backend misconfigured: {what}")?;
+            }
             BackendErrorKind::Other => f.write_str("lock backend error")?,
         }
         if let Some(key) = &self.key {
             write!(f, " (key `{key}`)")?;
         }
-        if let Some(source) = &self.source {
-            write!(f, ": {source}")?;
+        // The cause is the source, not part of this message: error reporters print each
+        // cause once (use `{:#}` for the whole chain on one line).
+        if f.alternate() {
+            let mut source = self.source.as_deref().map(|s| s as &dyn StdError);
+            let mut last = String::new();
+            while let Some(cause) = source {
+                let text = cause.to_string();
+                // Client libraries often repeat their own source in their message.
+                if !last.contains(&text) {
+                    write!(f, ": {text}")?;
+                }
+                last = text;
+                source = cause.source();
+            }
         }
         Ok(())
     }

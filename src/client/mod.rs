@@ -233,7 +233,7 @@ impl<B: Backend> LockClient<B> {
         let releases = held.iter().map(|held| async move {
             held.lost.cancel();
             if let Err(error) = shared.backend.release(held.release_all()).await {
-                tracing::warn!(key = %held.key, %error, "release at shutdown failed");
+                tracing::warn!(key = %held.key, error = %format_args!("{error:#}"), "release at shutdown failed");
             }
         });
         futures_util::future::join_all(releases).await;

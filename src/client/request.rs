@@ -225,7 +225,7 @@ impl<B: Backend> LockRequest<'_, B> {
                 tracing::debug!(
                     key = %key_name,
                     waited_ms = waited.as_millis() as u64,
-                    %error,
+                    error = %format_args!("{error:#}"),
                     "lock not acquired"
                 );
                 Err(error)

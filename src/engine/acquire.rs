@@ -80,7 +80,7 @@ impl<B: Backend> Drop for QueueGuard<'_, B> {
         );
         runtime.spawn(async move {
             if let Err(error) = shared.backend.leave(&key, want.holder.id(), want.kind).await {
-                tracing::debug!(key = %key, %error, "leaving the wait queue failed; the entry times out");
+                tracing::debug!(key = %key, error = %format_args!("{error:#}"), "leaving the wait queue failed; the entry times out");
             }
         });
     }
@@ -151,7 +151,7 @@ impl<B: Backend> Drop for InFlight<B> {
             if want.kind.queues()
                 && let Err(error) = shared.backend.leave(&key, want.holder.id(), want.kind).await
             {
-                tracing::debug!(key = %key, %error, "leaving the wait queue failed; the entry times out");
+                tracing::debug!(key = %key, error = %format_args!("{error:#}"), "leaving the wait queue failed; the entry times out");
             }
         });
     }
@@ -339,7 +339,7 @@ impl<B: Backend> Engine<B> {
                             if !transient || next_ends >= deadline {
                                 return Err(error);
                             }
-                            tracing::debug!(%error, "backend error while waiting; trying again");
+                            tracing::debug!(error = %format_args!("{error:#}"), "backend error while waiting; trying again");
                             // The failed attempt may have been voided: retry under a new id. If
                             // it may have taken the lock, the retry takes that hold over.
                             want = Arc::new(want.retry(self.attempt_id(&want.holder), unknown));
@@ -441,7 +441,7 @@ impl<B: Backend> Engine<B> {
             }
             Err(error) => tracing::warn!(
                 key = %grant.key,
-                %error,
+                error = %format_args!("{error:#}"),
                 "could not resolve an attempt whose reply was lost; retrying in the background"
             ),
         }

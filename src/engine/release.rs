@@ -205,7 +205,7 @@ impl<B: Backend> Engine<B> {
             match reply {
                 Err(error) if error.is_unavailable() || error.outcome_unknown() => {
                     unknown |= error.outcome_unknown();
-                    tracing::debug!(key = %held.key, %error, "release failed; retrying");
+                    tracing::debug!(key = %held.key, error = %format_args!("{error:#}"), "release failed; retrying");
                 }
                 // After a try whose outcome is unknown, "not held" says that try went through
                 // (or the lease ran out): either way the lock is free of this hold.
@@ -246,7 +246,7 @@ impl<B: Backend> Engine<B> {
                         return;
                     }
                     Err(error) => {
-                        tracing::warn!(key = %held.key, %error, "release failed");
+                        tracing::warn!(key = %held.key, error = %format_args!("{error:#}"), "release failed");
                         return;
                     }
                 }
@@ -267,7 +267,7 @@ impl<B: Backend> Engine<B> {
                 let engine = self.clone();
                 runtime.spawn(async move {
                     if let Err(error) = engine.finish_release(releasing).await {
-                        tracing::debug!(%error, "background release failed");
+                        tracing::debug!(error = %format_args!("{error:#}"), "background release failed");
                     }
                 });
             }

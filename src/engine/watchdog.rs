@@ -96,7 +96,7 @@ async fn renew<B: Backend>(
             None
         }
         Err(error) => {
-            tracing::warn!(%error, locks = due.len(), "lease renewal failed; retrying until the deadline");
+            tracing::warn!(error = %format_args!("{error:#}"), locks = due.len(), "lease renewal failed; retrying until the deadline");
             None
         }
     };

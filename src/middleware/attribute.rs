@@ -266,7 +266,7 @@ where
             body.await.into_response()
         };
         if let Err(error) = guard.release().await {
-            tracing::debug!(%error, "release after the handler failed");
+            tracing::debug!(error = %format_args!("{error:#}"), "release after the handler failed");
         }
         response
     }

@@ -216,7 +216,7 @@ where
                             State::Releasing {
                                 release: Box::pin(async move {
                                     if let Err(error) = guard.release().await {
-                                        tracing::debug!(%error, "release after the response failed");
+                                        tracing::debug!(error = %format_args!("{error:#}"), "release after the response failed");
                                     }
                                 }),
                                 result: Some(result),

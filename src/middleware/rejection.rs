@@ -124,7 +124,7 @@ impl LockRejection {
                 tracing::error!(target: "tower_lock::rejection", %status, "lock layer misconfigured: its lease is too short, or its backend refuses the lock kind");
             }
             Self::Unavailable(error) => {
-                tracing::warn!(target: "tower_lock::rejection", %error, %status, "lock backend unavailable");
+                tracing::warn!(target: "tower_lock::rejection", error = %format_args!("{error:#}"), %status, "lock backend unavailable");
             }
             Self::MissingKey | Self::InvalidKey(_) | Self::Lost | Self::Conflict => {
                 tracing::warn!(target: "tower_lock::rejection", rejection = %self, %status, "request rejected");

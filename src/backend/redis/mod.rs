@@ -392,12 +392,16 @@ impl RedisBackendBuilder {
                     .get_multiplexed_async_connection()
                     .await
             };
+            let server = target.describe();
             match tokio::time::timeout(command_timeout, first).await {
                 Ok(Ok(_checked)) => {}
-                Ok(Err(error)) => {
-                    return Err(BackendError::new(BackendErrorKind::Unavailable, error));
+                Ok(Err(error)) => return Err(connect_error(error, &server)),
+                Err(_) => {
+                    return Err(BackendError::new(
+                        BackendErrorKind::Timeout,
+                        format!("no answer from Redis at {server} within {command_timeout:?}"),
+                    ));
                 }
-                Err(_) => return Err(BackendError::from_kind(BackendErrorKind::Timeout)),
             }
         }
         backend.ping().await?;
@@ -409,16 +413,21 @@ impl RedisBackendBuilder {
     /// Builds a single-node (or Sentinel) backend without contacting the server: connections
     /// open on first use. For Redlock, whose nodes need not all be up when it starts.
     pub(crate) fn build_lazy(self) -> Result<RedisBackend, BackendError> {
-        let unavailable = |e| BackendError::new(BackendErrorKind::Unavailable, e);
+        #[cfg(feature = "sentinel")]
+        let unavailable = |e: RedisError| BackendError::new(BackendErrorKind::Unavailable, e);
+        let url_error = |url: &str| {
+            let shown = redact_password(url).into_owned();
+            move |error| connect_error(error, &shown)
+        };
         let target = match self.source {
             #[cfg(feature = "tls")]
             Source::Url(url) if self.tls.is_some() => {
                 let certificates = self.tls.expect("checked");
                 Target::Node(
-                    Client::build_with_tls(url.as_str(), certificates).map_err(unavailable)?,
+                    Client::build_with_tls(url.as_str(), certificates).map_err(url_error(&url))?,
                 )
             }
-            Source::Url(url) => Target::Node(Client::open(url.as_str()).map_err(unavailable)?),
+            Source::Url(url) => Target::Node(Client::open(url.as_str()).map_err(url_error(&url))?),
             #[cfg(feature = "sentinel")]
             Source::Sentinel { sentinels, name } => Target::Sentinel {
                 sentinels: tokio::sync::Mutex::new(
@@ -1113,6 +1122,72 @@ fn redis_error(error: RedisError) -> BackendError {
     BackendError::new(kind, error)
 }
 
+/// The error of a first connection to `server` (its address, or the URL without password):
+/// a configuration that cannot work is [`BackendErrorKind::Misconfigured`] and says what to
+/// fix; a server that cannot be reached is `Unavailable`, naming it.
+fn connect_error(error: RedisError, server: &str) -> BackendError {
+    let message = error.to_string();
+    let what = if error.kind() == redis::ErrorKind::InvalidClientConfig {
+        if server.starts_with("rediss://") && !cfg!(feature = "tls") {
+            Some("a `rediss://` URL needs tower-lock's `tls` feature".to_owned())
+        } else {
+            Some(format!(
+                "the Redis URL `{server}`: expected `redis://[user:password@]host:port[/db]`{}",
+                if cfg!(feature = "tls") {
+                    " or `rediss://…`"
+                } else {
+                    ""
+                }
+            ))
+        }
+    } else if error.kind() == redis::ErrorKind::AuthenticationFailed
+        || message.contains("WRONGPASS")
+        || message.contains("NOAUTH")
+    {
+        Some(format!(
+            "Redis at {server} refused the user or password: check the URL's credentials and \
+             the ACL user"
+        ))
+    } else if message.contains("DB index") {
+        Some(format!(
+            "Redis at {server} has no such database: check the database index in the URL"
+        ))
+    } else {
+        None
+    };
+    match what {
+        Some(what) => BackendError::new(BackendErrorKind::Misconfigured { what }, error),
+        None => BackendError::new(
+            BackendErrorKind::Unavailable,
+            ConnectFailed {
+                server: server.to_owned(),
+                cause: error,
+            },
+        ),
+    }
+}
+
+/// A first connection that failed: names the server, with the client library's error as the
+/// source.
+#[derive(Debug)]
+struct ConnectFailed {
+    server: String,
+    cause: RedisError,
+}
+
+impl fmt::Display for ConnectFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "could not connect to Redis at {}", self.server)
+    }
+}
+
+impl std::error::Error for ConnectFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        // redis-rs's message repeats its I/O cause: name that cause alone.
+        self.cause.source().or(Some(&self.cause))
+    }
+}
+
 fn pool_error(error: bb8::RunError<RedisError>) -> BackendError {
     match error {
         bb8::RunError::User(error) => redis_error(error),
@@ -1344,7 +1419,7 @@ impl Backend for RedisBackend {
                     let error = redis_error(error).with_key(renew.key.as_str());
                     if error.is_wrong_type() {
                         // Foreign data at the key: the lock is not ours any more.
-                        tracing::warn!(key = %renew.key, %error, "renewal found foreign data");
+                        tracing::warn!(key = %renew.key, error = %format_args!("{error:#}"), "renewal found foreign data");
                         Ok(RenewReply::NotHeld)
                     } else {
                         Err(error)

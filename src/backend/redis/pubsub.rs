@@ -175,7 +175,7 @@ impl Task {
                     tracing::warn!("release notification connection lost; reconnecting");
                 }
                 Ok(Err(error)) => {
-                    tracing::debug!(%error, "release notification connection failed");
+                    tracing::debug!(error = %format_args!("{error:#}"), "release notification connection failed");
                 }
                 Err(_) => tracing::debug!("release notification connection timed out"),
             }
@@ -244,7 +244,7 @@ impl Task {
         match result {
             Ok(Ok(())) => true,
             Ok(Err(error)) => {
-                tracing::debug!(%error, "subscription change failed");
+                tracing::debug!(error = %format_args!("{error:#}"), "subscription change failed");
                 false
             }
             Err(_) => false,

@@ -38,7 +38,7 @@ pub(super) fn start(cluster: &Cluster, timeout: Duration, stop: CancellationToke
         let client = match client {
             Ok(client) => client,
             Err(error) => {
-                tracing::error!(%error, "release notifications cannot be configured");
+                tracing::error!(error = %format_args!("{error:#}"), "release notifications cannot be configured");
                 return;
             }
         };
@@ -49,7 +49,7 @@ pub(super) fn start(cluster: &Cluster, timeout: Duration, stop: CancellationToke
                 result = cluster::connect(&client, timeout) => match result {
                     Ok(conn) => break conn,
                     Err(error) => {
-                        tracing::debug!(%error, "release notification connection failed");
+                        tracing::debug!(error = %format_args!("{error:#}"), "release notification connection failed");
                     }
                 },
             }
@@ -155,7 +155,9 @@ impl Task {
                 Ok(Ok(())) => {}
                 // The node is gone or slow: the channel is dropped with its connection, and a
                 // message on it finds no listener.
-                Ok(Err(error)) => tracing::debug!(%error, channel, "unsubscribe failed"),
+                Ok(Err(error)) => {
+                    tracing::debug!(error = %format_args!("{error:#}"), channel, "unsubscribe failed")
+                }
                 Err(_) => tracing::debug!(channel, "unsubscribe timed out"),
             }
         }
@@ -192,7 +194,7 @@ impl Task {
         match tokio::time::timeout(self.timeout, conn.ssubscribe(channel)).await {
             Ok(Ok(())) => true,
             Ok(Err(error)) => {
-                tracing::debug!(%error, channel, "sharded subscribe failed");
+                tracing::debug!(error = %format_args!("{error:#}"), channel, "sharded subscribe failed");
                 false
             }
             Err(_) => {

@@ -32,10 +32,21 @@ impl Target {
             Self::Sentinel { sentinels, name } => {
                 let client = sentinels.lock().await.async_get_client().await;
                 if let Err(error) = &client {
-                    tracing::warn!(master = %name, %error, "sentinels named no reachable master");
+                    tracing::warn!(master = %name, error = %format_args!("{error:#}"), "sentinels named no reachable master");
                 }
                 client
             }
+        }
+    }
+}
+
+impl Target {
+    /// The server for error messages: its address, or the Sentinel group's name.
+    pub(super) fn describe(&self) -> String {
+        match self {
+            Self::Node(client) => client.get_connection_info().addr().to_string(),
+            #[cfg(feature = "sentinel")]
+            Self::Sentinel { name, .. } => format!("the master `{name}` the sentinels name"),
         }
     }
 }

@@ -96,7 +96,7 @@ fn skip(node: &RedisBackend, skipped_until: &Arc<Mutex<Option<Instant>>>, error:
     if was_skipped {
         return;
     }
-    tracing::debug!(node = ?node, %error, "Redlock node unreachable; skipping it until it answers");
+    tracing::debug!(node = ?node, error = %format_args!("{error:#}"), "Redlock node unreachable; skipping it until it answers");
     let (node, skipped_until) = (node.clone(), skipped_until.clone());
     tokio::spawn(async move {
         loop {
@@ -649,7 +649,7 @@ impl Backend for RedlockBackend {
                 self.give_back(grant, &replies).await;
                 let error =
                     vote::no_quorum(replies, reachable, quorum).with_key(grant.key.as_str());
-                tracing::warn!(key = %grant.key, %error, "Redlock acquire without a quorum");
+                tracing::warn!(key = %grant.key, error = %format_args!("{error:#}"), "Redlock acquire without a quorum");
                 return Err(error);
             }
         };
@@ -674,7 +674,7 @@ impl Backend for RedlockBackend {
             Err(reachable) => {
                 let error = vote::no_quorum(replies, reachable, self.inner.quorum)
                     .with_key(release.key.as_str());
-                tracing::warn!(key = %release.key, %error, "Redlock release without a quorum");
+                tracing::warn!(key = %release.key, error = %format_args!("{error:#}"), "Redlock release without a quorum");
                 return Err(error);
             }
         };

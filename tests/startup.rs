@@ -1,0 +1,97 @@
+//! A misconfigured or unreachable Redis fails at start-up (`connect`), with an error that
+//! names what to fix and the host it tried, each cause printed once by an error reporter.
+
+mod support;
+
+use std::{error::Error, fmt::Write as _, net::TcpListener};
+
+use support::RedisServer;
+use tower_lock::{RedisBackend, error::BackendErrorKind};
+
+/// The error and its sources, one per line, as `anyhow` prints them.
+fn report(error: &dyn Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let _ = write!(text, "\ncaused by: {cause}");
+        source = cause.source();
+    }
+    text
+}
+
+/// A port nothing listens on.
+fn refused_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+#[tokio::test]
+async fn a_refused_port_names_the_host() {
+    let port = refused_port();
+    let error = RedisBackend::connect(&format!("redis://127.0.0.1:{port}"))
+        .await
+        .expect_err("nothing listens there");
+    let text = report(&error);
+    println!("{text}");
+    assert_eq!(*error.kind(), BackendErrorKind::Unavailable, "{text}");
+    assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
+    assert_eq!(
+        text.matches("refused").count(),
+        1,
+        "the cause repeats: {text}"
+    );
+}
+
+#[tokio::test]
+async fn a_bad_url_scheme_is_a_misconfiguration() {
+    let error = RedisBackend::connect("http://127.0.0.1:6379")
+        .await
+        .expect_err("not a Redis URL");
+    let text = report(&error);
+    println!("{text}");
+    assert!(
+        matches!(error.kind(), BackendErrorKind::Misconfigured { .. }),
+        "{text}"
+    );
+    assert!(
+        text.contains("redis://"),
+        "does not say what a URL looks like: {text}"
+    );
+}
+
+#[tokio::test]
+async fn a_wrong_password_is_a_misconfiguration() {
+    let server = RedisServer::start();
+    server.acl_setuser("service", &["on", ">right", "~*", "+@all"]);
+    let url = server.url_as("service", "wrong");
+    let error = RedisBackend::connect(&url)
+        .await
+        .expect_err("wrong password");
+    let text = report(&error);
+    println!("{text}");
+    assert!(
+        matches!(error.kind(), BackendErrorKind::Misconfigured { .. }),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("127.0.0.1:{}", server.port())),
+        "{text}"
+    );
+    assert!(!text.contains("wrong"), "the password leaked: {text}");
+}
+
+#[tokio::test]
+async fn a_bad_database_index_is_a_misconfiguration() {
+    let server = RedisServer::start();
+    let url = format!("redis://127.0.0.1:{}/99", server.port());
+    let error = RedisBackend::connect(&url)
+        .await
+        .expect_err("no database 99");
+    let text = report(&error);
+    println!("{text}");
+    assert!(
+        matches!(error.kind(), BackendErrorKind::Misconfigured { .. }),
+        "{text}"
+    );
+    assert!(text.contains("database"), "{text}");
+}
