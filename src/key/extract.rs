@@ -60,13 +60,18 @@ where
 #[derive(Clone, Debug)]
 pub struct Header(HeaderName);
 
-/// The value of the header `name`. A header that is missing, or has bytes outside visible
-/// ASCII, gives no key. Trust it only if your proxy sets or checks it.
+/// The value of the header `name` (any case: `X-Tenant-Id` and `x-tenant-id` are one header).
+/// A header that is missing, or has bytes outside visible ASCII, gives no key. Trust it only if
+/// your proxy sets or checks it.
 ///
 /// # Panics
-/// When `name` is not a valid header name (a programming error, caught at start-up).
+/// When `name` is not a valid header name (empty, or with a space or other separator): a
+/// programming error, caught when the layer is built.
 pub fn header(name: &'static str) -> Header {
-    Header(HeaderName::from_static(name))
+    match HeaderName::from_bytes(name.as_bytes()) {
+        Ok(name) => Header(name),
+        Err(_) => panic!("key::header({name:?}): not a valid HTTP header name"),
+    }
 }
 
 impl MakeKey for Header {
@@ -293,6 +298,11 @@ mod tests {
         assert_eq!(
             header("x-tenant-id").make_key(&mut p),
             Some(b"acme".to_vec())
+        );
+        assert_eq!(
+            header("X-Tenant-Id").make_key(&mut p),
+            Some(b"acme".to_vec()),
+            "a header name in any case"
         );
         assert_eq!(header("x-other").make_key(&mut p), None);
         assert_eq!(query("id").make_key(&mut p), Some(b"a+b c".to_vec()));

@@ -148,7 +148,7 @@ impl From<LockError> for LockRejection {
             LockError::UpgradeRefused => Self::Conflict,
             LockError::ShutDown => Self::ShutDown,
             LockError::InvalidLease(_) => Self::Misconfigured,
-            _ => Self::Lost,
+            LockError::Lost | LockError::NotHeld => Self::Lost,
         }
     }
 }
