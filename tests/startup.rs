@@ -19,6 +19,17 @@ fn report(error: &dyn Error) -> String {
     text
 }
 
+/// The report of `error`, which must be a misconfiguration.
+fn misconfigured(error: &tower_lock::BackendError) -> String {
+    let text = report(error);
+    println!("{text}");
+    assert!(
+        matches!(error.kind(), BackendErrorKind::Misconfigured { .. }),
+        "{text}"
+    );
+    text
+}
+
 /// A port nothing listens on.
 fn refused_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -47,12 +58,7 @@ async fn a_bad_url_scheme_is_a_misconfiguration() {
     let error = RedisBackend::connect("http://127.0.0.1:6379")
         .await
         .expect_err("not a Redis URL");
-    let text = report(&error);
-    println!("{text}");
-    assert!(
-        matches!(error.kind(), BackendErrorKind::Misconfigured { .. }),
-        "{text}"
-    );
+    let text = misconfigured(&error);
     assert!(
         text.contains("redis://"),
         "does not say what a URL looks like: {text}"
@@ -67,12 +73,7 @@ async fn a_wrong_password_is_a_misconfiguration() {
     let error = RedisBackend::connect(&url)
         .await
         .expect_err("wrong password");
-    let text = report(&error);
-    println!("{text}");
-    assert!(
-        matches!(error.kind(), BackendErrorKind::Misconfigured { .. }),
-        "{text}"
-    );
+    let text = misconfigured(&error);
     assert!(
         text.contains(&format!("127.0.0.1:{}", server.port())),
         "{text}"
@@ -87,11 +88,6 @@ async fn a_bad_database_index_is_a_misconfiguration() {
     let error = RedisBackend::connect(&url)
         .await
         .expect_err("no database 99");
-    let text = report(&error);
-    println!("{text}");
-    assert!(
-        matches!(error.kind(), BackendErrorKind::Misconfigured { .. }),
-        "{text}"
-    );
+    let text = misconfigured(&error);
     assert!(text.contains("database"), "{text}");
 }
