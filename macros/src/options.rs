@@ -179,6 +179,7 @@ impl Options {
                 name: #name,
                 resource: #resource,
                 abort_on_lost: #abort_on_lost,
+                holds: #private::HoldTimes::new(),
             }
         }
     }

@@ -3,6 +3,8 @@
 
 use std::{convert::Infallible, future::Future, time::Duration};
 
+pub use super::layer::HoldTimes;
+
 use axum::{
     extract::{FromRef, FromRequestParts},
     response::IntoResponse,
@@ -35,6 +37,8 @@ pub struct Options {
     pub resource: Resource,
     /// Whether a lost lock cancels the handler (503) instead of letting it finish.
     pub abort_on_lost: bool,
+    /// How long this handler's requests hold their lock, for `Retry-After`.
+    pub holds: HoldTimes,
 }
 
 /// What a key template says of the resource it names, which decides the namespace of its lock
@@ -233,8 +237,17 @@ where
         };
         let guard = match acquired {
             Ok(guard) => guard,
-            Err(error) => return rejected(error.into()),
+            Err(error) => {
+                return rejected(match LockRejection::from(error) {
+                    // As the layer: when the lock is likely free, from this handler's holds.
+                    LockRejection::Locked { retry_after } => LockRejection::Locked {
+                        retry_after: options.holds.retry_after(retry_after),
+                    },
+                    other => other,
+                });
+            }
         };
+        let acquired_at = std::time::Instant::now();
         let context = guard.context();
         let lost = context.lost();
         let watch = context.clone();
@@ -265,6 +278,7 @@ where
         } else {
             body.await.into_response()
         };
+        options.holds.record(acquired_at.elapsed());
         if let Err(error) = guard.release().await {
             tracing::debug!(error = %format_args!("{error:#}"), "release after the handler failed");
         }

@@ -35,13 +35,22 @@ pub(crate) struct LayerConfig {
 
 /// A running average of how long requests held their locks: the likely wait for a lock that
 /// is held, whatever lease the holder has (a watchdog lease says nothing of when it ends).
+/// One per layer, and one per `#[locked]` handler.
 #[derive(Debug, Default)]
-pub(crate) struct HoldTimes {
+#[doc(hidden)]
+pub struct HoldTimes {
     /// Milliseconds; 0 before the first request.
     average_ms: std::sync::atomic::AtomicU64,
 }
 
 impl HoldTimes {
+    /// No hold seen yet (a `const fn`, for a handler's `static` options).
+    pub const fn new() -> Self {
+        Self {
+            average_ms: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
     /// Adds one request's hold (weight 1/8: recent requests count most).
     pub(crate) fn record(&self, held: Duration) {
         use std::sync::atomic::Ordering;
