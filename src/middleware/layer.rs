@@ -38,6 +38,8 @@ pub(crate) struct LayerConfig {
 /// One per layer, and one per `#[locked]` handler.
 #[derive(Debug, Default)]
 #[doc(hidden)]
+// Public for the attribute's generated code only (feature `macros`).
+#[cfg_attr(not(feature = "macros"), allow(unreachable_pub, dead_code))]
 pub struct HoldTimes {
     /// Milliseconds; 0 before the first request.
     average_ms: std::sync::atomic::AtomicU64,
@@ -45,6 +47,7 @@ pub struct HoldTimes {
 
 impl HoldTimes {
     /// No hold seen yet (a `const fn`, for a handler's `static` options).
+    #[cfg_attr(not(feature = "macros"), allow(unreachable_pub, dead_code))]
     pub const fn new() -> Self {
         Self {
             average_ms: std::sync::atomic::AtomicU64::new(0),
