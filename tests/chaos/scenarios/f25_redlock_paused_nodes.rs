@@ -38,13 +38,31 @@ async fn f25_redlock_paused_nodes() {
         let paused: Vec<_> = (0..3).map(|i| &bed.nodes[(first + i * 2) % 5]).collect();
         // The nodes resumed by the last run answer again once the holder's probes say so:
         // until then they are skipped and the lock would be held on fewer than five.
-        every_node_answering(&holder).await;
-        let guard = holder
-            .lock(&key)
-            .lease(Lease::watchdog(LEASE))
-            .acquire()
-            .await
-            .expect("acquire with every node up");
+        // The premise: the lock is on all five. An acquire returns once three granted and
+        // the others follow at once on nodes that answer; a node just resumed by the last run
+        // may still miss it (it was skipped), and then the lock is taken again.
+        let mut tries = 0;
+        let guard = loop {
+            every_node_answering(&holder).await;
+            let guard = holder
+                .lock(&key)
+                .lease(Lease::watchdog(LEASE))
+                .acquire()
+                .await
+                .expect("acquire with every node up");
+            if held_everywhere(&bed, &key).await {
+                break guard;
+            }
+            tries += 1;
+            assert!(
+                tries < 5,
+                "run {run}: the lock never reached all five nodes"
+            );
+            guard
+                .release()
+                .await
+                .expect("release a lock held on a majority");
+        };
 
         for node in &paused[..2] {
             node.pause();
@@ -118,6 +136,25 @@ async fn every_node_answering(client: &LockClient<RedlockBackend>) {
             Instant::now() < given_up,
             "a node is still skipped 2 s after resuming"
         );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Whether every node holds `key` within 300 ms.
+async fn held_everywhere(bed: &Bed, key: &str) -> bool {
+    let name = bed.lock_key(key);
+    let given_up = Instant::now() + Duration::from_millis(300);
+    loop {
+        if bed
+            .nodes
+            .iter()
+            .all(|node| node.cmd(&["EXISTS", &name]).as_int() == 1)
+        {
+            return true;
+        }
+        if Instant::now() >= given_up {
+            return false;
+        }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
