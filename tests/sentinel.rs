@@ -226,6 +226,22 @@ async fn a_promoted_replica_is_in_quarantine() {
         matches!(refused, Err(LockError::WaitTimeout { .. })),
         "the promoted replica granted at once: {refused:?}"
     );
+    // Through every pooled connection, not only the first one opened to the new master:
+    // tries at once make the pool open the others.
+    let tries = (0..8).map(|i| {
+        let locks = locks.clone();
+        async move { locks.lock(format!("after-{i}")).try_acquire().await }
+    });
+    for (attempt, again) in futures_util::future::join_all(tries)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        assert!(
+            matches!(again, Err(LockError::WaitTimeout { .. })),
+            "try {attempt}: the promoted replica granted within its quarantine: {again:?}"
+        );
+    }
     let guard = locks
         .lock("after")
         .wait(QUARANTINE * 2)

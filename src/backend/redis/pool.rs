@@ -38,8 +38,9 @@ pub(super) struct Manager {
     /// Whether a switch to another server (a Sentinel failover) counts as a boot: a promoted
     /// replica may have missed the last grants, unless every grant waited for a replica.
     failover_boots: bool,
-    /// The address of the server the last connection went to.
-    last_server: Arc<Mutex<Option<String>>>,
+    /// The server the last connection went to, and when it booted as far as locks go (a
+    /// failover's moment counts for every later connection to it).
+    last_server: Arc<Mutex<Option<(String, Instant)>>>,
 }
 
 impl Manager {
@@ -69,18 +70,24 @@ impl Manager {
             return Ok(None);
         }
         let mut booted = quarantine::boot_time(conn).await?;
-        let previous = self
-            .last_server
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .replace(server.clone());
-        if self.failover_boots && previous.as_ref().is_some_and(|old| *old != server) {
-            tracing::warn!(
-                %server,
-                previous = previous.as_deref().unwrap_or_default(),
-                "the lock store moved to another server (failover): treating it as restarted"
-            );
-            booted = Instant::now();
+        {
+            let mut last = self
+                .last_server
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            match last.as_ref() {
+                Some((same, recorded)) if *same == server => booted = booted.max(*recorded),
+                Some((previous, _)) if self.failover_boots => {
+                    tracing::warn!(
+                        %server,
+                        %previous,
+                        "the lock store moved to another server (failover): treating it as restarted"
+                    );
+                    booted = Instant::now();
+                }
+                _ => {}
+            }
+            *last = Some((server.clone(), booted));
         }
         if let Some(remaining) = self.quarantine.remaining(booted) {
             tracing::warn!(
