@@ -200,10 +200,10 @@ async fn a_promoted_replica_is_in_quarantine() {
         .prefix(PREFIX)
         .build()
         .expect("valid configuration");
-    // The fresh master's own quarantine (uptime counts whole seconds: up to a second more).
+    // The fresh master's own quarantine (uptime counts whole seconds: up to two seconds more).
     let guard = locks
         .lock("before")
-        .wait(QUARANTINE + Duration::from_secs(2))
+        .wait(QUARANTINE + Duration::from_secs(3))
         .acquire()
         .await
         .expect("the first master grants once its quarantine is over");

@@ -121,16 +121,17 @@ impl Quarantine {
     }
 }
 
-/// When the server behind `conn` booted, from its own uptime. Rounded down to whole seconds
-/// by the server, so the boot time found is at most a second later than the real one: the
-/// quarantine errs long.
+/// When the server behind `conn` booted, from its own uptime (see [`uptime`]): never earlier
+/// than the real boot, so the quarantine errs long, by up to two seconds.
 pub(super) async fn boot_time<C: ConnectionLike>(conn: &mut C) -> RedisResult<Instant> {
     let asked = Instant::now();
     let uptime = uptime(conn).await?;
     Ok(asked.checked_sub(uptime).unwrap_or(asked))
 }
 
-/// How long the server behind `conn` has been up, in whole seconds (`INFO server`).
+/// How long the server behind `conn` has been up at least (`INFO server`). Redis counts
+/// `uptime_in_seconds` between two clock readings truncated to whole seconds, so it can be a
+/// second more than the real uptime: one second is taken off.
 pub(super) async fn uptime<C: ConnectionLike>(conn: &mut C) -> RedisResult<Duration> {
     let info: String = redis::cmd("INFO").arg("server").query_async(conn).await?;
     let seconds = uptime_of(&info).ok_or_else(|| {
@@ -139,7 +140,7 @@ pub(super) async fn uptime<C: ConnectionLike>(conn: &mut C) -> RedisResult<Durat
             "INFO server has no uptime_in_seconds",
         ))
     })?;
-    Ok(Duration::from_secs(seconds))
+    Ok(Duration::from_secs(seconds.saturating_sub(1)))
 }
 
 /// How often a held-back acquire is logged as a warning.
