@@ -21,7 +21,7 @@ use http::StatusCode;
 use http_body_util::{BodyExt, Empty};
 use support::{
     RedisServer,
-    http::{http, send, serve},
+    http::{Entered, assert_told_the_likely_wait, http, send, serve},
 };
 use tower_lock::{Lease, LockClient, LockContext, LockLayer, RedisBackend, key};
 
@@ -848,7 +848,8 @@ async fn unset_options_come_from_the_client() {
 }
 
 /// A handler that holds its account for 1.5 s.
-async fn slow_transfer(Path(id): Path<String>) -> String {
+async fn slow_transfer(Path(id): Path<String>, Extension(entered): Extension<Entered>) -> String {
+    entered.signal();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     id
 }
@@ -859,6 +860,7 @@ async fn slow_transfer(Path(id): Path<String>) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_tells_the_likely_wait() {
     let locks = LockClient::in_memory();
+    let (entered, mut entries) = Entered::channel();
     let router = Router::new()
         .route("/accounts/{id}/transfer", post(slow_transfer))
         .route_layer(
@@ -867,26 +869,7 @@ async fn retry_after_tells_the_likely_wait() {
                 .wait(Duration::from_millis(100))
                 .lease(Lease::watchdog(Duration::from_secs(30))),
         );
-    let base = serve(router).await;
+    let base = serve(router.layer(Extension(entered))).await;
     let url = format!("{base}/accounts/alice/transfer");
-    // One request finishes: the route has seen how long a transfer holds the account.
-    let (status, _, _) = send(&http(), "POST", &url).await;
-    assert_eq!(status, StatusCode::OK);
-    let holder = tokio::spawn({
-        let url = url.clone();
-        async move { send(&http(), "POST", &url).await }
-    });
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while locks.active_keys() == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the holder did not take the lock"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let (status, retry_after, body) = send(&http(), "POST", &url).await;
-    assert_eq!(status, StatusCode::LOCKED);
-    assert_eq!(retry_after.as_deref(), Some("2"), "body: {body}");
-    assert_eq!(body, "resource is locked; try again in 2 s\n");
-    assert_eq!(holder.await.unwrap().0, StatusCode::OK);
+    assert_told_the_likely_wait(&url, &mut entries).await;
 }

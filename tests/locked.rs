@@ -22,7 +22,7 @@ use hyper::body::Bytes;
 use hyper_util::{client::legacy::Client as HttpClient, rt::TokioExecutor};
 use support::{
     RedisServer,
-    http::{http, send, serve},
+    http::{Entered, assert_told_the_likely_wait, http, send, serve},
 };
 use tokio::sync::{Notify, Semaphore, watch};
 use tower_lock::{
@@ -873,7 +873,8 @@ async fn lock_context_without_a_layer_is_500() {
 
 /// Holds its account for 1.5 s under a 30 s watchdog lease.
 #[locked(key = "transfer:{id}", wait = "100ms", lease = "watchdog(30s)")]
-async fn slow_transfer(Path(id): Path<String>) -> String {
+async fn slow_transfer(Path(id): Path<String>, Extension(entered): Extension<Entered>) -> String {
+    entered.signal();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     id
 }
@@ -883,28 +884,11 @@ async fn slow_transfer(Path(id): Path<String>) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_tells_the_likely_wait() {
     let locks = LockClient::in_memory();
+    let (entered, mut entries) = Entered::channel();
     let router = Router::new()
         .route("/accounts/{id}/transfer", post(slow_transfer))
         .layer(Extension(AnyLockClient::from(locks.clone())));
-    let base = serve(router).await;
+    let base = serve(router.layer(Extension(entered))).await;
     let url = format!("{base}/accounts/bob/transfer");
-    let (status, _, _) = send(&http(), "POST", &url).await;
-    assert_eq!(status, StatusCode::OK);
-    let holder = tokio::spawn({
-        let url = url.clone();
-        async move { send(&http(), "POST", &url).await }
-    });
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while locks.active_keys() == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the holder did not take the lock"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let (status, retry_after, body) = send(&http(), "POST", &url).await;
-    assert_eq!(status, StatusCode::LOCKED);
-    assert_eq!(retry_after.as_deref(), Some("2"), "body: {body}");
-    assert_eq!(body, "resource is locked; try again in 2 s\n");
-    assert_eq!(holder.await.unwrap().0, StatusCode::OK);
+    assert_told_the_likely_wait(&url, &mut entries).await;
 }

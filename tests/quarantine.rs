@@ -73,17 +73,24 @@ async fn single_node_restart(via: Via, quarantine: Duration) -> Outcome {
         .acquire()
         .await
         .expect("A acquires once the new server's quarantine is over");
-    let waiter = tokio::spawn(async move {
-        let guard = b
-            .lock("account")
-            .wait(LEASE * 4)
-            .acquire()
-            .await
-            .expect("B acquires in the end");
-        (Instant::now(), guard)
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move {
+            let guard = b
+                .lock("account")
+                .wait(LEASE * 4)
+                .acquire()
+                .await
+                .expect("B acquires in the end");
+            (Instant::now(), guard)
+        }
     });
     // B is queued on A's hold before the restart (it listens for the release).
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while b.waiters() == 0 {
+        assert!(Instant::now() < deadline, "B did not queue behind A");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     assert!(!waiter.is_finished(), "B waits while A holds");
     let restarted = Instant::now();
     server.restart();

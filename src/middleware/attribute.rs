@@ -237,15 +237,7 @@ where
         };
         let guard = match acquired {
             Ok(guard) => guard,
-            Err(error) => {
-                return rejected(match LockRejection::from(error) {
-                    // As the layer: when the lock is likely free, from this handler's holds.
-                    LockRejection::Locked { retry_after } => LockRejection::Locked {
-                        retry_after: options.holds.retry_after(retry_after),
-                    },
-                    other => other,
-                });
-            }
+            Err(error) => return rejected(options.holds.rejection(error)),
         };
         let acquired_at = std::time::Instant::now();
         let context = guard.context();

@@ -159,16 +159,9 @@ where
                         }
                     }
                     Err(error) => {
-                        let rejection = match LockRejection::from(error) {
-                            // The holder's lease says when the lock is free at the latest; how
-                            // long this layer's requests hold it says when it likely is.
-                            LockRejection::Locked { retry_after } => LockRejection::Locked {
-                                retry_after: this
-                                    .config
-                                    .as_ref()
-                                    .and_then(|c| c.holds.retry_after(retry_after)),
-                            },
-                            other => other,
+                        let rejection = match this.config.as_ref() {
+                            Some(config) => config.holds.rejection(error),
+                            None => error.into(),
                         };
                         reject(this.on_rejected, this.span, rejection)
                     }

@@ -4,7 +4,7 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use tower_layer::Layer;
 
-use super::{DefaultRejection, LockService, MakeKeyUnset};
+use super::{DefaultRejection, LockRejection, LockService, MakeKeyUnset};
 use crate::{Backend, LockClient, key::MakeKey, lease::Lease};
 
 /// Which lock a request takes.
@@ -68,9 +68,20 @@ impl HoldTimes {
             });
     }
 
+    /// The rejection for an acquire that failed: a wait that timed out says when the lock is
+    /// likely free ([`retry_after`](Self::retry_after)) rather than when it is free at the latest.
+    pub(crate) fn rejection(&self, error: crate::LockError) -> LockRejection {
+        match LockRejection::from(error) {
+            LockRejection::Locked { retry_after } => LockRejection::Locked {
+                retry_after: self.retry_after(retry_after),
+            },
+            other => other,
+        }
+    }
+
     /// When a request that timed out waiting may try again: the typical hold, capped by the
     /// holder's remaining lease (`lease_left`, the latest the lock is free) when known.
-    pub(crate) fn retry_after(&self, lease_left: Option<Duration>) -> Option<Duration> {
+    fn retry_after(&self, lease_left: Option<Duration>) -> Option<Duration> {
         let average = self.average_ms.load(std::sync::atomic::Ordering::Relaxed);
         let typical = (average > 0).then(|| Duration::from_millis(average));
         match (typical, lease_left) {

@@ -87,15 +87,7 @@ impl Manager {
                 }
                 _ => {}
             }
-            *last = Some((server.clone(), booted));
-        }
-        if let Some(remaining) = self.quarantine.remaining(booted) {
-            tracing::warn!(
-                %server,
-                quarantine_ms = u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX),
-                "the lock store started less than a lease ago: it grants no new lock until \
-                 every lease it may have forgotten has run out"
-            );
+            *last = Some((server, booted));
         }
         Ok(Some(booted))
     }

@@ -67,7 +67,10 @@ impl Quarantine {
     /// Records that a client of this backend uses leases of `lease`.
     pub(super) fn note_lease(&self, lease: Duration) {
         let millis = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
-        self.longest_lease_ms.fetch_max(millis, Ordering::Relaxed);
+        // Called on every acquire: written only when longer, so the cache line stays shared.
+        if millis > self.longest_lease_ms.load(Ordering::Relaxed) {
+            self.longest_lease_ms.fetch_max(millis, Ordering::Relaxed);
+        }
     }
 
     /// How long the quarantine is now.
@@ -115,9 +118,7 @@ impl Quarantine {
 
     /// How much longer a server that booted at `booted` grants nothing new, if at all.
     pub(super) fn remaining(&self, booted: Instant) -> Option<Duration> {
-        let until = booted + self.length();
-        let now = Instant::now();
-        (now < until).then(|| until - now)
+        self.remaining_after(booted.elapsed())
     }
 }
 

@@ -6,9 +6,9 @@
 //! - **Acquire** asks every node at once, each bounded by the node timeout, and returns as
 //!   soon as a majority granted it: a slow node does not hold up a won vote, and its late
 //!   reply is left to finish in the background. A vote not won waits for every node, so that
-//!   what the slow ones took is given back before the engine tries again. It succeeds when a majority granted it while the lease still
-//!   had time left once the round trip and the clock drift margin (1 % of the lease + 2 ms)
-//!   are taken off. Otherwise the attempt is given back on every node that took it (or may
+//!   what the slow ones took is given back before the engine tries again. It succeeds when a
+//!   majority granted it while the lease still had time left once the round trip and the
+//!   clock drift margin (1 % of the lease + 2 ms) are taken off. Otherwise the attempt is given back on every node that took it (or may
 //!   have), and the engine is told to retry after a random delay under the retry jitter, so
 //!   that contenders of a split vote do not collide again.
 //!   When fewer than a majority answer at all, the acquire fails with
@@ -589,9 +589,17 @@ impl Inner {
     /// Waits (within a node call's bound) for the late acquire calls of `holder`'s hold of
     /// `key`, so that a release sent next reaches every node after them.
     async fn after_late_calls(&self, key: &LockKey, holder: &str) {
-        let hold = (key.clone(), holder.to_owned());
-        let Some(gate) = lock(&self.late).get(&hold).cloned() else {
-            return;
+        let (hold, gate) = {
+            let late = lock(&self.late);
+            // Most releases find nothing late: no key is built for them.
+            if late.is_empty() {
+                return;
+            }
+            let hold = (key.clone(), holder.to_owned());
+            let Some(gate) = late.get(&hold).cloned() else {
+                return;
+            };
+            (hold, gate)
         };
         let _ = tokio::time::timeout(self.call_timeout(), gate.write()).await;
         drop(gate);
