@@ -186,7 +186,7 @@ fn no_permission(result: &Result<impl std::fmt::Debug, LockError>) -> Option<&Ba
 }
 
 /// Without the key grant, an acquire fails at once with `NoPermission`; without the channel
-/// grant, a release (which publishes) does too.
+/// grant, a release that publishes (someone was refused the lock) does too.
 #[tokio::test]
 async fn missing_grants_give_no_permission_at_once() {
     let server = RedisServer::start();
@@ -211,6 +211,12 @@ async fn missing_grants_give_no_permission_at_once() {
         .acquire()
         .await
         .expect("no channel needed yet");
+    // A release publishes once an acquire was refused (someone may wait for it).
+    let other = client_as(&server, "nochannels", Duration::from_secs(1)).await;
+    assert!(matches!(
+        other.lock("k").try_acquire().await,
+        Err(LockError::WaitTimeout { .. })
+    ));
     let refused = timeout(Duration::from_secs(2), guard.release())
         .await
         .expect("no hang");

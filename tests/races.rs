@@ -516,7 +516,7 @@ async fn release_without_a_connection_is_retried() {
 }
 
 /// The uncontended path costs one round trip to acquire and one to release: 100 pairs on
-/// distinct keys send 200 `EVALSHA` and nothing else.
+/// distinct keys send 100 `SET NX` and 100 `EVALSHA` and nothing else, and publish nothing.
 #[tokio::test]
 async fn uncontended_pairs_cost_one_call_each() {
     let server = RedisServer::start();
@@ -558,21 +558,18 @@ async fn uncontended_pairs_cost_one_call_each() {
         .collect();
     calls.sort();
     println!("commands per 100 pairs, those run inside the scripts included: {calls:?}");
-    // What the scripts run inside Redis is counted too; only EVALSHA comes from the client.
-    let inside_scripts = [
-        "del",
-        "exists",
-        "hexists",
-        "hget",
-        "hincrby",
-        "hset",
-        "pexpire",
-        "pttl",
-        "publish",
-        "sismember",
-    ];
+    // What the release script runs inside Redis is counted too; from the client come one
+    // `SET NX` per acquire and one `EVALSHA` per release. Nobody waited: nothing is published.
+    assert!(
+        !calls.iter().any(|(name, _)| name == "publish"),
+        "{calls:?}"
+    );
+    let inside_scripts = ["del", "get"];
     calls.retain(|(name, _)| !inside_scripts.contains(&name.as_str()));
-    assert_eq!(calls, [("evalsha".to_owned(), 200)]);
+    assert_eq!(
+        calls,
+        [("evalsha".to_owned(), 100), ("set".to_owned(), 100)]
+    );
 }
 
 /// A lock key overwritten with another type of value while held: the renewal batch that meets
@@ -638,4 +635,104 @@ async fn no_errors_at_256_tasks() {
         errors.len(),
         errors.first()
     );
+}
+
+/// How many connections the server has subscribed to the release channel of `key`.
+fn subscribers(server: &RedisServer, key: &str) -> i64 {
+    let channel = format!("tower-lock:{{{key}}}:released");
+    match server.cmd(&["PUBSUB", "NUMSUB", &channel]) {
+        support::RespValue::Array(Some(items)) if items.len() == 2 => items[1].as_int(),
+        other => panic!("unexpected PUBSUB NUMSUB reply: {other:?}"),
+    }
+}
+
+/// Starts an acquire of `key` by `client` that waits up to 20 s (and then gives the lock
+/// back), and returns it once it listens for releases: it was refused once before it
+/// subscribed.
+async fn waiting(
+    server: &RedisServer,
+    client: &LockClient<RedisBackend>,
+    key: &'static str,
+) -> tokio::task::JoinHandle<Result<(), LockError>> {
+    let client = client.clone();
+    let waiter = tokio::spawn(async move {
+        let guard = client
+            .lock(key)
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await?;
+        guard.release().await
+    });
+    while subscribers(server, key) == 0 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    waiter
+}
+
+/// Asserts that `waiter` gets its lock within 2 s: woken by a release, not by a 30 s lease
+/// running out.
+async fn assert_woken(waiter: tokio::task::JoinHandle<Result<(), LockError>>) {
+    tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .expect("the waiter is woken by the release")
+        .unwrap()
+        .expect("the waiter gets the lock");
+}
+
+/// A lock taken by a client's first `SET NX` (a single hold) and released while a client
+/// elsewhere waits: the waiter's refusal made the release publish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_of_a_single_hold_wakes_waiters_elsewhere() {
+    let server = RedisServer::start();
+    let a = redis_client(&server, Lease::DEFAULT).await;
+    let b = redis_client(&server, Lease::DEFAULT).await;
+    let held = a.lock("one").acquire().await.unwrap();
+    let waiter = waiting(&server, &b, "one").await;
+    held.release().await.unwrap();
+    assert_woken(waiter).await;
+}
+
+/// A lock handed to a waiter of the same client while a client elsewhere also waits: the
+/// hand-off keeps the mark that someone waits, so the next release still publishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_keeps_waiters_elsewhere_listening() {
+    let server = RedisServer::start();
+    let a = redis_client(&server, Lease::DEFAULT).await;
+    let b = redis_client(&server, Lease::DEFAULT).await;
+    let held = a.lock("two").acquire().await.unwrap();
+    let remote = waiting(&server, &b, "two").await;
+    let local = {
+        let a = a.clone();
+        tokio::spawn(async move { a.lock("two").wait(Duration::from_secs(20)).acquire().await })
+    };
+    while a.waiters() != 1 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    held.release().await.unwrap();
+    let handed = tokio::time::timeout(Duration::from_secs(2), local)
+        .await
+        .expect("handed off at once")
+        .unwrap()
+        .expect("the local waiter gets the lock");
+    assert!(!remote.is_finished(), "the lock went to the local waiter");
+    handed.release().await.unwrap();
+    assert_woken(remote).await;
+}
+
+/// A single hold whose attempt was given up on (its `SET NX` reached the server after the
+/// caller had recorded it as void) belongs to nobody: the next acquire takes it at once. A
+/// single hold that was not given up on stays held.
+#[tokio::test]
+async fn a_single_hold_given_up_on_is_taken_by_the_next_acquire() {
+    let server = RedisServer::start();
+    let b = redis_client(&server, Lease::DEFAULT).await;
+    let (holder, attempt) = ("gone:0", "gone:0#7");
+    let value = format!("{}:{holder}{attempt}", holder.len());
+    server.cmd(&["SET", "tower-lock:{kept}", &value, "PX", "30000"]);
+    assert_held_against(&b, "kept", Duration::ZERO).await;
+
+    server.cmd(&["SET", "tower-lock:{void}", &value, "PX", "30000"]);
+    server.cmd(&["SADD", "tower-lock:{void}:void", attempt]);
+    let guard = b.lock("void").try_acquire().await.expect("taken over");
+    guard.release().await.unwrap();
 }

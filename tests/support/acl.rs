@@ -33,6 +33,7 @@ pub const COMMANDS: &[&str] = &[
     "+get",
     "+set",
     "+hget",
+    "+hmget",
     "+hset",
     "+hdel",
     "+hexists",

@@ -39,7 +39,7 @@ pub use redis;
 
 use self::{
     acknowledge::{Acknowledgement, MinReplicas, Probed, WaitAof, wait_aof_probe},
-    pool::{Manager, Pool},
+    pool::{Connections, Manager, Pool},
     pubsub::PubSub,
     quarantine::Quarantine,
     scripts::{Call, Scripts},
@@ -47,7 +47,8 @@ use self::{
     transport::{Conn, Transport},
 };
 use super::{
-    AcquireReply, Backend, Grant, Listener, LockKind, Release, ReleaseReply, Renew, RenewReply,
+    AcquireReply, Backend, Grant, Listener, LockKind, Reentry, Release, ReleaseReply, Renew,
+    RenewReply,
 };
 use crate::{
     error::{BackendError, BackendErrorKind},
@@ -356,7 +357,6 @@ impl RedisBackendBuilder {
     /// has no `WAITAOF`, or the server's error when it refuses it as configured.
     pub async fn connect(self) -> Result<RedisBackend, BackendError> {
         let command_timeout = self.command_timeout;
-        let pool_size = self.pool_size;
         #[cfg(feature = "cluster")]
         if let Source::Cluster(nodes) = &self.source {
             // `WAIT` and `WAITAOF` must follow the write on its connection, which a cluster
@@ -406,7 +406,7 @@ impl RedisBackendBuilder {
         }
         backend.ping().await?;
         backend.check_wait_aof().await?;
-        backend.open_pool(pool_size).await;
+        backend.open_pool().await;
         Ok(backend)
     }
 
@@ -456,14 +456,9 @@ impl RedisBackendBuilder {
             quarantine.clone(),
             self.acknowledgement.replicas.is_none(),
         );
-        let pool = bb8::Pool::builder()
-            .max_size(self.pool_size.max(1))
-            .connection_timeout(self.command_timeout)
-            .test_on_check_out(false)
-            .build_unchecked(manager);
         Ok(RedisBackend::new(
             Transport::Node {
-                pool: Pool::Own(pool),
+                pool: Pool::Own(Connections::new(manager, self.pool_size)),
                 target,
             },
             self.command_timeout,
@@ -676,18 +671,15 @@ impl RedisBackend {
         }
     }
 
-    /// Opens every connection of the backend's own pool now (bounded by the command timeout),
-    /// so a burst later does not pay for connecting: a command only clones a connection, and
-    /// the pool would otherwise open more of them only under load.
-    async fn open_pool(&self, size: u32) {
+    /// Opens every connection of the backend's own now (bounded by the command timeout), so
+    /// the first commands do not pay for connecting.
+    async fn open_pool(&self) {
         if let Transport::Node {
-            pool: Pool::Own(pool),
+            pool: Pool::Own(connections),
             ..
         } = &self.inner.transport
         {
-            // Held all at once, so the pool makes a new one for each.
-            let all = futures_util::future::join_all((0..size).map(|_| pool.get()));
-            let _ = tokio::time::timeout(self.inner.command_timeout, all).await;
+            let _ = tokio::time::timeout(self.inner.command_timeout, connections.open_all()).await;
         }
     }
 
@@ -714,7 +706,8 @@ impl RedisBackend {
         self.name_wrong_type_in(result, key).await
     }
 
-    /// Runs an acquire script as [`invoke`](Self::invoke) does. With
+    /// Runs an acquire attempt (a script as [`invoke`](Self::invoke) does, or a single hold's
+    /// `SET NX`, which answers nothing when refused). With
     /// [`min_replicas`](RedisBackendBuilder::min_replicas) or
     /// [`wait_aof`](RedisBackendBuilder::wait_aof), a grant is then followed, on the same
     /// connection, by `WAIT` and `WAITAOF`; what they found short comes back too. On a
@@ -722,7 +715,7 @@ impl RedisBackend {
     /// sent: the reply is "held" until the quarantine ends.
     async fn invoke_acquire(
         &self,
-        call: &Call,
+        attempt: &Attempt<'_>,
         key: &LockKey,
     ) -> Result<(Vec<i64>, Option<BackendErrorKind>), BackendError> {
         let acknowledgement = self.inner.acknowledgement;
@@ -739,7 +732,14 @@ impl RedisBackend {
                     let retry_ms = i64::try_from(left.as_millis()).unwrap_or(i64::MAX).max(1);
                     return Ok((vec![0, retry_ms], None));
                 }
-                let reply: Vec<i64> = run_call(call, conn).await?;
+                let reply: Vec<i64> = match attempt {
+                    Attempt::Script(call) => run_call(call, conn).await?,
+                    Attempt::Single(set) => {
+                        let granted: Option<()> = set.query_async(conn).await?;
+                        // Refused: the script decides what the lock's state means.
+                        granted.map_or_else(Vec::new, |()| vec![1, 1, -1])
+                    }
+                };
                 let shortfall = if reply.first() == Some(&1) {
                     acknowledgement.shortfall(conn).await?
                 } else {
@@ -749,6 +749,67 @@ impl RedisBackend {
             })
             .await;
         self.name_wrong_type_in(result, key).await
+    }
+
+    /// The first try at a free exclusive lock, as one `SET NX`: a single hold, which the
+    /// scripts turn into a hash when it is re-entered or contended. `None` when the lock was
+    /// not free (the acquire script then looks at what holds it), or when the acquire needs
+    /// the script anyway: a fencing token, a boot marker to check, a re-entry, or an earlier
+    /// attempt to take over.
+    async fn acquire_single(
+        &self,
+        grant: &Grant<'_>,
+        marker: &str,
+    ) -> Result<Option<AcquireReply>, BackendError> {
+        let plain = grant.kind == LockKind::Exclusive
+            && !grant.fencing
+            && marker.is_empty()
+            && grant.supersedes.is_none()
+            && grant.reentry != Reentry::Only;
+        if !plain {
+            return Ok(None);
+        }
+        let mut set = redis::cmd("SET");
+        set.arg(grant.key.as_str())
+            .arg(single_hold(grant.holder, grant.attempt))
+            .arg("NX")
+            .arg("PX")
+            .arg(grant.lease.millis());
+        let (reply, shortfall) = self
+            .invoke_acquire(&Attempt::Single(set), grant.key)
+            .await?;
+        if reply.is_empty() {
+            return Ok(None);
+        }
+        self.acquire_reply(*grant, reply, shortfall).await.map(Some)
+    }
+
+    /// What an acquire's reply means; a grant that was not acknowledged as configured is undone.
+    async fn acquire_reply(
+        &self,
+        grant: Grant<'_>,
+        reply: Vec<i64>,
+        shortfall: Option<BackendErrorKind>,
+    ) -> Result<AcquireReply, BackendError> {
+        let key = grant.key;
+        if let Some(shortfall) = shortfall {
+            return Err(self.unacknowledged(grant, shortfall).await);
+        }
+        match reply.as_slice() {
+            [1, count, raw_token] => Ok(AcquireReply::Acquired {
+                count: u64::try_from(*count).unwrap_or(1),
+                token: token(*raw_token),
+            }),
+            [0, retry] => Ok(AcquireReply::Held {
+                ttl: u64::try_from(*retry).ok().map(Duration::from_millis),
+            }),
+            [-1] => Ok(AcquireReply::WouldDeadlock),
+            // The marker went again between the check and the retry: another restart.
+            [-2] => Ok(AcquireReply::Held {
+                ttl: Some(self.inner.quarantine.length()),
+            }),
+            _ => Err(protocol_error("acquire reply").with_key(key.as_str())),
+        }
     }
 
     /// The boot marker the acquire scripts require for `key`: for an application's pool with
@@ -1043,6 +1104,18 @@ fn wrong_type() -> RedisError {
     ))
 }
 
+/// One try at acquiring: the acquire script of the lock's kind, or a single hold's `SET NX`.
+enum Attempt<'a> {
+    Script(&'a Call),
+    Single(redis::Cmd),
+}
+
+/// The value of a single hold (see `lua/acquire.lua`): the holder, prefixed by its length so
+/// that no holder's name can pass for another's, then the attempt.
+fn single_hold(holder: &str, attempt: &str) -> String {
+    format!("{}:{holder}{attempt}", holder.len())
+}
+
 /// Runs one script call on `conn`: by hash, and by body when the server lost the script.
 async fn run_call<T: FromRedisValue>(
     call: &Call,
@@ -1188,13 +1261,6 @@ impl std::error::Error for ConnectFailed {
     }
 }
 
-fn pool_error(error: bb8::RunError<RedisError>) -> BackendError {
-    match error {
-        bb8::RunError::User(error) => redis_error(error),
-        bb8::RunError::TimedOut => BackendError::from_kind(BackendErrorKind::Unavailable),
-    }
-}
-
 fn protocol_error(what: &'static str) -> BackendError {
     BackendError::new(BackendErrorKind::Protocol, what)
 }
@@ -1289,6 +1355,9 @@ impl Backend for RedisBackend {
                 invocation
             }
             _ => {
+                if let Some(reply) = self.acquire_single(&grant, &marker).await? {
+                    return Ok(reply);
+                }
                 let mut invocation = self.scripts().acquire.prepare_invoke();
                 invocation
                     .key(key.as_str())
@@ -1304,31 +1373,15 @@ impl Backend for RedisBackend {
                 invocation
             }
         };
-        let (mut reply, mut shortfall) = self.invoke_acquire(&invocation, key).await?;
+        let attempt = Attempt::Script(&invocation);
+        let (mut reply, mut shortfall) = self.invoke_acquire(&attempt, key).await?;
         if reply == [-2] {
             if let Some(left) = self.verify_boot(&marker, key).await? {
                 return Ok(AcquireReply::Held { ttl: Some(left) });
             }
-            (reply, shortfall) = self.invoke_acquire(&invocation, key).await?;
+            (reply, shortfall) = self.invoke_acquire(&attempt, key).await?;
         }
-        if let Some(shortfall) = shortfall {
-            return Err(self.unacknowledged(grant, shortfall).await);
-        }
-        match reply.as_slice() {
-            [1, count, raw_token] => Ok(AcquireReply::Acquired {
-                count: u64::try_from(*count).unwrap_or(1),
-                token: token(*raw_token),
-            }),
-            [0, retry] => Ok(AcquireReply::Held {
-                ttl: u64::try_from(*retry).ok().map(Duration::from_millis),
-            }),
-            [-1] => Ok(AcquireReply::WouldDeadlock),
-            // The marker went again between the check and the retry: another restart.
-            [-2] => Ok(AcquireReply::Held {
-                ttl: Some(self.inner.quarantine.length()),
-            }),
-            _ => Err(protocol_error("acquire reply").with_key(key.as_str())),
-        }
+        self.acquire_reply(grant, reply, shortfall).await
     }
 
     async fn release(&self, release: Release<'_>) -> Result<ReleaseReply, BackendError> {

@@ -1,19 +1,20 @@
-//! The connection pool, and how a connection that broke is kept out of it.
+//! The connections a backend sends commands on, and how one that broke is replaced.
 //!
-//! A redis-rs multiplexed connection whose socket died fails every later command, and
-//! `bb8-redis`'s manager cannot tell, so it would go back into the pool. Pools built by
-//! [`RedisBackend::connect`](super::RedisBackend::connect) use [`Manager`], whose connections
-//! carry a flag the backend sets after a connection-level error, or after a command found no
-//! reply within its time budget (the connection may be half-open, or a reply may be owed to a
-//! request the server never saw), so bb8 drops them. Pools handed in by the application
-//! ([`RedisBackend::from_pool`](super::RedisBackend::from_pool)) keep their own policy (bb8
-//! tests connections on checkout by default).
+//! A redis-rs multiplexed connection carries any number of requests at once, so a command
+//! never keeps one to itself: it clones a handle and sends. The backend's own connections
+//! ([`Connections`]) are a fixed set used in turn, with nothing to check out or put back. A
+//! multiplexed connection whose socket died fails every later command, so each carries a flag
+//! the backend sets after a connection-level error, or after a command found no reply within
+//! its time budget (the connection may be half-open, or a reply may be owed to a request the
+//! server never saw); the next command on that place opens a new one. Pools handed in by the
+//! application ([`RedisBackend::from_pool`](super::RedisBackend::from_pool)) keep their own
+//! policy (bb8 tests connections on checkout by default).
 
 use std::{
     ops::{Deref, DerefMut},
     sync::{
         Arc, Mutex, PoisonError,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -26,10 +27,11 @@ use super::{
     quarantine::{self, Quarantine},
     target::Target,
 };
+use crate::error::{BackendError, BackendErrorKind};
 
-/// A bb8 manager of multiplexed connections that knows when one broke, and when the server
-/// of each booted. Each new connection goes to the server the [`Target`] names at that moment
-/// (after a failover, the new master).
+/// Opens the backend's connections, and knows when the server of each booted. Each new
+/// connection goes to the server the [`Target`] names at that moment (after a failover, the
+/// new master).
 #[derive(Clone, Debug)]
 pub(super) struct Manager {
     target: Arc<Target>,
@@ -95,18 +97,34 @@ impl Manager {
 
 /// A multiplexed connection with a flag for "do not reuse", shared by the clones in use.
 #[derive(Debug)]
-pub(super) struct Tracked {
+struct Tracked {
     conn: MultiplexedConnection,
     broken: Arc<AtomicBool>,
     /// When its server booted (for the quarantine); `None` when not asked.
     booted: Option<Instant>,
 }
 
-impl bb8::ManageConnection for Manager {
-    type Connection = Tracked;
-    type Error = RedisError;
+impl Tracked {
+    /// A handle for one command, unless the connection broke.
+    fn handle(&self) -> Option<Conn> {
+        (!self.broken.load(Ordering::Relaxed)).then(|| Conn {
+            conn: self.conn.clone(),
+            broken: Some(self.broken.clone()),
+            booted: self.booted,
+        })
+    }
+}
 
-    async fn connect(&self) -> Result<Tracked, RedisError> {
+/// Opening a connection, boxed: its future stays out of the type of every command's future
+/// (deeply nested future types exceed the compiler's limits where callers spawn them).
+type Opening<'a> = std::pin::Pin<Box<dyn Future<Output = Result<Tracked, RedisError>> + Send + 'a>>;
+
+impl Manager {
+    fn connect(&self) -> Opening<'_> {
+        Box::pin(self.open())
+    }
+
+    async fn open(&self) -> Result<Tracked, RedisError> {
         let client = self.target.client().await?;
         // The backend bounds every command by its own budget (the command timeout, plus the
         // `WAIT` timeout for acknowledged grants): redis-rs's default 500 ms reply timeout
@@ -125,56 +143,121 @@ impl bb8::ManageConnection for Manager {
             booted,
         })
     }
+}
 
-    async fn is_valid(&self, conn: &mut Tracked) -> Result<(), RedisError> {
-        redis::cmd("PING").query_async::<()>(&mut conn.conn).await
-    }
+/// The backend's own connections: a fixed number of places, used in turn, each holding a
+/// multiplexed connection once one was opened there.
+#[derive(Debug)]
+pub(super) struct Connections {
+    manager: Manager,
+    places: Box<[Place]>,
+    next: AtomicUsize,
+}
 
-    fn has_broken(&self, conn: &mut Tracked) -> bool {
-        conn.broken.load(Ordering::Relaxed)
+#[derive(Debug, Default)]
+struct Place {
+    current: Mutex<Option<Tracked>>,
+    /// Held while a connection is opened here, so a burst opens one, not one per command.
+    opening: tokio::sync::Mutex<()>,
+}
+
+impl Place {
+    /// A handle on this place's connection, dropping it when it broke.
+    fn ready(&self) -> Option<Conn> {
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        let handle = current.as_ref().and_then(Tracked::handle);
+        if handle.is_none() {
+            *current = None;
+        }
+        handle
     }
 }
 
-/// The backend's pool: its own, or the application's.
-#[derive(Clone, Debug)]
+impl Connections {
+    pub(super) fn new(manager: Manager, size: u32) -> Self {
+        let size = usize::try_from(size.max(1)).unwrap_or(1);
+        Self {
+            manager,
+            places: (0..size).map(|_| Place::default()).collect(),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// A connection for one command: the next place's, opened there first when it has none.
+    pub(super) async fn get(&self) -> Result<Conn, RedisError> {
+        let place = &self.places[self.next.fetch_add(1, Ordering::Relaxed) % self.places.len()];
+        if let Some(conn) = place.ready() {
+            return Ok(conn);
+        }
+        let _opening = place.opening.lock().await;
+        // Another command may have opened it while this one waited.
+        if let Some(conn) = place.ready() {
+            return Ok(conn);
+        }
+        let tracked = self.manager.connect().await?;
+        let conn = tracked.handle().ok_or_else(|| {
+            RedisError::from((redis::ErrorKind::Io, "a new connection broke at once"))
+        })?;
+        *place.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(tracked);
+        Ok(conn)
+    }
+
+    /// Opens the connection of every place that has none.
+    pub(super) async fn open_all(&self) {
+        let all = self.places.iter().map(async |place| {
+            if place.ready().is_none() {
+                let _opening = place.opening.lock().await;
+                if place.ready().is_none()
+                    && let Ok(tracked) = self.manager.connect().await
+                {
+                    *place.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(tracked);
+                }
+            }
+        });
+        futures_util::future::join_all(all).await;
+    }
+}
+
+/// Where the backend's connections come from: its own, or the application's pool.
+#[derive(Debug)]
 pub(super) enum Pool {
-    Own(bb8::Pool<Manager>),
+    Own(Connections),
     Shared(bb8::Pool<RedisConnectionManager>),
 }
 
-/// A connection for one command (or one batch): a clone of a pooled multiplexed connection.
+/// A connection for one command (or one batch): a clone of a multiplexed connection.
 ///
 /// A multiplexed connection carries any number of requests at once, so a command does not keep
-/// it checked out: it is cloned and goes straight back to the pool, and `pool_size` is the
-/// number of sockets, not a cap on commands in flight.
+/// it to itself: `pool_size` is the number of sockets, not a cap on commands in flight.
 pub(super) struct Conn {
     conn: MultiplexedConnection,
-    /// The pooled connection's flag, for connections of the backend's own pool.
+    /// The connection's flag, for connections of the backend's own.
     broken: Option<Arc<AtomicBool>>,
-    /// When its server booted, for connections of the backend's own pool with the quarantine on.
+    /// When its server booted, for the backend's own connections with the quarantine on.
     booted: Option<Instant>,
 }
 
 impl Pool {
-    pub(super) async fn get(&self) -> Result<Conn, bb8::RunError<RedisError>> {
+    pub(super) async fn get(&self) -> Result<Conn, BackendError> {
         match self {
-            Self::Own(pool) => loop {
-                let pooled = pool.get().await?;
-                // One that broke in another clone's hands goes: bb8 drops it on its return.
-                if pooled.broken.load(Ordering::Relaxed) {
-                    continue;
+            // Nothing was sent when no connection could be opened.
+            Self::Own(connections) => connections
+                .get()
+                .await
+                .map_err(|error| BackendError::new(BackendErrorKind::Unavailable, error)),
+            Self::Shared(pool) => match pool.get().await {
+                Ok(pooled) => Ok(Conn {
+                    conn: pooled.clone(),
+                    broken: None,
+                    booted: None,
+                }),
+                Err(bb8::RunError::User(error)) => {
+                    Err(BackendError::new(BackendErrorKind::Unavailable, error))
                 }
-                return Ok(Conn {
-                    conn: pooled.conn.clone(),
-                    broken: Some(pooled.broken.clone()),
-                    booted: pooled.booted,
-                });
+                Err(bb8::RunError::TimedOut) => {
+                    Err(BackendError::from_kind(BackendErrorKind::Unavailable))
+                }
             },
-            Self::Shared(pool) => Ok(Conn {
-                conn: pool.get().await?.clone(),
-                broken: None,
-                booted: None,
-            }),
         }
     }
 }

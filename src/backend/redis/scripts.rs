@@ -16,15 +16,25 @@ use redis::{Cmd, Script, ToRedisArgs};
 
 /// One script: its body and its SHA1.
 pub(super) struct Lua {
-    code: &'static str,
+    code: String,
     script: Script,
 }
 
+/// Where a script wants the shared helpers: a script whose common case needs none puts them
+/// after it, so that case does not pay for defining them (a closure each, on every call).
+const HELPERS_HERE: &str = "-- @helpers\n";
+
 impl Lua {
-    fn new(code: &'static str) -> Self {
+    /// The script of `file`, with the `publish` helper of `publish` in front and the helpers of
+    /// `prelude` where the file asks for them (in front, when it does not say).
+    fn new(prelude: &str, publish: &str, file: &str) -> Self {
+        let code = match file.split_once(HELPERS_HERE) {
+            Some((common, rest)) => format!("{publish}{common}{prelude}{rest}"),
+            None => format!("{publish}{prelude}{file}"),
+        };
         Self {
+            script: Script::new(&code),
             code,
-            script: Script::new(code),
         }
     }
 
@@ -71,7 +81,7 @@ impl Call {
             cmd
         } else {
             let mut cmd = redis::cmd("EVAL");
-            cmd.arg(self.lua.code);
+            cmd.arg(self.lua.code.as_str());
             cmd
         };
         cmd.arg(self.keys.len());
@@ -99,8 +109,8 @@ pub(super) struct Scripts {
 }
 
 /// Builds the script set whose release notifications go through the `publish` helper of the
-/// file `$publish`; each script is sent with the shared helpers of `lua/prelude.lua` and that
-/// helper in front of it.
+/// file `$publish`; each script is sent with that helper in front of it and the shared helpers
+/// of `lua/prelude.lua` where it asks for them.
 macro_rules! scripts {
     ($publish:literal) => {
         Scripts {
@@ -119,11 +129,11 @@ macro_rules! scripts {
         }
     };
     (@one $publish:literal, $file:literal) => {
-        Lua::new(concat!(
+        Lua::new(
             include_str!("lua/prelude.lua"),
             include_str!($publish),
-            include_str!($file)
-        ))
+            include_str!($file),
+        )
     };
 }
 

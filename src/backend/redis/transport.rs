@@ -12,7 +12,6 @@ use redis::{Cmd, Pipeline, RedisFuture, Value, aio::ConnectionLike};
 use super::{cluster::Cluster, scripts::SHARDED_SCRIPTS};
 use super::{
     pool::{self, Pool},
-    pool_error,
     scripts::{SCRIPTS, Scripts},
     target::Target,
 };
@@ -32,7 +31,7 @@ impl Transport {
     /// A connection for one command (or one batch).
     pub(super) async fn get(&self) -> Result<Conn, BackendError> {
         match self {
-            Self::Node { pool, .. } => pool.get().await.map(Conn::Node).map_err(pool_error),
+            Self::Node { pool, .. } => pool.get().await.map(Conn::Node),
             #[cfg(feature = "cluster")]
             Self::Cluster(cluster) => Ok(Conn::Cluster(cluster.connection())),
         }

@@ -3,7 +3,7 @@
 -- was the last. If it took nothing yet, records it as given up, so that the request, should it
 -- still arrive, is refused.
 --
--- KEYS[1]  the lock hash
+-- KEYS[1]  the lock: a single hold or a hash (see acquire.lua)
 -- KEYS[2]  attempts given up on (set)
 -- ARGV[1]  holder id
 -- ARGV[2]  attempt id
@@ -12,6 +12,18 @@
 --
 -- Returns 1 when a hold was given back, 0 when the attempt had taken nothing.
 local lock = KEYS[1]
+local single = redis.pcall('GET', lock)
+if type(single) == 'string' then
+  local owner, attempt = single_hold(single)
+  if owner == ARGV[1] and attempt == ARGV[2] then
+    redis.call('DEL', lock)
+    publish(ARGV[3], 'released')
+    return 1
+  end
+  redis.call('SADD', KEYS[2], ARGV[2])
+  extend(KEYS[2], ARGV[4])
+  return 0
+end
 local holds = redis.call('HEXISTS', lock, ARGV[1]) == 1
 -- The record of the attempt: a re-entry's, or the grant's.
 local record

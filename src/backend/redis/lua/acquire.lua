@@ -1,7 +1,14 @@
 -- Acquires a reentrant lock for a holder.
 --
--- KEYS[1]  the lock hash: field <holder> = hold count, '~a' = the attempt that granted the
---          hold, '~r' = the last re-entry's attempt, '~f' = token
+-- A lock has two forms. A single hold granted by `SET NX` (the client's first try at a free
+-- lock, see `single_hold` in the backend) is a string: `<length of holder>:<holder><attempt>`.
+-- Everything else is a hash, and this script turns a single hold into one when the holder
+-- re-enters or another acquire is refused. A single hold whose attempt was given up on (its
+-- `SET` arrived after the caller had given up) is nobody's: the next acquire takes it.
+--
+-- KEYS[1]  the lock: a single hold, or a hash: field <holder> = hold count, '~a' = the attempt
+--          that granted the hold, '~r' = the last re-entry's attempt, '~f' = token, '~q' =
+--          present once an acquire was refused (someone may wait for the release)
 -- KEYS[2]  the fencing record (the last token issued; lives 5 s after a grant)
 -- KEYS[3]  attempts given up on (set), so one that arrives late is refused
 -- ARGV[1]  holder id
@@ -19,23 +26,41 @@
 -- boot marker is missing: the client checks the server's uptime first.
 local lock = KEYS[1]
 local holder = ARGV[1]
-if boot_unverified(ARGV[7]) then
+-- The common case first, before the helpers are defined: a free lock, and no attempt given up
+-- on (no set of them), granted in three commands.
+if ARGV[7] ~= '' and redis.call('EXISTS', ARGV[7]) == 0 then
   return {-2}
+end
+local free = ARGV[6] ~= 'held' and redis.call('EXISTS', lock, KEYS[3]) == 0
+if free then
+  redis.call('HSET', lock, holder, 1, '~a', ARGV[3])
+  redis.call('PEXPIRE', lock, ARGV[2])
+  if ARGV[4] ~= '1' then
+    return {1, 1, -1}
+  end
+end
+-- @helpers
+if free then
+  return {1, 1, fencing_token(lock, KEYS[2])}
 end
 if redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 1 then
   return {0, redis.call('PTTL', lock)}
 end
-local count
-local holds = redis.call('HEXISTS', lock, holder) == 1
-if ARGV[6] == 'held' and not holds then
-  return {0, redis.call('PTTL', lock)}
+if not as_hash(lock, KEYS[3]) then
+  return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
 end
-if redis.call('EXISTS', lock) == 0 then
-  count = 1
+if ARGV[6] ~= 'held' and redis.call('EXISTS', lock) == 0 then
   redis.call('HSET', lock, holder, 1, '~a', ARGV[3])
-elseif holds and may_reenter(lock, ARGV[6], ARGV[5], '~a', '~r') then
-  count = reenter(lock, holder, ARGV[3], ARGV[5], '~a', '~r')
-else
-  return {0, redis.call('PTTL', lock)}
+  return granted(lock, ARGV[2], 1, ARGV[4], KEYS[2])
 end
-return granted(lock, ARGV[2], count, ARGV[4], KEYS[2])
+local found = redis.call('HMGET', lock, holder, '~a')
+if found[1] and may_reenter(lock, ARGV[6], ARGV[5], '~a', '~r') then
+  return granted(lock, ARGV[2], reenter(lock, holder, ARGV[3], ARGV[5], '~a', '~r'), ARGV[4], KEYS[2])
+end
+-- Refused: the lock is held (or, re-entering only, not held by this holder). The caller may
+-- wait, so the release that frees this lock must be published ('~q'); a hash that is not a
+-- lock (it has no grant) is left as it is.
+if found[2] then
+  redis.call('HSET', lock, '~q', 1)
+end
+return {0, redis.call('PTTL', lock)}

@@ -94,6 +94,45 @@ local function reenter(lock, field, attempt, supersedes, grant, reentry)
   return count
 end
 
+-- The holder and the attempt of a single hold (see acquire.lua), or nil when `value` is not one.
+local function single_hold(value)
+  local length, rest = string.match(value, '^(%d+):(.*)$')
+  if not length then
+    return nil
+  end
+  length = tonumber(length)
+  return string.sub(rest, 1, length), string.sub(rest, length + 1)
+end
+
+-- Whether `value` is a single hold of `holder`.
+local function single_hold_of(value, holder)
+  local owner = string.len(holder) .. ':' .. holder
+  return string.sub(value, 1, string.len(owner)) == owner
+end
+
+-- Makes the lock a hash if it is a single hold (keeping its lease), or deletes it when that
+-- hold's attempt is in `void` (given up on: nobody holds it). False when the key holds a
+-- string that is not a lock.
+local function as_hash(lock, void)
+  local single = redis.pcall('GET', lock)
+  if type(single) ~= 'string' then
+    return true
+  end
+  local owner, attempt = single_hold(single)
+  if not owner then
+    return false
+  end
+  local ttl = redis.call('PTTL', lock)
+  redis.call('DEL', lock)
+  if redis.call('SISMEMBER', void, attempt) == 0 then
+    redis.call('HSET', lock, owner, 1, '~a', attempt)
+    if ttl > 0 then
+      redis.call('PEXPIRE', lock, ttl)
+    end
+  end
+  return true
+end
+
 -- Whether the lock's hold was granted by `attempt` ('' matches any): a release made on behalf
 -- of one particular hold changes nothing once the holder has acquired the lock anew.
 local function last_attempt_is(lock, attempt)

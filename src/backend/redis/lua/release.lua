@@ -1,7 +1,7 @@
 -- Releases one hold (or all holds) of a holder, owner-checked; when the lock becomes free,
 -- either grants it to a hand-off holder in the same step or publishes the release.
 --
--- KEYS[1]  the lock hash
+-- KEYS[1]  the lock: a single hold or a hash (see acquire.lua)
 -- KEYS[2]  the fencing record
 -- KEYS[3]  attempts given up on (a hand-off to one of them is not made)
 -- ARGV[1]  releasing holder id
@@ -17,28 +17,57 @@
 -- Returns {0} when the holder does not hold the lock (nothing changed), {1, remaining} when
 -- holds remain, {2} when the lock was freed and the release published, {3, token} when it was
 -- handed off (token -1 without fencing). {2, n} also says how many subscribers the release
--- reached.
+-- reached; a release that nobody may wait for (no refused acquire, '~q') publishes nothing
+-- and answers {2, 0}.
 local lock = KEYS[1]
 local holder = ARGV[1]
-if not last_attempt_is(lock, ARGV[8]) then
+-- The common cases first, before the helpers are defined: a single hold (nobody waits for
+-- one: a refused acquire turns it into a hash), or one read of the hash, then the release.
+local waited
+local single = redis.pcall('GET', lock)
+if type(single) == 'string' then
+  local owner = string.len(holder) .. ':' .. holder
+  if string.sub(single, 1, string.len(owner)) ~= owner
+    or (ARGV[8] ~= '' and string.sub(single, string.len(owner) + 1) ~= ARGV[8]) then
+    return {0}
+  end
+  redis.call('DEL', lock)
+  waited = false
+elseif not single then
   return {0}
+else
+  local found = redis.call('HMGET', lock, holder, '~a', '~q')
+  local count = tonumber(found[1])
+  if not count or (ARGV[8] ~= '' and found[2] ~= ARGV[8]) then
+    return {0}
+  end
+  if count > 1 and ARGV[3] ~= '1' then
+    return {1, redis.call('HINCRBY', lock, holder, -1)}
+  end
+  redis.call('DEL', lock)
+  waited = found[3]
 end
-local remaining = give_back(lock, holder, ARGV[3] == '1')
-if not remaining then
-  return {0}
+if ARGV[4] == '' then
+  if not waited then
+    return {2, 0}
+  end
+  return {2, publish(ARGV[2], 'released')}
 end
-if remaining > 0 then
-  return {1, remaining}
-end
-redis.call('DEL', lock)
-local next = ARGV[4]
-if next ~= '' and redis.call('SISMEMBER', KEYS[3], ARGV[6]) == 0 then
-  redis.call('HSET', lock, next, 1, '~a', ARGV[6])
+-- @helpers
+if redis.call('SISMEMBER', KEYS[3], ARGV[6]) == 0 then
+  redis.call('HSET', lock, ARGV[4], 1, '~a', ARGV[6])
+  if waited then
+    -- Waiters elsewhere still wait: the hand-off holder's release must reach them.
+    redis.call('HSET', lock, '~q', 1)
+  end
   redis.call('PEXPIRE', lock, ARGV[5])
   local token = -1
   if ARGV[7] == '1' then
     token = fencing_token(lock, KEYS[2])
   end
   return {3, token}
+end
+if not waited then
+  return {2, 0}
 end
 return {2, publish(ARGV[2], 'released')}

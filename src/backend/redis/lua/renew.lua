@@ -1,12 +1,19 @@
 -- Extends a holder's lease, owner-checked; never shortens it (a re-entry may have set a longer
 -- one).
 --
--- KEYS[1]  the lock hash
+-- KEYS[1]  the lock: a single hold or a hash (see acquire.lua)
 -- ARGV[1]  holder id
 -- ARGV[2]  lease in milliseconds
 --
 -- Returns 1 when renewed, 0 when the holder no longer holds the lock.
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+local single = redis.pcall('GET', KEYS[1])
+local held
+if type(single) == 'string' then
+  held = single_hold_of(single, ARGV[1])
+else
+  held = single and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
+end
+if held then
   extend(KEYS[1], ARGV[2])
   return 1
 end

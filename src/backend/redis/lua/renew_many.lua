@@ -1,7 +1,7 @@
 -- Extends many holders' leases in one call, each as renew.lua does: owner-checked, never
 -- shortened. A key holding foreign data answers for itself and stops no other renewal.
 --
--- KEYS[i]        a lock hash
+-- KEYS[i]        a lock: a single hold or a hash (see acquire.lua)
 -- ARGV[2i - 1]   its holder id
 -- ARGV[2i]       its lease in milliseconds
 --
@@ -9,7 +9,16 @@
 -- when the key holds another type of value.
 local replies = {}
 for i, lock in ipairs(KEYS) do
-  local held = redis.pcall('HEXISTS', lock, ARGV[2 * i - 1])
+  local holder = ARGV[2 * i - 1]
+  local single = redis.pcall('GET', lock)
+  local held
+  if type(single) == 'string' then
+    held = single_hold_of(single, holder) and 1 or 0
+  elseif not single then
+    held = 0
+  else
+    held = redis.pcall('HEXISTS', lock, holder)
+  end
   if type(held) == 'table' then
     replies[i] = -1
   elseif held == 1 then
