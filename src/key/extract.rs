@@ -344,16 +344,36 @@ mod tests {
         assert_eq!(key("my id", "/?my%20id=1"), bytes("1"));
         assert_eq!(key("id", "/?i%64=1"), bytes("1"), "an escaped name");
         assert_eq!(key("a+b", "/?a%2Bb=1&a+b=2"), bytes("1"));
-        assert_eq!(key("id", "/?id=1&id=2"), bytes("1"), "the first of repeated params");
-        assert_eq!(key("id", "/?id=&id=2"), bytes(""), "an empty first value counts");
+        assert_eq!(
+            key("id", "/?id=1&id=2"),
+            bytes("1"),
+            "the first of repeated params"
+        );
+        assert_eq!(
+            key("id", "/?id=&id=2"),
+            bytes(""),
+            "an empty first value counts"
+        );
         assert_eq!(key("id", "/?id"), bytes(""));
-        assert_eq!(key("id", "/?&&id=1&"), bytes("1"), "empty pairs are skipped");
-        assert_eq!(key("id", "/?id=a=b"), bytes("a=b"), "split at the first `=`");
+        assert_eq!(
+            key("id", "/?&&id=1&"),
+            bytes("1"),
+            "empty pairs are skipped"
+        );
+        assert_eq!(
+            key("id", "/?id=a=b"),
+            bytes("a=b"),
+            "split at the first `=`"
+        );
         assert_eq!(key("id", "/?x=1&y=id"), None);
         assert_eq!(key("id", "/?ID=1"), None, "names are case-sensitive");
         assert_eq!(key("id", "/"), None);
         assert_eq!(key("id", "/?"), None);
-        assert_eq!(key("id", "/?id=%G1%4"), bytes("%G1%4"), "malformed escapes kept");
+        assert_eq!(
+            key("id", "/?id=%G1%4"),
+            bytes("%G1%4"),
+            "malformed escapes kept"
+        );
         assert_eq!(key("id", "/?id=%c3%a9"), bytes("é"));
     }
 
@@ -367,7 +387,11 @@ mod tests {
         assert_eq!(key("/?id=caf%E9+x"), Some(b"caf\xe9 x".to_vec()));
         let mut p = parts("/?%FF=1&%FE=2");
         let name = String::from_utf8_lossy(&[0xfe]).into_owned();
-        assert_eq!(query(&name).make_key(&mut p), None, "no lossy match on the name");
+        assert_eq!(
+            query(&name).make_key(&mut p),
+            None,
+            "no lossy match on the name"
+        );
     }
 
     /// A header value outside visible ASCII gives no key rather than a lossy one.

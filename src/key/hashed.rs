@@ -108,6 +108,21 @@ mod tests {
         assert_eq!(digest.as_slice(), expected);
     }
 
+    /// Lock names must not change between versions (a rolling upgrade would run two names of
+    /// one lock side by side): one name, written out (computed with an independent HMAC-SHA256
+    /// and base64url implementation).
+    #[test]
+    fn names_are_stable() {
+        let hash = KeyedHash::new(b"tower-lock keyed-hash test");
+        let name = hash
+            .name("tower-lock:", "/accounts/{id}", b"42", 512)
+            .unwrap();
+        assert_eq!(
+            name.as_str(),
+            "tower-lock:/accounts/:id{j54I2btNEsaDyOZz2dSogGHzKIARZUrEgE91gy5tx1U}"
+        );
+    }
+
     /// Names have a fixed-size hash tag, and depend on the secret, the namespace and the key.
     #[test]
     fn names_are_bounded_and_keyed() {
