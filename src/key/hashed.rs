@@ -6,6 +6,7 @@
 
 use std::fmt;
 
+use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
@@ -53,22 +54,10 @@ impl fmt::Debug for KeyedHash {
     }
 }
 
-/// Unpadded base64 with the URL-safe alphabet (RFC 4648 §5): no braces, no `%`.
+/// Unpadded base64 with the URL-safe alphabet (RFC 4648 §5): no braces, no `%`. The tag is
+/// part of every lock name, so this encoding must never change (see `names_are_stable`).
 fn base64url(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let word = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |word, (i, &b)| word | u32::from(b) << (16 - 8 * i));
-        // A chunk of n bytes carries n + 1 sextets.
-        for i in 0..=chunk.len() {
-            let sextet = (word >> (18 - 6 * i)) & 0x3f;
-            out.push(char::from(ALPHABET[sextet as usize]));
-        }
-    }
-    out
+    URL_SAFE_NO_PAD.encode(bytes)
 }
 
 #[cfg(test)]
