@@ -17,7 +17,6 @@ use std::time::Duration;
 use crate::{
     backend::{LockKind, RenewReply},
     error::LockError,
-    middleware::LockRejection,
 };
 
 /// Locks acquired (re-entries included). Label `kind`.
@@ -38,7 +37,8 @@ pub const RENEWALS: &str = "tower_lock_renewals_total";
 /// the backend in one call (one round trip per node), so the sample count is the number of
 /// round trips the watchdog made. Label `outcome`: `ok` or `failed`.
 pub const RENEWAL_BATCH_SECONDS: &str = "tower_lock_renewal_batch_seconds";
-/// Requests the lock layer answered without running them. Label `reason`.
+/// Requests the lock layer answered without running them. Label `reason`. (Recorded by the
+/// middleware itself: the engine knows nothing of rejections.)
 pub const REJECTIONS: &str = "tower_lock_rejections_total";
 /// Acquires waiting right now, across clients.
 pub const WAITERS: &str = "tower_lock_waiters";
@@ -114,27 +114,6 @@ pub(crate) fn renewal_batch(took: Duration, ok: bool) {
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (took, ok);
-}
-
-/// The lock layer answered a request with `rejection`.
-pub(crate) fn rejected(rejection: &LockRejection) {
-    #[cfg(feature = "metrics")]
-    {
-        let reason = match rejection {
-            LockRejection::MissingKey => "missing_key",
-            LockRejection::InvalidKey(_) => "invalid_key",
-            LockRejection::Locked { .. } => "locked",
-            LockRejection::Conflict => "conflict",
-            LockRejection::Misconfigured => "misconfigured",
-            LockRejection::TooManyWaiters => "too_many_waiters",
-            LockRejection::Unavailable(_) => "unavailable",
-            LockRejection::Lost => "lost",
-            LockRejection::ShutDown => "shut_down",
-        };
-        ::metrics::counter!(REJECTIONS, "reason" => reason).increment(1);
-    }
-    #[cfg(not(feature = "metrics"))]
-    let _ = rejection;
 }
 
 /// One more acquire waits (`true`), or one stopped waiting (`false`).

@@ -647,6 +647,41 @@ async fn inner_error_releases_and_passes_through() {
     assert!(again, "the lock outlived the failed request");
 }
 
+/// The layer asks nothing of the inner service, its future or the bodies beyond what it uses:
+/// a `!Send` service with `!Send` response bodies and a request body that borrows works on one
+/// thread, and its rejections too.
+#[tokio::test(flavor = "current_thread")]
+async fn inner_service_and_bodies_need_not_be_send_or_static() {
+    use std::{cell::Cell, rc::Rc};
+    use tower::{ServiceBuilder, ServiceExt};
+    let calls = Rc::new(Cell::new(0));
+    let service = ServiceBuilder::new()
+        .layer(
+            LockLayer::new(LockClient::in_memory())
+                .key(key::header("x-k"))
+                .name("local"),
+        )
+        .service(tower::service_fn({
+            let calls = calls.clone();
+            move |request: http::Request<&str>| {
+                calls.set(calls.get() + 1);
+                let body = Rc::new(request.body().to_uppercase());
+                async move { Ok::<_, Infallible>(http::Response::new(body)) }
+            }
+        }));
+    let text = String::from("borrowed body");
+    let request = http::Request::get("/")
+        .header("x-k", "1")
+        .body(text.as_str())
+        .unwrap();
+    let response = service.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.body().as_str(), "BORROWED BODY");
+    let no_key = http::Request::get("/").body(text.as_str()).unwrap();
+    let rejected = service.oneshot(no_key).await.unwrap();
+    assert_eq!(rejected.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(calls.get(), 1, "the rejected request did not run");
+}
+
 /// Whether the lock of `key` in `namespace` is free right now (a fresh client tries it).
 async fn locks_free(server: &RedisServer, namespace: &str, key: &str) -> bool {
     let other = locks(server).await;

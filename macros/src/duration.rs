@@ -15,6 +15,13 @@ pub(crate) fn parse_duration(lit: &LitStr) -> syn::Result<u64> {
     })
 }
 
+/// A whole number of `ms`, `s`, `m` or `h`, nothing else.
+///
+/// Hand-written rather than `humantime::parse_duration`: that accepts much more (`"2 seconds"`,
+/// `"1.5s"`, `"1h 30m"`, `"1M"` for a month, `"1us"`), all of which are compile errors today
+/// (`tests/ui/fail/bad_duration.rs` expects `"2 seconds"` to be one). Keeping this syntax on top
+/// of it would take a check as long as this function, plus a dependency to build for every
+/// user of the attribute.
 fn millis(text: &str) -> Option<u64> {
     let digits = text.find(|c: char| !c.is_ascii_digit())?;
     let (number, unit) = text.split_at(digits);
@@ -31,7 +38,10 @@ fn millis(text: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::millis;
+    use proc_macro2::Span;
+    use syn::LitStr;
+
+    use super::{millis, parse_duration};
 
     #[test]
     fn units_and_mistakes() {
@@ -49,9 +59,33 @@ mod tests {
             "1.5s",
             "-1s",
             "99999999999999999999ms",
+            "2 seconds",
+            "1h 30m",
+            "1h30m",
+            "1M",
+            "1d",
+            "1us",
+            "2S",
+            "+2s",
+            "0x10s",
+            "２s",
         ] {
             assert_eq!(millis(bad), None, "{bad:?}");
         }
         assert_eq!(millis("18446744073709551615h"), None);
+        assert_eq!(millis("18446744073709551615ms"), Some(u64::MAX));
+        assert_eq!(millis("007s"), Some(7_000));
+    }
+
+    /// The literal is trimmed first; the error names the literal as written.
+    #[test]
+    fn literal_is_trimmed() {
+        let lit = |text: &str| LitStr::new(text, Span::call_site());
+        assert_eq!(parse_duration(&lit(" 2s ")).unwrap(), 2_000);
+        let error = parse_duration(&lit("2 seconds")).unwrap_err().to_string();
+        assert!(
+            error.starts_with("invalid duration `2 seconds`: "),
+            "{error}"
+        );
     }
 }

@@ -91,6 +91,8 @@ pub fn query(name: &str) -> Query {
 }
 
 impl MakeKey for Query {
+    /// Pairs are split at `&`, a pair at its first `=` (a pair without one has an empty value),
+    /// and both halves are [decoded](decode) before the name is compared.
     fn make_key(&self, parts: &mut Parts) -> Option<Vec<u8>> {
         let query = parts.uri.query()?;
         query.split('&').find_map(|pair| {
@@ -100,9 +102,21 @@ impl MakeKey for Query {
     }
 }
 
+/// One name or value of a query string, decoded as an HTML form encodes it: `+` is a space,
+/// then `%XX` is the byte `XX` (so `%2B` is a `+`); a `%` not followed by two hex digits is kept
+/// as it is.
+///
+/// Hand-written on `percent-encoding` rather than using `form_urlencoded::parse`, although that
+/// crate is in the tree (through `redis` and `url`): it returns `str`s, decoding invalid UTF-8
+/// lossily, so `?id=%FF` and `?id=%FE` would both become `U+FFFD` and share one lock, and keys
+/// that are not UTF-8 would name different locks than they do now. Keys are bytes here, passed
+/// on unchanged (`tests/key_fuzz.rs` checks this for arbitrary bytes).
 fn decode(raw: &str) -> Vec<u8> {
-    let spaced = raw.replace('+', " ");
-    percent_decode_str(&spaced).collect()
+    if raw.contains('+') {
+        percent_decode_str(&raw.replace('+', " ")).collect()
+    } else {
+        percent_decode_str(raw).collect()
+    }
 }
 
 /// One segment of the request path. Made by [`path_segment`].
@@ -315,6 +329,68 @@ mod tests {
         assert_eq!(
             f.make_key(&mut p),
             Some(b"/accounts/4%202/withdraw".to_vec())
+        );
+    }
+
+    /// The query string is decoded as a form: `+` is a space and `%2B` a plus, in names too;
+    /// the first of repeated parameters counts; a name without `=` has an empty value (which
+    /// the engine then refuses as an empty key); malformed escapes are kept as they are.
+    #[test]
+    fn query_decoding() {
+        let key = |name: &str, uri: &str| query(name).make_key(&mut parts(uri));
+        let bytes = |s: &str| Some(s.as_bytes().to_vec());
+        assert_eq!(key("id", "/?id=a%20b+c%2Bd"), bytes("a b c+d"));
+        assert_eq!(key("my id", "/?my+id=1"), bytes("1"));
+        assert_eq!(key("my id", "/?my%20id=1"), bytes("1"));
+        assert_eq!(key("id", "/?i%64=1"), bytes("1"), "an escaped name");
+        assert_eq!(key("a+b", "/?a%2Bb=1&a+b=2"), bytes("1"));
+        assert_eq!(
+            key("id", "/?id=1&id=2"),
+            bytes("1"),
+            "the first of repeated params"
+        );
+        assert_eq!(
+            key("id", "/?id=&id=2"),
+            bytes(""),
+            "an empty first value counts"
+        );
+        assert_eq!(key("id", "/?id"), bytes(""));
+        assert_eq!(
+            key("id", "/?&&id=1&"),
+            bytes("1"),
+            "empty pairs are skipped"
+        );
+        assert_eq!(
+            key("id", "/?id=a=b"),
+            bytes("a=b"),
+            "split at the first `=`"
+        );
+        assert_eq!(key("id", "/?x=1&y=id"), None);
+        assert_eq!(key("id", "/?ID=1"), None, "names are case-sensitive");
+        assert_eq!(key("id", "/"), None);
+        assert_eq!(key("id", "/?"), None);
+        assert_eq!(
+            key("id", "/?id=%G1%4"),
+            bytes("%G1%4"),
+            "malformed escapes kept"
+        );
+        assert_eq!(key("id", "/?id=%c3%a9"), bytes("é"));
+    }
+
+    /// Bytes that are not UTF-8 are passed on as they are, not replaced by `U+FFFD`: two such
+    /// keys never collapse into one lock.
+    #[test]
+    fn query_keeps_invalid_utf8() {
+        let key = |uri: &str| query("id").make_key(&mut parts(uri));
+        assert_eq!(key("/?id=%FF"), Some(vec![0xff]));
+        assert_eq!(key("/?id=%FE"), Some(vec![0xfe]));
+        assert_eq!(key("/?id=caf%E9+x"), Some(b"caf\xe9 x".to_vec()));
+        let mut p = parts("/?%FF=1&%FE=2");
+        let name = String::from_utf8_lossy(&[0xfe]).into_owned();
+        assert_eq!(
+            query(&name).make_key(&mut p),
+            None,
+            "no lossy match on the name"
         );
     }
 

@@ -17,13 +17,18 @@ use tower_service::Service;
 use super::{LockContext, LockRejection, OnRejected, layer::LayerConfig};
 use crate::{Backend, LockError, LockGuard, guard::Lost, holder::Holder};
 
+// Both boxes are `Send` so that the response future can be: they hold only the lock client's
+// parts, never the inner service or a body.
 type Acquire<B> = Pin<Box<dyn Future<Output = Result<LockGuard<B>, LockError>> + Send>>;
 type Release = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The response future of [`LockService`](super::LockService).
 ///
 /// Dropping it at any point releases what it holds: a waiting acquire leaves the queue, a held
-/// lock is released in the background.
+/// lock is released in the background. It is `Send` when the inner service, its future, the
+/// request and the rejection hook are.
+// The bounds are the ones the fields need: `S: Service` for `S::Future` and `S::Response`,
+// `B: Backend` for `LockGuard<B>`.
 #[pin_project]
 pub struct ResponseFuture<S, B, ReqBody, R>
 where

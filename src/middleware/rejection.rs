@@ -117,7 +117,7 @@ impl LockRejection {
     /// key, no request data) and counts it. A client's mistake or a broken setup is a warning
     /// or an error an operator sees; a lock that stayed busy is information.
     pub(crate) fn trace(&self) {
-        crate::metrics::rejected(self);
+        self.count();
         let status = self.status();
         match self {
             Self::Misconfigured => {
@@ -132,6 +132,31 @@ impl LockRejection {
             Self::Locked { .. } | Self::TooManyWaiters | Self::ShutDown => {
                 tracing::info!(target: "tower_lock::rejection", rejection = %self, %status, retry_after_s = self.retry_after_secs(), "request rejected");
             }
+        }
+    }
+}
+
+impl LockRejection {
+    /// Counts the rejection in [`REJECTIONS`](crate::metrics::REJECTIONS), labelled by its
+    /// reason (one of a fixed set, never request data).
+    fn count(&self) {
+        #[cfg(feature = "metrics")]
+        ::metrics::counter!(crate::metrics::REJECTIONS, "reason" => self.reason()).increment(1);
+    }
+
+    /// The `reason` label of this rejection.
+    #[cfg(feature = "metrics")]
+    fn reason(&self) -> &'static str {
+        match self {
+            Self::MissingKey => "missing_key",
+            Self::InvalidKey(_) => "invalid_key",
+            Self::Locked { .. } => "locked",
+            Self::Conflict => "conflict",
+            Self::Misconfigured => "misconfigured",
+            Self::TooManyWaiters => "too_many_waiters",
+            Self::Unavailable(_) => "unavailable",
+            Self::Lost => "lost",
+            Self::ShutDown => "shut_down",
         }
     }
 }
@@ -257,6 +282,62 @@ mod tests {
             LockRejection::from(LockError::UpgradeRefused).status(),
             StatusCode::CONFLICT
         );
+    }
+
+    /// Every rejection is counted under its documented `reason` label.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn rejections_are_counted_by_reason() {
+        use crate::error::{BackendError, BackendErrorKind};
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+        let cases = [
+            (LockRejection::MissingKey, "missing_key"),
+            (LockRejection::InvalidKey(KeyError::Empty), "invalid_key"),
+            (LockRejection::Locked { retry_after: None }, "locked"),
+            (LockRejection::Conflict, "conflict"),
+            (LockRejection::Misconfigured, "misconfigured"),
+            (LockRejection::TooManyWaiters, "too_many_waiters"),
+            (
+                LockRejection::Unavailable(BackendError::from_kind(BackendErrorKind::Unavailable)),
+                "unavailable",
+            ),
+            (LockRejection::Lost, "lost"),
+            (LockRejection::ShutDown, "shut_down"),
+        ];
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            for (rejection, _) in &cases {
+                rejection.trace();
+            }
+        });
+        let mut counted: Vec<(String, String, u64)> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| {
+                let labels: Vec<String> = key
+                    .key()
+                    .labels()
+                    .map(|label| format!("{}={}", label.key(), label.value()))
+                    .collect();
+                let DebugValue::Counter(n) = value else {
+                    panic!("{key:?} is not a counter");
+                };
+                (key.key().name().to_owned(), labels.join(","), n)
+            })
+            .collect();
+        counted.sort();
+        let mut expected: Vec<(String, String, u64)> = cases
+            .iter()
+            .map(|(_, reason)| {
+                let name = crate::metrics::REJECTIONS.to_owned();
+                (name, format!("reason={reason}"), 1)
+            })
+            .collect();
+        expected.sort();
+        assert_eq!(counted, expected);
     }
 
     /// Bodies that carry text get one line saying what happened; others stay empty.

@@ -28,15 +28,16 @@ pub struct LockService<S, B: Backend, K, R> {
     pub(crate) any: super::AnyLockClient,
 }
 
+/// No `Send` or `'static` bounds on the inner service, its future or the bodies: nothing of
+/// theirs is spawned or boxed (the boxed acquire holds only the client, the key and the
+/// holder), so the response future is `Send` exactly when they are. `S: Clone` is needed: the
+/// ready service goes with the request and a clone stays for the next `poll_ready`.
 impl<S, B, K, R, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S, B, K, R>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     B: Backend,
     K: MakeKey,
     R: OnRejected<ResBody>,
-    ReqBody: Send + 'static,
-    ResBody: Send + 'static,
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
