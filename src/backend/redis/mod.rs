@@ -7,7 +7,7 @@
 //! the watchdog's pipelined renewals. Releases are published on `prefix{key}:released` and waiters
 //! listen through the backend's single pub/sub connection.
 //!
-//! With the `cluster` feature, [`RedisBackend::cluster`] runs the same scripts on a Redis
+//! With the `cluster` feature, `RedisBackend::cluster` runs the same scripts on a Redis
 //! Cluster: each lock lives in its key's hash slot, releases go out with `SPUBLISH` and waiters
 //! listen with `SSUBSCRIBE` on the slot's shard.
 //!
