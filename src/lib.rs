@@ -81,15 +81,26 @@
 //! - A crashed holder's lock is freed within one lease; a clean release frees it at once and
 //!   wakes the next waiter.
 //!
+//! # Guides
+//!
+//! The [`guide`] module holds the long-form documentation, with examples that are compiled and
+//! tested: [`guide::layer`] (the layer's options, a request's lock, rejections, lock names),
+//! `guide::attribute` (`#[locked]`), [`guide::locks`] (leases, guards, reentrancy, fair and
+//! read-write locks, fencing), `guide::backends`, `guide::failover` (Sentinel, replica
+//! acknowledgement, the quarantine after a restart), `guide::redlock`, `guide::cluster`,
+//! [`guide::security`], [`guide::errors`], `guide::metrics` and [`guide::testing`]. The guides
+//! about a feature are built with it.
+//!
 //! # Features
 //!
 //! | feature | default | what it adds |
 //! |---|---|---|
-//! | `redis` | yes | [`RedisBackend`]: Redis through bb8-redis and redis-rs; [`RedlockBackend`] over several masters |
+//! | `redis` | yes | `RedisBackend`: Redis through bb8-redis and redis-rs; `RedlockBackend` over several masters |
 //! | `axum` | no | `key::path_param`, route namespacing by axum's `MatchedPath`, `IntoResponse` for [`LockRejection`] |
 //! | `keyed-hash` | no | `LockClientBuilder::keyed_hash`: lock names hashed under a secret (HMAC-SHA256) |
 //! | `metrics` | no | counters and histograms through the `metrics` facade ([`metrics`] lists them) |
 //! | `sentinel` | no | `RedisBackend::sentinel`: the master found through Redis Sentinel, followed across failovers |
+//! | `cluster` | no | `RedisBackend::cluster`: Redis Cluster, with sharded pub/sub |
 //! | `tls` | no | `rediss://` URLs and custom CAs for the Redis backend (rustls) |
 //! | `macros` | no | the `#[locked(...)]` attribute and `AnyLockClient` (implies `axum`) |
 //!
@@ -107,6 +118,7 @@ mod clock;
 mod engine;
 pub mod error;
 mod guard;
+pub mod guide;
 mod holder;
 pub mod key;
 mod lease;
