@@ -24,6 +24,41 @@
 //! # }
 //! ```
 //!
+//! # A service on Redis
+//!
+//! With features `axum` and `redis` (the default), an axum service whose withdrawals run one at
+//! a time per account, across every instance that shares the Redis:
+//!
+#![cfg_attr(all(feature = "axum", feature = "redis"), doc = "```no_run")]
+#![cfg_attr(not(all(feature = "axum", feature = "redis")), doc = "```ignore")]
+//! use std::time::Duration;
+//!
+//! use axum::{Router, extract::Path, routing::post};
+//! use tower_lock::{Lease, LockClient, LockLayer, RedisBackend, key};
+//!
+//! async fn withdraw(Path(id): Path<String>) -> String {
+//!     // Read the balance, change it, write it back: one request per account at a time.
+//!     format!("withdrew from account {id}")
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let backend = RedisBackend::connect("redis://127.0.0.1:6379").await?;
+//!     let locks = LockClient::builder(backend).build()?;
+//!     let app = Router::new()
+//!         .route("/accounts/{id}/withdraw", post(withdraw))
+//!         .route_layer(
+//!             LockLayer::new(locks)
+//!                 .key(key::path_param("id"))                      // one lock per account
+//!                 .wait(Duration::from_secs(2))                    // then 423 Locked + Retry-After
+//!                 .lease(Lease::watchdog(Duration::from_secs(30))), // renewed while the handler runs
+//!         );
+//!     let listener = tokio::net::TcpListener::bind("0.0.0.0:3000").await?;
+//!     axum::serve(listener, app).await?;
+//!     Ok(())
+//! }
+//! ```
+//!
 //! # Attribute
 //!
 //! With feature `macros`, the `locked` attribute holds a lock while one axum handler runs, with
