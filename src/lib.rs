@@ -175,6 +175,36 @@ pub use lease::Lease;
 pub use middleware::AnyLockClient;
 pub use middleware::{LockContext, LockLayer, LockRejection, LockService};
 
+/// Holds a distributed lock while an axum handler runs (feature `macros`).
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use axum::{Extension, Router, body::Body, extract::Path, routing::post};
+/// use http::{Request, StatusCode};
+/// use tower::ServiceExt;
+/// use tower_lock::{AnyLockClient, LockClient, LockContext, locked};
+///
+/// #[locked(key = "account:{id}", wait = "2s", fencing)]
+/// async fn withdraw(Path(id): Path<u64>, lock: LockContext) -> String {
+///     format!("account {id}, token {:?}", lock.fencing_token())
+/// }
+///
+/// let app = Router::new()
+///     .route("/accounts/{id}/withdraw", post(withdraw))
+///     .layer(Extension(AnyLockClient::from(LockClient::in_memory())));
+/// let request = Request::post("/accounts/7/withdraw").body(Body::empty())?;
+/// assert_eq!(app.oneshot(request).await?.status(), StatusCode::OK);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// More in the `attribute` guide (`tower_lock::guide::attribute`).
+///
+/// # Reference
+///
 #[cfg(feature = "macros")]
 pub use tower_lock_macros::locked;
 
