@@ -25,6 +25,28 @@ use crate::{
 /// While the guard exists the client's watchdog renews a [`Lease::watchdog`](crate::Lease::watchdog)
 /// lease. Dropping the guard stops the renewal at once, even before the release reaches the
 /// backend, so a release that fails leaves a lock that expires within one lease.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_lock::LockClient;
+///
+/// let locks = LockClient::in_memory();
+/// let guard = locks.lock("order:42").fencing().acquire().await?;
+/// assert!(!guard.is_lost());
+/// let token = guard.fencing_token(); // send it with every write
+/// # let _ = token;
+///
+/// tokio::select! {
+///     () = async { /* the work */ } => {}
+///     () = guard.lost() => return Err("lost the lock mid-work".into()),
+/// }
+/// guard.release().await?; // or drop it: released in the background
+/// # Ok(())
+/// # }
+/// ```
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard<B: Backend> {
     client: Arc<EngineRef<B>>,

@@ -24,6 +24,41 @@
 //! # }
 //! ```
 //!
+//! # A service on Redis
+//!
+//! With features `axum` and `redis` (the default), an axum service whose withdrawals run one at
+//! a time per account, across every instance that shares the Redis:
+//!
+#![cfg_attr(all(feature = "axum", feature = "redis"), doc = "```no_run")]
+#![cfg_attr(not(all(feature = "axum", feature = "redis")), doc = "```ignore")]
+//! use std::time::Duration;
+//!
+//! use axum::{Router, extract::Path, routing::post};
+//! use tower_lock::{Lease, LockClient, LockLayer, RedisBackend, key};
+//!
+//! async fn withdraw(Path(id): Path<String>) -> String {
+//!     // Read the balance, change it, write it back: one request per account at a time.
+//!     format!("withdrew from account {id}")
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let backend = RedisBackend::connect("redis://127.0.0.1:6379").await?;
+//!     let locks = LockClient::builder(backend).build()?;
+//!     let app = Router::new()
+//!         .route("/accounts/{id}/withdraw", post(withdraw))
+//!         .route_layer(
+//!             LockLayer::new(locks)
+//!                 .key(key::path_param("id"))                      // one lock per account
+//!                 .wait(Duration::from_secs(2))                    // then 423 Locked + Retry-After
+//!                 .lease(Lease::watchdog(Duration::from_secs(30))), // renewed while the handler runs
+//!         );
+//!     let listener = tokio::net::TcpListener::bind("0.0.0.0:3000").await?;
+//!     axum::serve(listener, app).await?;
+//!     Ok(())
+//! }
+//! ```
+//!
 //! # Attribute
 //!
 //! With feature `macros`, the `locked` attribute holds a lock while one axum handler runs, with
@@ -81,15 +116,26 @@
 //! - A crashed holder's lock is freed within one lease; a clean release frees it at once and
 //!   wakes the next waiter.
 //!
+//! # Guides
+//!
+//! The [`guide`] module holds the long-form documentation, with examples that are compiled and
+//! tested: [`guide::layer`] (the layer's options, a request's lock, rejections, lock names),
+//! `guide::attribute` (`#[locked]`), [`guide::locks`] (leases, guards, reentrancy, fair and
+//! read-write locks, fencing), `guide::backends`, `guide::failover` (Sentinel, replica
+//! acknowledgement, the quarantine after a restart), `guide::redlock`, `guide::cluster`,
+//! [`guide::security`], [`guide::errors`], `guide::metrics` and [`guide::testing`]. The guides
+//! about a feature are built with it.
+//!
 //! # Features
 //!
 //! | feature | default | what it adds |
 //! |---|---|---|
-//! | `redis` | yes | [`RedisBackend`]: Redis through bb8-redis and redis-rs; [`RedlockBackend`] over several masters |
+//! | `redis` | yes | `RedisBackend`: Redis through bb8-redis and redis-rs; `RedlockBackend` over several masters |
 //! | `axum` | no | `key::path_param`, route namespacing by axum's `MatchedPath`, `IntoResponse` for [`LockRejection`] |
 //! | `keyed-hash` | no | `LockClientBuilder::keyed_hash`: lock names hashed under a secret (HMAC-SHA256) |
 //! | `metrics` | no | counters and histograms through the `metrics` facade ([`metrics`] lists them) |
 //! | `sentinel` | no | `RedisBackend::sentinel`: the master found through Redis Sentinel, followed across failovers |
+//! | `cluster` | no | `RedisBackend::cluster`: Redis Cluster, with sharded pub/sub |
 //! | `tls` | no | `rediss://` URLs and custom CAs for the Redis backend (rustls) |
 //! | `macros` | no | the `#[locked(...)]` attribute and `AnyLockClient` (implies `axum`) |
 //!
@@ -107,6 +153,7 @@ mod clock;
 mod engine;
 pub mod error;
 mod guard;
+pub mod guide;
 mod holder;
 pub mod key;
 mod lease;
@@ -128,6 +175,36 @@ pub use lease::Lease;
 pub use middleware::AnyLockClient;
 pub use middleware::{LockContext, LockLayer, LockRejection, LockService};
 
+/// Holds a distributed lock while an axum handler runs (feature `macros`).
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use axum::{Extension, Router, body::Body, extract::Path, routing::post};
+/// use http::{Request, StatusCode};
+/// use tower::ServiceExt;
+/// use tower_lock::{AnyLockClient, LockClient, LockContext, locked};
+///
+/// #[locked(key = "account:{id}", wait = "2s", fencing)]
+/// async fn withdraw(Path(id): Path<u64>, lock: LockContext) -> String {
+///     format!("account {id}, token {:?}", lock.fencing_token())
+/// }
+///
+/// let app = Router::new()
+///     .route("/accounts/{id}/withdraw", post(withdraw))
+///     .layer(Extension(AnyLockClient::from(LockClient::in_memory())));
+/// let request = Request::post("/accounts/7/withdraw").body(Body::empty())?;
+/// assert_eq!(app.oneshot(request).await?.status(), StatusCode::OK);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// More in the `attribute` guide (`tower_lock::guide::attribute`).
+///
+/// # Reference
+///
 #[cfg(feature = "macros")]
 pub use tower_lock_macros::locked;
 

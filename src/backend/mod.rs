@@ -7,9 +7,9 @@
 //!
 //! - [`MemoryBackend`](memory::MemoryBackend): in this process; for single-instance services, examples and tests of the
 //!   code around the locks.
-//! - [`RedisBackend`](crate::RedisBackend) (feature `redis`, on by default): one Redis node, Lua scripts, pub/sub wake-ups;
+//! - `RedisBackend` (feature `redis`, on by default): one Redis node, Lua scripts, pub/sub wake-ups;
 //!   with the feature `cluster`, a Redis Cluster (sharded pub/sub).
-//! - [`RedlockBackend`](crate::RedlockBackend) (feature `redis`): a majority of N independent
+//! - `RedlockBackend` (feature `redis`): a majority of N independent
 //!   Redis masters (exclusive locks only).
 
 use std::{future::Future, time::Duration};

@@ -75,6 +75,21 @@ impl LockClient<crate::MemoryBackend> {
 
 impl<B: Backend> LockClient<B> {
     /// Starts building a client on `backend`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// use tower_lock::{LockClient, MemoryBackend};
+    ///
+    /// let locks = LockClient::builder(MemoryBackend::new())
+    ///     .prefix("billing:")
+    ///     .wait(Duration::from_secs(2))
+    ///     .build()
+    ///     .expect("valid settings");
+    /// # let _ = locks;
+    /// ```
     pub fn builder(backend: B) -> LockClientBuilder<B> {
         LockClientBuilder {
             backend,
@@ -85,6 +100,23 @@ impl<B: Backend> LockClient<B> {
     /// A request for the lock named `key`, to configure and then
     /// [`acquire`](LockRequest::acquire). The key is validated and escaped here; an invalid key
     /// fails at acquire time with [`LockError::InvalidKey`](crate::LockError::InvalidKey).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_lock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// let locks = tower_lock::LockClient::in_memory();
+    /// let guard = locks
+    ///     .lock("order:42")
+    ///     .wait(Duration::from_secs(1))
+    ///     .acquire()
+    ///     .await?;
+    /// guard.release().await
+    /// # }
+    /// ```
     pub fn lock(&self, key: impl AsRef<[u8]>) -> LockRequest<'_, B> {
         self.request(self.key(key.as_ref()), LockKind::Exclusive)
     }

@@ -154,6 +154,26 @@ impl<B: Backend> LockRequest<'_, B> {
     /// [`LockError::InvalidKey`], [`LockError::TooManyWaiters`], [`LockError::Backend`] when the
     /// backend failed (an acquire whose reply was lost is undone before this returns, where the
     /// backend can still be reached), [`LockError::ShutDown`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_lock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// use tower_lock::{LockClient, LockError};
+    ///
+    /// let locks = LockClient::in_memory();
+    /// let guard = locks.lock("order:42").acquire().await?;
+    ///
+    /// // Held: a second acquire waits 10 ms, then gives up.
+    /// let waited = locks.lock("order:42").wait(Duration::from_millis(10)).acquire().await;
+    /// assert!(matches!(waited, Err(LockError::WaitTimeout { .. })));
+    ///
+    /// guard.release().await
+    /// # }
+    /// ```
     pub async fn acquire(self) -> Result<LockGuard<B>, LockError> {
         let kind = self.kind;
         let checked = self.key.map_err(LockError::from).and_then(|key| {

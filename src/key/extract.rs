@@ -64,6 +64,17 @@ pub struct Header(HeaderName);
 /// A header that is missing, or has bytes outside visible ASCII, gives no key. Trust it only if
 /// your proxy sets or checks it.
 ///
+/// # Examples
+///
+/// ```
+/// use tower_lock::{LockClient, LockLayer, key};
+///
+/// // One lock per tenant, named `tenant:<header value>` on every route.
+/// let layer = LockLayer::new(LockClient::in_memory())
+///     .key(key::header("x-tenant-id").prefixed("tenant:"));
+/// # let _ = layer;
+/// ```
+///
 /// # Panics
 /// When `name` is not a valid header name (empty, or with a space or other separator): a
 /// programming error, caught when the layer is built.
@@ -86,6 +97,16 @@ impl MakeKey for Header {
 pub struct Query(Arc<str>);
 
 /// The first value of the query parameter `name`, percent-decoded (`+` is a space).
+///
+/// # Examples
+///
+/// ```
+/// use tower_lock::{LockClient, LockLayer, key};
+///
+/// // `/reports?job=nightly%20sync` locks `nightly sync`.
+/// let layer = LockLayer::new(LockClient::in_memory()).key(key::query("job"));
+/// # let _ = layer;
+/// ```
 pub fn query(name: &str) -> Query {
     Query(name.into())
 }
@@ -250,6 +271,22 @@ pub struct PathParam(Arc<str>);
 
 /// The value of the axum path parameter `name` (`{id}` in the route `/accounts/{id}`), as axum
 /// decoded it. Requires the layer to run inside the router (`Router::route_layer`).
+///
+/// # Examples
+///
+/// ```
+/// use axum::{Router, routing::post};
+/// use tower_lock::{LockClient, LockLayer, key};
+///
+/// async fn withdraw() {}
+/// async fn deposit() {}
+///
+/// // Both routes take the same lock per account: `/accounts/:id` plus the id.
+/// let app: Router = Router::new()
+///     .route("/accounts/{id}/withdraw", post(withdraw))
+///     .route("/accounts/{id}/deposit", post(deposit))
+///     .route_layer(LockLayer::new(LockClient::in_memory()).key(key::path_param("id")));
+/// ```
 #[cfg(feature = "axum")]
 pub fn path_param(name: &str) -> PathParam {
     PathParam(name.into())

@@ -12,7 +12,7 @@
 //! than the configured maximum (512 bytes by default) are refused before any backend call.
 //!
 //! With the `keyed-hash` feature, a client built with
-//! [`keyed_hash`](crate::LockClientBuilder::keyed_hash) puts `base64url(HMAC-SHA256(secret,
+//! `LockClientBuilder::keyed_hash` puts `base64url(HMAC-SHA256(secret,
 //! namespace and key))` between the braces instead: 43 characters whatever the key, in a hash
 //! slot nobody without the secret can predict.
 

@@ -109,6 +109,33 @@ impl Default for LayerConfig {
 
 /// Serializes requests per resource: each request takes the lock named by its key, runs while
 /// holding it, and releases it when its response is ready. See the [module docs](super).
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::{convert::Infallible, time::Duration};
+///
+/// use http::{Request, Response, StatusCode};
+/// use tower::{ServiceBuilder, ServiceExt, service_fn};
+/// use tower_lock::{LockClient, LockLayer, key};
+///
+/// let service = ServiceBuilder::new()
+///     .layer(
+///         LockLayer::new(LockClient::in_memory())
+///             .key(key::query("account"))
+///             .wait(Duration::from_secs(2)),
+///     )
+///     .service(service_fn(|_: Request<String>| async {
+///         Ok::<_, Infallible>(Response::new(String::from("done")))
+///     }));
+///
+/// let request = Request::get("/balance?account=7").body(String::new())?;
+/// assert_eq!(service.oneshot(request).await?.status(), StatusCode::OK);
+/// # Ok(())
+/// # }
+/// ```
 #[must_use]
 pub struct LockLayer<B: Backend, K = MakeKeyUnset, R = DefaultRejection> {
     pub(crate) locks: LockClient<B>,
@@ -119,6 +146,21 @@ pub struct LockLayer<B: Backend, K = MakeKeyUnset, R = DefaultRejection> {
 
 impl<B: Backend> LockLayer<B> {
     /// A layer taking locks from `locks`. Set the key with [`key`](Self::key).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// use tower_lock::{Lease, LockClient, LockLayer, key};
+    ///
+    /// let layer = LockLayer::new(LockClient::in_memory())
+    ///     .key(key::header("x-tenant-id").prefixed("tenant:"))
+    ///     .wait(Duration::from_secs(2))
+    ///     .lease(Lease::watchdog(Duration::from_secs(10)))
+    ///     .fencing();
+    /// # let _ = layer;
+    /// ```
     pub fn new(locks: LockClient<B>) -> Self {
         Self {
             locks,

@@ -7,7 +7,7 @@
 //! the watchdog's pipelined renewals. Releases are published on `prefix{key}:released` and waiters
 //! listen through the backend's single pub/sub connection.
 //!
-//! With the `cluster` feature, [`RedisBackend::cluster`] runs the same scripts on a Redis
+//! With the `cluster` feature, `RedisBackend::cluster` runs the same scripts on a Redis
 //! Cluster: each lock lives in its key's hash slot, releases go out with `SPUBLISH` and waiters
 //! listen with `SSUBSCRIBE` on the slot's shard.
 //!
@@ -474,11 +474,44 @@ impl RedisBackend {
     ///
     /// # Errors
     /// As [`RedisBackendBuilder::connect`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use tower_lock::{LockClient, RedisBackend};
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = RedisBackend::connect("redis://127.0.0.1:6379").await?;
+    /// let locks = LockClient::builder(backend).build()?;
+    /// # let _ = locks;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn connect(url: &str) -> Result<Self, BackendError> {
         Self::builder(url).connect().await
     }
 
     /// Starts configuring a backend for the server at `url`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    ///
+    /// use tower_lock::RedisBackend;
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = RedisBackend::builder("redis://locks:secret@10.0.0.5:6379/0")
+    ///     .pool_size(8)
+    ///     .command_timeout(Duration::from_millis(500))
+    ///     .connect()
+    ///     .await?;
+    /// # let _ = backend;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn builder(url: impl Into<String>) -> RedisBackendBuilder {
         RedisBackendBuilder::new(Source::Url(url.into()))
     }
