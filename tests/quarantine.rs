@@ -33,7 +33,7 @@ async fn node_client(
     via: Via,
     quarantine: Duration,
 ) -> LockClient<RedisBackend> {
-    use tower_lock::backend::redis::{bb8, bb8_redis::RedisConnectionManager, redis::Client};
+    use tower_lock::backend::redis::{bb8, bb8_redis::RedisConnectionManager};
 
     let backend = match via {
         Via::Connect => RedisBackend::builder(server.url())
@@ -44,8 +44,12 @@ async fn node_client(
         Via::Pool => {
             let manager = RedisConnectionManager::new(server.url()).expect("manager");
             let pool = bb8::Pool::builder().build(manager).await.expect("pool");
-            let client = Client::open(server.url()).expect("client");
-            RedisBackend::from_pool(pool, client).with_quarantine(quarantine)
+            RedisBackend::builder(server.url())
+                .pool(pool)
+                .quarantine(quarantine)
+                .connect()
+                .await
+                .expect("connect through the application's pool")
         }
     };
     LockClient::builder(backend)

@@ -25,7 +25,7 @@ const NODES: usize = 5;
 const NODE_TIMEOUT: Duration = Duration::from_millis(200);
 /// Scheduling slack allowed past a computed bound.
 const SLACK: Duration = Duration::from_millis(150);
-/// How late past its deadline a guard may report itself lost (RELIABILITY F25: under 50 ms).
+/// How late past its deadline a guard may report itself lost (fault catalogue, F25: under 50 ms).
 const LOSS_LATENCY: Duration = Duration::from_millis(50);
 
 /// Five independent servers.

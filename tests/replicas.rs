@@ -235,7 +235,7 @@ async fn acknowledgements_are_refused_on_a_cluster() {
 /// have the command).
 #[tokio::test]
 async fn wait_aof_support_is_asked_on_demand() {
-    use tower_lock::backend::redis::{bb8, bb8_redis::RedisConnectionManager, redis::Client};
+    use tower_lock::backend::redis::{bb8, bb8_redis::RedisConnectionManager};
 
     let server = RedisServer::start();
     let connected = support::redis_backend(server.url())
@@ -247,8 +247,11 @@ async fn wait_aof_support_is_asked_on_demand() {
 
     let manager = RedisConnectionManager::new(server.url()).expect("manager");
     let pool = bb8::Pool::builder().build_unchecked(manager);
-    let client = Client::open(server.url()).expect("client");
-    let shared = RedisBackend::from_pool(pool, client);
+    let shared = RedisBackend::builder(server.url())
+        .pool(pool)
+        .connect()
+        .await
+        .expect("connect through the application's pool");
     assert_eq!(
         connected.supports_wait_aof().await.expect("ask"),
         shared.supports_wait_aof().await.expect("ask")

@@ -91,3 +91,64 @@ async fn a_bad_database_index_is_a_misconfiguration() {
     let text = misconfigured(&error);
     assert!(text.contains("database"), "{text}");
 }
+
+/// An application's pool: `connect` checks that it reaches Redis, so a refused port fails at
+/// start-up naming the host, not later as unexplained 503s.
+#[tokio::test]
+async fn an_application_pool_that_reaches_nothing_fails_at_start_up() {
+    use tower_lock::backend::redis::{bb8, bb8_redis::RedisConnectionManager};
+
+    let url = format!("redis://127.0.0.1:{}", refused_port());
+    let manager = RedisConnectionManager::new(url.as_str()).expect("manager");
+    let pool = bb8::Pool::builder()
+        .connection_timeout(std::time::Duration::from_millis(300))
+        .build_unchecked(manager);
+    let error = RedisBackend::builder(&url)
+        .pool(pool)
+        .connect()
+        .await
+        .expect_err("nothing listens there");
+    let text = report(&error);
+    println!("{text}");
+    assert_eq!(error.kind(), &BackendErrorKind::Unavailable, "{text}");
+    assert!(text.contains(&url["redis://".len()..]), "{text}");
+}
+
+/// An application's pool takes the builder's settings: its commands time out after the
+/// builder's command timeout (here against a server frozen with SIGSTOP).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_pool_keeps_the_command_timeout() {
+    use std::time::{Duration, Instant};
+    use tower_lock::{
+        LockClient, LockError,
+        backend::redis::{bb8, bb8_redis::RedisConnectionManager},
+    };
+
+    let server = RedisServer::start();
+    let manager = RedisConnectionManager::new(server.url()).expect("manager");
+    let pool = bb8::Pool::builder()
+        .test_on_check_out(false)
+        .build(manager)
+        .await
+        .expect("pool");
+    let backend = support::redis_backend(server.url())
+        .pool(pool)
+        .command_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .expect("connect");
+    let locks = LockClient::builder(backend).build().expect("client");
+    server.pause();
+    let started = Instant::now();
+    let result = locks.lock("k").try_acquire().await;
+    server.resume();
+    assert!(
+        matches!(&result, Err(LockError::Backend(error)) if error.kind() == &BackendErrorKind::Timeout),
+        "{result:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+}

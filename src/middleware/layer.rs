@@ -188,7 +188,7 @@ impl<B: Backend, K, R> LockLayer<B, K, R> {
     }
 
     /// Builds the response for rejected requests (default: the status, `Retry-After` where
-    /// known, and an empty body).
+    /// known, and a one-line text body where the body type can carry one).
     pub fn on_rejected<R2>(self, on_rejected: R2) -> LockLayer<B, K, R2> {
         LockLayer {
             locks: self.locks,

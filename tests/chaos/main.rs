@@ -9,7 +9,7 @@
 //! - [`checker`]: the overlap sweep over a history, and the leak check after quiescence.
 //! - [`proxy`]: a TCP proxy between a client and Redis that can delay, swallow or cut traffic.
 //! - [`holder`]: this test binary re-run as a holder process, so faults can hit a client.
-//! - [`scenarios`]: one module per fault (the `F` numbers of `RELIABILITY.md` §3.3).
+//! - [`scenarios`]: one module per fault (the `F` numbers of the catalogue in `README.md`).
 //!
 //! `TOWER_LOCK_SEED=<n>` repeats a run's random choices; `TOWER_LOCK_SOAK=1` raises the counts;
 //! `RUST_LOG=tower_lock=debug` prints the crate's tracing events.

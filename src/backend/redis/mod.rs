@@ -126,6 +126,8 @@ pub struct RedisBackendBuilder {
     command_timeout: Duration,
     acknowledgement: Acknowledgement,
     quarantine: Option<Duration>,
+    /// The application's pool, when the lock commands go through it.
+    shared: Option<bb8::Pool<bb8_redis::RedisConnectionManager>>,
     #[cfg(feature = "tls")]
     tls: Option<redis::TlsCertificates>,
 }
@@ -181,7 +183,8 @@ impl fmt::Debug for RedisBackendBuilder {
             .field("command_timeout", &self.command_timeout)
             .field("quarantine", &self.quarantine)
             .field("min_replicas", &self.acknowledgement.replicas)
-            .field("wait_aof", &self.acknowledgement.aof);
+            .field("wait_aof", &self.acknowledgement.aof)
+            .field("application_pool", &self.shared.is_some());
         // Certificates and the client key are not shown, only whether they are set.
         #[cfg(feature = "tls")]
         debug.field("custom_tls", &self.tls.is_some());
@@ -216,9 +219,48 @@ impl RedisBackendBuilder {
             command_timeout: Duration::from_secs(1),
             acknowledgement: Acknowledgement::default(),
             quarantine: None,
+            shared: None,
             #[cfg(feature = "tls")]
             tls: None,
         }
+    }
+
+    /// Runs the lock commands on the application's bb8-redis pool instead of connections of
+    /// the backend's own. The builder's URL must name the same server: the backend opens its
+    /// pub/sub connection there (a bb8-redis manager does not say where it connects).
+    /// [`pool_size`](Self::pool_size) does not apply; every other setting does, and
+    /// [`connect`](Self::connect) checks that the pool reaches the server.
+    ///
+    /// bb8 tests a connection with `PING` on checkout unless the pool was built with
+    /// `test_on_check_out(false)`; without that test a connection broken by a Redis restart
+    /// stays in the pool. Not for Sentinel or a cluster, whose servers change: `connect` fails
+    /// with [`BackendErrorKind::Misconfigured`].
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tower_lock::{
+    ///     LockClient, RedisBackend,
+    ///     backend::redis::{bb8, bb8_redis},
+    /// };
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let url = "redis://127.0.0.1:6379";
+    /// let pool = bb8::Pool::builder()
+    ///     .build(bb8_redis::RedisConnectionManager::new(url)?)
+    ///     .await?;
+    /// let backend = RedisBackend::builder(url)
+    ///     .pool(pool)
+    ///     .command_timeout(Duration::from_millis(500))
+    ///     .connect()
+    ///     .await?;
+    /// let locks = LockClient::builder(backend).build()?;
+    /// # let _ = locks;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn pool(mut self, pool: bb8::Pool<bb8_redis::RedisConnectionManager>) -> Self {
+        self.shared = Some(pool);
+        self
     }
 
     /// The most pooled connections (sockets). Each is multiplexed and only cloned out for a
@@ -252,8 +294,9 @@ impl RedisBackendBuilder {
     /// of a server. Set it to at least the longest lease any client of this store uses when
     /// they differ. `Duration::ZERO` turns it off, for a server that loses no acknowledged
     /// write across a restart (`appendonly yes` with `appendfsync always`), or for tests that
-    /// start their own server. A pool handed in with [`RedisBackend::from_pool`] is
-    /// quarantined through a boot marker instead ([`RedisBackend::with_quarantine`]); a Redis
+    /// start their own server. An application's pool ([`pool`](Self::pool)) is quarantined
+    /// through a boot marker instead (a key the backend sets once the server has been up for a
+    /// whole quarantine, which a restart without persistence loses); a Redis
     /// Cluster is not quarantined (its nodes fail over to replicas rather than restart empty
     /// as masters).
     ///
@@ -359,6 +402,13 @@ impl RedisBackendBuilder {
         let command_timeout = self.command_timeout;
         #[cfg(feature = "cluster")]
         if let Source::Cluster(nodes) = &self.source {
+            if self.shared.is_some() {
+                return Err(BackendError::from_kind(BackendErrorKind::Misconfigured {
+                    what: "an application's pool goes to one server, not a Redis Cluster: drop \
+                           `.pool(..)`"
+                        .to_owned(),
+                }));
+            }
             // `WAIT` and `WAITAOF` must follow the write on its connection, which a cluster
             // connection does not promise.
             let feature = match self.acknowledgement {
@@ -450,6 +500,24 @@ impl RedisBackendBuilder {
         };
         let target = Arc::new(target);
         let quarantine = Arc::new(Quarantine::new(self.quarantine));
+        if let Some(shared) = self.shared {
+            if !matches!(*target, Target::Node(_)) {
+                return Err(BackendError::from_kind(BackendErrorKind::Misconfigured {
+                    what: "an application's pool goes to one server; Sentinel follows failovers \
+                           with connections of its own: drop `.pool(..)`"
+                        .to_owned(),
+                }));
+            }
+            return Ok(RedisBackend::new(
+                Transport::Node {
+                    pool: Pool::Shared(shared),
+                    target,
+                },
+                self.command_timeout,
+                self.acknowledgement,
+                quarantine,
+            ));
+        }
         let manager = Manager::new(
             target.clone(),
             self.command_timeout,
@@ -577,51 +645,6 @@ impl RedisBackend {
         I::Item: Into<String>,
     {
         RedisBackendBuilder::new(Source::Cluster(nodes.into_iter().map(Into::into).collect()))
-    }
-
-    /// Uses an application's existing pool for commands, and `client` (the same server) for the
-    /// pub/sub connection. Commands time out after 1 second.
-    ///
-    /// bb8 tests a connection with `PING` on checkout unless the pool was built with
-    /// `test_on_check_out(false)`; without that test a connection broken by a Redis restart
-    /// stays in the pool.
-    pub fn from_pool(pool: bb8::Pool<bb8_redis::RedisConnectionManager>, client: Client) -> Self {
-        Self::new(
-            Transport::Node {
-                pool: Pool::Shared(pool),
-                target: Arc::new(Target::Node(client)),
-            },
-            Duration::from_secs(1),
-            Acknowledgement::default(),
-            Arc::new(Quarantine::new(None)),
-        )
-    }
-
-    /// Sets the [quarantine](RedisBackendBuilder::quarantine) of a backend made with
-    /// [`from_pool`](Self::from_pool) (a backend made by a builder takes it there). On an
-    /// application's pool, a restart is told by a boot marker the backend keeps in Redis (a key
-    /// `…{}:boot` under the lock prefix), which a restart without persistence loses; a server
-    /// restarted from an append-only file that missed its last writes is not told apart.
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    ///
-    /// use tower_lock::{RedisBackend, backend::redis::{bb8, bb8_redis, redis}};
-    ///
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let url = "redis://127.0.0.1:6379";
-    /// let pool = bb8::Pool::builder()
-    ///     .build(bb8_redis::RedisConnectionManager::new(url)?)
-    ///     .await?;
-    /// let backend = RedisBackend::from_pool(pool, redis::Client::open(url)?)
-    ///     .with_quarantine(Duration::from_secs(60));
-    /// # Ok(())
-    /// # }
-    /// ```
-    #[must_use]
-    pub fn with_quarantine(self, quarantine: Duration) -> Self {
-        self.inner.quarantine.set(quarantine);
-        self
     }
 
     fn new(

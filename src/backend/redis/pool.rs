@@ -7,7 +7,7 @@
 //! the backend sets after a connection-level error, or after a command found no reply within
 //! its time budget (the connection may be half-open, or a reply may be owed to a request the
 //! server never saw); the next command on that place opens a new one. Pools handed in by the
-//! application ([`RedisBackend::from_pool`](super::RedisBackend::from_pool)) keep their own
+//! application ([`RedisBackendBuilder::pool`](super::RedisBackendBuilder::pool)) keep their own
 //! policy (bb8 tests connections on checkout by default).
 
 use std::{

@@ -14,7 +14,7 @@
 //! quarantine is not sent: it answers "held, try again when the quarantine ends". Renewals and
 //! releases go on as usual.
 //!
-//! An application's pool ([`RedisBackend::from_pool`](super::RedisBackend::from_pool)) opens
+//! An application's pool ([`RedisBackendBuilder::pool`](super::RedisBackendBuilder::pool)) opens
 //! its connections itself, so there a boot marker stands in: a key the backend sets once it
 //! has seen the server up for a whole quarantine, and that the acquire scripts require. A
 //! server restarted without persistence has lost it, so its first acquire comes back

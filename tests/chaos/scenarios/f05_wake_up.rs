@@ -18,9 +18,9 @@ const PROCESSES: usize = 2;
 /// Waiters per holder process.
 const TASKS: usize = 50;
 const LEASE_MS: u64 = 30_000;
-/// RELIABILITY's bound on the release → acquire gap.
+/// The catalogue's bound on the release → acquire gap (tests/chaos/README.md).
 const GAP: Duration = Duration::from_millis(10);
-/// RELIABILITY's bound on scripts per hand-off.
+/// The catalogue's bound on scripts per hand-off (tests/chaos/README.md).
 const EVALSHA_PER_HANDOFF: f64 = 2.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

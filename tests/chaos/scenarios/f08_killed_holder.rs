@@ -14,7 +14,7 @@ use crate::{
 };
 
 const LEASE: Duration = Duration::from_millis(500);
-/// Scheduling slack on this shared 2-core machine (RELIABILITY.md: at least 50 ms + 2 RTT).
+/// Scheduling slack on this shared 2-core machine (the catalogue in tests/chaos/README.md: at least 50 ms + 2 RTT).
 const TOLERANCE: Duration = Duration::from_millis(200);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

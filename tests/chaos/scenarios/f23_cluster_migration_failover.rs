@@ -26,7 +26,7 @@ const PREFIX: &str = "chaos-f23:";
 /// Longer than any failover here, so only a wrong answer could end it.
 const LEASE: Duration = Duration::from_secs(10);
 /// The recovery asserted: the fixture forces the takeover when the election takes 4 s, and a
-/// loaded machine may need that; the figure shows it against RELIABILITY's node timeout + 2 s.
+/// loaded machine may need that; the figure shows it against the catalogue's node timeout + 2 s (tests/chaos/README.md).
 const RECOVERY_LIMIT: Duration = Duration::from_secs(6);
 /// How long a waiter may take to get a released lock (its own retry timer is the lease).
 const PROMPT: Duration = Duration::from_secs(1);
@@ -215,7 +215,7 @@ async fn f23_cluster_slot_migrated_then_master_killed() {
         migrate_then_fail(run, &history, &mut outcomes).await;
     }
     let sweep = checker::sweep(&History::read(&scenario.history_path()));
-    // RELIABILITY's bound, for the figure.
+    // The catalogue's bound, for the figure.
     let bound = Duration::from_millis(NODE_TIMEOUT_MS) + Duration::from_secs(2);
     let slowest_recovery = outcomes.recovery.iter().max().copied().unwrap_or_default();
     let slowest_handoff = outcomes.handoffs.iter().max().copied().unwrap_or_default();

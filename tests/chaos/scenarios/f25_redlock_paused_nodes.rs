@@ -14,7 +14,7 @@ use crate::{clock, run};
 const LEASE: Duration = Duration::from_millis(600);
 /// How long one node may take to answer.
 const NODE_TIMEOUT: Duration = Duration::from_millis(200);
-/// How late past its deadline a guard may report itself lost (RELIABILITY F25: under 50 ms).
+/// How late past its deadline a guard may report itself lost (fault catalogue, F25: under 50 ms).
 const LOSS_LATENCY: Duration = Duration::from_millis(50);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

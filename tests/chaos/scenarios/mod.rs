@@ -1,4 +1,5 @@
-//! The scenarios of `RELIABILITY.md` §3.3, one module per fault, and the test bed they share.
+//! The scenarios of the fault catalogue (`tests/chaos/README.md`), one module per fault, and the
+//! test bed they share.
 //!
 //! A scenario runs on a [`Topology`]: a single node, or the independent nodes of a Redlock
 //! backend. Sentinel and Cluster beds add a variant and a way to build their clients, and
