@@ -2,7 +2,7 @@
 
 use std::{error::Error as StdError, fmt, time::Duration};
 
-use crate::key::KeyError;
+use crate::lock_key::KeyError;
 
 /// A boxed error from a backend's client library, kept as the source of a [`BackendError`].
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;

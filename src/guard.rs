@@ -16,7 +16,7 @@ use crate::{
     engine::{EngineRef, Held},
     error::LockError,
     holder::Holder,
-    key::LockKey,
+    lock_key::LockKey,
 };
 
 /// A held lock. Release it with [`release`](Self::release) to learn the outcome, or drop it to

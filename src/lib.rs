@@ -157,6 +157,7 @@ pub mod guide;
 mod holder;
 pub mod key;
 mod lease;
+mod lock_key;
 pub mod metrics;
 pub mod middleware;
 
@@ -169,8 +170,8 @@ pub use client::{LockClient, LockClientBuilder, LockRequest, ReadWriteLock};
 pub use error::{BackendError, ConfigError, LockError};
 pub use guard::{LockGuard, Lost};
 pub use holder::Holder;
-pub use key::LockKey;
 pub use lease::Lease;
+pub use lock_key::LockKey;
 #[cfg(feature = "macros")]
 pub use middleware::AnyLockClient;
 pub use middleware::{LockContext, LockLayer, LockRejection, LockService};

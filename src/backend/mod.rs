@@ -14,7 +14,7 @@
 
 use std::{future::Future, time::Duration};
 
-use crate::{error::BackendError, key::LockKey, lease::Lease};
+use crate::{error::BackendError, lease::Lease, lock_key::LockKey};
 
 mod listeners;
 pub mod memory;
@@ -248,6 +248,12 @@ pub enum RenewReply {
 ///
 /// Methods return `impl Future + Send` so implementations can be `async fn`s while the engine
 /// stays statically dispatched.
+///
+/// **Unstable before 1.0.** The trait is public so that another store can be plugged in, and
+/// so that tests can wrap a backend to delay or fail chosen calls (this crate's own race tests
+/// do). Its methods and the request and reply types may still change in a minor version while
+/// the engine's needs settle: pin the minor version if you implement it. It is not sealed,
+/// because sealing would take both uses away.
 pub trait Backend: Send + Sync + 'static {
     /// A registration for release notifications of one lock.
     type Listener: Listen;

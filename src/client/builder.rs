@@ -7,8 +7,8 @@ use crate::{
     backend::Backend,
     engine::{Config, Engine, EngineRef, MIN_LEASE},
     error::ConfigError,
-    key,
     lease::Lease,
+    lock_key,
 };
 
 /// Builds a [`LockClient`]. Made by [`LockClient::builder`].
@@ -91,7 +91,7 @@ impl<B: Backend> LockClientBuilder<B> {
     /// ```
     #[cfg(feature = "keyed-hash")]
     pub fn keyed_hash(mut self, secret: impl AsRef<[u8]>) -> Self {
-        self.config.keyed_hash = Some(key::KeyedHash::new(secret.as_ref()));
+        self.config.keyed_hash = Some(lock_key::KeyedHash::new(secret.as_ref()));
         self
     }
 
@@ -121,7 +121,7 @@ impl<B: Backend> LockClientBuilder<B> {
     /// a zero `max_key_len`.
     pub fn build(self) -> Result<LockClient<B>, ConfigError> {
         let config = self.config;
-        if !key::valid_prefix(&config.prefix) {
+        if !lock_key::valid_prefix(&config.prefix) {
             return Err(ConfigError::PrefixBraces(config.prefix));
         }
         if config.lease.duration() < MIN_LEASE {

@@ -6,7 +6,7 @@ use crate::{
     backend::{Backend, LockKind},
     engine::{Config, EngineRef},
     holder::Holder,
-    key::{KeyError, LockKey},
+    lock_key::{KeyError, LockKey},
 };
 
 mod builder;

@@ -11,8 +11,8 @@ use crate::{
     error::LockError,
     guard::LockGuard,
     holder::Holder,
-    key::{KeyError, LockKey},
     lease::Lease,
+    lock_key::{KeyError, LockKey},
 };
 
 /// Both sides of one read-write lock. Made by [`LockClient::read_write_lock`].

@@ -17,7 +17,7 @@ use crate::{
     backend::{AcquireReply, Backend, Grant, Listen, LockKind, Reentry},
     clock::BootInstant,
     error::{BackendError, BackendErrorKind, LockError},
-    key::LockKey,
+    lock_key::LockKey,
 };
 
 /// A validated acquire.

@@ -17,8 +17,8 @@ use crate::{
     backend::{LockKind, Release},
     clock::BootInstant,
     holder::Holder,
-    key::LockKey,
     lease::Lease,
+    lock_key::LockKey,
 };
 
 /// One lock held by one holder in this client.

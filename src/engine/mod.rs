@@ -27,7 +27,7 @@ use std::{
 use tokio::{runtime::Handle, sync::Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::{backend::Backend, clock::BootInstant, holder::Holder, key, lease::Lease};
+use crate::{backend::Backend, clock::BootInstant, holder::Holder, lease::Lease, lock_key};
 
 pub(crate) mod acquire;
 pub(crate) mod held;
@@ -57,7 +57,7 @@ pub(crate) struct Config {
     pub(crate) handoff_streak: u32,
     pub(crate) waiter_timeout: Duration,
     #[cfg(feature = "keyed-hash")]
-    pub(crate) keyed_hash: Option<key::KeyedHash>,
+    pub(crate) keyed_hash: Option<lock_key::KeyedHash>,
 }
 
 impl Default for Config {
@@ -66,7 +66,7 @@ impl Default for Config {
             prefix: "tower-lock:".to_owned(),
             lease: Lease::DEFAULT,
             wait: Duration::from_secs(5),
-            max_key_len: key::DEFAULT_MAX_KEY_LEN,
+            max_key_len: lock_key::DEFAULT_MAX_KEY_LEN,
             max_hold: None,
             max_waiters_per_key: 1024,
             max_waiters: 10_000,

@@ -13,7 +13,7 @@ use crate::{
     backend::{LockKind, RenewReply},
     clock::BootInstant,
     holder::Holder,
-    key::LockKey,
+    lock_key::LockKey,
 };
 
 /// A waiter's place in a backend wait queue (fair locks, waiting writers), kept alive by the

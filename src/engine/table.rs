@@ -22,8 +22,8 @@ use crate::{
     clock::BootInstant,
     error::LockError,
     holder::Holder,
-    key::LockKey,
     lease::Lease,
+    lock_key::LockKey,
 };
 
 use super::{

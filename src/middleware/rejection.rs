@@ -9,7 +9,7 @@ use http::{
 
 use crate::{
     error::{BackendError, LockError},
-    key::KeyError,
+    lock_key::KeyError,
 };
 
 /// Why a request was answered without running the inner service, or was cut short.

@@ -18,7 +18,7 @@ use super::{
     AcquireReply, Backend, Grant, Listener, Listeners, LockKind, Reentry, Release, ReleaseReply,
     Renew, RenewReply,
 };
-use crate::{error::BackendError, key::LockKey};
+use crate::{error::BackendError, lock_key::LockKey};
 
 mod rw;
 

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use super::{Publish, State, channel};
 use crate::{
     backend::{AcquireReply, Grant, LockKind, Reentry, ReleaseReply, Renew, RenewReply},
-    key::LockKey,
+    lock_key::LockKey,
 };
 
 /// One read-write lock: a writer's holds, each reader's holds with its own lease, and the

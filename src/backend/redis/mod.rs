@@ -1,11 +1,17 @@
-//! The Redis backend: one Redis node through a bb8 pool, plus one pub/sub connection.
+//! The Redis backend: one Redis node through a few multiplexed connections, plus one pub/sub
+//! connection.
 //!
-//! A lock is a Redis hash at `prefix{key}` whose field `<holder id>` counts the holder's holds;
-//! every change goes through a Lua script (`lua/*.lua`) so ownership is checked in the same
-//! atomic step that changes it. Scripts are sent by SHA (`EVALSHA`); after a Redis restart or
-//! `SCRIPT FLUSH` the next call loads them again without the caller noticing, including inside
-//! the watchdog's pipelined renewals. Releases are published on `prefix{key}:released` and waiters
-//! listen through the backend's single pub/sub connection.
+//! A lock held once, taken while it was free, is a string at `prefix{key}` naming its holder
+//! and attempt, set by one `SET NX PX`: the common case costs what a hand-written lock costs.
+//! Everything else (a re-entry, a contended lock, a fencing token, the fair and read-write
+//! kinds) is a Redis hash whose field `<holder id>` counts the holder's holds, and every change
+//! goes through a Lua script (`lua/*.lua`) so ownership is checked in the same atomic step
+//! that changes it; the scripts turn a single hold into the hash when it is re-entered or an
+//! acquire is refused. Scripts are sent by SHA (`EVALSHA`); after a Redis restart or `SCRIPT
+//! FLUSH` the next call loads them again without the caller noticing, including inside the
+//! watchdog's pipelined renewals. A release is published on `prefix{key}:released` when an
+//! acquire was refused since the lock was taken (someone may wait), and waiters listen through
+//! the backend's single pub/sub connection.
 //!
 //! With the `cluster` feature, `RedisBackend::cluster` runs the same scripts on a Redis
 //! Cluster: each lock lives in its key's hash slot, releases go out with `SPUBLISH` and waiters
@@ -33,6 +39,10 @@ use std::{
 use redis::{Client, FromRedisValue, RedisError, Value, aio::ConnectionLike};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+// The versions this crate builds against: an application's pool handed to
+// `RedisBackendBuilder::pool` must be of exactly these types, and a `redis` error or TLS
+// certificate type of another version would not match either. Re-exported so an application
+// can name them without pinning the same versions in its own manifest.
 pub use bb8;
 pub use bb8_redis;
 pub use redis;
@@ -52,8 +62,8 @@ use super::{
 };
 use crate::{
     error::{BackendError, BackendErrorKind},
-    key::LockKey,
     lease::Lease,
+    lock_key::LockKey,
 };
 
 mod acknowledge;

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use crate::{
     backend::{AcquireReply, Backend, Grant, LockKind, Reentry, Release, ReleaseReply},
-    key::LockKey,
     lease::Lease,
+    lock_key::LockKey,
 };
 
 fn grant<'a>(

@@ -72,7 +72,7 @@ use super::{
 };
 use crate::{
     error::{BackendError, BackendErrorKind, ConfigError},
-    key::LockKey,
+    lock_key::LockKey,
 };
 
 mod listener;

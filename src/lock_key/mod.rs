@@ -1,0 +1,263 @@
+//! Lock names: how an untrusted user key becomes the name of a lock in the backend. (How a
+//! key is taken from a request is the [`key`](crate::key) module's part.)
+//!
+//! A lock named `order:42` under the prefix `tower-lock:` lives at the Redis key
+//! `tower-lock:{order:42}`; every other key of the same lock (its fencing counter, its release
+//! channel) appends a suffix after the closing brace. The braces make the user key the Redis
+//! Cluster hash tag, so all keys of one lock share a hash slot.
+//!
+//! The user key usually comes from request data, so it is escaped before it is placed between
+//! the braces: `%`, `{`, `}`, control bytes, DEL and every byte outside ASCII are
+//! percent-encoded. The encoding is injective (two different user keys never name the same
+//! lock), keeps the hash tag intact, and keeps backend keys printable. Empty keys and keys longer
+//! than the configured maximum (512 bytes by default) are refused before any backend call.
+//!
+//! With the `keyed-hash` feature, a client built with
+//! `LockClientBuilder::keyed_hash` puts `base64url(HMAC-SHA256(secret,
+//! namespace and key))` between the braces instead: 43 characters whatever the key, in a hash
+//! slot nobody without the secret can predict.
+
+use std::fmt;
+
+use std::borrow::Cow;
+
+use percent_encoding::{AsciiSet, CONTROLS, percent_decode, percent_encode};
+
+#[cfg(feature = "keyed-hash")]
+mod hashed;
+
+#[cfg(feature = "keyed-hash")]
+pub(crate) use hashed::KeyedHash;
+
+/// A namespace as lock names and logs show it: a route's parameters are written `:id` rather
+/// than `{id}`, so no brace (the hash tag's delimiter) needs escaping.
+pub(crate) fn readable(namespace: &str) -> Cow<'_, str> {
+    if !namespace.contains(['{', '}']) {
+        return Cow::Borrowed(namespace);
+    }
+    Cow::Owned(
+        namespace
+            .chars()
+            .filter_map(|c| match c {
+                '{' => Some(':'),
+                '}' => None,
+                c => Some(c),
+            })
+            .collect(),
+    )
+}
+
+/// Bytes escaped inside the hash tag. Non-ASCII bytes are always escaped by `percent_encode`.
+const ESCAPED: &AsciiSet = &CONTROLS.add(b'%').add(b'{').add(b'}');
+
+/// The default maximum length of a user key, in bytes.
+pub const DEFAULT_MAX_KEY_LEN: usize = 512;
+
+/// Why a user key was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The key is empty.
+    #[error("key is empty")]
+    Empty,
+    /// The key is longer than the configured maximum.
+    #[error("key is {len} bytes long, over the maximum of {max}")]
+    TooLong {
+        /// The key's length in bytes.
+        len: usize,
+        /// The configured maximum.
+        max: usize,
+    },
+}
+
+/// A validated, escaped lock name, as the backend stores it.
+///
+/// Backends receive a `LockKey` and derive the names of their own keys from
+/// [`as_str`](Self::as_str) by appending a suffix (see [`derived`](Self::derived)).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct LockKey {
+    name: String,
+}
+
+impl LockKey {
+    /// Builds the lock name for `user_key` under `prefix`.
+    ///
+    /// # Errors
+    /// [`KeyError::Empty`] for an empty key, [`KeyError::TooLong`] for a key over `max_len` bytes.
+    #[cfg(test)]
+    pub(crate) fn new(prefix: &str, user_key: &[u8], max_len: usize) -> Result<Self, KeyError> {
+        Self::namespaced(prefix, "", user_key, max_len)
+    }
+
+    /// Builds the lock name for `user_key` in `namespace` (a route, say) under `prefix`:
+    /// `prefix` + escaped namespace + `{escaped key}`. Keys of different namespaces never
+    /// collide, and the hash tag is still the user key alone.
+    ///
+    /// # Errors
+    /// [`KeyError::Empty`] for an empty key, [`KeyError::TooLong`] for a key over `max_len` bytes.
+    pub(crate) fn namespaced(
+        prefix: &str,
+        namespace: &str,
+        user_key: &[u8],
+        max_len: usize,
+    ) -> Result<Self, KeyError> {
+        check_len(user_key, max_len)?;
+        let tag: String = percent_encode(user_key, ESCAPED).collect();
+        Ok(Self::with_tag(prefix, namespace, &tag))
+    }
+
+    /// `prefix` + escaped namespace + `{tag}`; `tag` must be non-empty and free of braces.
+    fn with_tag(prefix: &str, namespace: &str, tag: &str) -> Self {
+        let namespace = readable(namespace);
+        let mut name = String::with_capacity(prefix.len() + namespace.len() + tag.len() + 2);
+        name.push_str(prefix);
+        name.extend(percent_encode(namespace.as_bytes(), ESCAPED));
+        name.push('{');
+        name.push_str(tag);
+        name.push('}');
+        Self { name }
+    }
+
+    /// The same lock name with `suffix` appended: another lock with the same hash slot.
+    pub(crate) fn with_suffix(&self, suffix: &str) -> Self {
+        Self {
+            name: self.derived(suffix),
+        }
+    }
+
+    /// The lock's name in the backend, `prefix{escaped key}`.
+    pub fn as_str(&self) -> &str {
+        &self.name
+    }
+
+    /// The name of another key of the same lock: `prefix{escaped key}suffix`. It shares the
+    /// lock's Redis Cluster hash slot.
+    pub fn derived(&self, suffix: &str) -> String {
+        let mut name = String::with_capacity(self.name.len() + suffix.len());
+        name.push_str(&self.name);
+        name.push_str(suffix);
+        name
+    }
+
+    /// The user key this lock was built from, decoded back to its original bytes. In keyed-hash
+    /// mode the key is not kept: this is the hash tag's text.
+    pub fn user_key(&self) -> Vec<u8> {
+        let start = self.name.find('{').map_or(0, |i| i + 1);
+        let end = self.name.rfind('}').unwrap_or(self.name.len());
+        let inner = &self.name[start..end];
+        percent_decode(inner.as_bytes()).collect()
+    }
+}
+
+/// Shows the escaped name, cut to a bounded length so a long key cannot flood a log line.
+impl fmt::Debug for LockKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for LockKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const SHOWN: usize = 96;
+        match self.name.get(..SHOWN) {
+            Some(head) if self.name.len() > SHOWN => write!(f, "{head}…"),
+            _ => f.write_str(&self.name),
+        }
+    }
+}
+
+/// Refuses empty keys and keys over `max_len` bytes.
+fn check_len(user_key: &[u8], max_len: usize) -> Result<(), KeyError> {
+    if user_key.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if user_key.len() > max_len {
+        return Err(KeyError::TooLong {
+            len: user_key.len(),
+            max: max_len,
+        });
+    }
+    Ok(())
+}
+
+/// Checks a key prefix: braces in it would move the Redis Cluster hash tag.
+pub(crate) fn valid_prefix(prefix: &str) -> bool {
+    !prefix.contains(['{', '}'])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(raw: &[u8]) -> LockKey {
+        LockKey::new("p:", raw, DEFAULT_MAX_KEY_LEN).unwrap()
+    }
+
+    /// Plain keys are kept readable inside the hash tag.
+    #[test]
+    fn plain_key_layout() {
+        assert_eq!(key(b"order:42").as_str(), "p:{order:42}");
+        assert_eq!(key(b"order:42").derived(":fence"), "p:{order:42}:fence");
+    }
+
+    /// Braces, percent signs, control bytes and non-ASCII bytes cannot escape the hash tag.
+    #[test]
+    fn hostile_bytes_are_escaped() {
+        let k = key(b"42}:q{x%\x00\x7f\xff");
+        assert_eq!(k.as_str(), "p:{42%7D:q%7Bx%25%00%7F%FF}");
+        assert_eq!(k.as_str().matches('{').count(), 1);
+        assert_eq!(k.as_str().matches('}').count(), 1);
+    }
+
+    /// Decoding the stored name gives back the exact user key.
+    #[test]
+    fn escaping_round_trips() {
+        for raw in [
+            &b"a"[..],
+            b"{}",
+            b"%25",
+            b"\x00\x01",
+            "ünï".as_bytes(),
+            b"a b",
+        ] {
+            assert_eq!(key(raw).user_key(), raw);
+        }
+    }
+
+    /// Distinct user keys give distinct names, including keys that look like escapes.
+    #[test]
+    fn escaping_is_injective_on_lookalikes() {
+        assert_ne!(key(b"%7B"), key(b"{"));
+        assert_ne!(key(b"a}"), key(b"a%7D"));
+    }
+
+    /// Empty and oversized keys are refused with the reason.
+    #[test]
+    fn refuses_empty_and_long_keys() {
+        assert_eq!(LockKey::new("p:", b"", 8), Err(KeyError::Empty));
+        assert_eq!(
+            LockKey::new("p:", b"123456789", 8),
+            Err(KeyError::TooLong { len: 9, max: 8 })
+        );
+        assert!(LockKey::new("p:", b"12345678", 8).is_ok());
+    }
+
+    /// Namespaces (route templates, their parameters written `:id`) stay outside the hash tag
+    /// and apart.
+    #[test]
+    fn namespaces_keep_routes_apart() {
+        let orders = LockKey::namespaced("p:", "/orders/{id}", b"42", 512).unwrap();
+        let accounts = LockKey::namespaced("p:", "/accounts/{id}", b"42", 512).unwrap();
+        assert_eq!(orders.as_str(), "p:/orders/:id{42}");
+        assert_ne!(orders, accounts);
+        assert_eq!(orders.user_key(), b"42");
+    }
+
+    /// Prefixes with braces are refused because they would move the hash tag.
+    #[test]
+    fn prefix_validation() {
+        assert!(valid_prefix("tower-lock:"));
+        assert!(!valid_prefix("a{b"));
+        assert!(!valid_prefix("a}b"));
+    }
+}
