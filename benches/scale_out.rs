@@ -24,7 +24,9 @@ mod workloads;
 use std::{future::Future, time::Duration};
 
 use support::RedisServer;
-use tower_lock::{Backend, LockClient, LockKind, RedisBackend};
+#[cfg(feature = "cluster")]
+use tower_lock::RedisBackend;
+use tower_lock::{Backend, LockClient, LockKind};
 use workloads::{Contention, contend, w1};
 
 /// Nodes of the Redlock row.
