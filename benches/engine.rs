@@ -167,12 +167,12 @@ impl Bench<'_> {
     async fn pairs(&self, name: &str, what: &str, tasks: usize, impls: &[Impl], table: &mut Table) {
         println!();
         println!("{name}: {what}, sequential acquire + release");
-        let mut runs: Vec<(Impl, PairRun)> = Vec::new();
+        let mut runs: Vec<(Impl, usize, PairRun)> = Vec::new();
         for rep in 0..self.reps {
             for which in rotated(impls, rep) {
                 let key = format!("{name}:{}:{rep}", which.tag());
                 match self.pairs_once(which, &key, tasks).await {
-                    Ok(run) => runs.push((which, run)),
+                    Ok(run) => runs.push((which, rep, run)),
                     Err(e) => println!("  {} rep {rep}: {e}", which.name()),
                 }
             }
@@ -187,34 +187,32 @@ impl Bench<'_> {
             "scripts/pair"
         );
         for &which in impls {
-            let of = |f: fn(&PairRun) -> f64| {
-                Spread::of(runs.iter().filter(|r| r.0 == which).map(|r| f(&r.1)))
-            };
+            let of = |f: fn(&PairRun) -> f64| by_rep(&runs, self.reps, which, f);
             let rate = of(|r| r.rate);
             let (client, redis) = (of(|r| r.client_cpu_us), of(|r| r.redis_cpu_us));
             let (cmds, scripts) = (of(|r| r.cmds), of(|r| r.scripts));
             println!(
                 "  {:<18} {:>24} {:>20} {:>20} {:>16} {:>12}",
                 which.name(),
-                rate.show(0),
-                client.show(1),
-                redis.show(1),
-                cmds.show(2),
-                scripts.show(2)
+                show(&rate, 0),
+                show(&client, 1),
+                show(&redis, 1),
+                show(&cmds, 2),
+                show(&scripts, 2)
             );
             let mine = runs.iter().filter(|r| r.0 == which);
             let mut errors = Errors::default();
-            for (_, run) in mine.clone() {
+            for (_, _, run) in mine.clone() {
                 errors.merge(&run.errors);
             }
-            if let Some((_, last)) = mine.clone().next_back()
+            if let Some((_, _, last)) = mine.clone().next_back()
                 && !last.breakdown.is_empty()
             {
                 println!(
                     "  {:<18}   per pair (last rep): {}; command µs {}",
                     "",
                     last.breakdown,
-                    of(|r| r.cmd_us).show(1)
+                    show(&of(|r| r.cmd_us), 1)
                 );
             }
             if errors.total() > 0 {
@@ -298,12 +296,12 @@ impl Bench<'_> {
         println!(
             "W3: {TASKS} tasks of one process on one key, an .await inside the critical section"
         );
-        let mut runs: Vec<(Impl, ContRun)> = Vec::new();
+        let mut runs: Vec<(Impl, usize, ContRun)> = Vec::new();
         for rep in 0..self.reps {
             for which in rotated(impls, rep) {
                 let key = format!("W3:{}:{rep}", which.tag());
                 match self.w3_once(which, &key, TASKS).await {
-                    Ok(run) => runs.push((which, run)),
+                    Ok(run) => runs.push((which, rep, run)),
                     Err(e) => println!("  {} rep {rep}: {e}", which.name()),
                 }
             }
@@ -319,19 +317,19 @@ impl Bench<'_> {
             "overlaps"
         );
         for &which in impls {
-            let mine: Vec<&ContRun> = runs.iter().filter(|r| r.0 == which).map(|r| &r.1).collect();
-            let of = |f: fn(&ContRun) -> f64| Spread::of(mine.iter().map(|r| f(r)));
+            let mine: Vec<&ContRun> = runs.iter().filter(|r| r.0 == which).map(|r| &r.2).collect();
+            let of = |f: fn(&ContRun) -> f64| by_rep(&runs, self.reps, which, f);
             let changes = of(|r| r.owner_changes);
             let p99 = of(|r| ms(r.p99));
             let violations: u64 = mine.iter().map(|r| r.violations).sum();
             println!(
                 "  {:<18} {:>22} {:>22} {:>18} {:>18} {:>18} {:>10}",
                 which.name(),
-                changes.show(0),
-                of(|r| r.acquisitions).show(0),
-                of(|r| ms(r.p50)).show(2),
-                p99.show(2),
-                of(|r| ms(r.max)).show(1),
+                show(&changes, 0),
+                show(&of(|r| r.acquisitions), 0),
+                show(&of(|r| ms(r.p50)), 2),
+                show(&p99, 2),
+                show(&of(|r| ms(r.max)), 1),
                 violations
             );
             let mut errors = Errors::default();
@@ -440,7 +438,7 @@ impl Bench<'_> {
             "{name}: {PROCESSES} OS processes x {TASKS} tasks on one key{}",
             if name == "W3f" { ", fair lock" } else { "" }
         );
-        let mut runs: Vec<(Impl, procs::ProcRun)> = Vec::new();
+        let mut runs: Vec<(Impl, usize, procs::ProcRun)> = Vec::new();
         for rep in 0..self.reps {
             for which in rotated(impls, rep) {
                 let key = format!("{name}:{}:{rep}", which.tag());
@@ -453,7 +451,7 @@ impl Bench<'_> {
                                 ms(run.late)
                             );
                         }
-                        runs.push((which, run));
+                        runs.push((which, rep, run));
                     }
                     Err(e) => println!("  {} rep {rep}: {e}", which.name()),
                 }
@@ -471,8 +469,8 @@ impl Bench<'_> {
         );
         for &which in impls {
             let mine: Vec<&procs::ProcRun> =
-                runs.iter().filter(|r| r.0 == which).map(|r| &r.1).collect();
-            let of = |f: fn(&procs::ProcRun) -> f64| Spread::of(mine.iter().map(|r| f(r)));
+                runs.iter().filter(|r| r.0 == which).map(|r| &r.2).collect();
+            let of = |f: fn(&procs::ProcRun) -> f64| by_rep(&runs, self.reps, which, f);
             let owners = of(|r| r.owner_changes_per_sec);
             let processes = of(|r| r.process_changes_per_sec);
             let p99 = of(|r| ms(r.wait_p99));
@@ -480,11 +478,11 @@ impl Bench<'_> {
             println!(
                 "  {:<18} {:>20} {:>20} {:>20} {:>16} {:>18} {:>10}",
                 which.name(),
-                owners.show(0),
-                processes.show(0),
-                of(|r| r.acquisitions_per_sec).show(0),
-                of(|r| ms(r.wait_p50)).show(2),
-                p99.show(2),
+                show(&owners, 0),
+                show(&processes, 0),
+                show(&of(|r| r.acquisitions_per_sec), 0),
+                show(&of(|r| ms(r.wait_p50)), 2),
+                show(&p99, 2),
                 overlaps
             );
             let mut errors = Errors::default();
@@ -506,8 +504,8 @@ impl Bench<'_> {
             println!(
                 "  {:<18}   per task min/max: {}; max wait {}",
                 "",
-                evenness.show(2),
-                of(|r| ms(r.wait_max)).show(1)
+                show(&evenness, 2),
+                show(&of(|r| ms(r.wait_max)), 1)
             );
             if let Some(last) = mine.last() {
                 let counts: Vec<String> = last.per_task.iter().map(u64::to_string).collect();
@@ -532,12 +530,12 @@ impl Bench<'_> {
     async fn w4(&self, impls: &[Impl], table: &mut Table) {
         println!();
         println!("W4: one renewal tick for {W4_LOCKS} held locks");
-        let mut runs: Vec<(Impl, TickRun)> = Vec::new();
+        let mut runs: Vec<(Impl, usize, TickRun)> = Vec::new();
         for rep in 0..self.reps {
             for which in rotated(impls, rep) {
                 let key = format!("W4:{}:{rep}", which.tag());
                 match self.w4_once(which, &key).await {
-                    Ok(run) => runs.push((which, run)),
+                    Ok(run) => runs.push((which, rep, run)),
                     Err(e) => println!("  {} rep {rep}: {e}", which.name()),
                 }
             }
@@ -547,18 +545,18 @@ impl Bench<'_> {
             "", "tick p50 ms", "tick p99 ms", "Redis script ms", "Redis CPU ms", "cmds/tick"
         );
         for &which in impls {
-            let mine: Vec<&TickRun> = runs.iter().filter(|r| r.0 == which).map(|r| &r.1).collect();
-            let of = |f: fn(&TickRun) -> f64| Spread::of(mine.iter().map(|r| f(r)));
+            let mine: Vec<&TickRun> = runs.iter().filter(|r| r.0 == which).map(|r| &r.2).collect();
+            let of = |f: fn(&TickRun) -> f64| by_rep(&runs, self.reps, which, f);
             let p50 = of(|r| ms(r.p50));
             let script = of(|r| r.redis_script_ms);
             println!(
                 "  {:<18} {:>18} {:>18} {:>20} {:>20} {:>16}",
                 which.name(),
-                p50.show(2),
-                of(|r| ms(r.p99)).show(2),
-                script.show(2),
-                of(|r| r.redis_cpu_ms).show(2),
-                of(|r| r.calls).show(0)
+                show(&p50, 2),
+                show(&of(|r| ms(r.p99)), 2),
+                show(&script, 2),
+                show(&of(|r| r.redis_cpu_ms), 2),
+                show(&of(|r| r.calls), 0)
             );
             let mut errors = Errors::default();
             for run in &mine {
@@ -735,7 +733,24 @@ async fn warm_up(locker: &Locker, key: &str) {
     }
 }
 
-/// The summary: each figure's median per lock, and tower-lock's ratio to the best baseline.
+/// `f` of `which`'s run in each repetition; `NaN` where that run failed.
+fn by_rep<R>(runs: &[(Impl, usize, R)], reps: usize, which: Impl, f: fn(&R) -> f64) -> Vec<f64> {
+    (0..reps)
+        .map(|rep| {
+            runs.iter()
+                .find(|r| r.0 == which && r.1 == rep)
+                .map_or(f64::NAN, |r| f(&r.2))
+        })
+        .collect()
+}
+
+/// `median (min–max)` of per-repetition values.
+fn show(values: &[f64], decimals: usize) -> String {
+    Spread::of(values.iter().copied()).show(decimals)
+}
+
+/// The summary: each figure's median per lock, and tower-lock's ratio to the best baseline,
+/// of the medians and per repetition.
 #[derive(Default)]
 struct Table {
     rows: Vec<Row>,
@@ -746,7 +761,8 @@ struct Row {
     higher_is_better: bool,
     /// Error counts are shown as totals, with no ratio.
     count: bool,
-    cells: Vec<(Impl, Spread)>,
+    /// Per lock, the figure in each repetition.
+    cells: Vec<(Impl, Vec<f64>)>,
 }
 
 impl Table {
@@ -763,30 +779,27 @@ impl Table {
         self.rows.last_mut().expect("just pushed")
     }
 
-    fn add(&mut self, label: &str, higher_is_better: bool, which: Impl, value: Spread) {
+    fn add(&mut self, label: &str, higher_is_better: bool, which: Impl, values: Vec<f64>) {
         self.row(label, higher_is_better, false)
             .cells
-            .push((which, value));
+            .push((which, values));
     }
 
     fn add_errors(&mut self, label: &str, which: Impl, n: u64) {
-        let n = n as f64;
-        self.row(label, false, true).cells.push((
-            which,
-            Spread {
-                median: n,
-                min: n,
-                max: n,
-            },
-        ));
+        self.row(label, false, true)
+            .cells
+            .push((which, vec![n as f64]));
     }
 
     fn print(&self) {
         println!();
         println!(
-            "Summary (medians over the repetitions; ratio = tower-lock / best of hand-written and rslock,"
+            "Summary: medians over the repetitions. ratio = tower-lock / the best of hand-written and rslock,"
         );
-        println!("> 1 is better for tower-lock on rates, < 1 is better on times and costs):");
+        println!(
+            "of the medians, then the median (min–max) of the same ratio taken within each repetition;"
+        );
+        println!("> 1 is better for tower-lock on rates, < 1 is better on times and costs.");
         let columns = [
             Impl::Tower,
             Impl::TowerFair,
@@ -796,48 +809,63 @@ impl Table {
         ];
         print!("  {:<28}", "figure");
         for which in columns {
-            print!(" {:>18}", which.name());
+            print!(" {:>17}", which.name());
         }
-        println!(" {:>8}", "ratio");
+        println!(" {:>7} {:>20}", "ratio", "per-rep ratio");
+        let best = |higher: bool, values: &mut dyn Iterator<Item = f64>| {
+            let values = values.filter(|v| !v.is_nan());
+            if higher {
+                values.fold(f64::NAN, f64::max)
+            } else {
+                values.fold(f64::NAN, f64::min)
+            }
+        };
         for row in &self.rows {
             // Error rows that are zero everywhere say nothing.
-            if row.count && row.cells.iter().all(|(_, s)| s.median == 0.0) {
+            if row.count && row.cells.iter().all(|(_, v)| v.iter().all(|x| *x == 0.0)) {
                 continue;
             }
+            let median = |v: &[f64]| Spread::of(v.iter().copied()).median;
             print!("  {:<28}", row.label);
             for which in columns {
-                let cell = row
+                match row
                     .cells
                     .iter()
                     .find(|(w, _)| *w == which)
-                    .map(|(_, s)| s.median);
-                match cell {
-                    Some(v) if !v.is_nan() => print!(" {:>18}", figure(v)),
-                    _ => print!(" {:>18}", "-"),
+                    .map(|(_, v)| median(v))
+                {
+                    Some(v) if !v.is_nan() => print!(" {:>17}", figure(v)),
+                    _ => print!(" {:>17}", "-"),
                 }
             }
             let ours = row
                 .cells
                 .iter()
                 .find(|(w, _)| matches!(w, Impl::Tower | Impl::TowerFair))
-                .map(|(_, s)| s.median);
-            let peers = row
+                .map(|(_, v)| v.as_slice());
+            let peers: Vec<&[f64]> = row
                 .cells
                 .iter()
                 .filter(|(w, _)| w.is_peer())
-                .map(|(_, s)| s.median)
-                .filter(|v| !v.is_nan());
-            let best = if row.higher_is_better {
-                peers.fold(f64::NAN, f64::max)
-            } else {
-                peers.fold(f64::NAN, f64::min)
+                .map(|(_, v)| v.as_slice())
+                .collect();
+            let (Some(ours), false, false) = (ours, peers.is_empty(), row.count) else {
+                println!(" {:>7} {:>20}", "-", "-");
+                continue;
             };
-            match ours {
-                Some(ours) if !row.count && !best.is_nan() && best != 0.0 => {
-                    println!(" {:>8.2}", ours / best)
-                }
-                _ => println!(" {:>8}", "-"),
-            }
+            let of_medians =
+                median(ours) / best(row.higher_is_better, &mut peers.iter().map(|v| median(v)));
+            let per_rep = (0..ours.len()).map(|rep| {
+                let peer = best(
+                    row.higher_is_better,
+                    &mut peers
+                        .iter()
+                        .map(|v| v.get(rep).copied().unwrap_or(f64::NAN)),
+                );
+                ours[rep] / peer
+            });
+            let per_rep = Spread::of(per_rep.filter(|r| r.is_finite()));
+            println!(" {:>7.2} {:>20}", of_medians, per_rep.show(2));
         }
         println!("  (errors and overlaps rows appear only when some are non-zero)");
     }

@@ -455,7 +455,8 @@ fn load_generator() {
 struct Figure {
     label: String,
     higher_is_better: bool,
-    cells: Vec<(Variant, f64)>,
+    /// Per variant, the figure in each repetition.
+    cells: Vec<(Variant, Vec<f64>)>,
 }
 
 /// Prints one workload's figures; returns its summary rows.
@@ -497,14 +498,21 @@ fn report(workload: Workload, runs: &[(Variant, Run)], pings: &[f64]) -> Vec<Fig
             .filter(|r| r.0 == variant)
             .map(|r| &r.1)
             .collect();
-        let of = |f: fn(&Run) -> f64| Spread::of(mine.iter().map(|r| f(r)));
+        let of = |f: fn(&Run) -> f64| -> Vec<f64> {
+            (0..pings.len())
+                .map(|rep| {
+                    runs.iter()
+                        .find(|(v, r)| *v == variant && r.rep == rep)
+                        .map_or(f64::NAN, |(_, r)| f(r))
+                })
+                .collect()
+        };
         let (rate, p50, p99, cpu) = (
             of(|r| r.rate),
             of(|r| ms(r.p50)),
             of(|r| ms(r.p99)),
             of(|r| r.server_cpu_us),
         );
-        let lost: i64 = mine.iter().map(|r| r.lost).sum();
         let lost_each: Vec<String> = mine.iter().map(|r| r.lost.to_string()).collect();
         let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
         let mut errors = Errors::default();
@@ -518,11 +526,11 @@ fn report(workload: Workload, runs: &[(Variant, Run)], pings: &[f64]) -> Vec<Fig
         println!(
             "  {:<22} {:>22} {:>18} {:>18} {:>14} {:>20} {:>10}",
             variant.name(),
-            rate.show(0),
-            p50.show(3),
-            p99.show(3),
+            show(&rate, 0),
+            show(&p50, 3),
+            show(&p99, 3),
             lost_each.join(" "),
-            cpu.show(1),
+            show(&cpu, 1),
             non_2xx
         );
         if non_2xx > 0 {
@@ -533,15 +541,15 @@ fn report(workload: Workload, runs: &[(Variant, Run)], pings: &[f64]) -> Vec<Fig
         if errors.total() > 0 {
             println!("  {:<22}   client errors: {}", "", errors.describe());
         }
-        for (figure, value) in figures.iter_mut().zip([rate, p50, p99, cpu]) {
-            figure.cells.push((variant, value.median));
+        let lost = of(|r| r.lost as f64);
+        for (figure, values) in figures.iter_mut().zip([rate, p50, p99, cpu, lost]) {
+            figure.cells.push((variant, values));
         }
-        figures[4].cells.push((variant, lost as f64));
         if non_2xx + errors.total() > 0 {
             figures.push(Figure {
                 label: format!("{} non-2xx + errors", workload.name),
                 higher_is_better: false,
-                cells: vec![(variant, (non_2xx + errors.total()) as f64)],
+                cells: vec![(variant, vec![(non_2xx + errors.total()) as f64])],
             });
         }
     }
@@ -570,20 +578,25 @@ fn report(workload: Workload, runs: &[(Variant, Run)], pings: &[f64]) -> Vec<Fig
                         .find(|(w, r)| *w == v && r.rep == rep)
                         .map(|(_, r)| us(r.p50))
                 };
-                if let (Some(base), Some(with)) = (p50(Variant::NoLock), p50(variant)) {
-                    micros.push(with - base);
-                    rtts.push((with - base) / ping);
+                match (p50(Variant::NoLock), p50(variant)) {
+                    (Some(base), Some(with)) => {
+                        micros.push(with - base);
+                        rtts.push((with - base) / ping);
+                    }
+                    _ => {
+                        micros.push(f64::NAN);
+                        rtts.push(f64::NAN);
+                    }
                 }
             }
-            let (micros, rtts) = (Spread::of(micros), Spread::of(rtts));
             println!(
                 "  {:<22} adds {} µs at p50 over (a) = {} PING round trips",
                 variant.name(),
-                micros.show(0),
-                rtts.show(2)
+                show(&micros, 0),
+                show(&rtts, 2)
             );
-            added.cells.push((variant, micros.median));
-            in_rtt.cells.push((variant, rtts.median));
+            added.cells.push((variant, micros));
+            in_rtt.cells.push((variant, rtts));
         }
         figures.push(added);
         figures.push(in_rtt);
@@ -591,22 +604,32 @@ fn report(workload: Workload, runs: &[(Variant, Run)], pings: &[f64]) -> Vec<Fig
     figures
 }
 
-/// The summary table: medians per variant and (c) / (d), tower-lock's layer to rslock's
-/// middleware.
+/// `median (min–max)` of per-repetition values.
+fn show(values: &[f64], decimals: usize) -> String {
+    Spread::of(values.iter().copied()).show(decimals)
+}
+
+/// The summary table: medians per variant (sums for lost updates and errors), and (c) / (d),
+/// tower-lock's layer to rslock's middleware, of the medians and within each repetition.
 fn print_summary(figures: &[Figure]) {
     println!();
-    println!("Summary (medians over the repetitions; ratio = (c) tower-lock Redis / (d) rslock,");
-    println!("> 1 is better for tower-lock on rates, < 1 on times and costs):");
+    println!(
+        "Summary: medians over the repetitions (lost updates and errors: sums). ratio = (c) tower-lock"
+    );
+    println!(
+        "Redis / (d) rslock, of the medians, then the median (min–max) of the ratio within each"
+    );
+    println!("repetition; > 1 is better for tower-lock on rates, < 1 on times and costs.");
     print!("  {:<26}", "figure");
     for variant in Variant::ALL {
-        print!(" {:>22}", variant.name());
+        print!(" {:>20}", variant.name());
     }
-    println!(" {:>8}", "ratio");
+    println!(" {:>7} {:>18}", "ratio", "per-rep ratio");
     // Figures with one cell per row (errors) are merged by label.
     let mut rows: Vec<Figure> = Vec::new();
     for figure in figures {
         match rows.iter_mut().find(|r| r.label == figure.label) {
-            Some(row) => row.cells.extend(figure.cells.iter().copied()),
+            Some(row) => row.cells.extend(figure.cells.iter().cloned()),
             None => rows.push(Figure {
                 label: figure.label.clone(),
                 higher_is_better: figure.higher_is_better,
@@ -615,28 +638,38 @@ fn print_summary(figures: &[Figure]) {
         }
     }
     for Figure { label, cells, .. } in &rows {
+        let counted = label.contains("lost") || label.contains("errors");
         print!("  {label:<26}");
+        let cell = |v: Variant| {
+            cells
+                .iter()
+                .find(|(w, _)| *w == v)
+                .map(|(_, x)| x.as_slice())
+        };
         for variant in Variant::ALL {
-            match cells.iter().find(|(v, _)| *v == variant).map(|(_, x)| *x) {
-                Some(x) if label.contains("lost") || label.contains("errors") => {
-                    print!(" {x:>22.0}")
+            match cell(variant) {
+                Some(x) if counted => {
+                    print!(" {:>20.0}", x.iter().filter(|v| !v.is_nan()).sum::<f64>())
                 }
-                Some(x) if !x.is_nan() => print!(" {:>22}", figure(x)),
-                _ => print!(" {:>22}", "-"),
+                Some(x) => match Spread::of(x.iter().copied()).median {
+                    m if m.is_nan() => print!(" {:>20}", "-"),
+                    m => print!(" {:>20}", figure(m)),
+                },
+                None => print!(" {:>20}", "-"),
             }
         }
-        let cell = |v: Variant| cells.iter().find(|(w, _)| *w == v).map(|(_, x)| *x);
         match (cell(Variant::Redis), cell(Variant::Rslock)) {
-            (Some(c), Some(d))
-                if !label.contains("lost")
-                    && !label.contains("errors")
-                    && d != 0.0
-                    && !c.is_nan()
-                    && !d.is_nan() =>
-            {
-                println!(" {:>8.2}", c / d)
+            (Some(c), Some(d)) if !counted => {
+                let median = |v: &[f64]| Spread::of(v.iter().copied()).median;
+                let per_rep = Spread::of(
+                    c.iter()
+                        .zip(d)
+                        .map(|(c, d)| c / d)
+                        .filter(|r| r.is_finite()),
+                );
+                println!(" {:>7.2} {:>18}", median(c) / median(d), per_rep.show(2));
             }
-            _ => println!(" {:>8}", "-"),
+            _ => println!(" {:>7} {:>18}", "-", "-"),
         }
     }
 }
