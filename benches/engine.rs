@@ -1,235 +1,883 @@
-//! Lock engine throughput and latency against a Redis server this bench starts, each figure
-//! printed beside the Redis `PING` round trip measured in the same run (the machines these run on
-//! are shared and noisy, so ratios travel better than absolute numbers).
+//! Lock engine throughput, latency and cost against a Redis server this bench starts, with two
+//! baselines measured in the same run: a minimal hand-written Redis lock
+//! (`benches/common/handwritten.rs`) and the `rslock` crate. The machines these run on are
+//! shared and noisy, so every figure is repeated (`BENCH_REPS`, interleaved: each repetition
+//! runs every lock once, in a rotated order) and the ratios within a run are what counts.
 //!
 //! ```text
-//! cargo bench --bench engine                  # 5 s per concurrent workload
-//! BENCH_SECS=1 cargo bench --bench engine     # quicker
+//! cargo bench --bench engine                                  # 5 repetitions of 2 s windows
+//! BENCH_SECS=1 BENCH_REPS=3 cargo bench --bench engine        # quicker
+//! BENCH_ONLY=W1,W3 cargo bench --bench engine                 # some workloads only
 //! ```
 //!
-//! - W1: one task, sequential acquire + release of one key: pairs/s and round trips per pair.
-//! - W2: 64 tasks, each on its own key: pairs/s.
-//! - W3: one client, 16 tasks on one key; each checks no one else is inside: hand-offs/s and
-//!   wait p50/p99/max.
-//! - W3b: four clients (four pub/sub connections, as four processes) × 4 tasks on one key.
-//! - W3f: W3b with the fair lock: FIFO across clients, so acquisitions per task must be even.
-//! - RW: 16 tasks, 95 % reads and 5 % writes of one resource (each holding it ~100 µs), with a
-//!   read-write lock and, for comparison, with the plain lock.
-//! - W4: one watchdog tick for 10 000 held locks: the backend's renewal of all of them in one
-//!   call (one pipeline, one round trip), p50 and p99.
+//! - W1: one task, sequential acquire + release of one key: pairs/s; per pair the client's CPU,
+//!   Redis's CPU and the commands Redis ran.
+//! - W2: 64 tasks (and W2x256: 256), each on its own key: pairs/s and the same costs.
+//! - W3: 16 tasks of one process on one key; each checks across an `.await` inside the critical
+//!   section that no one else entered: owner changes/s, waits.
+//! - W3b: 4 OS processes × 4 tasks on one key (the bench re-executes itself as the workers);
+//!   critical sections recorded on `CLOCK_MONOTONIC` must not overlap: owner changes/s, process
+//!   changes/s, waits.
+//! - W3f: W3b with tower-lock's fair lock: acquisitions per task (FIFO: even). No baseline has a
+//!   fair lock.
+//! - W4: one watchdog tick for 10 000 held locks: the renewal of all of them, p50/p99, and
+//!   Redis's time per tick.
 //!
-//! W1–W3 also run on the in-memory backend as a floor for the engine's own overhead.
+//! See `benches/README.md` for what is counted and the latest results.
 
 mod common;
+#[path = "common/handwritten.rs"]
+mod handwritten;
+#[path = "engine/lockers.rs"]
+mod lockers;
+#[path = "common/measure.rs"]
+mod measure;
+#[path = "engine/procs.rs"]
+mod procs;
 #[path = "../tests/support/mod.rs"]
 mod support;
-#[path = "common/workloads.rs"]
-mod workloads;
 
 use std::{
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
 };
 
+use lockers::{Held, Impl, Locker};
+use measure::{Errors, Spread, ms, quantile, redis_counters, rotated, selected, us};
 use support::RedisServer;
 use tower_lock::{
-    Backend, Lease, LockClient, LockKind, MemoryBackend,
-    backend::{Renew, RenewReply},
+    Lease, LockKind,
+    backend::{Backend, Renew, RenewReply},
 };
-use workloads::{contend, w1, w1_pairs};
+
+/// Locks renewed by one W4 tick.
+const W4_LOCKS: usize = 10_000;
 
 fn main() {
+    if std::env::var_os(procs::WORKER_ENV).is_some() {
+        procs::worker();
+        return;
+    }
     let window = common::window();
+    let reps = measure::reps(5);
     let runtime = common::runtime();
     let server = RedisServer::start();
     runtime.block_on(async {
         let url = server.url();
         let rtt = common::ping_rtt(&url).await;
-        println!("redis PING round trip: {:.1} µs (median of 2000)", micros(rtt));
-        println!();
-
-        let redis = |n: usize| {
-            let url = url.clone();
-            async move {
-                let mut clients = Vec::new();
-                for _ in 0..n {
-                    let backend = support::redis_backend(&url).connect().await.expect("connect");
-                    let mut builder = LockClient::builder(backend);
-                    if let Some(streak) = std::env::var("HANDOFF_STREAK").ok().and_then(|s| s.parse().ok()) {
-                        builder = builder.handoff_streak(streak);
-                    }
-                    clients.push(builder.build().expect("client"));
-                }
-                clients
-            }
+        let version: Vec<String> = support::redis_version().iter().map(u32::to_string).collect();
+        println!(
+            "redis-server {}, PING round trip {:.1} µs (median of 2000); {reps} repetitions of {:.1} s windows; {} CPUs",
+            version.join("."),
+            us(rtt),
+            window.as_secs_f64(),
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+        );
+        println!(
+            "baselines: hand-written SET NX PX + EVALSHA release + pub/sub; rslock {} retries per lock() with a random delay below {:?}, acquire() looping",
+            lockers::RSLOCK_RETRY_COUNT,
+            lockers::rslock_retry_delay()
+        );
+        let bench = Bench {
+            url: &url,
+            server: &server,
+            window,
+            reps,
         };
-        let memory = LockClient::builder(MemoryBackend::new()).build().expect("client");
-
-        let w1 = w1(&redis(1).await[0], window).await;
-        let w1_mem = w1_pairs(&memory, window).await;
-        println!(
-            "W1  sequential pairs, 1 task:      {:>9.0} pairs/s  {:>7.1} µs/pair = {:.2} RTT   (memory: {:.0} pairs/s)",
-            1.0 / w1.as_secs_f64(),
-            micros(w1),
-            w1.as_secs_f64() / rtt.as_secs_f64(),
-            w1_mem
-        );
-
-        let w2_redis = w2(&redis(1).await[0], window).await;
-        let w2_mem = w2(&memory, window).await;
-        println!(
-            "W2  64 tasks, own keys:            {w2_redis:>9.0} pairs/s                      (memory: {w2_mem:.0} pairs/s)"
-        );
-
-        let w3 = contend(&redis(1).await, 16, window, LockKind::Exclusive).await;
-        println!("W3  1 client x 16 tasks, one key:  {}", w3.line(rtt));
-        let w3_mem = contend(std::slice::from_ref(&memory), 16, window, LockKind::Exclusive).await;
-        println!("    (memory)                       {}", w3_mem.line(rtt));
-
-        let w3b = contend(&redis(4).await, 4, window, LockKind::Exclusive).await;
-        println!("W3b 4 clients x 4 tasks, one key:  {}", w3b.line(rtt));
-
-        let w3f = contend(&redis(4).await, 4, window, LockKind::Fair).await;
-        println!("W3f same, fair lock:               {}", w3f.line(rtt));
-
-        let clients = redis(1).await;
-        let rw = read_heavy(&clients[0], window, true).await;
-        let plain = read_heavy(&clients[0], window, false).await;
-        println!(
-            "RW  16 tasks, 95 % reads:          {rw:>9.0} ops/s with a read-write lock, {plain:.0} ops/s with the plain lock ({:.1}x)",
-            rw / plain
-        );
-
-        let tick = w4(&redis(1).await[0], &server, window).await;
-        println!(
-            "W4  watchdog tick, {W4_LOCKS} locks:      p50 {:.2} ms = {:.1} RTT, p99 {:.2} ms; Redis time {:.2} ms and {:.0} script calls per tick",
-            tick.p50.as_secs_f64() * 1e3,
-            tick.p50.as_secs_f64() / rtt.as_secs_f64(),
-            tick.p99.as_secs_f64() * 1e3,
-            tick.redis.as_secs_f64() * 1e3,
-            tick.calls,
-        );
+        let mut table = Table::default();
+        let all = [Impl::Tower, Impl::Memory, Impl::Hand, Impl::Rslock];
+        let redis = [Impl::Tower, Impl::Hand, Impl::Rslock];
+        if selected("W1") {
+            bench.pairs("W1", "1 task, one key", 1, &all, &mut table).await;
+        }
+        if selected("W2") {
+            bench.pairs("W2", "64 tasks, own keys", 64, &all, &mut table).await;
+        }
+        if selected("W2x256") || selected("W2") {
+            bench.pairs("W2x256", "256 tasks, own keys", 256, &all, &mut table).await;
+        }
+        if selected("W3") {
+            bench.w3(&all, &mut table).await;
+        }
+        if selected("W3b") {
+            bench.w3b("W3b", &redis, &mut table).await;
+        }
+        if selected("W3f") {
+            bench.w3b("W3f", &[Impl::TowerFair], &mut table).await;
+            println!("    (the hand-written lock and rslock have no fair lock: no baseline for W3f)");
+        }
+        if selected("W4") {
+            bench.w4(&redis, &mut table).await;
+        }
+        table.print();
     });
     drop(server);
 }
 
-fn micros(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
+/// What every workload needs.
+struct Bench<'a> {
+    url: &'a str,
+    server: &'a RedisServer,
+    window: Duration,
+    reps: usize,
 }
 
-/// W2: pairs per second over 64 tasks on distinct keys.
-async fn w2<B: Backend>(client: &LockClient<B>, window: Duration) -> f64 {
-    let pairs = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for task in 0..64 {
-        let (client, pairs) = (client.clone(), pairs.clone());
-        tasks.spawn(async move {
-            let key = format!("w2:{task}");
-            while start.elapsed() < window {
-                let guard = client.lock(&key).acquire().await.expect("acquire");
-                guard.release().await.expect("release");
-                pairs.fetch_add(1, Ordering::Relaxed);
-            }
-        });
-    }
-    while tasks.join_next().await.is_some() {}
-    pairs.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+/// One W1/W2 run.
+#[derive(Default)]
+struct PairRun {
+    rate: f64,
+    client_cpu_us: f64,
+    redis_cpu_us: f64,
+    cmd_us: f64,
+    cmds: f64,
+    scripts: f64,
+    breakdown: String,
+    errors: Errors,
 }
 
-/// Locks one W4 tick renews.
-const W4_LOCKS: usize = 10_000;
-
-/// What one W4 tick costs: round trip p50 and p99, and per tick the server's time in
-/// scripts and the script calls (from `INFO commandstats`).
-struct Tick {
+/// One W3 run.
+#[derive(Default)]
+struct ContRun {
+    owner_changes: f64,
+    acquisitions: f64,
     p50: Duration,
     p99: Duration,
-    redis: Duration,
+    max: Duration,
+    violations: u64,
+    errors: Errors,
+}
+
+/// One W4 run.
+#[derive(Default)]
+struct TickRun {
+    p50: Duration,
+    p99: Duration,
+    redis_script_ms: f64,
+    redis_cpu_ms: f64,
     calls: f64,
+    not_renewed: u64,
+    errors: Errors,
 }
 
-/// W4: one renewal call for [`W4_LOCKS`] held locks, as the watchdog makes it once per tick.
-async fn w4<B: Backend>(client: &LockClient<B>, server: &RedisServer, window: Duration) -> Tick {
-    let lease = Lease::fixed(Duration::from_secs(60));
-    let mut guards = Vec::new();
-    for i in 0..W4_LOCKS {
-        let guard = client.lock(format!("w4:{i}")).lease(lease).acquire();
-        guards.push(guard.await.expect("acquire"));
-    }
-    let renewals: Vec<Renew<'_>> = guards
-        .iter()
-        .map(|guard| Renew::hold(guard.key(), guard.holder().id(), lease, LockKind::Exclusive))
-        .collect();
-    let mut ticks = Vec::new();
-    // Redis time is counted from here: the acquires above are not part of a tick.
-    server.cmd(&["CONFIG", "RESETSTAT"]);
-    let start = Instant::now();
-    while start.elapsed() < window {
-        let sent = Instant::now();
-        let replies = client.backend().renew(&renewals).await.expect("renew");
-        ticks.push(sent.elapsed());
-        assert!(replies.iter().all(|reply| *reply == RenewReply::Renewed));
-    }
-    drop(renewals);
-    let stats = server.info("commandstats").expect("INFO commandstats");
-    for guard in guards {
-        guard.release().await.expect("release");
-    }
-    let count = ticks.len() as f64;
-    let usec = support::command_stat(&stats, "evalsha", "usec");
-    let calls = support::command_stat(&stats, "evalsha", "calls");
-    ticks.sort_unstable();
-    let at = |q: f64| ticks[((ticks.len() - 1) as f64 * q) as usize];
-    Tick {
-        p50: at(0.5),
-        p99: at(0.99),
-        redis: Duration::from_secs_f64(usec as f64 / 1e6 / count),
-        calls: calls as f64 / count,
-    }
-}
-
-/// Operations per second of 16 tasks doing 95 % reads and 5 % writes of one resource, each
-/// holding it about 100 µs; with a read-write lock, or with the plain lock for both.
-async fn read_heavy<B: Backend>(client: &LockClient<B>, window: Duration, read_write: bool) -> f64 {
-    let ops = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for task in 0..16u64 {
-        let (client, ops) = (client.clone(), ops.clone());
-        tasks.spawn(async move {
-            let mut n = task;
-            while start.elapsed() < window {
-                n += 1;
-                let write = n % 20 == 0;
-                let rw = client.read_write_lock("rw");
-                let request = match (read_write, write) {
-                    (true, true) => rw.write(),
-                    (true, false) => rw.read(),
-                    (false, _) => client.lock("rw-plain"),
-                };
-                let guard = request
-                    .wait(Duration::from_secs(30))
-                    .acquire()
-                    .await
-                    .expect("acquire");
-                spin(Duration::from_micros(100));
-                guard.release().await.expect("release");
-                ops.fetch_add(1, Ordering::Relaxed);
+impl Bench<'_> {
+    /// W1 and W2: `tasks` tasks, each acquiring and releasing its own key in a loop.
+    async fn pairs(&self, name: &str, what: &str, tasks: usize, impls: &[Impl], table: &mut Table) {
+        println!();
+        println!("{name}: {what}, sequential acquire + release");
+        let mut runs: Vec<(Impl, usize, PairRun)> = Vec::new();
+        for rep in 0..self.reps {
+            for which in rotated(impls, rep) {
+                let key = format!("{name}:{}:{rep}", which.tag());
+                match self.pairs_once(which, &key, tasks).await {
+                    Ok(run) => runs.push((which, rep, run)),
+                    Err(e) => println!("  {} rep {rep}: {e}", which.name()),
+                }
             }
-        });
+        }
+        println!(
+            "  {:<18} {:>24} {:>20} {:>20} {:>16} {:>12}",
+            "",
+            "pairs/s",
+            "client CPU µs/pair",
+            "Redis CPU µs/pair",
+            "Redis cmds/pair",
+            "scripts/pair"
+        );
+        for &which in impls {
+            let of = |f: fn(&PairRun) -> f64| by_rep(&runs, self.reps, which, f);
+            let rate = of(|r| r.rate);
+            let (client, redis) = (of(|r| r.client_cpu_us), of(|r| r.redis_cpu_us));
+            let (cmds, scripts) = (of(|r| r.cmds), of(|r| r.scripts));
+            println!(
+                "  {:<18} {:>24} {:>20} {:>20} {:>16} {:>12}",
+                which.name(),
+                show(&rate, 0),
+                show(&client, 1),
+                show(&redis, 1),
+                show(&cmds, 2),
+                show(&scripts, 2)
+            );
+            let mine = runs.iter().filter(|r| r.0 == which);
+            let mut errors = Errors::default();
+            for (_, _, run) in mine.clone() {
+                errors.merge(&run.errors);
+            }
+            if let Some((_, _, last)) = mine.clone().next_back()
+                && !last.breakdown.is_empty()
+            {
+                println!(
+                    "  {:<18}   per pair (last rep): {}; command µs {}",
+                    "",
+                    last.breakdown,
+                    show(&of(|r| r.cmd_us), 1)
+                );
+            }
+            if errors.total() > 0 {
+                println!("  {:<18}   errors: {}", "", errors.describe());
+            }
+            table.add(&format!("{name} pairs/s"), true, which, rate);
+            table.add(&format!("{name} client CPU µs/pair"), false, which, client);
+            if which != Impl::Memory {
+                table.add(&format!("{name} Redis CPU µs/pair"), false, which, redis);
+                table.add(&format!("{name} Redis cmds/pair"), false, which, cmds);
+            }
+            table.add_errors(&format!("{name} errors"), which, errors.total());
+        }
     }
-    while tasks.join_next().await.is_some() {}
-    ops.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+
+    async fn pairs_once(&self, which: Impl, key: &str, tasks: usize) -> Result<PairRun, String> {
+        let locker = Locker::connect(which, self.url).await?;
+        warm_up(&locker, key).await;
+        let on_redis = which != Impl::Memory;
+        let before = on_redis.then(|| redis_counters(self.server)).flatten();
+        let cpu = measure::cpu_time();
+        let pairs = Arc::new(AtomicU64::new(0));
+        let start = Instant::now();
+        let mut set = tokio::task::JoinSet::new();
+        for task in 0..tasks {
+            let (locker, pairs, window) = (locker.clone(), pairs.clone(), self.window);
+            let key = format!("{key}:{task}");
+            set.spawn(async move {
+                let mut errors = Errors::default();
+                while start.elapsed() < window {
+                    match locker.acquire(&key).await {
+                        Ok(held) => match locker.release(held).await {
+                            Ok(()) => {
+                                pairs.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(f) => errors.add(f.kind, || f.message),
+                        },
+                        Err(f) => errors.add(f.kind, || f.message),
+                    }
+                }
+                errors
+            });
+        }
+        let mut run = PairRun::default();
+        while let Some(result) = set.join_next().await {
+            match result {
+                Ok(errors) => run.errors.merge(&errors),
+                Err(e) => run.errors.add("task panicked", || e.to_string()),
+            }
+        }
+        let elapsed = start.elapsed();
+        let cpu = measure::cpu_time().saturating_sub(cpu);
+        let after = on_redis.then(|| redis_counters(self.server)).flatten();
+        locker.shutdown().await;
+        let n = pairs.load(Ordering::Relaxed).max(1) as f64;
+        run.rate = pairs.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64();
+        run.client_cpu_us = us(cpu) / n;
+        match (before, after) {
+            (Some(before), Some(after)) => {
+                let delta = before.delta(&after);
+                run.redis_cpu_us = us(delta.cpu) / n;
+                run.cmd_us = delta.usec as f64 / n;
+                run.cmds = delta.calls as f64 / n;
+                run.scripts = delta.scripts as f64 / n;
+                run.breakdown = delta.breakdown(n);
+            }
+            _ => {
+                run.redis_cpu_us = f64::NAN;
+                run.cmd_us = f64::NAN;
+                run.cmds = f64::NAN;
+                run.scripts = f64::NAN;
+            }
+        }
+        Ok(run)
+    }
+
+    /// W3: 16 tasks of this process on one key, exclusivity checked across an `.await`.
+    async fn w3(&self, impls: &[Impl], table: &mut Table) {
+        const TASKS: usize = 16;
+        println!();
+        println!(
+            "W3: {TASKS} tasks of one process on one key, an .await inside the critical section"
+        );
+        let mut runs: Vec<(Impl, usize, ContRun)> = Vec::new();
+        for rep in 0..self.reps {
+            for which in rotated(impls, rep) {
+                let key = format!("W3:{}:{rep}", which.tag());
+                match self.w3_once(which, &key, TASKS).await {
+                    Ok(run) => runs.push((which, rep, run)),
+                    Err(e) => println!("  {} rep {rep}: {e}", which.name()),
+                }
+            }
+        }
+        println!(
+            "  {:<18} {:>22} {:>22} {:>18} {:>18} {:>18} {:>10}",
+            "",
+            "owner changes/s",
+            "acquisitions/s",
+            "wait p50 ms",
+            "wait p99 ms",
+            "wait max ms",
+            "overlaps"
+        );
+        for &which in impls {
+            let mine: Vec<&ContRun> = runs.iter().filter(|r| r.0 == which).map(|r| &r.2).collect();
+            let of = |f: fn(&ContRun) -> f64| by_rep(&runs, self.reps, which, f);
+            let changes = of(|r| r.owner_changes);
+            let p99 = of(|r| ms(r.p99));
+            let violations: u64 = mine.iter().map(|r| r.violations).sum();
+            println!(
+                "  {:<18} {:>22} {:>22} {:>18} {:>18} {:>18} {:>10}",
+                which.name(),
+                show(&changes, 0),
+                show(&of(|r| r.acquisitions), 0),
+                show(&of(|r| ms(r.p50)), 2),
+                show(&p99, 2),
+                show(&of(|r| ms(r.max)), 1),
+                violations
+            );
+            let mut errors = Errors::default();
+            for run in &mine {
+                errors.merge(&run.errors);
+            }
+            if errors.total() > 0 {
+                println!("  {:<18}   errors: {}", "", errors.describe());
+            }
+            table.add("W3 owner changes/s", true, which, changes);
+            table.add("W3 wait p99 ms", false, which, p99);
+            table.add_errors("W3 overlaps", which, violations);
+            table.add_errors("W3 errors", which, errors.total());
+        }
+    }
+
+    async fn w3_once(&self, which: Impl, key: &str, tasks: usize) -> Result<ContRun, String> {
+        let locker = Locker::connect(which, self.url).await?;
+        warm_up(&locker, key).await;
+        let inside = Arc::new(AtomicUsize::new(0));
+        let last = Arc::new(AtomicUsize::new(0));
+        let violations = Arc::new(AtomicU64::new(0));
+        let changes = Arc::new(AtomicU64::new(0));
+        let acquisitions = Arc::new(AtomicU64::new(0));
+        let start = Instant::now();
+        let window = self.window;
+        let mut set = tokio::task::JoinSet::new();
+        for task in 0..tasks {
+            let locker = locker.clone();
+            let key = key.to_owned();
+            let (inside, last, violations, changes, acquisitions) = (
+                inside.clone(),
+                last.clone(),
+                violations.clone(),
+                changes.clone(),
+                acquisitions.clone(),
+            );
+            set.spawn(async move {
+                let me = task + 1;
+                let mut waits = Vec::new();
+                let mut errors = Errors::default();
+                while start.elapsed() < window {
+                    let asked = Instant::now();
+                    let held: Held = match locker.acquire(&key).await {
+                        Ok(held) => held,
+                        Err(f) => {
+                            errors.add(f.kind, || f.message);
+                            continue;
+                        }
+                    };
+                    waits.push(asked.elapsed());
+                    if inside
+                        .compare_exchange(0, me, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_err()
+                    {
+                        violations.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let previous = last.swap(me, Ordering::SeqCst);
+                    if start.elapsed() < window {
+                        acquisitions.fetch_add(1, Ordering::Relaxed);
+                        if previous != me {
+                            changes.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    tokio::task::yield_now().await;
+                    if inside.load(Ordering::SeqCst) != me {
+                        violations.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let _ = inside.compare_exchange(me, 0, Ordering::SeqCst, Ordering::SeqCst);
+                    if let Err(f) = locker.release(held).await {
+                        errors.add(f.kind, || f.message);
+                    }
+                }
+                (waits, errors)
+            });
+        }
+        let mut run = ContRun::default();
+        let mut waits = Vec::new();
+        while let Some(result) = set.join_next().await {
+            match result {
+                Ok((task_waits, errors)) => {
+                    waits.extend(task_waits);
+                    run.errors.merge(&errors);
+                }
+                Err(e) => run.errors.add("task panicked", || e.to_string()),
+            }
+        }
+        locker.shutdown().await;
+        waits.sort_unstable();
+        let secs = window.as_secs_f64();
+        run.owner_changes = changes.load(Ordering::Relaxed) as f64 / secs;
+        run.acquisitions = acquisitions.load(Ordering::Relaxed) as f64 / secs;
+        run.p50 = quantile(&waits, 0.5);
+        run.p99 = quantile(&waits, 0.99);
+        run.max = waits.last().copied().unwrap_or_default();
+        run.violations = violations.load(Ordering::Relaxed);
+        Ok(run)
+    }
+
+    /// W3b (and W3f with the fair lock): 4 processes × 4 tasks on one key.
+    async fn w3b(&self, name: &str, impls: &[Impl], table: &mut Table) {
+        const PROCESSES: usize = 4;
+        const TASKS: usize = 4;
+        println!();
+        println!(
+            "{name}: {PROCESSES} OS processes x {TASKS} tasks on one key{}",
+            if name == "W3f" { ", fair lock" } else { "" }
+        );
+        let mut runs: Vec<(Impl, usize, procs::ProcRun)> = Vec::new();
+        for rep in 0..self.reps {
+            for which in rotated(impls, rep) {
+                let key = format!("{name}:{}:{rep}", which.tag());
+                match procs::run(which, self.url, &key, PROCESSES, TASKS, self.window).await {
+                    Ok(run) => {
+                        if !run.late.is_zero() {
+                            println!(
+                                "  {} rep {rep}: a worker started {:.0} ms late",
+                                which.name(),
+                                ms(run.late)
+                            );
+                        }
+                        runs.push((which, rep, run));
+                    }
+                    Err(e) => println!("  {} rep {rep}: {e}", which.name()),
+                }
+            }
+        }
+        println!(
+            "  {:<18} {:>20} {:>20} {:>20} {:>16} {:>18} {:>10}",
+            "",
+            "owner changes/s",
+            "process changes/s",
+            "acquisitions/s",
+            "wait p50 ms",
+            "wait p99 ms",
+            "overlaps"
+        );
+        for &which in impls {
+            let mine: Vec<&procs::ProcRun> =
+                runs.iter().filter(|r| r.0 == which).map(|r| &r.2).collect();
+            let of = |f: fn(&procs::ProcRun) -> f64| by_rep(&runs, self.reps, which, f);
+            let owners = of(|r| r.owner_changes_per_sec);
+            let processes = of(|r| r.process_changes_per_sec);
+            let p99 = of(|r| ms(r.wait_p99));
+            let overlaps: u64 = mine.iter().map(|r| r.overlaps + r.violations).sum();
+            println!(
+                "  {:<18} {:>20} {:>20} {:>20} {:>16} {:>18} {:>10}",
+                which.name(),
+                show(&owners, 0),
+                show(&processes, 0),
+                show(&of(|r| r.acquisitions_per_sec), 0),
+                show(&of(|r| ms(r.wait_p50)), 2),
+                show(&p99, 2),
+                overlaps
+            );
+            let mut errors = Errors::default();
+            for run in &mine {
+                errors.merge(&run.errors);
+            }
+            if errors.total() > 0 {
+                println!("  {:<18}   errors: {}", "", errors.describe());
+            }
+            let evenness = of(|r| {
+                let max = r.per_task.iter().copied().max().unwrap_or(0);
+                let min = r.per_task.iter().copied().min().unwrap_or(0);
+                if max == 0 {
+                    f64::NAN
+                } else {
+                    min as f64 / max as f64
+                }
+            });
+            println!(
+                "  {:<18}   per task min/max: {}; max wait {}",
+                "",
+                show(&evenness, 2),
+                show(&of(|r| ms(r.wait_max)), 1)
+            );
+            if let Some(last) = mine.last() {
+                let counts: Vec<String> = last.per_task.iter().map(u64::to_string).collect();
+                println!(
+                    "  {:<18}   acquisitions per task (last rep): {}",
+                    "",
+                    counts.join(" ")
+                );
+            }
+            table.add(&format!("{name} owner changes/s"), true, which, owners);
+            table.add(&format!("{name} process changes/s"), true, which, processes);
+            table.add(&format!("{name} wait p99 ms"), false, which, p99);
+            if name == "W3f" {
+                table.add("W3f per-task min/max", true, which, evenness);
+            }
+            table.add_errors(&format!("{name} overlaps"), which, overlaps);
+            table.add_errors(&format!("{name} errors"), which, errors.total());
+        }
+    }
+
+    /// W4: one renewal call for [`W4_LOCKS`] held locks, as a watchdog makes it once per tick.
+    async fn w4(&self, impls: &[Impl], table: &mut Table) {
+        println!();
+        println!("W4: one renewal tick for {W4_LOCKS} held locks");
+        let mut runs: Vec<(Impl, usize, TickRun)> = Vec::new();
+        for rep in 0..self.reps {
+            for which in rotated(impls, rep) {
+                let key = format!("W4:{}:{rep}", which.tag());
+                match self.w4_once(which, &key).await {
+                    Ok(run) => runs.push((which, rep, run)),
+                    Err(e) => println!("  {} rep {rep}: {e}", which.name()),
+                }
+            }
+        }
+        println!(
+            "  {:<18} {:>18} {:>18} {:>20} {:>20} {:>16}",
+            "", "tick p50 ms", "tick p99 ms", "Redis script ms", "Redis CPU ms", "cmds/tick"
+        );
+        for &which in impls {
+            let mine: Vec<&TickRun> = runs.iter().filter(|r| r.0 == which).map(|r| &r.2).collect();
+            let of = |f: fn(&TickRun) -> f64| by_rep(&runs, self.reps, which, f);
+            let p50 = of(|r| ms(r.p50));
+            let script = of(|r| r.redis_script_ms);
+            println!(
+                "  {:<18} {:>18} {:>18} {:>20} {:>20} {:>16}",
+                which.name(),
+                show(&p50, 2),
+                show(&of(|r| ms(r.p99)), 2),
+                show(&script, 2),
+                show(&of(|r| r.redis_cpu_ms), 2),
+                show(&of(|r| r.calls), 0)
+            );
+            let mut errors = Errors::default();
+            for run in &mine {
+                errors.merge(&run.errors);
+            }
+            let not_renewed: u64 = mine.iter().map(|r| r.not_renewed).sum();
+            if errors.total() > 0 || not_renewed > 0 {
+                println!(
+                    "  {:<18}   errors: {} ; not renewed: {not_renewed}",
+                    "",
+                    errors.describe()
+                );
+            }
+            table.add("W4 tick p50 ms", false, which, p50);
+            table.add("W4 Redis script ms/tick", false, which, script);
+            table.add_errors("W4 errors", which, errors.total() + not_renewed);
+        }
+    }
+
+    async fn w4_once(&self, which: Impl, key: &str) -> Result<TickRun, String> {
+        let keys: Vec<String> = (0..W4_LOCKS).map(|i| format!("{key}:{i}")).collect();
+        let mut run = TickRun::default();
+        let mut ticks = Vec::new();
+        let lease = Duration::from_secs(60);
+        let measured = match Locker::connect(which, self.url).await? {
+            Locker::Tower(client, _) => {
+                let mut guards = Vec::new();
+                for chunk in keys.chunks(500) {
+                    let acquires = chunk
+                        .iter()
+                        .map(|k| client.lock(k).lease(Lease::fixed(lease)).acquire());
+                    for result in futures_util::future::join_all(acquires).await {
+                        match result {
+                            Ok(guard) => guards.push(guard),
+                            Err(e) => run
+                                .errors
+                                .add(format!("acquire {}", measure::error_kind(&e)), || {
+                                    format!("{e:?}")
+                                }),
+                        }
+                    }
+                }
+                let renewals: Vec<Renew<'_>> = guards
+                    .iter()
+                    .map(|g| {
+                        Renew::hold(
+                            g.key(),
+                            g.holder().id(),
+                            Lease::fixed(lease),
+                            LockKind::Exclusive,
+                        )
+                    })
+                    .collect();
+                let counted = self
+                    .ticks(&mut ticks, &mut run, async || {
+                        let replies = client
+                            .backend()
+                            .renew(&renewals)
+                            .await
+                            .map_err(|e| format!("{e:#}"))?;
+                        Ok(replies
+                            .iter()
+                            .filter(|r| **r != RenewReply::Renewed)
+                            .count() as u64)
+                    })
+                    .await;
+                drop(renewals);
+                for guard in guards {
+                    let _ = guard.release().await;
+                }
+                client.shutdown().await;
+                counted
+            }
+            Locker::Hand(lock) => {
+                let mut guards = Vec::new();
+                for chunk in keys.chunks(500) {
+                    let acquires = chunk.iter().map(|k| lock.acquire(k, lockers::WAIT));
+                    for result in futures_util::future::join_all(acquires).await {
+                        match result {
+                            Ok(guard) => guards.push(guard),
+                            Err(e) => run
+                                .errors
+                                .add(format!("acquire {}", measure::error_kind(&e)), || {
+                                    format!("{e:?}")
+                                }),
+                        }
+                    }
+                }
+                let counted = self
+                    .ticks(&mut ticks, &mut run, async || {
+                        let renewed = lock.renew(&guards).await.map_err(|e| format!("{e:?}"))?;
+                        Ok((guards.len() - renewed) as u64)
+                    })
+                    .await;
+                for guard in guards {
+                    let _ = lock.release(guard).await;
+                }
+                counted
+            }
+            Locker::Rslock(manager) => {
+                let mut locks = Vec::new();
+                for chunk in keys.chunks(500) {
+                    let acquires = chunk.iter().map(|k| manager.lock(k.as_str(), lease));
+                    for result in futures_util::future::join_all(acquires).await {
+                        match result {
+                            Ok(lock) => locks.push(lock),
+                            Err(e) => run
+                                .errors
+                                .add(format!("acquire {}", measure::error_kind(&e)), || {
+                                    format!("{e:?}")
+                                }),
+                        }
+                    }
+                }
+                let counted = self
+                    .ticks(&mut ticks, &mut run, async || {
+                        let extends = locks.iter().map(|l| manager.extend(l, lease));
+                        let results = futures_util::future::join_all(extends).await;
+                        Ok(results.iter().filter(|r| r.is_err()).count() as u64)
+                    })
+                    .await;
+                for lock in &locks {
+                    manager.unlock(lock).await;
+                }
+                counted
+            }
+            Locker::Memory(_) => return Err("W4 runs on Redis only".to_owned()),
+        };
+        let Some(delta) = measured else {
+            return Err("no tick measured".to_owned());
+        };
+        let n = ticks.len().max(1) as f64;
+        ticks.sort_unstable();
+        run.p50 = quantile(&ticks, 0.5);
+        run.p99 = quantile(&ticks, 0.99);
+        run.redis_script_ms = delta.script_usec as f64 / 1e3 / n;
+        run.redis_cpu_ms = ms(delta.cpu) / n;
+        run.calls = delta.calls as f64 / n;
+        Ok(run)
+    }
+
+    /// Runs `tick` repeatedly for the window, recording each one's time in `ticks`; returns the
+    /// Redis counters' change over the ticks.
+    async fn ticks(
+        &self,
+        ticks: &mut Vec<Duration>,
+        run: &mut TickRun,
+        mut tick: impl AsyncFnMut() -> Result<u64, String>,
+    ) -> Option<measure::RedisDelta> {
+        let before = redis_counters(self.server)?;
+        let start = Instant::now();
+        while start.elapsed() < self.window {
+            let sent = Instant::now();
+            match tick().await {
+                Ok(not_renewed) => {
+                    ticks.push(sent.elapsed());
+                    run.not_renewed += not_renewed;
+                }
+                Err(e) => run.errors.add("renew", || e),
+            }
+        }
+        let after = redis_counters(self.server)?;
+        Some(before.delta(&after))
+    }
 }
 
-/// Busy work standing in for reading the resource (a timer would round up to a millisecond).
-fn spin(duration: Duration) {
-    let start = Instant::now();
-    while start.elapsed() < duration {
-        std::hint::spin_loop();
+/// One acquire + release on a key of its own, so connections, pools and scripts are ready
+/// before the measured window.
+async fn warm_up(locker: &Locker, key: &str) {
+    for _ in 0..3 {
+        if let Ok(held) = locker.acquire(&format!("{key}:warm")).await {
+            let _ = locker.release(held).await;
+        }
+    }
+}
+
+/// `f` of `which`'s run in each repetition; `NaN` where that run failed.
+fn by_rep<R>(runs: &[(Impl, usize, R)], reps: usize, which: Impl, f: fn(&R) -> f64) -> Vec<f64> {
+    (0..reps)
+        .map(|rep| {
+            runs.iter()
+                .find(|r| r.0 == which && r.1 == rep)
+                .map_or(f64::NAN, |r| f(&r.2))
+        })
+        .collect()
+}
+
+/// `median (min–max)` of per-repetition values.
+fn show(values: &[f64], decimals: usize) -> String {
+    Spread::of(values.iter().copied()).show(decimals)
+}
+
+/// The summary: each figure's median per lock, and tower-lock's ratio to the best baseline,
+/// of the medians and per repetition.
+#[derive(Default)]
+struct Table {
+    rows: Vec<Row>,
+}
+
+struct Row {
+    label: String,
+    higher_is_better: bool,
+    /// Error counts are shown as totals, with no ratio.
+    count: bool,
+    /// Per lock, the figure in each repetition.
+    cells: Vec<(Impl, Vec<f64>)>,
+}
+
+impl Table {
+    fn row(&mut self, label: &str, higher_is_better: bool, count: bool) -> &mut Row {
+        if let Some(i) = self.rows.iter().position(|r| r.label == label) {
+            return &mut self.rows[i];
+        }
+        self.rows.push(Row {
+            label: label.to_owned(),
+            higher_is_better,
+            count,
+            cells: Vec::new(),
+        });
+        self.rows.last_mut().expect("just pushed")
+    }
+
+    fn add(&mut self, label: &str, higher_is_better: bool, which: Impl, values: Vec<f64>) {
+        self.row(label, higher_is_better, false)
+            .cells
+            .push((which, values));
+    }
+
+    fn add_errors(&mut self, label: &str, which: Impl, n: u64) {
+        self.row(label, false, true)
+            .cells
+            .push((which, vec![n as f64]));
+    }
+
+    fn print(&self) {
+        println!();
+        println!(
+            "Summary: medians over the repetitions. ratio = tower-lock / the best of hand-written and rslock,"
+        );
+        println!(
+            "of the medians, then the median (min–max) of the same ratio taken within each repetition;"
+        );
+        println!("> 1 is better for tower-lock on rates, < 1 is better on times and costs.");
+        let columns = [
+            Impl::Tower,
+            Impl::TowerFair,
+            Impl::Memory,
+            Impl::Hand,
+            Impl::Rslock,
+        ];
+        print!("  {:<28}", "figure");
+        for which in columns {
+            print!(" {:>17}", which.name());
+        }
+        println!(" {:>7} {:>20}", "ratio", "per-rep ratio");
+        let best = |higher: bool, values: &mut dyn Iterator<Item = f64>| {
+            let values = values.filter(|v| !v.is_nan());
+            if higher {
+                values.fold(f64::NAN, f64::max)
+            } else {
+                values.fold(f64::NAN, f64::min)
+            }
+        };
+        for row in &self.rows {
+            // Error rows that are zero everywhere say nothing.
+            if row.count && row.cells.iter().all(|(_, v)| v.iter().all(|x| *x == 0.0)) {
+                continue;
+            }
+            let median = |v: &[f64]| Spread::of(v.iter().copied()).median;
+            print!("  {:<28}", row.label);
+            for which in columns {
+                match row
+                    .cells
+                    .iter()
+                    .find(|(w, _)| *w == which)
+                    .map(|(_, v)| median(v))
+                {
+                    Some(v) if !v.is_nan() => print!(" {:>17}", figure(v)),
+                    _ => print!(" {:>17}", "-"),
+                }
+            }
+            let ours = row
+                .cells
+                .iter()
+                .find(|(w, _)| matches!(w, Impl::Tower | Impl::TowerFair))
+                .map(|(_, v)| v.as_slice());
+            let peers: Vec<&[f64]> = row
+                .cells
+                .iter()
+                .filter(|(w, _)| w.is_peer())
+                .map(|(_, v)| v.as_slice())
+                .collect();
+            let (Some(ours), false, false) = (ours, peers.is_empty(), row.count) else {
+                println!(" {:>7} {:>20}", "-", "-");
+                continue;
+            };
+            let of_medians =
+                median(ours) / best(row.higher_is_better, &mut peers.iter().map(|v| median(v)));
+            let per_rep = (0..ours.len()).map(|rep| {
+                let peer = best(
+                    row.higher_is_better,
+                    &mut peers
+                        .iter()
+                        .map(|v| v.get(rep).copied().unwrap_or(f64::NAN)),
+                );
+                ours[rep] / peer
+            });
+            let per_rep = Spread::of(per_rep.filter(|r| r.is_finite()));
+            println!(" {:>7.2} {:>20}", of_medians, per_rep.show(2));
+        }
+        println!("  (errors and overlaps rows appear only when some are non-zero)");
+    }
+}
+
+/// A table cell: few significant digits.
+fn figure(v: f64) -> String {
+    if v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
     }
 }

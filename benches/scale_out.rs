@@ -3,7 +3,7 @@
 //! shared and noisy, so ratios travel better than absolute numbers).
 //!
 //! ```text
-//! cargo bench --bench scale_out                          # 5 s per workload and backend
+//! cargo bench --bench scale_out                          # 2 s per workload and backend
 //! BENCH_SECS=1 cargo bench --bench scale_out             # quicker
 //! cargo bench --bench scale_out --features cluster       # with a Redis Cluster row
 //! ```
@@ -24,7 +24,9 @@ mod workloads;
 use std::{future::Future, time::Duration};
 
 use support::RedisServer;
-use tower_lock::{Backend, LockClient, LockKind, RedisBackend};
+#[cfg(feature = "cluster")]
+use tower_lock::RedisBackend;
+use tower_lock::{Backend, LockClient, LockKind};
 use workloads::{Contention, contend, w1};
 
 /// Nodes of the Redlock row.

@@ -5,13 +5,14 @@ use std::time::{Duration, Instant};
 
 use tower_lock::backend::redis::redis;
 
-/// The window of each workload: `BENCH_SECS` seconds, 5 by default.
+/// The window of each workload: `BENCH_SECS` seconds (fractions allowed, e.g. `0.5`), 2 by
+/// default.
 pub(crate) fn window() -> Duration {
-    let secs = std::env::var("BENCH_SECS")
+    std::env::var("BENCH_SECS")
         .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
-    Duration::from_secs(secs)
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .filter(|secs| secs.is_finite() && *secs > 0.0)
+        .map_or(Duration::from_secs(2), Duration::from_secs_f64)
 }
 
 /// A two-worker runtime, the size of the machines these run on.
