@@ -256,12 +256,8 @@ async fn reentrancy<B: Probe>(env: Env<B>) {
             )
             .await;
             if let Some(server) = &env.server {
-                let count = server.cmd(&["HGET", &name, holder.id()]).as_str();
-                assert_eq!(
-                    count,
-                    Some((3 - released).to_string()),
-                    "hold count in Redis"
-                );
+                let count = support::hold_count(|args| server.cmd(args), &name, holder.id());
+                assert_eq!(count, Some(3 - released as u64), "hold count in Redis");
             }
             let guard = guards[i].take().expect("each guard is released once");
             guard.release().await.expect("release one hold");
@@ -337,8 +333,8 @@ async fn fixed_lease_expiry<B: Probe>(env: Env<B>) {
     assert!(!theirs.is_lost());
     assert_busy(&env.a, "doc:1", "after the stale release").await;
     if let Some(server) = &env.server {
-        let owner = server.cmd(&["HEXISTS", &name, theirs.holder().id()]);
-        assert_eq!(owner.as_int(), 1, "the new owner's hold is still in Redis");
+        let count = support::hold_count(|args| server.cmd(args), &name, theirs.holder().id());
+        assert_eq!(count, Some(1), "the new owner's hold is still in Redis");
     }
     theirs
         .release()

@@ -76,7 +76,7 @@ impl Nodes {
         self.servers
             .iter()
             .filter(|server| {
-                server.cmd(&["HGET", name, holder]).as_str() == Some(count.to_string())
+                support::hold_count(|args| server.cmd(args), name, holder) == Some(count)
             })
             .count()
     }

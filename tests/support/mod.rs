@@ -657,3 +657,24 @@ where
 {
     tower_lock::RedlockBackend::builder(urls).quarantine(Duration::ZERO)
 }
+
+/// How many holds `holder` has of the lock at `name`, read through `cmd` (one server's command
+/// function): the lock is a single hold (a string naming its holder, set by `SET NX`) or a hash
+/// counting each holder's holds. `None` when the holder holds nothing there. A single hold
+/// only ever turns into a hash (when re-entered or contended), so a read that finds the form
+/// changed under it reads again.
+pub fn hold_count(cmd: impl Fn(&[&str]) -> RespValue, name: &str, holder: &str) -> Option<u64> {
+    loop {
+        match cmd(&["HGET", name, holder]) {
+            RespValue::Error(error) if error.starts_with("WRONGTYPE") => {}
+            counted => return counted.as_str()?.parse().ok(),
+        }
+        match cmd(&["GET", name]) {
+            RespValue::Error(error) if error.starts_with("WRONGTYPE") => continue,
+            single => {
+                let owner = format!("{}:{holder}", holder.len());
+                return single.as_str()?.starts_with(&owner).then_some(1);
+            }
+        }
+    }
+}

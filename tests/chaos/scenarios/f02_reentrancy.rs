@@ -12,7 +12,6 @@ use crate::{
     checker, clock,
     history::{History, Outcome},
     run::{self, Rng},
-    support::RespValue,
     witness::Witness,
 };
 
@@ -21,10 +20,7 @@ const KEYS: u64 = 4;
 
 /// The holder's hold count in Redis.
 fn count_in_redis(bed: &Bed, name: &str, holder: &str) -> Option<u64> {
-    match bed.redis.cmd(&["HGET", name, holder]) {
-        RespValue::Bulk(Some(bytes)) => String::from_utf8(bytes).ok()?.parse().ok(),
-        _ => None,
-    }
+    crate::support::hold_count(|args| bed.redis.cmd(args), name, holder)
 }
 
 async fn nest(

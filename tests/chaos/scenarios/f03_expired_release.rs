@@ -13,7 +13,7 @@ use crate::{
     checker, clock,
     history::{History, Outcome, Section},
     run,
-    support::RespValue,
+    support::hold_count,
     witness::Witness,
 };
 
@@ -96,8 +96,8 @@ async fn one_run(
         let _ = b_holds.send(());
         let _ = a_released.await;
         // A has released: B's hold must be intact, and C must not get in.
-        let field = bed.redis.cmd(&["HGET", &bed.lock_key(&key), &b.holder]);
-        let wrong_deletion = field != RespValue::Bulk(Some(b"1".to_vec()));
+        let count = hold_count(|args| bed.redis.cmd(args), &bed.lock_key(&key), &b.holder);
+        let wrong_deletion = count != Some(1);
         let mut c = history.begin(&key, "");
         match clients
             .c

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tower_lock::{Lease, LockError};
 
 use super::{Bed, Topology};
-use crate::{checker, proxy::Proxy, run, support::RespValue};
+use crate::{checker, proxy::Proxy, run, support::hold_count};
 
 const LEASE: Duration = Duration::from_millis(500);
 const COMMAND_TIMEOUT: Duration = Duration::from_millis(300);
@@ -82,8 +82,8 @@ async fn f14_killed_connections_leave_no_ambiguity() {
                 Ok(guard) => {
                     // A retry may re-enter a hold its lost first attempt took (counted, not a
                     // failure); the release must give back both.
-                    let count = bed.redis.cmd(&["HGET", &name, guard.holder().id()]);
-                    if count != RespValue::Bulk(Some(b"1".to_vec())) {
+                    let count = hold_count(|args| bed.redis.cmd(args), &name, guard.holder().id());
+                    if count != Some(1) {
                         phantoms += 1;
                     }
                     if guard.release().await.is_ok()
@@ -130,15 +130,15 @@ async fn f14_killed_connections_leave_no_ambiguity() {
                 "run {run}: the next holder was kept out after {:?}: {e:?}; the key then: \
                  {:?} (ttl {} ms); A: {}; B: {}",
                 started.elapsed(),
-                bed.redis.cmd(&["HGETALL", &name]),
+                bed.redis.cmd(&["DUMP", &name]),
                 bed.redis.cmd(&["PTTL", &name]).as_int(),
                 checker::client_state(&a),
                 checker::client_state(&b),
             )
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let field = bed.redis.cmd(&["HGET", &name, next.holder().id()]);
-        if field != RespValue::Bulk(Some(b"1".to_vec())) || next.is_lost() {
+        let count = hold_count(|args| bed.redis.cmd(args), &name, next.holder().id());
+        if count != Some(1) || next.is_lost() {
             harmed += 1;
         }
         next.release().await.expect("the next holder releases");

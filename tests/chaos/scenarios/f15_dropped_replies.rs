@@ -11,7 +11,7 @@ use crate::{
     checker,
     proxy::{Mode, Proxy},
     run,
-    support::RespValue,
+    support::hold_count,
 };
 
 /// How long after the caller's answer the key is checked.
@@ -149,8 +149,8 @@ async fn f15_lost_reply_with_late_resolution_is_released() {
             heal
         );
         let guard = outcome.unwrap_or_else(|e| panic!("run {run}: {e:?}"));
-        let count = bed.redis.cmd(&["HGET", &name, guard.holder().id()]);
-        if count != RespValue::Bulk(Some(b"1".to_vec())) {
+        let count = hold_count(|args| bed.redis.cmd(args), &name, guard.holder().id());
+        if count != Some(1) {
             phantom_holds += 1;
         }
         guard.release().await.expect("release");

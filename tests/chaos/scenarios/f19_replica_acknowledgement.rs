@@ -29,6 +29,7 @@ use crate::{
     history::{History, Outcome, Section},
     proxy::Proxy,
     run::{self, Node},
+    support::hold_count,
 };
 
 /// How long `WAIT` waits for the replica.
@@ -422,10 +423,12 @@ async fn check_kept(
     ) in kept.into_iter().zip(problems)
     {
         let key = section.key.clone();
-        let field = master
-            .cmd(&["HEXISTS", &bed.lock_key(&key), &section.holder])
-            .as_int();
-        if field != 1 {
+        let count = hold_count(
+            |args| master.cmd(args),
+            &bed.lock_key(&key),
+            &section.holder,
+        );
+        if count.is_none() {
             problems.push("not in Redis under its holder".to_owned());
         }
         if guard.is_lost() {
