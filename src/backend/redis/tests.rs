@@ -97,3 +97,165 @@ async fn a_retry_takes_over_the_hold_of_a_lost_attempt() {
         }
     }
 }
+
+/// Every script through its typed call (`calls.rs`) against a real server, for every lock
+/// kind: each answers in the shape its Lua file documents, so an argument out of place shows up
+/// as a script error or a wrong answer here.
+#[tokio::test]
+async fn every_script_round_trips_through_its_typed_call() {
+    use redis::Value;
+
+    use super::{calls, reply_pair, run_call, scripts::SCRIPTS};
+    use crate::backend::Renew;
+
+    let server = support::RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let scripts = &*SCRIPTS;
+    let lease = Lease::fixed(Duration::from_secs(10));
+    for kind in [
+        LockKind::Exclusive,
+        LockKind::Fair,
+        LockKind::Read,
+        LockKind::Write,
+    ] {
+        let key = LockKey::new("rt:", format!("{kind:?}").as_bytes(), 512).unwrap();
+        let key = if matches!(kind, LockKind::Read | LockKind::Write) {
+            key.with_suffix(":rw")
+        } else {
+            key
+        };
+        let grant = |holder, attempt, queue| Grant {
+            key: &key,
+            holder,
+            attempt,
+            lease,
+            fencing: true,
+            kind,
+            queue,
+            supersedes: None,
+            reentry: Reentry::Allowed,
+        };
+
+        // A grant with a fencing token (the write side only, of a read-write lock):
+        // {1, count, token}.
+        let call = calls::acquire(scripts, &grant("h1", "h1#1", None), "");
+        let reply: Vec<i64> = run_call(&call, &mut conn).await.unwrap();
+        assert_eq!(reply[..2], [1, 1], "{kind:?} acquire: {reply:?}");
+        let fenced = kind != LockKind::Read;
+        assert_eq!(reply[2] > 0, fenced, "{kind:?} acquire's token: {reply:?}");
+
+        // Another holder, queued where the kind queues: refused with the lease left.
+        let queue = kind.queues().then_some(Duration::from_secs(5));
+        if kind != LockKind::Read {
+            let call = calls::acquire(scripts, &grant("h2", "h2#1", queue), "");
+            let reply: Vec<i64> = run_call(&call, &mut conn).await.unwrap();
+            assert_eq!(reply[0], 0, "{kind:?} refuses another holder: {reply:?}");
+            assert!(reply[1] > 0, "{kind:?} tells the lease left: {reply:?}");
+            // Its place kept, then given up.
+            if kind.queues() {
+                let place = Renew::place(&key, "h2", Duration::from_secs(5), kind);
+                let kept: i64 = run_call(&calls::renew(scripts, &place), &mut conn)
+                    .await
+                    .unwrap();
+                assert_eq!(kept, 1, "{kind:?} keeps the waiter's place");
+                let leave = calls::leave(scripts, &key, "h2", kind).expect("a queue");
+                let _: i64 = run_call(&leave, &mut conn).await.unwrap();
+            }
+        }
+
+        // The hold renewed, alone and in a batch where the kind goes into one.
+        let hold = Renew {
+            key: &key,
+            holder: "h1",
+            lease,
+            kind,
+            queued: false,
+        };
+        let renewed: i64 = run_call(&calls::renew(scripts, &hold), &mut conn)
+            .await
+            .unwrap();
+        assert_eq!(renewed, 1, "{kind:?} renews its hold");
+        if calls::renews_with_many(&hold) {
+            let call = calls::renew_many(scripts, [&hold]);
+            let renewed: Vec<i64> = run_call(&call, &mut conn).await.unwrap();
+            assert_eq!(renewed, [1], "{kind:?} renews in a batch");
+        }
+
+        // An attempt that took nothing, given up on: nothing undone.
+        let call = calls::abandon(scripts, &grant("h3", "h3#1", None));
+        let value: Value = run_call(&call, &mut conn).await.unwrap();
+        let undone = match value {
+            Value::Int(undone) => undone,
+            pair => reply_pair(pair).unwrap().0,
+        };
+        assert_eq!(
+            undone, 0,
+            "{kind:?} abandon of an attempt that took nothing"
+        );
+
+        // The release: the lock freed ({2, n}; a read-write side done, {3}), published on the
+        // lock's channel when another holder was refused.
+        let mut listener = client.get_async_pubsub().await.unwrap();
+        listener
+            .subscribe(key.derived(super::CHANNEL))
+            .await
+            .unwrap();
+        let release = Release {
+            key: &key,
+            holder: "h1",
+            all: false,
+            handoff: None,
+            kind,
+            attempt: None,
+        };
+        let value: Value = run_call(&calls::release(scripts, &release, None), &mut conn)
+            .await
+            .unwrap();
+        let (status, notified) = reply_pair(value).unwrap();
+        assert!(matches!(status, 2 | 3), "{kind:?} release: {status}");
+        if status == 2 && kind != LockKind::Read {
+            assert_eq!(notified, Some(1), "{kind:?} release reaches the listener");
+        }
+    }
+
+    // An exclusive release that hands the lock over: {3, token}.
+    let key = LockKey::new("rt:", b"handoff", 512).unwrap();
+    let first = Grant {
+        key: &key,
+        holder: "h1",
+        attempt: "h1#9",
+        lease,
+        fencing: false,
+        kind: LockKind::Exclusive,
+        queue: None,
+        supersedes: None,
+        reentry: Reentry::Allowed,
+    };
+    let _: Vec<i64> = run_call(&calls::acquire(scripts, &first, ""), &mut conn)
+        .await
+        .unwrap();
+    let next = Grant {
+        holder: "h2",
+        attempt: "h2#9",
+        fencing: true,
+        ..first
+    };
+    let release = Release {
+        key: &key,
+        holder: "h1",
+        all: false,
+        handoff: None,
+        kind: LockKind::Exclusive,
+        attempt: Some("h1#9"),
+    };
+    let value: Value = run_call(&calls::release(scripts, &release, Some(&next)), &mut conn)
+        .await
+        .unwrap();
+    let (status, token) = reply_pair(value).unwrap();
+    assert_eq!(status, 3, "handed over");
+    assert!(
+        token.is_some_and(|token| token > 0),
+        "with a token: {token:?}"
+    );
+}

@@ -1,0 +1,289 @@
+//! One typed call per script: the only place each script's `KEYS` and `ARGV` are put in order,
+//! next to the comment at the top of its Lua file that says what each position means. The
+//! round trip of every call against a real server is tested in `tests.rs`.
+
+use super::{
+    CHANNEL, FENCE, QUEUE, READERS, TIMEOUTS, VOID, WRITERS,
+    scripts::{Call, Scripts},
+};
+use crate::{
+    backend::{Grant, LockKind, Release, Renew},
+    lease::Lease,
+    lock_key::LockKey,
+};
+
+/// How long a release remembers a non-matching read-write attempt as given up: it has had its
+/// reply already, so only briefly.
+const RW_RELEASE_VOID_MS: u64 = 1000;
+
+/// The script argument of a flag.
+fn flag(on: bool) -> &'static str {
+    if on { "1" } else { "0" }
+}
+
+/// The side argument of the read-write scripts.
+fn side(kind: LockKind) -> &'static str {
+    if kind == LockKind::Write { "w" } else { "r" }
+}
+
+/// The milliseconds a waiter keeps its place in a queue (`0` without a queue).
+fn queue_millis(grant: &Grant<'_>) -> u64 {
+    grant
+        .queue
+        .map_or(0, |timeout| Lease::fixed(timeout).millis())
+}
+
+/// The value of a single hold (see `lua/acquire.lua`): the holder, prefixed by its length so
+/// that no holder's name can pass for another's, then the attempt.
+pub(super) fn single_hold(holder: &str, attempt: &str) -> String {
+    format!("{}:{holder}{attempt}", holder.len())
+}
+
+/// `lua/acquire.lua`, `lua/fair_acquire.lua` or `lua/rw_acquire.lua`, by the grant's kind;
+/// `marker` is the server's boot marker, or `''`.
+pub(super) fn acquire(scripts: &'static Scripts, grant: &Grant<'_>, marker: &str) -> Call {
+    let key = grant.key;
+    let supersedes = grant.supersedes.unwrap_or("");
+    match grant.kind {
+        LockKind::Fair => {
+            let mut call = scripts.fair_acquire.prepare_invoke();
+            call.key(key.as_str())
+                .key(key.derived(QUEUE))
+                .key(key.derived(TIMEOUTS))
+                .key(key.derived(FENCE))
+                .key(key.derived(VOID))
+                .arg(grant.holder)
+                .arg(grant.lease.millis())
+                .arg(grant.attempt)
+                .arg(flag(grant.fencing))
+                .arg(queue_millis(grant))
+                .arg(supersedes)
+                .arg(grant.reentry.as_arg())
+                .arg(marker);
+            call
+        }
+        LockKind::Read | LockKind::Write => {
+            let mut call = scripts.rw_acquire.prepare_invoke();
+            call.key(key.as_str())
+                .key(key.derived(READERS))
+                .key(key.derived(WRITERS))
+                .key(key.derived(FENCE))
+                .key(key.derived(VOID))
+                .arg(grant.holder)
+                .arg(side(grant.kind))
+                .arg(grant.lease.millis())
+                .arg(grant.attempt)
+                .arg(flag(grant.fencing))
+                .arg(queue_millis(grant))
+                .arg(supersedes)
+                .arg(grant.reentry.as_arg())
+                .arg(marker);
+            call
+        }
+        _ => {
+            let mut call = scripts.acquire.prepare_invoke();
+            call.key(key.as_str())
+                .key(key.derived(FENCE))
+                .key(key.derived(VOID))
+                .arg(grant.holder)
+                .arg(grant.lease.millis())
+                .arg(grant.attempt)
+                .arg(flag(grant.fencing))
+                .arg(supersedes)
+                .arg(grant.reentry.as_arg())
+                .arg(marker);
+            call
+        }
+    }
+}
+
+/// `lua/release.lua`, `lua/fair_release.lua` or `lua/rw_release.lua`, by the release's kind;
+/// `handoff` is the grant to a waiter made in the same step (exclusive locks only).
+pub(super) fn release(
+    scripts: &'static Scripts,
+    release: &Release<'_>,
+    handoff: Option<&Grant<'_>>,
+) -> Call {
+    let key = release.key;
+    let attempt = release.attempt.unwrap_or("");
+    match release.kind {
+        LockKind::Fair => {
+            let mut call = scripts.fair_release.prepare_invoke();
+            call.key(key.as_str())
+                .key(key.derived(QUEUE))
+                .key(key.derived(TIMEOUTS))
+                .arg(release.holder)
+                .arg(key.derived(CHANNEL))
+                .arg(flag(release.all))
+                .arg(attempt);
+            call
+        }
+        LockKind::Read | LockKind::Write => rw_release(
+            scripts,
+            key,
+            (release.holder, release.kind),
+            release.all,
+            attempt,
+            RW_RELEASE_VOID_MS,
+        ),
+        _ => {
+            let mut call = scripts.release.prepare_invoke();
+            call.key(key.as_str())
+                .key(key.derived(FENCE))
+                .key(key.derived(VOID))
+                .arg(release.holder)
+                .arg(key.derived(CHANNEL))
+                .arg(flag(release.all));
+            match handoff {
+                Some(next) => call
+                    .arg(next.holder)
+                    .arg(next.lease.millis())
+                    .arg(next.attempt)
+                    .arg(flag(next.fencing)),
+                None => call.arg("").arg(0).arg("").arg("0"),
+            };
+            call.arg(attempt);
+            call
+        }
+    }
+}
+
+/// `lua/rw_release.lua`: gives back the hold of `holder` on its side, for one attempt when
+/// `attempt` is not `''`; a non-matching attempt is remembered as given up for `void_ms`.
+fn rw_release(
+    scripts: &'static Scripts,
+    key: &LockKey,
+    (holder, kind): (&str, LockKind),
+    all: bool,
+    attempt: &str,
+    void_ms: u64,
+) -> Call {
+    let mut call = scripts.rw_release.prepare_invoke();
+    call.key(key.as_str())
+        .key(key.derived(READERS))
+        .key(key.derived(VOID))
+        .arg(holder)
+        .arg(side(kind))
+        .arg(key.derived(CHANNEL))
+        .arg(flag(all))
+        .arg(attempt)
+        .arg(void_ms);
+    call
+}
+
+/// `lua/abandon.lua` (or, for a read-write lock, `lua/rw_release.lua` for that attempt only):
+/// undoes the grant's attempt if it took the lock, else records it as given up.
+pub(super) fn abandon(scripts: &'static Scripts, grant: &Grant<'_>) -> Call {
+    let key = grant.key;
+    match grant.kind {
+        LockKind::Read | LockKind::Write => rw_release(
+            scripts,
+            key,
+            (grant.holder, grant.kind),
+            false,
+            grant.attempt,
+            grant.lease.millis(),
+        ),
+        _ => {
+            let mut call = scripts.abandon.prepare_invoke();
+            call.key(key.as_str())
+                .key(key.derived(VOID))
+                .arg(grant.holder)
+                .arg(grant.attempt)
+                .arg(key.derived(CHANNEL))
+                .arg(grant.lease.millis());
+            call
+        }
+    }
+}
+
+/// `lua/fair_wait.lua` or `lua/rw_wait.lua` with a timeout of 0: gives up `holder`'s place in
+/// the queue of a fair lock or of a read-write lock's writers. `None` for kinds without one.
+pub(super) fn leave(
+    scripts: &'static Scripts,
+    key: &LockKey,
+    holder: &str,
+    kind: LockKind,
+) -> Option<Call> {
+    match kind {
+        LockKind::Fair => {
+            let mut call = scripts.fair_wait.prepare_invoke();
+            call.key(key.as_str())
+                .key(key.derived(QUEUE))
+                .key(key.derived(TIMEOUTS))
+                .arg(holder)
+                .arg(0)
+                .arg(key.derived(CHANNEL));
+            Some(call)
+        }
+        LockKind::Write => {
+            let mut call = scripts.rw_wait.prepare_invoke();
+            call.key(key.derived(WRITERS))
+                .arg(holder)
+                .arg(0)
+                .arg(key.derived(CHANNEL));
+            Some(call)
+        }
+        _ => None,
+    }
+}
+
+/// Whether `renew` goes into a [`renew_many`] call: a held plain or fair lock.
+pub(super) fn renews_with_many(renew: &Renew<'_>) -> bool {
+    !renew.queued && matches!(renew.kind, LockKind::Exclusive | LockKind::Fair)
+}
+
+/// `lua/renew_many.lua`: renews the holds of `renewals` (plain and fair locks) in one call.
+pub(super) fn renew_many<'a>(
+    scripts: &'static Scripts,
+    renewals: impl IntoIterator<Item = &'a Renew<'a>>,
+) -> Call {
+    let mut call = scripts.renew_many.prepare_invoke();
+    for renew in renewals {
+        call.key(renew.key.as_str())
+            .arg(renew.holder)
+            .arg(renew.lease.millis());
+    }
+    call
+}
+
+/// The call that renews one hold, or keeps one waiter's place: `lua/fair_wait.lua`,
+/// `lua/rw_wait.lua`, `lua/rw_renew.lua` or `lua/renew.lua`.
+pub(super) fn renew(scripts: &'static Scripts, renew: &Renew<'_>) -> Call {
+    let key = renew.key;
+    let millis = renew.lease.millis();
+    match (renew.kind, renew.queued) {
+        (LockKind::Fair, true) => {
+            let mut call = scripts.fair_wait.prepare_invoke();
+            call.key(key.as_str())
+                .key(key.derived(QUEUE))
+                .key(key.derived(TIMEOUTS))
+                .arg(renew.holder)
+                .arg(millis)
+                .arg(key.derived(CHANNEL));
+            call
+        }
+        (LockKind::Write, true) => {
+            let mut call = scripts.rw_wait.prepare_invoke();
+            call.key(key.derived(WRITERS))
+                .arg(renew.holder)
+                .arg(millis)
+                .arg(key.derived(CHANNEL));
+            call
+        }
+        (LockKind::Read | LockKind::Write, _) => {
+            let mut call = scripts.rw_renew.prepare_invoke();
+            call.key(key.as_str())
+                .key(key.derived(READERS))
+                .arg(renew.holder)
+                .arg(side(renew.kind))
+                .arg(millis);
+            call
+        }
+        _ => {
+            let mut call = scripts.renew.prepare_invoke();
+            call.key(key.as_str()).arg(renew.holder).arg(millis);
+            call
+        }
+    }
+}
