@@ -176,7 +176,7 @@ pub struct RedlockBackendBuilder {
     nodes: Vec<Node>,
     node_timeout: Duration,
     retry_jitter: Duration,
-    pool_size: u32,
+    pool_size: Option<u32>,
     quarantine: Option<Duration>,
 }
 
@@ -221,9 +221,10 @@ impl RedlockBackendBuilder {
         self
     }
 
-    /// The most pooled connections per node added by URL. Defaults to 4.
+    /// How many connections each node added by URL opens. Defaults to one, as for
+    /// [`RedisBackendBuilder::pool_size`](crate::RedisBackendBuilder::pool_size).
     pub fn pool_size(mut self, size: u32) -> Self {
-        self.pool_size = size;
+        self.pool_size = Some(size);
         self
     }
 
@@ -263,9 +264,10 @@ impl RedlockBackendBuilder {
             .map(|node| match node {
                 Node::Backend(backend) => Ok(backend),
                 Node::Url(url) => {
-                    let builder = RedisBackend::builder(url)
-                        .command_timeout(self.node_timeout)
-                        .pool_size(self.pool_size);
+                    let mut builder = RedisBackend::builder(url).command_timeout(self.node_timeout);
+                    if let Some(size) = self.pool_size {
+                        builder = builder.pool_size(size);
+                    }
                     match self.quarantine {
                         Some(quarantine) => builder.quarantine(quarantine),
                         None => builder,
@@ -305,7 +307,7 @@ impl RedlockBackend {
             nodes: urls.into_iter().map(|url| Node::Url(url.into())).collect(),
             node_timeout: Duration::from_millis(100),
             retry_jitter: Duration::from_millis(50),
-            pool_size: 4,
+            pool_size: None,
             quarantine: None,
         }
     }
