@@ -113,7 +113,7 @@ pub fn query(name: &str) -> Query {
 
 impl MakeKey for Query {
     /// Pairs are split at `&`, a pair at its first `=` (a pair without one has an empty value),
-    /// and both halves are [decoded](decode) before the name is compared.
+    /// and both halves are percent-decoded (`+` as a space) before the name is compared.
     fn make_key(&self, parts: &mut Parts) -> Option<Vec<u8>> {
         let query = parts.uri.query()?;
         query.split('&').find_map(|pair| {
