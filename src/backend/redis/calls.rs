@@ -2,6 +2,10 @@
 //! next to the comment at the top of its Lua file that says what each position means. The
 //! round trip of every call against a real server is tested in `tests.rs`.
 
+use std::io::Write as _;
+
+use redis::{RedisWrite, ToRedisArgs};
+
 use super::{
     CHANNEL, FENCE, QUEUE, READERS, TIMEOUTS, VOID, WRITERS,
     scripts::{Call, Scripts},
@@ -11,6 +15,19 @@ use crate::{
     lease::Lease,
     lock_key::LockKey,
 };
+
+/// A name derived from a lock's (its fencing record, its queue, its channel, …), written
+/// straight into the command rather than built as a `String` first.
+struct Derived<'a>(&'a LockKey, &'static str);
+
+impl ToRedisArgs for Derived<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut arg = out.writer_for_next_arg();
+        // Writing into a command's buffer cannot fail.
+        let _ = arg.write_all(self.0.as_str().as_bytes());
+        let _ = arg.write_all(self.1.as_bytes());
+    }
+}
 
 /// How long a release remembers a non-matching read-write attempt as given up: it has had its
 /// reply already, so only briefly.
@@ -48,10 +65,10 @@ pub(super) fn acquire(scripts: &'static Scripts, grant: &Grant<'_>, marker: &str
         LockKind::Fair => {
             let mut call = scripts.fair_acquire.prepare_invoke();
             call.key(key.as_str())
-                .key(key.derived(QUEUE))
-                .key(key.derived(TIMEOUTS))
-                .key(key.derived(FENCE))
-                .key(key.derived(VOID))
+                .key(Derived(key, QUEUE))
+                .key(Derived(key, TIMEOUTS))
+                .key(Derived(key, FENCE))
+                .key(Derived(key, VOID))
                 .arg(grant.holder)
                 .arg(grant.lease.millis())
                 .arg(grant.attempt)
@@ -65,10 +82,10 @@ pub(super) fn acquire(scripts: &'static Scripts, grant: &Grant<'_>, marker: &str
         LockKind::Read | LockKind::Write => {
             let mut call = scripts.rw_acquire.prepare_invoke();
             call.key(key.as_str())
-                .key(key.derived(READERS))
-                .key(key.derived(WRITERS))
-                .key(key.derived(FENCE))
-                .key(key.derived(VOID))
+                .key(Derived(key, READERS))
+                .key(Derived(key, WRITERS))
+                .key(Derived(key, FENCE))
+                .key(Derived(key, VOID))
                 .arg(grant.holder)
                 .arg(side(grant.kind))
                 .arg(grant.lease.millis())
@@ -83,8 +100,8 @@ pub(super) fn acquire(scripts: &'static Scripts, grant: &Grant<'_>, marker: &str
         _ => {
             let mut call = scripts.acquire.prepare_invoke();
             call.key(key.as_str())
-                .key(key.derived(FENCE))
-                .key(key.derived(VOID))
+                .key(Derived(key, FENCE))
+                .key(Derived(key, VOID))
                 .arg(grant.holder)
                 .arg(grant.lease.millis())
                 .arg(grant.attempt)
@@ -110,10 +127,10 @@ pub(super) fn release(
         LockKind::Fair => {
             let mut call = scripts.fair_release.prepare_invoke();
             call.key(key.as_str())
-                .key(key.derived(QUEUE))
-                .key(key.derived(TIMEOUTS))
+                .key(Derived(key, QUEUE))
+                .key(Derived(key, TIMEOUTS))
                 .arg(release.holder)
-                .arg(key.derived(CHANNEL))
+                .arg(Derived(key, CHANNEL))
                 .arg(flag(release.all))
                 .arg(attempt);
             call
@@ -129,10 +146,10 @@ pub(super) fn release(
         _ => {
             let mut call = scripts.release.prepare_invoke();
             call.key(key.as_str())
-                .key(key.derived(FENCE))
-                .key(key.derived(VOID))
+                .key(Derived(key, FENCE))
+                .key(Derived(key, VOID))
                 .arg(release.holder)
-                .arg(key.derived(CHANNEL))
+                .arg(Derived(key, CHANNEL))
                 .arg(flag(release.all));
             match handoff {
                 Some(next) => call
@@ -160,11 +177,11 @@ fn rw_release(
 ) -> Call {
     let mut call = scripts.rw_release.prepare_invoke();
     call.key(key.as_str())
-        .key(key.derived(READERS))
-        .key(key.derived(VOID))
+        .key(Derived(key, READERS))
+        .key(Derived(key, VOID))
         .arg(holder)
         .arg(side(kind))
-        .arg(key.derived(CHANNEL))
+        .arg(Derived(key, CHANNEL))
         .arg(flag(all))
         .arg(attempt)
         .arg(void_ms);
@@ -187,10 +204,10 @@ pub(super) fn abandon(scripts: &'static Scripts, grant: &Grant<'_>) -> Call {
         _ => {
             let mut call = scripts.abandon.prepare_invoke();
             call.key(key.as_str())
-                .key(key.derived(VOID))
+                .key(Derived(key, VOID))
                 .arg(grant.holder)
                 .arg(grant.attempt)
-                .arg(key.derived(CHANNEL))
+                .arg(Derived(key, CHANNEL))
                 .arg(grant.lease.millis());
             call
         }
@@ -209,19 +226,19 @@ pub(super) fn leave(
         LockKind::Fair => {
             let mut call = scripts.fair_wait.prepare_invoke();
             call.key(key.as_str())
-                .key(key.derived(QUEUE))
-                .key(key.derived(TIMEOUTS))
+                .key(Derived(key, QUEUE))
+                .key(Derived(key, TIMEOUTS))
                 .arg(holder)
                 .arg(0)
-                .arg(key.derived(CHANNEL));
+                .arg(Derived(key, CHANNEL));
             Some(call)
         }
         LockKind::Write => {
             let mut call = scripts.rw_wait.prepare_invoke();
-            call.key(key.derived(WRITERS))
+            call.key(Derived(key, WRITERS))
                 .arg(holder)
                 .arg(0)
-                .arg(key.derived(CHANNEL));
+                .arg(Derived(key, CHANNEL));
             Some(call)
         }
         _ => None,
@@ -256,25 +273,25 @@ pub(super) fn renew(scripts: &'static Scripts, renew: &Renew<'_>) -> Call {
         (LockKind::Fair, true) => {
             let mut call = scripts.fair_wait.prepare_invoke();
             call.key(key.as_str())
-                .key(key.derived(QUEUE))
-                .key(key.derived(TIMEOUTS))
+                .key(Derived(key, QUEUE))
+                .key(Derived(key, TIMEOUTS))
                 .arg(renew.holder)
                 .arg(millis)
-                .arg(key.derived(CHANNEL));
+                .arg(Derived(key, CHANNEL));
             call
         }
         (LockKind::Write, true) => {
             let mut call = scripts.rw_wait.prepare_invoke();
-            call.key(key.derived(WRITERS))
+            call.key(Derived(key, WRITERS))
                 .arg(renew.holder)
                 .arg(millis)
-                .arg(key.derived(CHANNEL));
+                .arg(Derived(key, CHANNEL));
             call
         }
         (LockKind::Read | LockKind::Write, _) => {
             let mut call = scripts.rw_renew.prepare_invoke();
             call.key(key.as_str())
-                .key(key.derived(READERS))
+                .key(Derived(key, READERS))
                 .arg(renew.holder)
                 .arg(side(renew.kind))
                 .arg(millis);

@@ -86,17 +86,27 @@ impl RedisBackend {
         budget: Duration,
         op: impl AsyncFnOnce(&mut Conn) -> Result<T, RedisError>,
     ) -> Result<T, BackendError> {
-        let deadline = tokio::time::Instant::now() + budget;
+        // One timer for both steps; it is registered only if a step has to wait.
+        let out_of_time = tokio::time::sleep(budget);
+        tokio::pin!(out_of_time);
         let result = async {
             // No connection in time: nothing was sent, so the outcome is known.
-            let mut conn = tokio::time::timeout_at(deadline, self.inner.transport.get())
-                .await
-                .map_err(|_| BackendError::from_kind(BackendErrorKind::Unavailable))??;
-            let Ok(result) = tokio::time::timeout_at(deadline, op(&mut conn)).await else {
-                // A connection that stayed silent for the whole budget may be half-open or
-                // cut off: a fresh one is cheaper than finding out on the next command.
-                conn.mark_broken();
-                return Err(BackendError::from_kind(BackendErrorKind::Timeout));
+            let mut conn = tokio::select! {
+                biased;
+                conn = self.inner.transport.get() => conn?,
+                () = &mut out_of_time => {
+                    return Err(BackendError::from_kind(BackendErrorKind::Unavailable));
+                }
+            };
+            let result = tokio::select! {
+                biased;
+                result = op(&mut conn) => result,
+                () = &mut out_of_time => {
+                    // A connection that stayed silent for the whole budget may be half-open or
+                    // cut off: a fresh one is cheaper than finding out on the next command.
+                    conn.mark_broken();
+                    return Err(BackendError::from_kind(BackendErrorKind::Timeout));
+                }
             };
             if let Err(error) = &result
                 && (error.is_io_error()

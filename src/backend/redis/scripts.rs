@@ -12,7 +12,7 @@
 
 use std::sync::LazyLock;
 
-use redis::{Cmd, Script, ToRedisArgs};
+use redis::{Arg, Cmd, Script, ToRedisArgs};
 
 /// One script: its body and its SHA1.
 pub(super) struct Lua {
@@ -47,29 +47,33 @@ impl Lua {
     pub(super) fn prepare_invoke(&'static self) -> Call {
         Call {
             lua: self,
-            keys: Vec::new(),
-            args: Vec::new(),
+            keys: Cmd::new(),
+            key_count: 0,
+            args: Cmd::new(),
         }
     }
 }
 
-/// One call of a script: `KEYS` and `ARGV` in order.
+/// One call of a script: `KEYS` and `ARGV` in order, each kept in one buffer (a `Cmd` without
+/// a name) rather than an allocation per argument.
 pub(super) struct Call {
     lua: &'static Lua,
-    keys: Vec<Vec<u8>>,
-    args: Vec<Vec<u8>>,
+    keys: Cmd,
+    key_count: usize,
+    args: Cmd,
 }
 
 impl Call {
     /// Appends to `KEYS`.
     pub(super) fn key(&mut self, key: impl ToRedisArgs) -> &mut Self {
-        key.write_redis_args(&mut self.keys);
+        self.key_count += key.num_of_args();
+        self.keys.arg(key);
         self
     }
 
     /// Appends to `ARGV`.
     pub(super) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
-        arg.write_redis_args(&mut self.args);
+        self.args.arg(arg);
         self
     }
 
@@ -84,9 +88,11 @@ impl Call {
             cmd.arg(self.lua.code.as_str());
             cmd
         };
-        cmd.arg(self.keys.len());
-        for item in self.keys.iter().chain(&self.args) {
-            cmd.arg(item.as_slice());
+        cmd.arg(self.key_count);
+        for item in self.keys.args_iter().chain(self.args.args_iter()) {
+            if let Arg::Simple(bytes) = item {
+                cmd.arg(bytes);
+            }
         }
         cmd
     }
