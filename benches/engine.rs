@@ -163,20 +163,37 @@ struct TickRun {
 }
 
 impl Bench<'_> {
-    /// W1 and W2: `tasks` tasks, each acquiring and releasing its own key in a loop.
-    async fn pairs(&self, name: &str, what: &str, tasks: usize, impls: &[Impl], table: &mut Table) {
-        println!();
-        println!("{name}: {what}, sequential acquire + release");
-        let mut runs: Vec<(Impl, usize, PairRun)> = Vec::new();
+    /// Runs `once` for every lock of `impls`, `self.reps` times, the order rotated each
+    /// repetition, on a fresh key each time (`{name}:{lock}:{rep}`); a failed run is reported
+    /// and left out.
+    async fn repeated<R>(
+        &self,
+        name: &str,
+        impls: &[Impl],
+        once: impl AsyncFn(Impl, String) -> Result<R, String>,
+    ) -> Vec<(Impl, usize, R)> {
+        let mut runs = Vec::new();
         for rep in 0..self.reps {
             for which in rotated(impls, rep) {
                 let key = format!("{name}:{}:{rep}", which.tag());
-                match self.pairs_once(which, &key, tasks).await {
+                match once(which, key).await {
                     Ok(run) => runs.push((which, rep, run)),
                     Err(e) => println!("  {} rep {rep}: {e}", which.name()),
                 }
             }
         }
+        runs
+    }
+
+    /// W1 and W2: `tasks` tasks, each acquiring and releasing its own key in a loop.
+    async fn pairs(&self, name: &str, what: &str, tasks: usize, impls: &[Impl], table: &mut Table) {
+        println!();
+        println!("{name}: {what}, sequential acquire + release");
+        let runs = self
+            .repeated(name, impls, async |which, key| {
+                self.pairs_once(which, &key, tasks).await
+            })
+            .await;
         println!(
             "  {:<18} {:>24} {:>20} {:>20} {:>16} {:>12}",
             "",
@@ -296,16 +313,11 @@ impl Bench<'_> {
         println!(
             "W3: {TASKS} tasks of one process on one key, an .await inside the critical section"
         );
-        let mut runs: Vec<(Impl, usize, ContRun)> = Vec::new();
-        for rep in 0..self.reps {
-            for which in rotated(impls, rep) {
-                let key = format!("W3:{}:{rep}", which.tag());
-                match self.w3_once(which, &key, TASKS).await {
-                    Ok(run) => runs.push((which, rep, run)),
-                    Err(e) => println!("  {} rep {rep}: {e}", which.name()),
-                }
-            }
-        }
+        let runs = self
+            .repeated("W3", impls, async |which, key| {
+                self.w3_once(which, &key, TASKS).await
+            })
+            .await;
         println!(
             "  {:<18} {:>22} {:>22} {:>18} {:>18} {:>18} {:>10}",
             "",
@@ -438,25 +450,19 @@ impl Bench<'_> {
             "{name}: {PROCESSES} OS processes x {TASKS} tasks on one key{}",
             if name == "W3f" { ", fair lock" } else { "" }
         );
-        let mut runs: Vec<(Impl, usize, procs::ProcRun)> = Vec::new();
-        for rep in 0..self.reps {
-            for which in rotated(impls, rep) {
-                let key = format!("{name}:{}:{rep}", which.tag());
-                match procs::run(which, self.url, &key, PROCESSES, TASKS, self.window).await {
-                    Ok(run) => {
-                        if !run.late.is_zero() {
-                            println!(
-                                "  {} rep {rep}: a worker started {:.0} ms late",
-                                which.name(),
-                                ms(run.late)
-                            );
-                        }
-                        runs.push((which, rep, run));
-                    }
-                    Err(e) => println!("  {} rep {rep}: {e}", which.name()),
+        let runs = self
+            .repeated(name, impls, async |which, key| {
+                let run = procs::run(which, self.url, &key, PROCESSES, TASKS, self.window).await?;
+                if !run.late.is_zero() {
+                    println!(
+                        "  {}: a worker started {:.0} ms late",
+                        which.name(),
+                        ms(run.late)
+                    );
                 }
-            }
-        }
+                Ok(run)
+            })
+            .await;
         println!(
             "  {:<18} {:>20} {:>20} {:>20} {:>16} {:>18} {:>10}",
             "",
@@ -530,16 +536,11 @@ impl Bench<'_> {
     async fn w4(&self, impls: &[Impl], table: &mut Table) {
         println!();
         println!("W4: one renewal tick for {W4_LOCKS} held locks");
-        let mut runs: Vec<(Impl, usize, TickRun)> = Vec::new();
-        for rep in 0..self.reps {
-            for which in rotated(impls, rep) {
-                let key = format!("W4:{}:{rep}", which.tag());
-                match self.w4_once(which, &key).await {
-                    Ok(run) => runs.push((which, rep, run)),
-                    Err(e) => println!("  {} rep {rep}: {e}", which.name()),
-                }
-            }
-        }
+        let runs = self
+            .repeated("W4", impls, async |which, key| {
+                self.w4_once(which, &key).await
+            })
+            .await;
         println!(
             "  {:<18} {:>18} {:>18} {:>20} {:>20} {:>16}",
             "", "tick p50 ms", "tick p99 ms", "Redis script ms", "Redis CPU ms", "cmds/tick"
@@ -583,22 +584,10 @@ impl Bench<'_> {
         let lease = Duration::from_secs(60);
         let measured = match Locker::connect(which, self.url).await? {
             Locker::Tower(client, _) => {
-                let mut guards = Vec::new();
-                for chunk in keys.chunks(500) {
-                    let acquires = chunk
-                        .iter()
-                        .map(|k| client.lock(k).lease(Lease::fixed(lease)).acquire());
-                    for result in futures_util::future::join_all(acquires).await {
-                        match result {
-                            Ok(guard) => guards.push(guard),
-                            Err(e) => run
-                                .errors
-                                .add(format!("acquire {}", measure::error_kind(&e)), || {
-                                    format!("{e:?}")
-                                }),
-                        }
-                    }
-                }
+                let guards = acquire_all(&keys, &mut run.errors, |k| {
+                    client.lock(k).lease(Lease::fixed(lease)).acquire()
+                })
+                .await;
                 let renewals: Vec<Renew<'_>> = guards
                     .iter()
                     .map(|g| {
@@ -631,20 +620,8 @@ impl Bench<'_> {
                 counted
             }
             Locker::Hand(lock) => {
-                let mut guards = Vec::new();
-                for chunk in keys.chunks(500) {
-                    let acquires = chunk.iter().map(|k| lock.acquire(k, lockers::WAIT));
-                    for result in futures_util::future::join_all(acquires).await {
-                        match result {
-                            Ok(guard) => guards.push(guard),
-                            Err(e) => run
-                                .errors
-                                .add(format!("acquire {}", measure::error_kind(&e)), || {
-                                    format!("{e:?}")
-                                }),
-                        }
-                    }
-                }
+                let guards =
+                    acquire_all(&keys, &mut run.errors, |k| lock.acquire(k, lockers::WAIT)).await;
                 let counted = self
                     .ticks(&mut ticks, &mut run, async || {
                         let renewed = lock.renew(&guards).await.map_err(|e| format!("{e:?}"))?;
@@ -657,20 +634,7 @@ impl Bench<'_> {
                 counted
             }
             Locker::Rslock(manager) => {
-                let mut locks = Vec::new();
-                for chunk in keys.chunks(500) {
-                    let acquires = chunk.iter().map(|k| manager.lock(k.as_str(), lease));
-                    for result in futures_util::future::join_all(acquires).await {
-                        match result {
-                            Ok(lock) => locks.push(lock),
-                            Err(e) => run
-                                .errors
-                                .add(format!("acquire {}", measure::error_kind(&e)), || {
-                                    format!("{e:?}")
-                                }),
-                        }
-                    }
-                }
+                let locks = acquire_all(&keys, &mut run.errors, |k| manager.lock(k, lease)).await;
                 let counted = self
                     .ticks(&mut ticks, &mut run, async || {
                         let extends = locks.iter().map(|l| manager.extend(l, lease));
@@ -834,7 +798,7 @@ impl Table {
                     .find(|(w, _)| *w == which)
                     .map(|(_, v)| median(v))
                 {
-                    Some(v) if !v.is_nan() => print!(" {:>17}", figure(v)),
+                    Some(v) if !v.is_nan() => print!(" {:>17}", measure::cell(v, 2)),
                     _ => print!(" {:>17}", "-"),
                 }
             }
@@ -871,13 +835,28 @@ impl Table {
     }
 }
 
-/// A table cell: few significant digits.
-fn figure(v: f64) -> String {
-    if v.abs() >= 100.0 {
-        format!("{v:.0}")
-    } else if v.abs() >= 10.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
+/// Takes the lock of every key through `acquire`, 500 at a time, counting each failure in
+/// `errors` by kind.
+async fn acquire_all<'k, G, E, F>(
+    keys: &'k [String],
+    errors: &mut Errors,
+    acquire: impl Fn(&'k str) -> F,
+) -> Vec<G>
+where
+    F: Future<Output = Result<G, E>>,
+    E: std::fmt::Debug,
+{
+    let mut taken = Vec::with_capacity(keys.len());
+    for chunk in keys.chunks(500) {
+        let acquires = chunk.iter().map(|k| acquire(k.as_str()));
+        for result in futures_util::future::join_all(acquires).await {
+            match result {
+                Ok(guard) => taken.push(guard),
+                Err(e) => errors.add(format!("acquire {}", measure::error_kind(&e)), || {
+                    format!("{e:?}")
+                }),
+            }
+        }
     }
+    taken
 }

@@ -653,7 +653,7 @@ fn print_summary(figures: &[Figure]) {
                 }
                 Some(x) => match Spread::of(x.iter().copied()).median {
                     m if m.is_nan() => print!(" {:>20}", "-"),
-                    m => print!(" {:>20}", figure(m)),
+                    m => print!(" {:>20}", measure::cell(m, 3)),
                 },
                 None => print!(" {:>20}", "-"),
             }
@@ -671,16 +671,5 @@ fn print_summary(figures: &[Figure]) {
             }
             _ => println!(" {:>7} {:>18}", "-", "-"),
         }
-    }
-}
-
-/// A table cell: few significant digits.
-fn figure(v: f64) -> String {
-    if v.abs() >= 100.0 {
-        format!("{v:.0}")
-    } else if v.abs() >= 10.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.3}")
     }
 }

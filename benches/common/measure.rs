@@ -307,3 +307,14 @@ impl RedisCounters {
         delta
     }
 }
+
+/// A table cell: few significant digits; `small` decimals below 10.
+pub(crate) fn cell(v: f64, small: usize) -> String {
+    if v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.small$}")
+    }
+}
