@@ -589,7 +589,7 @@ async fn call_node<T>(
 
 impl Inner {
     /// Waits (within a node call's bound) for the late acquire calls of `holder`'s hold of
-    /// `key`, so that a release sent next reaches every node after them.
+    /// `key`, so that a release or re-entry sent next reaches every node after them.
     async fn after_late_calls(&self, key: &LockKey, holder: &str) {
         let (hold, gate) = {
             let late = lock(&self.late);
@@ -631,6 +631,10 @@ impl Backend for RedlockBackend {
 
     async fn acquire(&self, grant: Grant<'_>) -> Result<AcquireReply, BackendError> {
         refuse(grant.kind, grant.fencing, grant.key)?;
+        // A re-entry sent while the hold's first grant is still on its way to a slow node
+        // could reach that node first and count one hold less there: it waits, as a release
+        // does.
+        self.inner.after_late_calls(grant.key, grant.holder).await;
         let quorum = self.inner.quorum;
         let started = Instant::now();
         self.inner.rounds.fetch_add(1, Ordering::Relaxed);
