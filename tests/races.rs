@@ -736,3 +736,23 @@ async fn a_single_hold_given_up_on_is_taken_by_the_next_acquire() {
     let guard = b.lock("void").try_acquire().await.expect("taken over");
     guard.release().await.unwrap();
 }
+
+/// A waiter's later attempts go straight to the acquire script: only its first try is a
+/// `SET NX` meant for a free lock, so a retry never pays a refused `SET` before the script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_first_try_is_a_set() {
+    let server = RedisServer::start();
+    let a = redis_client(&server, Lease::DEFAULT).await;
+    let b = redis_client(&server, Lease::DEFAULT).await;
+    let held = a.lock("three").acquire().await.unwrap();
+    server.cmd(&["CONFIG", "RESETSTAT"]);
+    let waiter = waiting(&server, &b, "three").await;
+    held.release().await.unwrap();
+    assert_woken(waiter).await;
+    let stats = server.info("commandstats").expect("INFO commandstats");
+    assert_eq!(
+        support::command_calls(&stats, "set"),
+        1,
+        "the waiter's first try only: {stats}"
+    );
+}

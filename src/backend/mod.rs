@@ -74,6 +74,10 @@ pub struct Grant<'a> {
     pub supersedes: Option<&'a str>,
     /// Whether this grant may add a hold to one the holder already has.
     pub reentry: Reentry,
+    /// An earlier attempt of the same acquisition found the lock held: it likely still is, so
+    /// a backend skips a first try meant for a free lock (the Redis backend's `SET NX`) and
+    /// asks what holds it at once.
+    pub contended: bool,
 }
 
 /// Whether an acquire may add a hold to one its holder already has in the backend.

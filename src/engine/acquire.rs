@@ -254,12 +254,15 @@ impl<B: Backend> Engine<B> {
         let mut listener = None;
         // The current holder's remaining lease, as last seen: the hint for a caller timed out.
         let mut retry_after = None;
+        // Whether an attempt of this acquisition found the lock held.
+        let mut contended = false;
         loop {
             // When to try again at the latest (the holder's lease runs out).
             let retry_in = match self.table.turn(&request.key, id) {
                 Turn::Contend => {
                     let grant = Grant {
                         reentry: self.new_hold_reentry(&want.holder),
+                        contended,
                         ..want.grant(&request.key, queue)
                     };
                     let sent_at = BootInstant::now();
@@ -303,6 +306,7 @@ impl<B: Backend> Engine<B> {
                         }
                         Ok(AcquireReply::Held { ttl }) => {
                             retry_after = ttl;
+                            contended = true;
                             if let Some(place) = &ticket.queued {
                                 // The watchdog keeps the place alive from now on.
                                 self.watch(place.joined(sent_at));
@@ -470,6 +474,7 @@ impl<B: Backend> Engine<B> {
                     queue: None,
                     supersedes: None,
                     reentry: Reentry::Allowed,
+                    contended: false,
                 };
                 if let Ok(undone) = shared.backend.abandon(grant).await {
                     tracing::info!(key = %key, undone, "resolved an attempt whose reply was lost");

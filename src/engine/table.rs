@@ -131,6 +131,7 @@ impl Want {
             queue,
             supersedes: self.supersedes.as_deref(),
             reentry: Reentry::Allowed,
+            contended: false,
         }
     }
 }

@@ -373,8 +373,9 @@ impl RedisBackend {
     /// The first try at a free exclusive lock, as one `SET NX`: a single hold, which the
     /// scripts turn into a hash when it is re-entered or contended. `None` when the lock was
     /// not free (the acquire script then looks at what holds it), or when the acquire needs
-    /// the script anyway: a fencing token, a boot marker to check, a re-entry, or an earlier
-    /// attempt to take over.
+    /// the script anyway: a fencing token, a boot marker to check, a re-entry, an earlier
+    /// attempt to take over, or a lock an earlier attempt found held (a waiter's retry would
+    /// otherwise pay two round trips whenever someone got in first).
     async fn acquire_single(
         &self,
         grant: &Grant<'_>,
@@ -384,7 +385,8 @@ impl RedisBackend {
             && !grant.fencing
             && marker.is_empty()
             && grant.supersedes.is_none()
-            && grant.reentry != Reentry::Only;
+            && grant.reentry != Reentry::Only
+            && !grant.contended;
         if !plain {
             return Ok(None);
         }

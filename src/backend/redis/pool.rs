@@ -171,6 +171,24 @@ impl Place {
         }
         handle
     }
+
+    /// A handle on this place's connection, opened first when it has none.
+    async fn connection(&self, manager: &Manager) -> Result<Conn, RedisError> {
+        if let Some(conn) = self.ready() {
+            return Ok(conn);
+        }
+        let _opening = self.opening.lock().await;
+        // Another command may have opened it while this one waited.
+        if let Some(conn) = self.ready() {
+            return Ok(conn);
+        }
+        let tracked = manager.connect().await?;
+        let conn = tracked.handle().ok_or_else(|| {
+            RedisError::from((redis::ErrorKind::Io, "a new connection broke at once"))
+        })?;
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(tracked);
+        Ok(conn)
+    }
 }
 
 impl Connections {
@@ -183,37 +201,19 @@ impl Connections {
         }
     }
 
-    /// A connection for one command: the next place's, opened there first when it has none.
+    /// A connection for one command: the next place's.
     pub(super) async fn get(&self) -> Result<Conn, RedisError> {
         let place = &self.places[self.next.fetch_add(1, Ordering::Relaxed) % self.places.len()];
-        if let Some(conn) = place.ready() {
-            return Ok(conn);
-        }
-        let _opening = place.opening.lock().await;
-        // Another command may have opened it while this one waited.
-        if let Some(conn) = place.ready() {
-            return Ok(conn);
-        }
-        let tracked = self.manager.connect().await?;
-        let conn = tracked.handle().ok_or_else(|| {
-            RedisError::from((redis::ErrorKind::Io, "a new connection broke at once"))
-        })?;
-        *place.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(tracked);
-        Ok(conn)
+        place.connection(&self.manager).await
     }
 
-    /// Opens the connection of every place that has none.
+    /// Opens the connection of every place that has none (one that fails is opened again by
+    /// the command that next needs it).
     pub(super) async fn open_all(&self) {
-        let all = self.places.iter().map(async |place| {
-            if place.ready().is_none() {
-                let _opening = place.opening.lock().await;
-                if place.ready().is_none()
-                    && let Ok(tracked) = self.manager.connect().await
-                {
-                    *place.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(tracked);
-                }
-            }
-        });
+        let all = self
+            .places
+            .iter()
+            .map(|place| place.connection(&self.manager));
         futures_util::future::join_all(all).await;
     }
 }

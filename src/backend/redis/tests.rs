@@ -28,6 +28,7 @@ fn grant<'a>(
         queue: None,
         supersedes,
         reentry: Reentry::Allowed,
+        contended: false,
     }
 }
 
@@ -135,6 +136,7 @@ async fn every_script_round_trips_through_its_typed_call() {
             queue,
             supersedes: None,
             reentry: Reentry::Allowed,
+            contended: false,
         };
 
         // A grant with a fencing token (the write side only, of a read-write lock):
@@ -231,6 +233,7 @@ async fn every_script_round_trips_through_its_typed_call() {
         queue: None,
         supersedes: None,
         reentry: Reentry::Allowed,
+        contended: false,
     };
     let _: Vec<i64> = run_call(&calls::acquire(scripts, &first, ""), &mut conn)
         .await

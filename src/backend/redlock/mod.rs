@@ -549,6 +549,8 @@ impl OwnedGrant {
             queue: self.queue,
             supersedes: self.supersedes.as_deref(),
             reentry: self.reentry,
+            // Only ever abandoned: whether it was contended does not matter.
+            contended: false,
         }
     }
 }

@@ -53,14 +53,14 @@ if ARGV[6] ~= 'held' and redis.call('EXISTS', lock) == 0 then
   redis.call('HSET', lock, holder, 1, '~a', ARGV[3])
   return granted(lock, ARGV[2], 1, ARGV[4], KEYS[2])
 end
-local found = redis.call('HMGET', lock, holder, '~a')
+local found = redis.call('HMGET', lock, holder, '~a', '~q')
 if found[1] and may_reenter(lock, ARGV[6], ARGV[5], '~a', '~r') then
   return granted(lock, ARGV[2], reenter(lock, holder, ARGV[3], ARGV[5], '~a', '~r'), ARGV[4], KEYS[2])
 end
 -- Refused: the lock is held (or, re-entering only, not held by this holder). The caller may
--- wait, so the release that frees this lock must be published ('~q'); a hash that is not a
--- lock (it has no grant) is left as it is.
-if found[2] then
+-- wait, so the release that frees this lock must be published ('~q', written once); a hash
+-- that is not a lock (it has no grant) is left as it is.
+if found[2] and not found[3] then
   redis.call('HSET', lock, '~q', 1)
 end
 return {0, redis.call('PTTL', lock)}
