@@ -36,6 +36,9 @@ pub enum LockError {
     /// The request's lease is too short to be held (under 3 ms).
     #[error("lease of {0:?} is too short")]
     InvalidLease(Duration),
+    /// A semaphore was asked for with no permits: nobody could ever hold it.
+    #[error("a semaphore needs at least one permit")]
+    InvalidPermits,
     /// Too many requests are already waiting in this client, for this key
     /// (`max_waiters_per_key`) or over all keys (`max_waiters`).
     #[error("too many waiters for this lock")]

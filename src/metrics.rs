@@ -4,10 +4,10 @@
 //!
 //! Labels take values from fixed sets, never a user key (request data as a label would let
 //! clients grow the series without bound):
-//! - `kind`: `exclusive`, `fair`, `read`, `write`;
+//! - `kind`: `exclusive`, `fair`, `read`, `write`, `semaphore`;
 //! - `outcome` of a wait: `acquired`, `timeout`, `error`; of a renewal: `renewed`, `not_held`,
 //!   `failed`; of a renewal batch: `ok`, `failed`;
-//! - `reason` of an acquire error: `invalid_key`, `invalid_lease`, `too_many_waiters`,
+//! - `reason` of an acquire error: `invalid_key`, `invalid_lease`, `invalid_permits`, `too_many_waiters`,
 //!   `backend`, `upgrade_refused`, `lost`, `not_held`, `shut_down`, `other`; of a rejection:
 //!   `missing_key`, `invalid_key`, `locked`, `conflict`, `misconfigured`, `too_many_waiters`,
 //!   `unavailable`, `lost`, `shut_down`.
@@ -138,6 +138,7 @@ fn kind_label(kind: LockKind) -> &'static str {
         LockKind::Fair => "fair",
         LockKind::Read => "read",
         LockKind::Write => "write",
+        LockKind::Semaphore => "semaphore",
     }
 }
 
@@ -152,6 +153,7 @@ fn error_reason(error: &LockError) -> &'static str {
         LockError::Lost => "lost",
         LockError::NotHeld => "not_held",
         LockError::InvalidLease(_) => "invalid_lease",
+        LockError::InvalidPermits => "invalid_permits",
         _ => "other",
     }
 }

@@ -1,6 +1,7 @@
 //! The Redis backend on a Redis Cluster of three masters and three replicas, formed by the
 //! fixture in `tests/support/cluster.rs`: mutual exclusion on keys spread over every master,
-//! sharded notifications on the owning shard, fair and read-write locks, a slot migrated while
+//! sharded notifications on the owning shard, fair and read-write locks, semaphores, a slot
+//! migrated while
 //! its lock is held and waited on, a master killed and replaced by its replica, and scripts
 //! flushed on every node.
 #![cfg(feature = "cluster")]
@@ -257,6 +258,46 @@ async fn fair_and_read_write_locks() {
         .expect("task")
         .expect("write");
     write.release().await.expect("release write");
+}
+
+/// A semaphore on every master: its permits are shared up to the count, a waiter listens on
+/// the shard that owns it and is woken there when a permit is given back.
+#[tokio::test]
+async fn semaphores_on_every_master() {
+    let cluster = RedisCluster::start();
+    let (a, b) = (client(&cluster, "sem:").await, client(&cluster, "sem:").await);
+    for node in 0..3 {
+        let key = key_on(&cluster, "sem:", node);
+        let lease = Lease::fixed(Duration::from_secs(30));
+        let one = a.semaphore(&key, 2).lease(lease).acquire().await.expect("permit");
+        let two = b.semaphore(&key, 2).lease(lease).acquire().await.expect("permit");
+        assert!(matches!(
+            b.semaphore(&key, 2).try_acquire().await,
+            Err(LockError::WaitTimeout { .. })
+        ));
+        let holders = lock_name("sem:", &key) + ":sem:readers";
+        assert_eq!(cluster.owner_of(&holders), node, "its keys share the lock's slot");
+        assert_eq!(cluster.node(node).cmd(&["ZCARD", &holders]).as_int(), 2);
+        let channel = lock_name("sem:", &key) + ":sem:released";
+        let waiter = {
+            let b = b.clone();
+            tokio::spawn(async move {
+                let permit = b.semaphore(&key, 2).acquire().await;
+                (permit, Instant::now())
+            })
+        };
+        eventually(Duration::from_secs(5), "the waiter subscribed", || {
+            shard_subscribers(cluster.node(node), &channel) == 1
+        })
+        .await;
+        one.release().await.expect("release");
+        let released = Instant::now();
+        let (permit, granted) = waiter.await.expect("task");
+        let permit = permit.expect("the waiter gets the permit");
+        assert!(granted - released < PROMPT, "woken by the release");
+        permit.release().await.expect("release");
+        two.release().await.expect("release");
+    }
 }
 
 /// A held and waited lock whose slot moves to another master: the holder keeps renewing on the

@@ -12,7 +12,8 @@
 //!
 //! The checker never looks inside the engine. It records who is inside which critical
 //! section, holding which guard, and asserts:
-//! 1. no two holders are inside one key's section with both guards not lost (readers may share);
+//! 1. no two holders are inside one key's section with both guards not lost (readers may share;
+//!    a semaphore's holders may be as many as its permits);
 //! 2. a guard whose lock another holder took reports it: its `lost()` resolves soon after;
 //! 3. once the program is over, every key can be taken at once by a fresh client (no lock is
 //!    stranded by a cancelled or raced operation);
@@ -146,7 +147,12 @@ enum Kind {
     Fair,
     Read,
     Write,
+    /// A permit of a semaphore of [`PERMITS`].
+    Semaphore,
 }
+
+/// The permits of the program's semaphore.
+const PERMITS: usize = 2;
 
 impl Kind {
     /// Whether holders of these two sides may be inside at once.
@@ -155,12 +161,13 @@ impl Kind {
     }
 }
 
-/// The program's keys: plain locks, one fair lock, one read-write lock.
-const KEYS: [(&str, Option<Kind>); 4] = [
+/// The program's keys: plain locks, one fair lock, one read-write lock, one semaphore.
+const KEYS: [(&str, Option<Kind>); 5] = [
     ("a", Some(Kind::Exclusive)),
     ("b", Some(Kind::Exclusive)),
     ("f", Some(Kind::Fair)),
     ("rw", None),
+    ("s", Some(Kind::Semaphore)),
 ];
 
 /// Who is inside which section: the checker's own record, built from the program's events.
@@ -217,6 +224,15 @@ impl<B: Backend> Checker<B> {
         guard: &LockGuard<B>,
     ) {
         let inside = self.inside.lock().unwrap_or_else(PoisonError::into_inner);
+        if kind == Kind::Semaphore {
+            let others = holding_tasks(inside.get(key).into_iter().flatten(), task);
+            if !guard.is_lost() && others.len() >= PERMITS {
+                self.violation(format!(
+                    "key {key}: t{task} and {others:?} hold a permit, neither lost, over {PERMITS} permits"
+                ));
+            }
+            return;
+        }
         for other in inside.get(key).into_iter().flatten() {
             if other.task == task || kind.shares_with(other.kind) {
                 continue;
@@ -247,10 +263,17 @@ impl<B: Backend> Checker<B> {
         };
         let mut inside = self.inside.lock().unwrap_or_else(PoisonError::into_inner);
         let entries = inside.entry(key).or_default();
+        if kind == Kind::Semaphore {
+            self.expect_displaced_permits(key, task, &guard, entries);
+        }
         // Everyone this entry displaced (inside, but past their deadline) must learn of it
         // soon. An entry whose own guard is already lost displaced nobody.
         for other in entries.iter() {
-            if other.task == task || kind.shares_with(other.kind) || guard.is_lost() {
+            if other.task == task
+                || kind.shares_with(other.kind)
+                || kind == Kind::Semaphore
+                || guard.is_lost()
+            {
                 continue;
             }
             let lost = other.guard.lost();
@@ -279,6 +302,45 @@ impl<B: Backend> Checker<B> {
             ),
         );
         guard
+    }
+
+    /// `task` takes a permit while `entries` (other tasks' permits) may already use them all:
+    /// enough of those must have been displaced (past their deadline) and learn of it soon.
+    fn expect_displaced_permits(
+        self: &Arc<Self>,
+        key: &'static str,
+        task: usize,
+        guard: &LockGuard<B>,
+        entries: &[Inside<B>],
+    ) {
+        let mut holders = HashMap::new();
+        for other in entries.iter().filter(|other| other.task != task) {
+            holders
+                .entry(other.task)
+                .or_insert_with(|| other.guard.lost());
+        }
+        if guard.is_lost() || holders.len() < PERMITS {
+            return;
+        }
+        // One more permit than there are: that many holders must hear they lost theirs.
+        let displaced = holders.len() + 1 - PERMITS;
+        let (checker, slack) = (self.clone(), self.slack);
+        tokio::spawn(async move {
+            let tasks: Vec<usize> = holders.keys().copied().collect();
+            let mut lost: futures_util::stream::FuturesUnordered<_> =
+                holders.into_values().collect();
+            let heard = async {
+                for _ in 0..displaced {
+                    futures_util::StreamExt::next(&mut lost).await;
+                }
+            };
+            if tokio::time::timeout(slack, heard).await.is_err() {
+                checker.violation(format!(
+                    "key {key}: t{task} took a permit while {tasks:?} held all {PERMITS}, and \
+                     {displaced} of them were not reported lost within {slack:?}"
+                ));
+            }
+        });
     }
 
     /// `task` leaves the section of `key`; gives the guard back to be released or dropped.
@@ -312,6 +374,20 @@ impl<B: Backend> Checker<B> {
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
+}
+
+/// The tasks other than `task` inside with a guard not lost.
+fn holding_tasks<'a, B: Backend>(
+    entries: impl Iterator<Item = &'a Inside<B>>,
+    task: usize,
+) -> Vec<usize> {
+    let mut tasks: Vec<usize> = entries
+        .filter(|entry| entry.task != task && !entry.guard.is_lost())
+        .map(|entry| entry.task)
+        .collect();
+    tasks.sort_unstable();
+    tasks.dedup();
+    tasks
 }
 
 /// Time scale of a program: the in-memory run uses short leases on the paused clock; the Redis
@@ -414,6 +490,7 @@ fn request<'a, B: Backend>(client: &'a LockClient<B>, ask: &Ask) -> tower_lock::
         Kind::Fair => client.fair_lock(ask.key),
         Kind::Read => client.read_write_lock(ask.key).read(),
         Kind::Write => client.read_write_lock(ask.key).write(),
+        Kind::Semaphore => client.semaphore(ask.key, PERMITS as u32),
     };
     request.wait(ask.wait).lease(ask.lease)
 }
@@ -624,6 +701,8 @@ async fn program<S: Backend + Clone>(
         let request = match kind {
             Some(Kind::Exclusive) => fresh.lock(key),
             Some(Kind::Fair) => fresh.fair_lock(key),
+            // Every permit at once: nobody holds one.
+            Some(Kind::Semaphore) => fresh.semaphore(key, 1),
             _ => fresh.read_write_lock(key).write(),
         };
         match request.wait(scale.ms(10)).acquire().await {

@@ -38,6 +38,9 @@ pub enum LockKind {
     Read,
     /// The write side of a read-write lock: exclusive, and waiting writers hold back new readers.
     Write,
+    /// A permit of a semaphore: at most [`Grant::permits`] holders hold it at once, each with
+    /// a lease of its own. No fencing tokens (permits are shared).
+    Semaphore,
 }
 
 impl LockKind {
@@ -78,6 +81,9 @@ pub struct Grant<'a> {
     /// a backend skips a first try meant for a free lock (the Redis backend's `SET NX`) and
     /// asks what holds it at once.
     pub contended: bool,
+    /// For a [semaphore](LockKind::Semaphore): how many holders may hold it at once. Ignored
+    /// by the other kinds.
+    pub permits: u32,
 }
 
 /// Whether an acquire may add a hold to one its holder already has in the backend.

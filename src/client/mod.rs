@@ -168,6 +168,40 @@ impl<B: Backend> LockClient<B> {
         }
     }
 
+    /// A request for a permit of the semaphore named `key`: at most `permits` holders hold one
+    /// at once, across every process sharing the backend. A permit is leased and renewed like
+    /// a lock (a crashed holder's permit comes back when its lease runs out), waiters are woken
+    /// when a permit is given back, and a holder that acquires again nests in the permit it
+    /// has. Use one permit count per key: each acquire is checked against its own count. Its
+    /// name is separate from [`lock`](Self::lock)'s; it has no fencing tokens. Not offered by
+    /// Redlock.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_lock::LockError> {
+    /// let locks = tower_lock::LockClient::in_memory();
+    /// let a = locks.semaphore("exports:tenant-7", 2).acquire().await?;
+    /// let b = locks.semaphore("exports:tenant-7", 2).acquire().await?;
+    /// // Both permits are out: a third request waits (here: not at all) and is refused.
+    /// assert!(locks.semaphore("exports:tenant-7", 2).try_acquire().await.is_err());
+    /// a.release().await?;
+    /// let c = locks.semaphore("exports:tenant-7", 2).try_acquire().await?;
+    /// # b.release().await?;
+    /// # c.release().await
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// At acquire time, [`LockError::InvalidPermits`](crate::LockError::InvalidPermits) when
+    /// `permits` is 0; otherwise as for a lock.
+    pub fn semaphore(&self, key: impl AsRef<[u8]>, permits: u32) -> LockRequest<'_, B> {
+        let key = self.key_in("", key.as_ref(), LockKind::Semaphore);
+        LockRequest {
+            permits,
+            ..self.request(key, LockKind::Semaphore)
+        }
+    }
+
     /// The backend name of the lock `key` in `namespace` (`""` for [`lock`](Self::lock) and
     /// its siblings) of `kind`: what this client locks for that key. The backend derives its
     /// other keys of the lock (and its release channel) by appending suffixes to it.
@@ -193,6 +227,7 @@ impl<B: Backend> LockClient<B> {
         let name = self.name(namespace, key)?;
         Ok(match kind {
             LockKind::Read | LockKind::Write => name.with_suffix(":rw"),
+            LockKind::Semaphore => name.with_suffix(":sem"),
             _ => name,
         })
     }
@@ -226,6 +261,7 @@ impl<B: Backend> LockClient<B> {
             lease: config.lease,
             fencing: false,
             holder: None,
+            permits: 0,
         }
     }
 

@@ -52,6 +52,8 @@ pub struct LockRequest<'a, B: Backend> {
     pub(super) lease: Lease,
     pub(super) fencing: bool,
     pub(super) holder: Option<Holder>,
+    /// A semaphore's permits (0 for the other kinds).
+    pub(super) permits: u32,
 }
 
 impl<B: Backend> fmt::Debug for LockRequest<'_, B> {
@@ -63,6 +65,7 @@ impl<B: Backend> fmt::Debug for LockRequest<'_, B> {
             .field("lease", &self.lease)
             .field("fencing", &self.fencing)
             .field("holder", &self.holder)
+            .field("permits", &self.permits)
             .finish()
     }
 }
@@ -180,6 +183,9 @@ impl<B: Backend> LockRequest<'_, B> {
             if self.lease.duration() < MIN_LEASE {
                 return Err(LockError::InvalidLease(self.lease.duration()));
             }
+            if kind == LockKind::Semaphore && self.permits == 0 {
+                return Err(LockError::InvalidPermits);
+            }
             Ok(key)
         });
         let key = match checked {
@@ -208,6 +214,7 @@ impl<B: Backend> LockRequest<'_, B> {
                 lease: self.lease,
                 fencing: self.fencing,
                 supersedes: None,
+                permits: self.permits,
             }),
             wait: self.wait,
         };

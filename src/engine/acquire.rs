@@ -475,6 +475,7 @@ impl<B: Backend> Engine<B> {
                     supersedes: None,
                     reentry: Reentry::Allowed,
                     contended: false,
+                    permits: 0,
                 };
                 if let Ok(undone) = shared.backend.abandon(grant).await {
                     tracing::info!(key = %key, undone, "resolved an attempt whose reply was lost");

@@ -99,6 +99,8 @@ pub(crate) struct Want {
     pub(crate) fencing: bool,
     /// The last earlier attempt whose outcome is unknown (its reply was lost).
     pub(crate) supersedes: Option<String>,
+    /// A semaphore's permits (0 for the other kinds).
+    pub(crate) permits: u32,
 }
 
 impl Want {
@@ -116,6 +118,7 @@ impl Want {
             } else {
                 self.supersedes.clone()
             },
+            permits: self.permits,
         }
     }
 
@@ -132,6 +135,7 @@ impl Want {
             supersedes: self.supersedes.as_deref(),
             reentry: Reentry::Allowed,
             contended: false,
+            permits: self.permits,
         }
     }
 }

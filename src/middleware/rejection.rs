@@ -172,7 +172,7 @@ impl From<LockError> for LockRejection {
             LockError::Backend(backend) => Self::Unavailable(backend),
             LockError::UpgradeRefused => Self::Conflict,
             LockError::ShutDown => Self::ShutDown,
-            LockError::InvalidLease(_) => Self::Misconfigured,
+            LockError::InvalidLease(_) | LockError::InvalidPermits => Self::Misconfigured,
             LockError::Lost | LockError::NotHeld => Self::Lost,
         }
     }

@@ -2,7 +2,8 @@
 //!
 //! Same semantics as the Redis backend (owner-checked reentrant holds, leases that expire,
 //! fencing counters that never go back, hand-off, fair queues with waiter timeouts, read-write
-//! locks with a lease per reader, release notifications) for one process. Clones share the same
+//! locks with a lease per reader, semaphores with a lease per permit, release notifications)
+//! for one process. Clones share the same
 //! locks, so two [`LockClient`](crate::LockClient)s built on clones of one `MemoryBackend`
 //! contend exactly as two processes would on one Redis.
 
@@ -21,6 +22,7 @@ use super::{
 use crate::{error::BackendError, lock_key::LockKey};
 
 mod rw;
+mod semaphore;
 
 /// Locks held in this process. See the [module docs](self).
 ///
@@ -50,6 +52,8 @@ struct State {
     queues: HashMap<String, FairQueue>,
     /// Read-write locks.
     rw: HashMap<String, rw::RwLock>,
+    /// Semaphores.
+    semaphores: HashMap<String, semaphore::Semaphore>,
 }
 
 #[derive(Debug)]
@@ -99,6 +103,11 @@ impl MemoryBackend {
         let state = self.lock();
         state.locks.values().filter(|e| e.expires > now).count()
             + state.rw.values().filter(|l| l.is_live(now)).count()
+            + state
+                .semaphores
+                .values()
+                .filter(|s| s.holders().values().any(|permit| permit.until > now))
+                .count()
     }
 
     // A std mutex: every critical section is a few map operations, never an await.
@@ -321,6 +330,7 @@ impl Backend for MemoryBackend {
         Ok(match grant.kind {
             LockKind::Fair => state.acquire_fair(grant, now),
             LockKind::Read | LockKind::Write => state.rw_acquire(grant, now),
+            LockKind::Semaphore => state.sem_acquire(grant, now),
             _ => state.acquire_exclusive(grant, now),
         })
     }
@@ -334,6 +344,13 @@ impl Backend for MemoryBackend {
                     release.key,
                     release.holder,
                     release.kind,
+                    release.all,
+                    release.attempt,
+                    now,
+                ),
+                LockKind::Semaphore => state.sem_release(
+                    release.key,
+                    release.holder,
                     release.all,
                     release.attempt,
                     now,
@@ -372,6 +389,7 @@ impl Backend for MemoryBackend {
                             .0
                     }
                     (LockKind::Read | LockKind::Write, false) => state.rw_renew(renew, now),
+                    (LockKind::Semaphore, _) => state.sem_renew(renew, now),
                     _ => match state.live(renew.key.as_str(), now) {
                         Some(entry) if entry.owner == renew.holder => {
                             entry.expires = entry.expires.max(now + renew.lease.duration());
@@ -402,6 +420,10 @@ impl Backend for MemoryBackend {
                     Some(grant.attempt),
                     now,
                 );
+                (reply != ReleaseReply::NotHeld, publish)
+            } else if grant.kind == LockKind::Semaphore {
+                let (reply, publish) =
+                    state.sem_release(grant.key, grant.holder, false, Some(grant.attempt), now);
                 (reply != ReleaseReply::NotHeld, publish)
             } else {
                 match state.live(name, now).filter(|e| e.owner == grant.holder) {

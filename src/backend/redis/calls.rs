@@ -56,7 +56,8 @@ pub(super) fn single_hold(holder: &str, attempt: &str) -> String {
     format!("{}:{holder}{attempt}", holder.len())
 }
 
-/// `lua/acquire.lua`, `lua/fair_acquire.lua` or `lua/rw_acquire.lua`, by the grant's kind;
+/// `lua/acquire.lua`, `lua/fair_acquire.lua`, `lua/rw_acquire.lua` or `lua/sem_acquire.lua`,
+/// by the grant's kind;
 /// `marker` is the server's boot marker, or `''`.
 pub(super) fn acquire(scripts: &'static Scripts, grant: &Grant<'_>, marker: &str) -> Call {
     let key = grant.key;
@@ -97,6 +98,20 @@ pub(super) fn acquire(scripts: &'static Scripts, grant: &Grant<'_>, marker: &str
                 .arg(marker);
             call
         }
+        LockKind::Semaphore => {
+            let mut call = scripts.sem_acquire.prepare_invoke();
+            call.key(key.as_str())
+                .key(Derived(key, READERS))
+                .key(Derived(key, VOID))
+                .arg(grant.holder)
+                .arg(grant.lease.millis())
+                .arg(grant.attempt)
+                .arg(grant.permits)
+                .arg(supersedes)
+                .arg(grant.reentry.as_arg())
+                .arg(marker);
+            call
+        }
         _ => {
             let mut call = scripts.acquire.prepare_invoke();
             call.key(key.as_str())
@@ -114,7 +129,8 @@ pub(super) fn acquire(scripts: &'static Scripts, grant: &Grant<'_>, marker: &str
     }
 }
 
-/// `lua/release.lua`, `lua/fair_release.lua` or `lua/rw_release.lua`, by the release's kind;
+/// `lua/release.lua`, `lua/fair_release.lua`, `lua/rw_release.lua` or `lua/sem_release.lua`,
+/// by the release's kind;
 /// `handoff` is the grant to a waiter made in the same step (exclusive locks only).
 pub(super) fn release(
     scripts: &'static Scripts,
@@ -140,6 +156,13 @@ pub(super) fn release(
             key,
             (release.holder, release.kind),
             release.all,
+            attempt,
+            RW_RELEASE_VOID_MS,
+        ),
+        LockKind::Semaphore => sem_release(
+            scripts,
+            key,
+            (release.holder, release.all),
             attempt,
             RW_RELEASE_VOID_MS,
         ),
@@ -188,7 +211,30 @@ fn rw_release(
     call
 }
 
-/// `lua/abandon.lua` (or, for a read-write lock, `lua/rw_release.lua` for that attempt only):
+/// `lua/sem_release.lua`: gives back `holder`'s permit (every hold of it with `all`), for one
+/// attempt when `attempt` is not `''`; a non-matching attempt is remembered as given up for
+/// `void_ms`.
+fn sem_release(
+    scripts: &'static Scripts,
+    key: &LockKey,
+    (holder, all): (&str, bool),
+    attempt: &str,
+    void_ms: u64,
+) -> Call {
+    let mut call = scripts.sem_release.prepare_invoke();
+    call.key(key.as_str())
+        .key(Derived(key, READERS))
+        .key(Derived(key, VOID))
+        .arg(holder)
+        .arg(Derived(key, CHANNEL))
+        .arg(flag(all))
+        .arg(attempt)
+        .arg(void_ms);
+    call
+}
+
+/// `lua/abandon.lua` (or, for a read-write lock or a semaphore, its release script for that
+/// attempt only):
 /// undoes the grant's attempt if it took the lock, else records it as given up.
 pub(super) fn abandon(scripts: &'static Scripts, grant: &Grant<'_>) -> Call {
     let key = grant.key;
@@ -198,6 +244,13 @@ pub(super) fn abandon(scripts: &'static Scripts, grant: &Grant<'_>) -> Call {
             key,
             (grant.holder, grant.kind),
             false,
+            grant.attempt,
+            grant.lease.millis(),
+        ),
+        LockKind::Semaphore => sem_release(
+            scripts,
+            key,
+            (grant.holder, false),
             grant.attempt,
             grant.lease.millis(),
         ),
@@ -265,7 +318,8 @@ pub(super) fn renew_many<'a>(
 }
 
 /// The call that renews one hold, or keeps one waiter's place: `lua/fair_wait.lua`,
-/// `lua/rw_wait.lua`, `lua/rw_renew.lua` or `lua/renew.lua`.
+/// `lua/rw_wait.lua`, `lua/rw_renew.lua` (also a semaphore's permit, laid out as a reader) or
+/// `lua/renew.lua`.
 pub(super) fn renew(scripts: &'static Scripts, renew: &Renew<'_>) -> Call {
     let key = renew.key;
     let millis = renew.lease.millis();
@@ -288,7 +342,7 @@ pub(super) fn renew(scripts: &'static Scripts, renew: &Renew<'_>) -> Call {
                 .arg(Derived(key, CHANNEL));
             call
         }
-        (LockKind::Read | LockKind::Write, _) => {
+        (LockKind::Read | LockKind::Write | LockKind::Semaphore, _) => {
             let mut call = scripts.rw_renew.prepare_invoke();
             call.key(key.as_str())
                 .key(Derived(key, READERS))

@@ -112,6 +112,8 @@ pub(super) struct Scripts {
     pub(super) rw_release: Lua,
     pub(super) rw_renew: Lua,
     pub(super) rw_wait: Lua,
+    pub(super) sem_acquire: Lua,
+    pub(super) sem_release: Lua,
 }
 
 /// Builds the script set whose release notifications go through the `publish` helper of the
@@ -132,6 +134,8 @@ macro_rules! scripts {
             rw_release: scripts!(@one $publish, "lua/rw_release.lua"),
             rw_renew: scripts!(@one $publish, "lua/rw_renew.lua"),
             rw_wait: scripts!(@one $publish, "lua/rw_wait.lua"),
+            sem_acquire: scripts!(@one $publish, "lua/sem_acquire.lua"),
+            sem_release: scripts!(@one $publish, "lua/sem_release.lua"),
         }
     };
     (@one $publish:literal, $file:literal) => {
@@ -187,6 +191,8 @@ mod tests {
             scripts.rw_release.hash(),
             scripts.rw_renew.hash(),
             scripts.rw_wait.hash(),
+            scripts.sem_acquire.hash(),
+            scripts.sem_release.hash(),
         ];
         for (i, hash) in hashes.iter().enumerate() {
             assert_eq!(hash.len(), 40);

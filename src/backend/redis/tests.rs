@@ -29,6 +29,7 @@ fn grant<'a>(
         supersedes,
         reentry: Reentry::Allowed,
         contended: false,
+        permits: 1,
     }
 }
 
@@ -119,12 +120,13 @@ async fn every_script_round_trips_through_its_typed_call() {
         LockKind::Fair,
         LockKind::Read,
         LockKind::Write,
+        LockKind::Semaphore,
     ] {
         let key = LockKey::new("rt:", format!("{kind:?}").as_bytes(), 512).unwrap();
-        let key = if matches!(kind, LockKind::Read | LockKind::Write) {
-            key.with_suffix(":rw")
-        } else {
-            key
+        let key = match kind {
+            LockKind::Read | LockKind::Write => key.with_suffix(":rw"),
+            LockKind::Semaphore => key.with_suffix(":sem"),
+            _ => key,
         };
         let grant = |holder, attempt, queue| Grant {
             key: &key,
@@ -137,14 +139,16 @@ async fn every_script_round_trips_through_its_typed_call() {
             supersedes: None,
             reentry: Reentry::Allowed,
             contended: false,
+            // One permit: a semaphore refuses the second holder as the other kinds do.
+            permits: 1,
         };
 
-        // A grant with a fencing token (the write side only, of a read-write lock):
-        // {1, count, token}.
+        // A grant with a fencing token (not for readers or a semaphore's permits, which are
+        // shared): {1, count, token}.
         let call = calls::acquire(scripts, &grant("h1", "h1#1", None), "");
         let reply: Vec<i64> = run_call(&call, &mut conn).await.unwrap();
         assert_eq!(reply[..2], [1, 1], "{kind:?} acquire: {reply:?}");
-        let fenced = kind != LockKind::Read;
+        let fenced = !matches!(kind, LockKind::Read | LockKind::Semaphore);
         assert_eq!(reply[2] > 0, fenced, "{kind:?} acquire's token: {reply:?}");
 
         // Another holder, queued where the kind queues: refused with the lease left.
@@ -234,6 +238,7 @@ async fn every_script_round_trips_through_its_typed_call() {
         supersedes: None,
         reentry: Reentry::Allowed,
         contended: false,
+        permits: 0,
     };
     let _: Vec<i64> = run_call(&calls::acquire(scripts, &first, ""), &mut conn)
         .await

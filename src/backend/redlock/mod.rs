@@ -21,7 +21,7 @@
 //! - **A node that cannot be reached** (no connection within the node timeout) is skipped for
 //!   a second, counting as not answering at once, rather than costing every call its timeout.
 //!
-//! Fair and read-write locks and fencing tokens are refused with
+//! Fair and read-write locks, semaphores and fencing tokens are refused with
 //! [`BackendErrorKind::Unsupported`] before any node is contacted: a FIFO queue and a counter
 //! that only ever rises need one ordered store, and N independent masters are not one.
 //!
@@ -445,6 +445,7 @@ fn refuse(kind: LockKind, fencing: bool, key: &LockKey) -> Result<(), BackendErr
     let feature = match (kind, fencing) {
         (LockKind::Fair, _) => "fair locks",
         (LockKind::Read | LockKind::Write, _) => "read-write locks",
+        (LockKind::Semaphore, _) => "semaphores",
         (_, true) => "fencing tokens",
         _ => return Ok(()),
     };
@@ -551,6 +552,7 @@ impl OwnedGrant {
             reentry: self.reentry,
             // Only ever abandoned: whether it was contended does not matter.
             contended: false,
+            permits: 0,
         }
     }
 }

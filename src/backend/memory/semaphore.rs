@@ -1,0 +1,155 @@
+//! Semaphores of the in-process backend, mirroring `sem_*.lua`.
+
+use std::{collections::HashMap, time::Duration};
+
+use tokio::time::Instant;
+
+use super::{Publish, State, channel};
+use crate::{
+    backend::{AcquireReply, Grant, Reentry, ReleaseReply, Renew, RenewReply},
+    lock_key::LockKey,
+};
+
+/// One semaphore: its holders, each with its own lease.
+#[derive(Debug, Default)]
+pub(super) struct Semaphore {
+    holders: HashMap<String, Permit>,
+    /// The permit count of the last grant, for inspection.
+    pub(super) limit: u32,
+}
+
+/// One holder's permit.
+#[derive(Debug)]
+pub(super) struct Permit {
+    /// Holds (a holder that acquires again nests in the permit it has).
+    pub(super) count: u64,
+    pub(super) until: Instant,
+    /// The attempt that granted the permit.
+    grant: String,
+    /// The last re-entry's attempt.
+    reentry: String,
+}
+
+impl Semaphore {
+    fn purge(&mut self, now: Instant) {
+        self.holders.retain(|_, permit| permit.until > now);
+    }
+
+    /// When the first holder's lease ends, counted from `now`.
+    fn retry(&self, now: Instant) -> Option<Duration> {
+        let first = self.holders.values().map(|permit| permit.until).min()?;
+        Some(first.saturating_duration_since(now))
+    }
+
+    /// The live permits, by holder.
+    pub(super) fn holders(&self) -> &HashMap<String, Permit> {
+        &self.holders
+    }
+}
+
+impl State {
+    fn semaphore(&mut self, key: &LockKey, now: Instant) -> &mut Semaphore {
+        let semaphore = self.semaphores.entry(key.as_str().to_owned()).or_default();
+        semaphore.purge(now);
+        semaphore
+    }
+
+    /// Forgets `key`'s semaphore once nobody holds a permit.
+    fn drop_idle_semaphore(&mut self, key: &LockKey) {
+        if self
+            .semaphores
+            .get(key.as_str())
+            .is_some_and(|semaphore| semaphore.holders.is_empty())
+        {
+            self.semaphores.remove(key.as_str());
+        }
+    }
+
+    pub(super) fn sem_acquire(&mut self, grant: Grant<'_>, now: Instant) -> AcquireReply {
+        let semaphore = self.semaphore(grant.key, now);
+        let held = semaphore.holders.contains_key(grant.holder);
+        let refused = match grant.reentry {
+            Reentry::Allowed => false,
+            Reentry::Only => !held,
+            Reentry::Refused => held,
+        };
+        let full = !held && semaphore.holders.len() >= grant.permits as usize;
+        if refused || full {
+            let ttl = semaphore.retry(now);
+            self.drop_idle_semaphore(grant.key);
+            return AcquireReply::Held { ttl };
+        }
+        semaphore.limit = grant.permits;
+        let until = now + grant.lease.duration();
+        let permit = semaphore
+            .holders
+            .entry(grant.holder.to_owned())
+            .or_insert_with(|| Permit {
+                count: 0,
+                until,
+                grant: grant.attempt.to_owned(),
+                reentry: String::new(),
+            });
+        permit.count += 1;
+        // A re-entry with a shorter lease never cuts the earlier lease short.
+        permit.until = permit.until.max(until);
+        if permit.count > 1 {
+            grant.attempt.clone_into(&mut permit.reentry);
+        }
+        AcquireReply::Acquired {
+            count: permit.count,
+            token: None,
+        }
+    }
+
+    /// Gives back one hold (every hold, with `all`) of `holder`'s permit; with `attempt`, only
+    /// when that attempt granted the permit (or, for one hold, last re-entered it).
+    pub(super) fn sem_release(
+        &mut self,
+        key: &LockKey,
+        holder: &str,
+        all: bool,
+        attempt: Option<&str>,
+        now: Instant,
+    ) -> (ReleaseReply, Publish) {
+        let semaphore = self.semaphore(key, now);
+        let Some(permit) = semaphore.holders.get_mut(holder) else {
+            self.drop_idle_semaphore(key);
+            return (ReleaseReply::NotHeld, None);
+        };
+        let undone_reentry = match attempt {
+            None => false,
+            Some(attempt) if permit.grant == attempt => false,
+            Some(attempt) if !all && permit.reentry == attempt => true,
+            Some(_) => return (ReleaseReply::NotHeld, None),
+        };
+        permit.count = if all { 0 } else { permit.count - 1 };
+        if permit.count > 0 {
+            if attempt.is_some() {
+                match undone_reentry {
+                    true => permit.reentry.clear(),
+                    false => permit.grant.clear(),
+                }
+            }
+            let remaining = permit.count;
+            return (ReleaseReply::Decremented { remaining }, None);
+        }
+        semaphore.holders.remove(holder);
+        self.drop_idle_semaphore(key);
+        let publish = Some((channel(key), "released".to_owned()));
+        (ReleaseReply::Released { notified: None }, publish)
+    }
+
+    pub(super) fn sem_renew(&mut self, renew: &Renew<'_>, now: Instant) -> RenewReply {
+        let semaphore = self.semaphore(renew.key, now);
+        let reply = match semaphore.holders.get_mut(renew.holder) {
+            Some(permit) => {
+                permit.until = permit.until.max(now + renew.lease.duration());
+                RenewReply::Renewed
+            }
+            None => RenewReply::NotHeld,
+        };
+        self.drop_idle_semaphore(renew.key);
+        reply
+    }
+}

@@ -1,0 +1,59 @@
+-- Gives back one hold (or all holds) of a holder's semaphore permit, owner-checked, and
+-- announces a freed permit on the semaphore's channel (any waiter may take it). With an
+-- attempt id, gives back only if that attempt is the holder's last record (undoing a lost
+-- acquire), and otherwise records the attempt as given up so that it is refused should it
+-- still arrive. Layout as in sem_acquire.lua.
+--
+-- KEYS[1]  the semaphore hash
+-- KEYS[2]  the holders
+-- KEYS[3]  attempts given up on (set)
+-- ARGV[1]  holder id
+-- ARGV[2]  release channel
+-- ARGV[3]  '1' to give back every hold, '0' for one
+-- ARGV[4]  attempt id that must be recorded: the permit's grant ('a:r:<holder>'), or for one
+--          hold its last re-entry ('e:r:<holder>') too; '' for any
+-- ARGV[5]  with an attempt id: how long to remember it as given up, in milliseconds
+--
+-- Returns {0} when the holder holds no permit, {1, remaining} when holds remain, {2, n} when
+-- the permit was given back (n: subscribers notified).
+local sem, holders = KEYS[1], KEYS[2]
+local holder, attempt = ARGV[1], ARGV[4]
+local field = 'r:' .. holder
+local grant, reentry = 'a:' .. field, 'e:' .. field
+local ends = redis.call('ZSCORE', holders, holder)
+if ends and tonumber(ends) <= now_ms() then
+  -- Its lease ran out: the permit is no longer this holder's to give back.
+  redis.call('HDEL', sem, field, grant, reentry)
+  redis.call('ZREM', holders, holder)
+end
+local record
+if attempt ~= '' then
+  if redis.call('HEXISTS', sem, field) == 1 then
+    if redis.call('HGET', sem, grant) == attempt then
+      record = grant
+    elseif ARGV[3] ~= '1' and redis.call('HGET', sem, reentry) == attempt then
+      record = reentry
+    end
+  end
+  if not record then
+    redis.call('SADD', KEYS[3], attempt)
+    extend(KEYS[3], ARGV[5])
+    return {0}
+  end
+end
+local remaining = give_back(sem, field, ARGV[3] == '1')
+if not remaining then
+  return {0}
+end
+if remaining > 0 then
+  if record then
+    redis.call('HDEL', sem, record)
+  end
+  return {1, remaining}
+end
+redis.call('HDEL', sem, field, grant, reentry)
+redis.call('ZREM', holders, holder)
+if redis.call('ZCARD', holders) == 0 then
+  redis.call('DEL', sem, holders)
+end
+return {2, publish(ARGV[2], 'released')}
