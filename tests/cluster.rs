@@ -265,18 +265,35 @@ async fn fair_and_read_write_locks() {
 #[tokio::test]
 async fn semaphores_on_every_master() {
     let cluster = RedisCluster::start();
-    let (a, b) = (client(&cluster, "sem:").await, client(&cluster, "sem:").await);
+    let (a, b) = (
+        client(&cluster, "sem:").await,
+        client(&cluster, "sem:").await,
+    );
     for node in 0..3 {
         let key = key_on(&cluster, "sem:", node);
         let lease = Lease::fixed(Duration::from_secs(30));
-        let one = a.semaphore(&key, 2).lease(lease).acquire().await.expect("permit");
-        let two = b.semaphore(&key, 2).lease(lease).acquire().await.expect("permit");
+        let one = a
+            .semaphore(&key, 2)
+            .lease(lease)
+            .acquire()
+            .await
+            .expect("permit");
+        let two = b
+            .semaphore(&key, 2)
+            .lease(lease)
+            .acquire()
+            .await
+            .expect("permit");
         assert!(matches!(
             b.semaphore(&key, 2).try_acquire().await,
             Err(LockError::WaitTimeout { .. })
         ));
         let holders = lock_name("sem:", &key) + ":sem:readers";
-        assert_eq!(cluster.owner_of(&holders), node, "its keys share the lock's slot");
+        assert_eq!(
+            cluster.owner_of(&holders),
+            node,
+            "its keys share the lock's slot"
+        );
         assert_eq!(cluster.node(node).cmd(&["ZCARD", &holders]).as_int(), 2);
         let channel = lock_name("sem:", &key) + ":sem:released";
         let waiter = {

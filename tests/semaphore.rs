@@ -136,9 +136,9 @@ macro_rules! semaphore_semantics {
                     .await
                     .unwrap();
                 let started = Instant::now();
-                // The process dies holding the permit: no release, and its fixed lease is
-                // never renewed.
-                std::mem::forget(dead);
+                // The process stops holding the permit without giving it back: a fixed lease
+                // is never renewed, and the guard is not dropped until the end.
+                let _stuck = dead;
                 let permit = env
                     .b
                     .semaphore("crash", 2)
