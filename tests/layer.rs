@@ -908,3 +908,95 @@ async fn retry_after_tells_the_likely_wait() {
     let url = format!("{base}/accounts/alice/transfer");
     assert_told_the_likely_wait(&url, &mut entries).await;
 }
+
+/// With `.permits(3)`, up to three requests per key run at once across two instances, never
+/// more; with every permit taken, the next request is answered 423 with `Retry-After`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn permits_let_n_requests_per_key_run() {
+    #[derive(Clone, Default)]
+    struct Inside {
+        now: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+        most: Arc<AtomicUsize>,
+    }
+    let server = RedisServer::start();
+    let inside = Inside::default();
+    let (entered, mut entries) = Entered::channel();
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let app = |locks: LockClient<RedisBackend>| {
+        let (inside, entered, release) = (inside.clone(), entered.clone(), release.clone());
+        Router::new()
+            .route(
+                "/exports/{tenant}",
+                post(move |Path(tenant): Path<String>| async move {
+                    let n = {
+                        let mut now = inside.now.lock().unwrap();
+                        let n = now.entry(tenant.clone()).or_default();
+                        *n += 1;
+                        *n
+                    };
+                    inside.most.fetch_max(n, Ordering::SeqCst);
+                    entered.signal();
+                    // An `acme` request holds its permit until the test lets one handler go.
+                    if tenant == "acme" {
+                        release.acquire().await.unwrap().forget();
+                    }
+                    *inside.now.lock().unwrap().get_mut(&tenant).unwrap() -= 1;
+                    "ok"
+                }),
+            )
+            .route_layer(
+                LockLayer::new(locks)
+                    .key(key::path_param("tenant"))
+                    .permits(3)
+                    .wait(Duration::from_secs(10)),
+            )
+    };
+    let one = serve(app(locks(&server).await)).await;
+    let two = serve(app(locks(&server).await)).await;
+    let http = http();
+    let mut tasks = Vec::new();
+    for i in 0..12 {
+        let url = format!("{}/exports/acme", if i % 2 == 0 { &one } else { &two });
+        let http = http.clone();
+        tasks.push(tokio::spawn(
+            async move { send(&http, "POST", &url).await.0 },
+        ));
+    }
+    // Three get in; the rest wait for a permit.
+    for _ in 0..3 {
+        entries.recv().await.expect("a request entered");
+    }
+    // Another tenant has permits of its own.
+    let other = tokio::spawn({
+        let (http, url) = (http.clone(), format!("{one}/exports/globex"));
+        async move { send(&http, "POST", &url).await.0 }
+    });
+    entries
+        .recv()
+        .await
+        .expect("the other tenant's request entered");
+    // With every permit of `acme` out, a request that waits briefly is told to come back.
+    let impatient = Router::new()
+        .route("/exports/{tenant}", post(|| async { "ok" }))
+        .route_layer(
+            LockLayer::new(locks(&server).await)
+                .key(key::path_param("tenant"))
+                .permits(3)
+                .wait(Duration::from_millis(100)),
+        );
+    let impatient = serve(impatient).await;
+    let (status, retry, _) = send(&http, "POST", &format!("{impatient}/exports/acme")).await;
+    assert_eq!(status, StatusCode::LOCKED);
+    assert!(retry.is_some(), "423 without Retry-After");
+    // Let them all through, one at a time.
+    for _ in 0..(12 - 3) {
+        release.add_permits(1);
+        entries.recv().await.expect("a waiting request entered");
+    }
+    release.add_permits(3);
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(other.await.unwrap(), StatusCode::OK);
+    assert_eq!(inside.most.load(Ordering::SeqCst), 3, "per-key concurrency");
+}

@@ -130,6 +130,12 @@ impl<B: Backend> LockRequest<'_, B> {
         self
     }
 
+    /// A semaphore's permits, for a request a layer or an attribute made.
+    pub(crate) fn with_permits(mut self, permits: u32) -> Self {
+        self.permits = permits;
+        self
+    }
+
     /// Applies what a layer or an attribute set; what it left unset stays the client's.
     pub(crate) fn configured(
         mut self,

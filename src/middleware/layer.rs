@@ -14,6 +14,8 @@ pub(crate) enum Mode {
     Fair,
     /// Read lock for GET, HEAD and OPTIONS; write lock otherwise.
     ReadWrite,
+    /// A permit of a semaphore of this many permits.
+    Permits(u32),
 }
 
 /// Settings shared by every service the layer makes; `Default` states every default.
@@ -221,6 +223,29 @@ impl<B: Backend, K, R> LockLayer<B, K, R> {
     /// write lock for every other method.
     pub fn read_write(self) -> Self {
         self.config(|c| c.mode = Mode::ReadWrite)
+    }
+
+    /// Let up to `permits` requests per key run at once, across instances, instead of one: each
+    /// request takes a permit of the key's [semaphore](crate::LockClient::semaphore), leased
+    /// and renewed like a lock, given back when the response is ready. A request that finds
+    /// every permit taken waits, then is answered 423 with `Retry-After` as for a lock.
+    ///
+    /// ```
+    /// use tower_lock::{LockClient, LockLayer, key};
+    ///
+    /// // At most four exports per tenant at once.
+    /// let layer = LockLayer::new(LockClient::in_memory())
+    ///     .key(key::header("x-tenant-id").prefixed("exports:"))
+    ///     .permits(4);
+    /// # let _ = layer;
+    /// ```
+    ///
+    /// # Panics
+    /// When `permits` is 0: nobody could ever run (a programming error, caught when the layer
+    /// is built).
+    pub fn permits(self, permits: u32) -> Self {
+        assert!(permits > 0, "a LockLayer needs at least one permit");
+        self.config(|c| c.mode = Mode::Permits(permits))
     }
 
     /// Put a fencing token into the request's [`LockContext`](super::LockContext).

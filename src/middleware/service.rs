@@ -70,6 +70,7 @@ where
             Mode::Fair => LockKind::Fair,
             Mode::ReadWrite if is_read(&parts.method) => LockKind::Read,
             Mode::ReadWrite => LockKind::Write,
+            Mode::Permits(_) => LockKind::Semaphore,
         };
         let key = match self.locks.key_in(&namespace, &user_key, kind) {
             Ok(key) => key,
@@ -98,8 +99,15 @@ where
         );
         let locks = self.locks.clone();
         let (wait, lease, fencing) = (config.wait, config.lease, config.fencing);
+        let permits = match config.mode {
+            Mode::Permits(permits) => permits,
+            _ => 0,
+        };
         let acquire = Box::pin(async move {
-            let request = locks.request_for(key, kind).holder(&holder);
+            let request = locks
+                .request_for(key, kind)
+                .with_permits(permits)
+                .holder(&holder);
             request.configured(wait, lease, fencing).acquire().await
         });
         ResponseFuture::acquiring(
