@@ -121,7 +121,10 @@ async fn exclusive_single_hold_and_reentered<B: Backend>(env: Env<B>) {
     let id = first.holder().id();
     assert_eq!(only_holder(&info), (id, LockKind::Exclusive, 1));
     let left = info.holders[0].remaining_lease.expect("a lease");
-    assert!(left > Duration::ZERO && left <= lease.duration(), "{left:?}");
+    assert!(
+        left > Duration::ZERO && left <= lease.duration(),
+        "{left:?}"
+    );
     assert_eq!(info.kind(), Some(LockKind::Exclusive));
 
     let again = env
@@ -185,7 +188,12 @@ async fn read_write_two_readers<B: Backend>(env: Env<B>) {
     let operator = env.operator.clone();
     let writer = tokio::spawn(async move {
         let wait = Duration::from_secs(10);
-        operator.read_write_lock("doc").write().wait(wait).acquire().await
+        operator
+            .read_write_lock("doc")
+            .write()
+            .wait(wait)
+            .acquire()
+            .await
     });
     eventually(Duration::from_secs(2), "the writer is queued", || {
         env.operator.queued() == 1
@@ -196,7 +204,10 @@ async fn read_write_two_readers<B: Backend>(env: Env<B>) {
     second.release().await.unwrap();
     let writer = timeout(PROMPT, writer).await.unwrap().unwrap().unwrap();
     let info = env.a.inspect("doc").await.unwrap();
-    assert_eq!(only_holder(&info), (writer.holder().id(), LockKind::Write, 1));
+    assert_eq!(
+        only_holder(&info),
+        (writer.holder().id(), LockKind::Write, 1)
+    );
     writer.release().await.unwrap();
 }
 
@@ -216,7 +227,13 @@ async fn force_unlock_loses_the_guards<B: Backend>(env: Env<B>) {
 
     // Here: at once, before any renewal.
     let here = env.a.lock("stuck").acquire().await.unwrap();
-    let reader = env.a.read_write_lock("stuck").read().acquire().await.unwrap();
+    let reader = env
+        .a
+        .read_write_lock("stuck")
+        .read()
+        .acquire()
+        .await
+        .unwrap();
     assert!(env.a.force_unlock("stuck").await.unwrap());
     assert!(here.is_lost() && reader.is_lost());
     here.lost().await;
@@ -261,17 +278,35 @@ fn request<'a, B: Backend>(
     key: &str,
     fair: bool,
 ) -> tower_lock::LockRequest<'a, B> {
-    if fair { client.fair_lock(key) } else { client.lock(key) }
+    if fair {
+        client.fair_lock(key)
+    } else {
+        client.lock(key)
+    }
 }
 
 /// The namespaced forms name what `lock_in_namespace` (and a layer's route) locks.
 async fn namespaced<B: Backend>(env: Env<B>) {
-    let guard = env.a.lock_in_namespace("withdraw", "7").acquire().await.unwrap();
+    let guard = env
+        .a
+        .lock_in_namespace("withdraw", "7")
+        .acquire()
+        .await
+        .unwrap();
     assert!(!env.operator.inspect("7").await.unwrap().is_locked());
-    let info = env.operator.inspect_in_namespace("withdraw", "7").await.unwrap();
+    let info = env
+        .operator
+        .inspect_in_namespace("withdraw", "7")
+        .await
+        .unwrap();
     assert_eq!(only_holder(&info).0, guard.holder().id());
     assert!(!env.operator.force_unlock("7").await.unwrap());
-    assert!(env.a.force_unlock_in_namespace("withdraw", "7").await.unwrap());
+    assert!(
+        env.a
+            .force_unlock_in_namespace("withdraw", "7")
+            .await
+            .unwrap()
+    );
     assert!(guard.is_lost());
 }
 
@@ -350,9 +385,16 @@ async fn foreign_data_is_wrong_type_and_left_alone() {
                 other => panic!("{key} (force {force}): {other:?}"),
             }
         }
-        assert_eq!(server.cmd(&["EXISTS", stored]).as_int(), 1, "{key} left alone");
+        assert_eq!(
+            server.cmd(&["EXISTS", stored]).as_int(),
+            1,
+            "{key} left alone"
+        );
     }
-    assert_eq!(server.cmd(&["GET", &plain]).as_str().as_deref(), Some("hello"));
+    assert_eq!(
+        server.cmd(&["GET", &plain]).as_str().as_deref(),
+        Some("hello")
+    );
 }
 
 /// Redlock: the holder a majority of the nodes name, with the guard's id; a forced unlock
@@ -374,11 +416,16 @@ async fn redlock_inspect_and_force_unlock() {
     let lease = Lease::watchdog(Duration::from_millis(900));
     let guard = holder.lock("order:9").lease(lease).acquire().await.unwrap();
     let info = operator.inspect("order:9").await.unwrap();
-    assert_eq!(only_holder(&info), (guard.holder().id(), LockKind::Exclusive, 1));
+    assert_eq!(
+        only_holder(&info),
+        (guard.holder().id(), LockKind::Exclusive, 1)
+    );
     assert!(info.holders[0].remaining_lease.is_some());
 
     assert!(operator.force_unlock("order:9").await.unwrap());
-    let name = operator.lock_key("", "order:9", LockKind::Exclusive).unwrap();
+    let name = operator
+        .lock_key("", "order:9", LockKind::Exclusive)
+        .unwrap();
     for server in &servers {
         assert_eq!(server.cmd(&["EXISTS", name.as_str()]).as_int(), 0);
     }
@@ -408,12 +455,23 @@ async fn cluster_inspect_and_force_unlock() {
     let (a, b, operator) = (client().await, client().await, client().await);
     let guard = a.lock("acct:1").acquire().await.unwrap();
     let info = operator.inspect("acct:1").await.unwrap();
-    assert_eq!(only_holder(&info), (guard.holder().id(), LockKind::Exclusive, 1));
+    assert_eq!(
+        only_holder(&info),
+        (guard.holder().id(), LockKind::Exclusive, 1)
+    );
     let waiter = tokio::spawn({
         let b = b.clone();
-        async move { b.lock("acct:1").wait(Duration::from_secs(20)).acquire().await }
+        async move {
+            b.lock("acct:1")
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+        }
     });
-    eventually(Duration::from_secs(2), "the waiter waits", || b.waiters() == 1).await;
+    eventually(Duration::from_secs(2), "the waiter waits", || {
+        b.waiters() == 1
+    })
+    .await;
     // The waiter has tried once and listens; the forced unlock must reach it on its shard.
     assert!(operator.force_unlock("acct:1").await.unwrap());
     let next = timeout(PROMPT, waiter).await.unwrap().unwrap().unwrap();

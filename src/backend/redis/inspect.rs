@@ -42,7 +42,11 @@ pub(super) fn snapshot(value: Value) -> Result<LockInfo, BackendError> {
     let bad = |_| protocol_error("lock snapshot reply");
     let items: Vec<Value> = FromRedisValue::from_redis_value(value).map_err(bad)?;
     let mut items = items.into_iter();
-    let mut next = || items.next().ok_or_else(|| protocol_error("short lock snapshot"));
+    let mut next = || {
+        items
+            .next()
+            .ok_or_else(|| protocol_error("short lock snapshot"))
+    };
     let fair = i64::from_redis_value(next()?).map_err(bad)? == 1;
     let queued = i64::from_redis_value(next()?).map_err(bad)?;
     let mut info = LockInfo::free().with_queue_len(u64::try_from(queued).unwrap_or(0));

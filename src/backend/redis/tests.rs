@@ -295,7 +295,11 @@ async fn every_script_round_trips_through_its_typed_call() {
         let holder = &info.holders[0];
         assert_eq!((holder.id.as_str(), holder.kind), ("h1", kind), "{kind:?}");
         assert_eq!(holder.hold_count, 1, "{kind:?}");
-        assert!(holder.remaining_lease.is_some_and(|left| left <= lease.duration()));
+        assert!(
+            holder
+                .remaining_lease
+                .is_some_and(|left| left <= lease.duration())
+        );
 
         let mut listener = client.get_async_pubsub().await.unwrap();
         listener
@@ -320,6 +324,9 @@ async fn every_script_round_trips_through_its_typed_call() {
         let value: Value = run_call(&calls::inspect(scripts, &key, kind), &mut conn)
             .await
             .unwrap();
-        assert!(!super::inspect::snapshot(value).unwrap().is_locked(), "{kind:?}");
+        assert!(
+            !super::inspect::snapshot(value).unwrap().is_locked(),
+            "{kind:?}"
+        );
     }
 }

@@ -32,13 +32,8 @@ pub(super) fn join(
             seen.push((holder.id.as_str(), holder.kind));
         }
     }
-    let mut joined = LockInfo::free().with_queue_len(
-        answers
-            .iter()
-            .map(|info| info.queue_len)
-            .max()
-            .unwrap_or(0),
-    );
+    let mut joined = LockInfo::free()
+        .with_queue_len(answers.iter().map(|info| info.queue_len).max().unwrap_or(0));
     for (id, kind) in seen {
         let on_nodes: Vec<&HolderInfo> = answers
             .iter()

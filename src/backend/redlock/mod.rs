@@ -814,13 +814,18 @@ impl RedlockBackend {
             })
             .await;
         // Foreign data on any node is not a lock: say so rather than vote it away.
-        if let Some(Err(error)) = replies.iter().find(|r| r.as_ref().is_err_and(BackendError::is_wrong_type)) {
+        if let Some(Err(error)) = replies
+            .iter()
+            .find(|r| r.as_ref().is_err_and(BackendError::is_wrong_type))
+        {
             let found = match error.kind() {
                 BackendErrorKind::WrongType { found } => found.clone(),
                 _ => String::new(),
             };
-            return Err(BackendError::from_kind(BackendErrorKind::WrongType { found })
-                .with_key(key.as_str()));
+            return Err(
+                BackendError::from_kind(BackendErrorKind::WrongType { found })
+                    .with_key(key.as_str()),
+            );
         }
         let at_least = if clear { 1 } else { self.inner.quorum };
         inspect::join(&replies, at_least, self.inner.quorum).map_err(|reachable| {
