@@ -272,6 +272,17 @@ async fn force_unlock_wakes_waiters<B: Backend>(env: Env<B>) {
     }
 }
 
+/// Fencing tokens keep rising across a forced unlock: the next holder's token is higher than
+/// the cleared holder's.
+async fn fencing_rises_after_force_unlock<B: Backend>(env: Env<B>) {
+    let cleared = env.a.lock("fenced").fencing().acquire().await.unwrap();
+    let before = cleared.fencing_token().expect("asked for");
+    assert!(env.operator.force_unlock("fenced").await.unwrap());
+    let next = env.b.lock("fenced").fencing().try_acquire().await.unwrap();
+    assert!(next.fencing_token().expect("asked for") > before);
+    next.release().await.unwrap();
+}
+
 /// A request for `key`'s fair lock, or its exclusive lock.
 fn request<'a, B: Backend>(
     client: &'a LockClient<B>,
@@ -344,6 +355,11 @@ macro_rules! cases {
             #[tokio::test]
             async fn force_unlock_wakes_waiters() {
                 super::force_unlock_wakes_waiters($env().await).await;
+            }
+
+            #[tokio::test]
+            async fn fencing_rises_after_force_unlock() {
+                super::fencing_rises_after_force_unlock($env().await).await;
             }
 
             #[tokio::test]
@@ -479,4 +495,57 @@ async fn cluster_inspect_and_force_unlock() {
     assert_eq!(only_holder(&info).0, next.holder().id());
     next.release().await.unwrap();
     drop(guard);
+}
+
+/// With keyed hashing, the operator's client (same secret) finds the lock by its user key.
+#[cfg(feature = "keyed-hash")]
+#[tokio::test]
+async fn keyed_hash_names_the_same_lock() {
+    let backend = MemoryBackend::new();
+    let keyed = |backend| {
+        LockClient::builder(backend)
+            .keyed_hash(b"a secret of at least thirty-two bytes!!")
+            .build()
+            .expect("valid configuration")
+    };
+    let (app, operator) = (keyed(backend.clone()), keyed(backend));
+    let guard = app.lock("user@example.com").acquire().await.unwrap();
+    let info = operator.inspect("user@example.com").await.unwrap();
+    assert_eq!(only_holder(&info).0, guard.holder().id());
+    assert!(operator.force_unlock("user@example.com").await.unwrap());
+}
+
+/// A forced unlock that freed a hold is counted, by the kind of the hold; one that freed
+/// nothing is not.
+#[cfg(feature = "metrics")]
+#[test]
+fn force_unlocks_are_counted() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let locks = LockClient::in_memory();
+            let guard = locks.fair_lock("counted").acquire().await.unwrap();
+            assert!(locks.force_unlock("counted").await.unwrap());
+            assert!(!locks.force_unlock("counted").await.unwrap());
+            drop(guard);
+        });
+    });
+    let counted: Vec<_> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == tower_lock::metrics::FORCE_UNLOCKS)
+        .map(|(key, _, _, value)| {
+            let labels: Vec<String> = key.key().labels().map(|l| l.value().to_owned()).collect();
+            (labels, value)
+        })
+        .collect();
+    assert_eq!(counted, [(vec!["fair".to_owned()], DebugValue::Counter(1))]);
 }
