@@ -2,9 +2,10 @@
 //! [`LockClient::inspect`](crate::LockClient::inspect) reports them and
 //! [`LockClient::force_unlock`](crate::LockClient::force_unlock) clears them.
 //!
-//! One user key names up to two locks in the backend: the exclusive (or fair) lock and the
-//! read-write lock of the same key (see [`LockClient::read_write_lock`](crate::LockClient::read_write_lock)).
-//! A [`LockInfo`] covers both: each holder says which kind of hold it has. The guide
+//! One user key names up to three locks in the backend: the exclusive (or fair) lock, the
+//! read-write lock (see [`LockClient::read_write_lock`](crate::LockClient::read_write_lock)) and
+//! the semaphore (see [`LockClient::semaphore`](crate::LockClient::semaphore)) of the same key.
+//! A [`LockInfo`] covers them all: each holder says which kind of hold it has. The guide
 //! `guide::locks` ("Who holds this lock?") shows the two calls an operator needs.
 
 use std::time::Duration;
@@ -14,15 +15,15 @@ use crate::backend::LockKind;
 /// What one lock name (or one user key, both of its locks) holds right now.
 ///
 /// An empty [`holders`](Self::holders) list means the lock is free. Several holders are
-/// normal for the read side of a read-write lock; a holder of the write side that also took
-/// the read side appears once per side.
+/// normal for the read side of a read-write lock and for a semaphore; a holder of the write
+/// side that also took the read side appears once per side.
 ///
 /// **Exclusive or fair.** Both keep the same data for a hold; a fair lock also keeps a waiter
 /// queue. A hold is reported as [`LockKind::Fair`] when it was granted by a fair acquire, which
 /// records that in the hold, or while fair waiters are queued; otherwise as
 /// [`LockKind::Exclusive`].
 ///
-/// New fields may be added (the permits of a semaphore, for one), hence `#[non_exhaustive]`.
+/// New fields may be added, hence `#[non_exhaustive]`.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -47,6 +48,27 @@ pub struct LockInfo {
     /// for a read-write lock. Waiters of an exclusive lock keep no place in the backend and are
     /// not counted.
     pub queue_len: u64,
+    /// For a semaphore: its permits taken and its limit. `None` when the key has no
+    /// semaphore held.
+    pub permits: Option<Permits>,
+}
+
+/// The permits of a semaphore (see [`LockClient::semaphore`](crate::LockClient::semaphore)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Permits {
+    /// How many holders hold a permit.
+    pub in_use: u64,
+    /// How many may hold one at once: the count the last permit was granted under (each
+    /// acquire states it).
+    pub limit: u64,
+}
+
+impl Permits {
+    /// `in_use` permits of `limit` (for a [`Backend`](crate::Backend) implementation).
+    pub fn new(in_use: u64, limit: u64) -> Self {
+        Self { in_use, limit }
+    }
 }
 
 impl LockInfo {
@@ -66,6 +88,13 @@ impl LockInfo {
     #[must_use]
     pub fn with_queue_len(mut self, queue_len: u64) -> Self {
         self.queue_len = queue_len;
+        self
+    }
+
+    /// Sets a semaphore's permits (for a [`Backend`](crate::Backend) implementation).
+    #[must_use]
+    pub fn with_permits(mut self, permits: Permits) -> Self {
+        self.permits = Some(permits);
         self
     }
 
@@ -93,6 +122,7 @@ impl LockInfo {
     pub(crate) fn merge(mut self, other: Self) -> Self {
         self.holders.extend(other.holders);
         self.queue_len += other.queue_len;
+        self.permits = self.permits.or(other.permits);
         self
     }
 }
@@ -112,7 +142,8 @@ pub struct HolderInfo {
     /// The holder's id, opaque: the same string as
     /// [`LockGuard::holder`](crate::LockGuard::holder)`().id()` of its guard.
     pub id: String,
-    /// Which kind of hold it has: exclusive or fair, or a side of a read-write lock.
+    /// Which kind of hold it has: exclusive or fair, a side of a read-write lock, or a
+    /// semaphore's permit.
     pub kind: LockKind,
     /// How many times the holder holds it (above 1 after re-entries).
     pub hold_count: u64,

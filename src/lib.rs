@@ -171,7 +171,7 @@ pub use client::{LockClient, LockClientBuilder, LockRequest, ReadWriteLock};
 pub use error::{BackendError, ConfigError, LockError};
 pub use guard::{LockGuard, Lost};
 pub use holder::Holder;
-pub use inspect::{HolderInfo, LockInfo};
+pub use inspect::{HolderInfo, LockInfo, Permits};
 pub use lease::Lease;
 pub use lock_key::LockKey;
 #[cfg(feature = "macros")]

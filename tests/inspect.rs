@@ -283,6 +283,31 @@ async fn fencing_rises_after_force_unlock<B: Backend>(env: Env<B>) {
     next.release().await.unwrap();
 }
 
+/// A semaphore names each holder of a permit and counts its permits; a forced unlock gives
+/// every permit back (the holders here lose their guards at once) and the permits are free.
+async fn semaphore_permits<B: Backend>(env: Env<B>) {
+    let first = env.a.semaphore("exports", 3).acquire().await.unwrap();
+    let second = env.b.semaphore("exports", 3).acquire().await.unwrap();
+    let info = env.operator.inspect("exports").await.unwrap();
+    assert_eq!(info.kind(), Some(LockKind::Semaphore));
+    let permits = info.permits.expect("a semaphore");
+    assert_eq!((permits.in_use, permits.limit), (2, 3));
+    for guard in [&first, &second] {
+        let holder = info.holder(guard.holder().id()).expect("named");
+        assert_eq!((holder.kind, holder.hold_count), (LockKind::Semaphore, 1));
+    }
+    assert!(env.a.force_unlock("exports").await.unwrap());
+    assert!(first.is_lost());
+    let info = env.operator.inspect("exports").await.unwrap();
+    assert!(!info.is_locked() && info.permits.is_none(), "{info:?}");
+    // Both permits are free again, though `second`'s holder has not found out yet.
+    let a = env.a.semaphore("exports", 2).try_acquire().await.unwrap();
+    let b = env.b.semaphore("exports", 2).try_acquire().await.unwrap();
+    a.release().await.unwrap();
+    b.release().await.unwrap();
+    drop(second);
+}
+
 /// A request for `key`'s fair lock, or its exclusive lock.
 fn request<'a, B: Backend>(
     client: &'a LockClient<B>,
@@ -360,6 +385,11 @@ macro_rules! cases {
             #[tokio::test]
             async fn fencing_rises_after_force_unlock() {
                 super::fencing_rises_after_force_unlock($env().await).await;
+            }
+
+            #[tokio::test]
+            async fn semaphore_permits() {
+                super::semaphore_permits($env().await).await;
             }
 
             #[tokio::test]

@@ -12,17 +12,21 @@ use crate::{
     lock_key::LockKey,
 };
 
-/// The backend locks one user key names, from its base name: the exclusive (or fair) lock and
-/// the read-write lock, each with the kind that names its layout.
-fn locks_of(base: LockKey) -> [(LockKey, LockKind); 2] {
-    let rw = base.with_suffix(":rw");
-    [(base, LockKind::Exclusive), (rw, LockKind::Write)]
-}
+/// The kinds of lock one user key names, one per layout in the backend: the exclusive (or
+/// fair) lock, the read-write lock and the semaphore.
+const LAYOUTS: [LockKind; 3] = [LockKind::Exclusive, LockKind::Write, LockKind::Semaphore];
 
 impl<B: Backend> LockClient<B> {
-    /// Who holds the locks of `key` right now: its exclusive (or fair) lock and its read-write
-    /// lock, named as [`lock`](Self::lock) and [`read_write_lock`](Self::read_write_lock) name
-    /// them (prefix, escaping, keyed hash). Reads only; one backend call per lock, made at once.
+    /// The backend locks of `key` in `namespace`, each with the kind that names its layout.
+    fn locks_of(&self, namespace: &str, key: &[u8]) -> Result<Vec<(LockKey, LockKind)>, LockError> {
+        let name = |kind| Ok((self.key_in(namespace, key, kind)?, kind));
+        LAYOUTS.into_iter().map(name).collect()
+    }
+
+    /// Who holds the locks of `key` right now: its exclusive (or fair) lock, its read-write
+    /// lock and its semaphore, named as [`lock`](Self::lock),
+    /// [`read_write_lock`](Self::read_write_lock) and [`semaphore`](Self::semaphore) name them
+    /// (prefix, escaping, keyed hash). Reads only; one backend call per lock, made at once.
     ///
     /// The answer is a snapshot: by the time it arrives a holder may have released. The holder
     /// ids are those of [`LockGuard::holder`](crate::LockGuard::holder).
@@ -78,9 +82,8 @@ impl<B: Backend> LockClient<B> {
         namespace: &str,
         key: impl AsRef<[u8]>,
     ) -> Result<LockInfo, LockError> {
-        let base = self.key_in(namespace, key.as_ref(), LockKind::Exclusive)?;
         let backend = &self.inner.engine.backend;
-        let locks = locks_of(base);
+        let locks = self.locks_of(namespace, key.as_ref())?;
         let found = join_all(locks.iter().map(|(key, kind)| backend.inspect(key, *kind))).await;
         let mut info = LockInfo::free();
         for (found, (key, _)) in found.into_iter().zip(&locks) {
@@ -92,8 +95,8 @@ impl<B: Backend> LockClient<B> {
     /// Frees the locks of `key` whoever holds them, for an operator clearing a stuck lock.
     /// Returns whether anything was held.
     ///
-    /// Every hold of the key's exclusive (or fair) lock and read-write lock is deleted, and
-    /// the release is announced, so waiters in every process try again at once (a fair lock
+    /// Every hold of the key's exclusive (or fair) lock, read-write lock and semaphore is
+    /// deleted, and the release is announced, so waiters in every process try again at once (a fair lock
     /// keeps its queue, and its head is woken). A warning is logged with the key and the
     /// holders cleared, and `tower_lock_force_unlocks_total` counts them (feature `metrics`).
     ///
@@ -150,9 +153,8 @@ impl<B: Backend> LockClient<B> {
         namespace: &str,
         key: impl AsRef<[u8]>,
     ) -> Result<bool, LockError> {
-        let base = self.key_in(namespace, key.as_ref(), LockKind::Exclusive)?;
         let engine = &self.inner.engine;
-        let locks = locks_of(base);
+        let locks = self.locks_of(namespace, key.as_ref())?;
         // The holds of this client before the call: one taken after it (a waiter here woken by
         // the announcement) is a new hold, not one that was cleared.
         let local: Vec<_> = locks

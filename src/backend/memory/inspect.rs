@@ -6,7 +6,7 @@ use tokio::time::Instant;
 use super::{Publish, State, channel};
 use crate::{
     backend::LockKind,
-    inspect::{HolderInfo, LockInfo},
+    inspect::{HolderInfo, LockInfo, Permits},
     lock_key::LockKey,
 };
 
@@ -15,6 +15,7 @@ impl State {
     pub(super) fn inspect(&mut self, key: &LockKey, kind: LockKind, now: Instant) -> LockInfo {
         match kind {
             LockKind::Read | LockKind::Write => self.rw_inspect(key, now),
+            LockKind::Semaphore => self.inspect_semaphore(key, now),
             _ => self.inspect_exclusive(key, now),
         }
     }
@@ -29,6 +30,14 @@ impl State {
     ) -> (LockInfo, Publish) {
         match kind {
             LockKind::Read | LockKind::Write => self.rw_force_unlock(key, now),
+            LockKind::Semaphore => {
+                let before = self.inspect_semaphore(key, now);
+                self.semaphores.remove(key.as_str());
+                let publish = before
+                    .is_locked()
+                    .then(|| (channel(key), "released".to_owned()));
+                (before, publish)
+            }
             _ => {
                 let before = self.inspect_exclusive(key, now);
                 if self.locks.remove(key.as_str()).is_none() {
@@ -44,6 +53,30 @@ impl State {
                 (before, Some((channel(key), payload)))
             }
         }
+    }
+
+    /// The live permits of the semaphore `key`, in the order of their holders' ids.
+    fn inspect_semaphore(&mut self, key: &LockKey, now: Instant) -> LockInfo {
+        let Some(semaphore) = self.semaphores.get(key.as_str()) else {
+            return LockInfo::free();
+        };
+        let mut live: Vec<_> = semaphore
+            .holders()
+            .iter()
+            .filter(|(_, permit)| permit.until > now)
+            .collect();
+        if live.is_empty() {
+            return LockInfo::free();
+        }
+        live.sort_by(|a, b| a.0.cmp(b.0));
+        let permits = Permits::new(live.len() as u64, u64::from(semaphore.limit));
+        let mut info = LockInfo::free().with_permits(permits);
+        for (holder, permit) in live {
+            let left = permit.until.saturating_duration_since(now);
+            let kind = LockKind::Semaphore;
+            info = info.with_holder(HolderInfo::new(holder, kind, permit.count, Some(left)));
+        }
+        info
     }
 
     fn inspect_exclusive(&mut self, key: &LockKey, now: Instant) -> LockInfo {

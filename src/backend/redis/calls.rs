@@ -368,6 +368,9 @@ fn snapshot(call: &mut Call, key: &LockKey, kind: LockKind) {
                 .key(Derived(key, WRITERS))
                 .arg("rw");
         }
+        LockKind::Semaphore => {
+            call.key(Derived(key, READERS)).arg("sem");
+        }
         _ => {
             call.key(Derived(key, QUEUE))
                 .key(Derived(key, TIMEOUTS))

@@ -9,7 +9,7 @@ use super::{RedisBackend, calls, errors::protocol_error};
 use crate::{
     backend::LockKind,
     error::BackendError,
-    inspect::{HolderInfo, LockInfo},
+    inspect::{HolderInfo, LockInfo, Permits},
     lock_key::LockKey,
 };
 
@@ -37,7 +37,7 @@ impl RedisBackend {
     }
 }
 
-/// Reads `{fair, queued, holder, side, count, lease, ...}` (see `lua/snapshot.lua`).
+/// Reads `{fair, queued, limit, holder, side, count, lease, ...}` (see `lua/snapshot.lua`).
 pub(super) fn snapshot(value: Value) -> Result<LockInfo, BackendError> {
     let bad = |_| protocol_error("lock snapshot reply");
     let items: Vec<Value> = FromRedisValue::from_redis_value(value).map_err(bad)?;
@@ -49,6 +49,7 @@ pub(super) fn snapshot(value: Value) -> Result<LockInfo, BackendError> {
     };
     let fair = i64::from_redis_value(next()?).map_err(bad)? == 1;
     let queued = i64::from_redis_value(next()?).map_err(bad)?;
+    let limit = i64::from_redis_value(next()?).map_err(bad)?;
     let mut info = LockInfo::free().with_queue_len(u64::try_from(queued).unwrap_or(0));
     while let Ok(id) = next() {
         let id = String::from_redis_value(id).map_err(bad)?;
@@ -57,6 +58,7 @@ pub(super) fn snapshot(value: Value) -> Result<LockInfo, BackendError> {
             "x" => LockKind::Exclusive,
             "r" => LockKind::Read,
             "w" => LockKind::Write,
+            "s" => LockKind::Semaphore,
             _ => return Err(protocol_error("lock snapshot side")),
         };
         let count = i64::from_redis_value(next()?).map_err(bad)?;
@@ -65,6 +67,13 @@ pub(super) fn snapshot(value: Value) -> Result<LockInfo, BackendError> {
         let lease = u64::try_from(lease).ok().map(Duration::from_millis);
         let count = u64::try_from(count).unwrap_or(0);
         info = info.with_holder(HolderInfo::new(id, kind, count, lease));
+    }
+    // -1: not a semaphore. A semaphore nobody holds has no permits to show.
+    if let Ok(limit) = u64::try_from(limit)
+        && info.is_locked()
+    {
+        let permits = Permits::new(info.holders.len() as u64, limit);
+        info = info.with_permits(permits);
     }
     Ok(info)
 }

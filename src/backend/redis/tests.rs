@@ -272,16 +272,22 @@ async fn every_script_round_trips_through_its_typed_call() {
     // Inspect and force-unlock, for each layout: the snapshot names the holder, its side and
     // count, the forced unlock answers the same snapshot and announces the release; then the
     // lock is free.
-    for kind in [LockKind::Exclusive, LockKind::Fair, LockKind::Write] {
+    for kind in [
+        LockKind::Exclusive,
+        LockKind::Fair,
+        LockKind::Write,
+        LockKind::Semaphore,
+    ] {
         let key = LockKey::new("rt:", format!("force-{kind:?}").as_bytes(), 512).unwrap();
-        let key = if kind == LockKind::Write {
-            key.with_suffix(":rw")
-        } else {
-            key
+        let key = match kind {
+            LockKind::Write => key.with_suffix(":rw"),
+            LockKind::Semaphore => key.with_suffix(":sem"),
+            _ => key,
         };
         let grant = Grant {
             key: &key,
             kind,
+            permits: 2,
             ..first
         };
         let _: Vec<i64> = run_call(&calls::acquire(scripts, &grant, ""), &mut conn)
@@ -300,6 +306,9 @@ async fn every_script_round_trips_through_its_typed_call() {
                 .remaining_lease
                 .is_some_and(|left| left <= lease.duration())
         );
+        let permits = info.permits.map(|p| (p.in_use, p.limit));
+        let expected = (kind == LockKind::Semaphore).then_some((1, 2));
+        assert_eq!(permits, expected, "{kind:?}");
 
         let mut listener = client.get_async_pubsub().await.unwrap();
         listener

@@ -780,8 +780,8 @@ impl Backend for RedlockBackend {
     }
 
     /// Asks every node; reports the holders a majority of the nodes name: a hold left on a
-    /// minority (an attempt that lost its vote) holds nothing. A read-write lock is never
-    /// taken here: it is free.
+    /// minority (an attempt that lost its vote) holds nothing. A read-write lock or a
+    /// semaphore is never taken here: it is free.
     async fn inspect(&self, key: &LockKey, kind: LockKind) -> Result<LockInfo, BackendError> {
         self.snapshot_on_every_node(key, kind, false).await
     }
@@ -801,7 +801,8 @@ impl RedlockBackend {
         kind: LockKind,
         clear: bool,
     ) -> Result<LockInfo, BackendError> {
-        if matches!(kind, LockKind::Read | LockKind::Write) {
+        // The kinds Redlock refuses are never held here.
+        if !matches!(kind, LockKind::Exclusive | LockKind::Fair) {
             return Ok(LockInfo::free());
         }
         let replies = self

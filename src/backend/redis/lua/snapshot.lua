@@ -10,12 +10,17 @@
 --   KEYS[1]  the lock hash
 --   KEYS[2]  the readers
 --   KEYS[3]  the waiting writers
+-- With `layout` 'sem', a semaphore (see sem_acquire.lua):
+--   KEYS[1]  the semaphore hash
+--   KEYS[2]  the holders
 --
--- Returns {fair, queued, holder, side, count, lease, holder, side, count, lease, ...}: `fair` 1
--- when a fair acquire granted the hold ('~k') or fair waiters are queued, else 0; `queued` the
--- waiters whose place is alive (fair waiters, or writers waiting); then per holder its id, its
--- side ('x' for an exclusive or fair hold, 'r', 'w'), its hold count and its lease left in ms
--- (-1: no expiry). Nil when KEYS[1] holds data that is not a lock of that layout.
+-- Returns {fair, queued, limit, holder, side, count, lease, holder, side, count, lease, ...}:
+-- `fair` 1 when a fair acquire granted the hold ('~k') or fair waiters are queued, else 0;
+-- `queued` the waiters whose place is alive (fair waiters, or writers waiting); `limit` a
+-- semaphore's permit count ('~p'), -1 for the other layouts; then per holder its id, its side
+-- ('x' for an exclusive or fair hold, 'r', 'w', 's' for a permit), its hold count and its
+-- lease left in ms (-1: no expiry). Nil when KEYS[1] holds data that is not a lock of that
+-- layout.
 
 -- The fields of an exclusive or fair lock's hash that are not holders.
 local LOCK_FIELDS = {['~a'] = true, ['~r'] = true, ['~f'] = true, ['~q'] = true, ['~k'] = true}
@@ -36,8 +41,11 @@ end
 
 local function snapshot(layout, now)
   local lock = KEYS[1]
-  local queued = #redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. now, '+inf')
-  local found = {0, queued}
+  local queued = 0
+  if layout ~= 'sem' then
+    queued = #redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. now, '+inf')
+  end
+  local found = {0, queued, -1}
   local held = redis.call('TYPE', lock)['ok']
   if held == 'none' then
     return found
@@ -75,6 +83,23 @@ local function snapshot(layout, now)
           return nil
         end
         add(field, 'x', tonumber(count), ttl)
+      end
+    end
+    return found
+  end
+  if layout == 'sem' then
+    local limit = held == 'hash' and redis.call('HGET', lock, '~p')
+    if not limit then
+      return nil
+    end
+    found[3] = tonumber(limit)
+    for _, field in ipairs(redis.call('HKEYS', lock)) do
+      local holder = string.match(field, '^r:(.*)$')
+      if holder then
+        local ends = tonumber(redis.call('ZSCORE', KEYS[2], holder) or now)
+        if ends > now then
+          add(holder, 's', tonumber(redis.call('HGET', lock, field)), left_until(ends, now, ttl))
+        end
       end
     end
     return found
