@@ -155,6 +155,7 @@ pub mod error;
 mod guard;
 pub mod guide;
 mod holder;
+pub mod inspect;
 pub mod key;
 mod lease;
 mod lock_key;
@@ -170,6 +171,7 @@ pub use client::{LockClient, LockClientBuilder, LockRequest, ReadWriteLock};
 pub use error::{BackendError, ConfigError, LockError};
 pub use guard::{LockGuard, Lost};
 pub use holder::Holder;
+pub use inspect::{HolderInfo, LockInfo, Permits};
 pub use lease::Lease;
 pub use lock_key::LockKey;
 #[cfg(feature = "macros")]

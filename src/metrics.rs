@@ -42,6 +42,9 @@ pub const RENEWAL_BATCH_SECONDS: &str = "tower_lock_renewal_batch_seconds";
 pub const REJECTIONS: &str = "tower_lock_rejections_total";
 /// Acquires waiting right now, across clients.
 pub const WAITERS: &str = "tower_lock_waiters";
+/// Locks an operator freed with `LockClient::force_unlock` while someone held them. Label
+/// `kind` (of the hold cleared).
+pub const FORCE_UNLOCKS: &str = "tower_lock_force_unlocks_total";
 
 /// An acquire of a `kind` lock ended after `waited`.
 pub(crate) fn acquire_finished(kind: LockKind, result: Result<(), &LockError>, waited: Duration) {
@@ -129,6 +132,14 @@ pub(crate) fn waiting(started: bool) {
     }
     #[cfg(not(feature = "metrics"))]
     let _ = started;
+}
+
+/// A lock held as `kind` was force-unlocked.
+pub(crate) fn force_unlocked(kind: LockKind) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(FORCE_UNLOCKS, "kind" => kind_label(kind)).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = kind;
 }
 
 #[cfg(feature = "metrics")]

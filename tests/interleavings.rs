@@ -138,6 +138,22 @@ impl Backend for Delayed {
     async fn listen(&self, key: &LockKey, only_for: Option<&str>) -> BackendResult<Listener> {
         self.pass(self.inner.listen(key, only_for)).await
     }
+
+    async fn inspect(
+        &self,
+        key: &LockKey,
+        kind: tower_lock::LockKind,
+    ) -> BackendResult<tower_lock::LockInfo> {
+        self.pass(self.inner.inspect(key, kind)).await
+    }
+
+    async fn force_unlock(
+        &self,
+        key: &LockKey,
+        kind: tower_lock::LockKind,
+    ) -> BackendResult<tower_lock::LockInfo> {
+        self.pass(self.inner.force_unlock(key, kind)).await
+    }
 }
 
 /// Which lock a key of the program is.

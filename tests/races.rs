@@ -158,6 +158,22 @@ impl Backend for Gated {
     ) -> Result<Listener, tower_lock::BackendError> {
         self.inner.listen(key, only_for).await
     }
+
+    async fn inspect(
+        &self,
+        key: &LockKey,
+        kind: tower_lock::LockKind,
+    ) -> Result<tower_lock::LockInfo, tower_lock::BackendError> {
+        self.inner.inspect(key, kind).await
+    }
+
+    async fn force_unlock(
+        &self,
+        key: &LockKey,
+        kind: tower_lock::LockKind,
+    ) -> Result<tower_lock::LockInfo, tower_lock::BackendError> {
+        self.inner.force_unlock(key, kind).await
+    }
 }
 
 fn client<B: Backend>(backend: B, lease: Lease) -> LockClient<B> {

@@ -14,7 +14,7 @@
 
 use std::{future::Future, time::Duration};
 
-use crate::{error::BackendError, lease::Lease, lock_key::LockKey};
+use crate::{error::BackendError, inspect::LockInfo, lease::Lease, lock_key::LockKey};
 
 mod listeners;
 pub mod memory;
@@ -317,6 +317,50 @@ pub trait Backend: Send + Sync + 'static {
     fn shutdown(&self) -> impl Future<Output = ()> + Send {
         async {}
     }
+
+    /// Reads what the lock `key` holds, changing nothing. `kind` names the lock's layout:
+    /// [`LockKind::Exclusive`] and [`LockKind::Fair`] share one (a fair lock's waiter queue is
+    /// counted too), [`LockKind::Read`] and [`LockKind::Write`] name a read-write lock.
+    ///
+    /// The default answers [`BackendErrorKind::Unsupported`](crate::error::BackendErrorKind::Unsupported):
+    /// the crate's own backends all implement it.
+    ///
+    /// # Errors
+    /// [`BackendErrorKind::WrongType`](crate::error::BackendErrorKind::WrongType) when the key
+    /// holds data that is not a lock of that layout; the store's failures.
+    fn inspect(
+        &self,
+        key: &LockKey,
+        kind: LockKind,
+    ) -> impl Future<Output = Result<LockInfo, BackendError>> + Send {
+        let _ = (key, kind);
+        async { Err(unsupported("inspect")) }
+    }
+
+    /// Deletes every hold of the lock `key` (of `kind`'s layout, as for
+    /// [`inspect`](Self::inspect)), whoever holds it, and announces the release so that waiters
+    /// everywhere look again (a fair lock's queue is kept, and its head is woken). Returns what
+    /// the lock held just before. Holders find out at their next renewal, which answers
+    /// [`RenewReply::NotHeld`].
+    ///
+    /// The default answers [`BackendErrorKind::Unsupported`](crate::error::BackendErrorKind::Unsupported).
+    ///
+    /// # Errors
+    /// [`BackendErrorKind::WrongType`](crate::error::BackendErrorKind::WrongType) when the key
+    /// holds data that is not a lock of that layout (it is left alone); the store's failures.
+    fn force_unlock(
+        &self,
+        key: &LockKey,
+        kind: LockKind,
+    ) -> impl Future<Output = Result<LockInfo, BackendError>> + Send {
+        let _ = (key, kind);
+        async { Err(unsupported("force_unlock")) }
+    }
+}
+
+/// The error of a trait method a backend does not implement.
+fn unsupported(feature: &'static str) -> BackendError {
+    BackendError::from_kind(crate::error::BackendErrorKind::Unsupported { feature })
 }
 
 /// A registration for release notifications; dropping it unregisters.

@@ -10,6 +10,7 @@ use crate::{
 };
 
 mod builder;
+mod inspect;
 mod request;
 
 pub use builder::LockClientBuilder;

@@ -507,6 +507,14 @@ impl<L> Table<L> {
     pub(crate) fn waiter_count(&self) -> usize {
         self.keys().values().map(|state| state.waiters.len()).sum()
     }
+
+    /// The entries held here for `key` right now.
+    pub(crate) fn held_entries(&self, key: &LockKey) -> Vec<Arc<Held>> {
+        self.keys()
+            .get(key.as_str())
+            .map(|state| state.held.clone())
+            .unwrap_or_default()
+    }
 }
 
 /// The state of `name`, created when missing; allocates the name only then.

@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `layer` | `LockLayer`: its options, how a request's lock lives, rejections, lock names | |
 //! | `attribute` | `#[locked(...)]` on an axum handler, and how it maps to the layer | `macros` |
-//! | `locks` | the lock engine: leases and the watchdog, guards, reentrancy, fair and read-write locks, fencing tokens | |
+//! | `locks` | the lock engine: leases and the watchdog, guards, reentrancy, fair and read-write locks, fencing tokens, who holds a lock and force-unlocking it | |
 //! | `backends` | choosing a backend; one Redis node; sharing an application's pool | `redis` |
 //! | `failover` | Sentinel, replica acknowledgement (`WAIT`, `WAITAOF`), the quarantine after a restart | `redis` |
 //! | `redlock` | one lock over several independent Redis masters | `redis` |

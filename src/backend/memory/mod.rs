@@ -19,8 +19,9 @@ use super::{
     AcquireReply, Backend, Grant, Listener, Listeners, LockKind, Reentry, Release, ReleaseReply,
     Renew, RenewReply,
 };
-use crate::{error::BackendError, lock_key::LockKey};
+use crate::{error::BackendError, inspect::LockInfo, lock_key::LockKey};
 
+mod inspect;
 mod rw;
 mod semaphore;
 
@@ -66,6 +67,8 @@ struct Entry {
     /// The last re-entry's attempt.
     reentry: String,
     token: Option<u64>,
+    /// Granted by a fair acquire (for [`Backend::inspect`]).
+    fair: bool,
 }
 
 /// Waiters of a fair lock, oldest first, each with the time its place expires.
@@ -159,6 +162,7 @@ impl State {
                 attempt: grant.attempt.to_owned(),
                 reentry: String::new(),
                 token,
+                fair: grant.kind == LockKind::Fair,
             },
         );
         token
@@ -470,5 +474,15 @@ impl Backend for MemoryBackend {
         only_for: Option<&str>,
     ) -> Result<Listener, BackendError> {
         Ok(self.listeners.add(channel(key), only_for).0)
+    }
+
+    async fn inspect(&self, key: &LockKey, kind: LockKind) -> Result<LockInfo, BackendError> {
+        Ok(self.lock().inspect(key, kind, Instant::now()))
+    }
+
+    async fn force_unlock(&self, key: &LockKey, kind: LockKind) -> Result<LockInfo, BackendError> {
+        let (before, publish) = self.lock().force_unlock(key, kind, Instant::now());
+        self.publish(publish);
+        Ok(before)
     }
 }

@@ -7,6 +7,7 @@ use tokio::time::Instant;
 use super::{Publish, State, channel};
 use crate::{
     backend::{AcquireReply, Grant, LockKind, Reentry, ReleaseReply, Renew, RenewReply},
+    inspect::{HolderInfo, LockInfo},
     lock_key::LockKey,
 };
 
@@ -283,5 +284,67 @@ impl State {
             self.rw.remove(key.as_str());
         }
         reply
+    }
+}
+
+impl RwLock {
+    /// What the lock holds at `now`: its writer and its readers, in the order of their ids.
+    fn snapshot(&mut self, now: Instant) -> LockInfo {
+        self.purge(now);
+        let left = |until: Instant| Some(until.saturating_duration_since(now));
+        let mut holders = Vec::new();
+        if let Some((writer, count)) = &self.writer {
+            let until = self.writer_until.or(self.expires);
+            holders.push(HolderInfo::new(
+                writer.clone(),
+                LockKind::Write,
+                *count,
+                until.and_then(left),
+            ));
+        }
+        let mut readers: Vec<_> = self.readers.iter().collect();
+        readers.sort_by(|a, b| a.0.cmp(b.0));
+        for (reader, (count, until)) in readers {
+            holders.push(HolderInfo::new(
+                reader.clone(),
+                LockKind::Read,
+                *count,
+                left(*until),
+            ));
+        }
+        let mut info = LockInfo::free().with_queue_len(self.waiting_writers.len() as u64);
+        info.holders = holders;
+        info
+    }
+}
+
+impl State {
+    /// What the read-write lock `key` holds at `now`.
+    pub(super) fn rw_inspect(&mut self, key: &LockKey, now: Instant) -> LockInfo {
+        self.rw
+            .get_mut(key.as_str())
+            .map_or_else(LockInfo::free, |lock| lock.snapshot(now))
+    }
+
+    /// Drops every hold of the read-write lock `key`, keeping its waiting writers; as
+    /// `force_unlock.lua` deletes the lock's hash (and with it the writer's fencing token).
+    pub(super) fn rw_force_unlock(&mut self, key: &LockKey, now: Instant) -> (LockInfo, Publish) {
+        let Some(lock) = self.rw.get_mut(key.as_str()) else {
+            return (LockInfo::free(), None);
+        };
+        let before = lock.snapshot(now);
+        lock.writer = None;
+        lock.writer_until = None;
+        lock.readers.clear();
+        lock.attempts.clear();
+        lock.expires = None;
+        lock.token = None;
+        if lock.is_idle() {
+            self.rw.remove(key.as_str());
+        }
+        let publish = before
+            .is_locked()
+            .then(|| (channel(key), "released".to_owned()));
+        (before, publish)
     }
 }

@@ -358,3 +358,39 @@ pub(super) fn renew(scripts: &'static Scripts, renew: &Renew<'_>) -> Call {
         }
     }
 }
+
+/// The keys of a lock that `lua/snapshot.lua` reads, and the layout argument, by `kind`.
+fn snapshot(call: &mut Call, key: &LockKey, kind: LockKind) {
+    call.key(key.as_str());
+    match kind {
+        LockKind::Read | LockKind::Write => {
+            call.key(Derived(key, READERS))
+                .key(Derived(key, WRITERS))
+                .arg("rw");
+        }
+        LockKind::Semaphore => {
+            call.key(Derived(key, READERS)).arg("sem");
+        }
+        _ => {
+            call.key(Derived(key, QUEUE))
+                .key(Derived(key, TIMEOUTS))
+                .key(Derived(key, VOID))
+                .arg("x");
+        }
+    }
+}
+
+/// `lua/inspect.lua`: what the lock `key` of `kind`'s layout holds.
+pub(super) fn inspect(scripts: &'static Scripts, key: &LockKey, kind: LockKind) -> Call {
+    let mut call = scripts.inspect.prepare_invoke();
+    snapshot(&mut call, key, kind);
+    call
+}
+
+/// `lua/force_unlock.lua`: frees the lock `key` of `kind`'s layout whoever holds it.
+pub(super) fn force_unlock(scripts: &'static Scripts, key: &LockKey, kind: LockKind) -> Call {
+    let mut call = scripts.force_unlock.prepare_invoke();
+    snapshot(&mut call, key, kind);
+    call.arg(Derived(key, CHANNEL));
+    call
+}

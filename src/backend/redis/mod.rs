@@ -63,6 +63,7 @@ use super::{
 };
 use crate::{
     error::{BackendError, BackendErrorKind},
+    inspect::LockInfo,
     lock_key::LockKey,
 };
 
@@ -75,6 +76,7 @@ mod calls;
 mod cluster;
 mod connection;
 mod errors;
+mod inspect;
 mod pool;
 mod pubsub;
 mod quarantine;
@@ -765,5 +767,13 @@ impl Backend for RedisBackend {
 
     async fn shutdown(&self) {
         self.inner.stop.cancel();
+    }
+
+    async fn inspect(&self, key: &LockKey, kind: LockKind) -> Result<LockInfo, BackendError> {
+        self.inspect_lock(key, kind).await
+    }
+
+    async fn force_unlock(&self, key: &LockKey, kind: LockKind) -> Result<LockInfo, BackendError> {
+        self.force_unlock_lock(key, kind).await
     }
 }

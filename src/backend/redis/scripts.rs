@@ -114,6 +114,8 @@ pub(super) struct Scripts {
     pub(super) rw_wait: Lua,
     pub(super) sem_acquire: Lua,
     pub(super) sem_release: Lua,
+    pub(super) inspect: Lua,
+    pub(super) force_unlock: Lua,
 }
 
 /// Builds the script set whose release notifications go through the `publish` helper of the
@@ -136,7 +138,17 @@ macro_rules! scripts {
             rw_wait: scripts!(@one $publish, "lua/rw_wait.lua"),
             sem_acquire: scripts!(@one $publish, "lua/sem_acquire.lua"),
             sem_release: scripts!(@one $publish, "lua/sem_release.lua"),
+            inspect: scripts!(@snapshot $publish, "lua/inspect.lua"),
+            force_unlock: scripts!(@snapshot $publish, "lua/force_unlock.lua"),
         }
+    };
+    // A script that reads a lock through `lua/snapshot.lua`, sent in front of it.
+    (@snapshot $publish:literal, $file:literal) => {
+        Lua::new(
+            include_str!("lua/prelude.lua"),
+            include_str!($publish),
+            concat!(include_str!("lua/snapshot.lua"), include_str!($file)),
+        )
     };
     (@one $publish:literal, $file:literal) => {
         Lua::new(
@@ -193,6 +205,8 @@ mod tests {
             scripts.rw_wait.hash(),
             scripts.sem_acquire.hash(),
             scripts.sem_release.hash(),
+            scripts.inspect.hash(),
+            scripts.force_unlock.hash(),
         ];
         for (i, hash) in hashes.iter().enumerate() {
             assert_eq!(hash.len(), 40);

@@ -107,6 +107,8 @@ async fn a_retry_takes_over_the_hold_of_a_lost_attempt() {
 async fn every_script_round_trips_through_its_typed_call() {
     use redis::Value;
 
+    use futures_util::StreamExt;
+
     use super::{calls, reply_pair, run_call, scripts::SCRIPTS};
     use crate::backend::Renew;
 
@@ -266,4 +268,74 @@ async fn every_script_round_trips_through_its_typed_call() {
         token.is_some_and(|token| token > 0),
         "with a token: {token:?}"
     );
+
+    // Inspect and force-unlock, for each layout: the snapshot names the holder, its side and
+    // count, the forced unlock answers the same snapshot and announces the release; then the
+    // lock is free.
+    for kind in [
+        LockKind::Exclusive,
+        LockKind::Fair,
+        LockKind::Write,
+        LockKind::Semaphore,
+    ] {
+        let key = LockKey::new("rt:", format!("force-{kind:?}").as_bytes(), 512).unwrap();
+        let key = match kind {
+            LockKind::Write => key.with_suffix(":rw"),
+            LockKind::Semaphore => key.with_suffix(":sem"),
+            _ => key,
+        };
+        let grant = Grant {
+            key: &key,
+            kind,
+            permits: 2,
+            ..first
+        };
+        let _: Vec<i64> = run_call(&calls::acquire(scripts, &grant, ""), &mut conn)
+            .await
+            .unwrap();
+        let value: Value = run_call(&calls::inspect(scripts, &key, kind), &mut conn)
+            .await
+            .unwrap();
+        let info = super::inspect::snapshot(value).unwrap();
+        assert_eq!(info.holders.len(), 1, "{kind:?}: {info:?}");
+        let holder = &info.holders[0];
+        assert_eq!((holder.id.as_str(), holder.kind), ("h1", kind), "{kind:?}");
+        assert_eq!(holder.hold_count, 1, "{kind:?}");
+        assert!(
+            holder
+                .remaining_lease
+                .is_some_and(|left| left <= lease.duration())
+        );
+        let permits = info.permits.map(|p| (p.in_use, p.limit));
+        let expected = (kind == LockKind::Semaphore).then_some((1, 2));
+        assert_eq!(permits, expected, "{kind:?}");
+
+        let mut listener = client.get_async_pubsub().await.unwrap();
+        listener
+            .subscribe(key.derived(super::CHANNEL))
+            .await
+            .unwrap();
+        let value: Value = run_call(&calls::force_unlock(scripts, &key, kind), &mut conn)
+            .await
+            .unwrap();
+        let before = super::inspect::snapshot(value).unwrap();
+        let who = |info: &crate::LockInfo| {
+            let holders = info.holders.iter();
+            holders
+                .map(|h| (h.id.clone(), h.kind, h.hold_count))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(who(&before), who(&info), "{kind:?}");
+        let message = tokio::time::timeout(Duration::from_secs(5), listener.on_message().next())
+            .await
+            .expect("the forced release is announced");
+        assert!(message.is_some(), "{kind:?}");
+        let value: Value = run_call(&calls::inspect(scripts, &key, kind), &mut conn)
+            .await
+            .unwrap();
+        assert!(
+            !super::inspect::snapshot(value).unwrap().is_locked(),
+            "{kind:?}"
+        );
+    }
 }

@@ -18,6 +18,11 @@
 //! - **Renewal** extends a lock only if a majority renewed it; otherwise the guard is lost. If
 //!   fewer than a majority answer, the watchdog keeps trying until the lock's deadline.
 //! - **Waiting** listens on every node and wakes once a majority of them published a release.
+//! - **Inspection** asks every node and reports a holder that a majority of them name, with
+//!   the hold count and remaining lease a majority still has; a hold on a minority of the
+//!   nodes (an attempt that lost its vote, waiting out its lease there) holds nothing and is
+//!   not reported. **Force-unlock** clears every node that answers, reports what any node
+//!   held, and fails unless a majority answered (repeat it once the nodes are back).
 //! - **A node that cannot be reached** (no connection within the node timeout) is skipped for
 //!   a second, counting as not answering at once, rather than costing every call its timeout.
 //!
@@ -72,9 +77,11 @@ use super::{
 };
 use crate::{
     error::{BackendError, BackendErrorKind, ConfigError},
+    inspect::LockInfo,
     lock_key::LockKey,
 };
 
+mod inspect;
 mod listener;
 mod vote;
 
@@ -770,5 +777,60 @@ impl Backend for RedlockBackend {
 
     async fn shutdown(&self) {
         join_all(self.inner.nodes.iter().map(Backend::shutdown)).await;
+    }
+
+    /// Asks every node; reports the holders a majority of the nodes name: a hold left on a
+    /// minority (an attempt that lost its vote) holds nothing. A read-write lock or a
+    /// semaphore is never taken here: it is free.
+    async fn inspect(&self, key: &LockKey, kind: LockKind) -> Result<LockInfo, BackendError> {
+        self.snapshot_on_every_node(key, kind, false).await
+    }
+
+    /// Clears every node; reports what any node held. Fails without a majority of answers
+    /// (the nodes that answered are cleared all the same; repeating the call is safe).
+    async fn force_unlock(&self, key: &LockKey, kind: LockKind) -> Result<LockInfo, BackendError> {
+        self.snapshot_on_every_node(key, kind, true).await
+    }
+}
+
+impl RedlockBackend {
+    /// Inspects (or with `clear`, force-unlocks) `key` on every node and joins the answers.
+    async fn snapshot_on_every_node(
+        &self,
+        key: &LockKey,
+        kind: LockKind,
+        clear: bool,
+    ) -> Result<LockInfo, BackendError> {
+        // The kinds Redlock refuses are never held here.
+        if !matches!(kind, LockKind::Exclusive | LockKind::Fair) {
+            return Ok(LockInfo::free());
+        }
+        let replies = self
+            .on_every_node(|node| async move {
+                if clear {
+                    node.force_unlock(key, kind).await
+                } else {
+                    node.inspect(key, kind).await
+                }
+            })
+            .await;
+        // Foreign data on any node is not a lock: say so rather than vote it away.
+        if let Some(Err(error)) = replies
+            .iter()
+            .find(|r| r.as_ref().is_err_and(BackendError::is_wrong_type))
+        {
+            let found = match error.kind() {
+                BackendErrorKind::WrongType { found } => found.clone(),
+                _ => String::new(),
+            };
+            return Err(
+                BackendError::from_kind(BackendErrorKind::WrongType { found })
+                    .with_key(key.as_str()),
+            );
+        }
+        let at_least = if clear { 1 } else { self.inner.quorum };
+        inspect::join(&replies, at_least, self.inner.quorum).map_err(|reachable| {
+            vote::no_quorum(replies, reachable, self.inner.quorum).with_key(key.as_str())
+        })
     }
 }

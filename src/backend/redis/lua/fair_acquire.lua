@@ -1,7 +1,7 @@
 -- Acquires a fair (FIFO) lock: the lock goes to the head of the waiter queue, never to a
 -- newcomer while live waiters are queued. Time comes from the server, never from clients.
 --
--- KEYS[1]  the lock hash (same layout as acquire.lua)
+-- KEYS[1]  the lock hash (same layout as acquire.lua, and '~k' = 'fair')
 -- KEYS[2]  the waiter queue (list of holder ids, oldest first)
 -- KEYS[3]  the waiter timeouts (sorted set: holder id -> server time in ms it may live until)
 -- KEYS[4]  the fencing record (the last token issued; lives 5 s after a grant)
@@ -61,6 +61,7 @@ else
     redis.call('ZREM', timeouts, holder)
   end
   count = 1
-  redis.call('HSET', lock, holder, 1, '~a', ARGV[3])
+  -- '~k' marks the hold as a fair one, for inspect.lua: the data is otherwise the same.
+  redis.call('HSET', lock, holder, 1, '~a', ARGV[3], '~k', 'fair')
 end
 return granted(lock, ARGV[2], count, ARGV[4], KEYS[4])
