@@ -21,7 +21,9 @@
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run --example transfers   # Redis
 //! ```
 //!
-//! Exits with an error if the run with the set of locks loses money or has a wait time out.
+//! Exits with an error if the run with the set of locks loses money or has a wait time out. A
+//! Redis server that started less than a lease (30 s) ago grants no lock yet (its quarantine,
+//! see the `failover` guide): start the demo after that.
 
 use std::{
     collections::HashMap,
