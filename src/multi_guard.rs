@@ -17,8 +17,8 @@ pub(crate) struct Member<B: Backend> {
 ///
 /// Each lock is an ordinary hold of its own: the watchdog renews each one, each has its own
 /// fencing token and its own loss detection. The set is lost as soon as any lock of it is.
-/// [`release`](Self::release) releases them all; dropping the guard releases them all in the
-/// background.
+/// [`release`](Self::release) releases them all together; dropping the guard releases them all
+/// in the background.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -98,20 +98,22 @@ impl<B: Backend> MultiGuard<B> {
         &self.members
     }
 
-    /// Releases every lock of the set, the last taken first. Every lock is released even when
+    /// Releases every lock of the set, all at once (a release never waits for anyone, so no
+    /// order is needed: one round trip, not one per lock). Every lock is released even when
     /// one release fails.
     ///
     /// # Errors
-    /// The first error of the releases, as [`LockGuard::release`] reports it.
+    /// The first error, in the canonical order, of the releases, as [`LockGuard::release`]
+    /// reports it.
     pub async fn release(self) -> Result<(), LockError> {
-        let mut first = Ok(());
-        for member in self.members.into_iter().rev() {
-            let released = member.guard.release().await;
-            if first.is_ok() {
-                first = released;
-            }
-        }
-        first
+        let releases = self
+            .members
+            .into_iter()
+            .map(|member| member.guard.release());
+        // Cancelled midway, each release not yet done finishes on the runtime, as a dropped
+        // guard's does.
+        let results = futures_util::future::join_all(releases).await;
+        results.into_iter().collect()
     }
 }
 

@@ -148,7 +148,8 @@ async fn opposite_orders<B: Backend>(env: Env<B>) {
 async fn request_order_deadlocks<B: Backend>(env: Env<B>) {
     // The control: one lock at a time in each request's own order, two opposite requests,
     // each holding its first lock when it asks for its second, wait for each other until both
-    // waits run out. The same two as sets both succeed.
+    // waits run out (each keeps its first lock until both have given up, as a request would
+    // until its response). The same two as sets both succeed.
     let barrier = Arc::new(tokio::sync::Barrier::new(2));
     let one_by_one = |client: LockClient<B>, first: &'static str, second: &'static str| {
         let barrier = barrier.clone();
@@ -160,6 +161,7 @@ async fn request_order_deadlocks<B: Backend>(env: Env<B>) {
                 .wait(Duration::from_millis(300))
                 .acquire()
                 .await;
+            barrier.wait().await;
             drop(first);
             second.map(drop)
         }

@@ -269,16 +269,17 @@ impl<'a, B: Backend> MultiLockRequest<'a, B> {
     }
 }
 
-/// Gives back the locks of a set that could not be completed, the last taken first. Awaited, so
-/// that when the acquire returns they are free; if it is cancelled here, the guards still held
-/// release in the background as dropped guards do.
+/// Gives back the locks of a set that could not be completed, all at once. Awaited, so that
+/// when the acquire returns they are free; if it is cancelled here, the releases not yet done
+/// finish on the runtime, as dropped guards' do.
 async fn release_all<B: Backend>(members: Vec<Member<B>>) {
-    for member in members.into_iter().rev() {
+    let releases = members.into_iter().map(|member| async move {
         let key = member.guard.key().clone();
         if let Err(error) = LockGuard::release(member.guard).await {
             tracing::debug!(%key, error = %format_args!("{error:#}"), "release of a partial lock set failed");
         }
-    }
+    });
+    futures_util::future::join_all(releases).await;
 }
 
 /// Why a set of locks was not acquired: the lock that was not granted, and its error.
