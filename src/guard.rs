@@ -188,12 +188,29 @@ impl Drop for FinishOnDrop {
     }
 }
 
-/// Resolves when a held lock is lost. Made by [`LockGuard::lost`].
-pub struct Lost(Pin<Box<WaitForCancellationFutureOwned>>);
+/// Resolves when a held lock is lost. Made by [`LockGuard::lost`]; for a set of locks
+/// ([`MultiGuard::lost`](crate::MultiGuard::lost)), when any of them is lost.
+pub struct Lost(Watch);
+
+enum Watch {
+    One(Pin<Box<WaitForCancellationFutureOwned>>),
+    Any(Vec<Pin<Box<WaitForCancellationFutureOwned>>>),
+}
 
 impl Lost {
     pub(crate) fn new(token: tokio_util::sync::CancellationToken) -> Self {
-        Self(Box::pin(token.cancelled_owned()))
+        Self(Watch::One(Box::pin(token.cancelled_owned())))
+    }
+
+    /// Resolves when any of `tokens` is cancelled.
+    pub(crate) fn any(
+        tokens: impl IntoIterator<Item = tokio_util::sync::CancellationToken>,
+    ) -> Self {
+        let watches = tokens
+            .into_iter()
+            .map(|token| Box::pin(token.cancelled_owned()))
+            .collect();
+        Self(Watch::Any(watches))
     }
 }
 
@@ -201,7 +218,17 @@ impl Future for Lost {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.0.as_mut().poll(cx)
+        match &mut self.0 {
+            Watch::One(watch) => watch.as_mut().poll(cx),
+            Watch::Any(watches) => {
+                // Every one is polled, so each has registered the waker.
+                let mut lost = false;
+                for watch in watches {
+                    lost |= watch.as_mut().poll(cx).is_ready();
+                }
+                if lost { Poll::Ready(()) } else { Poll::Pending }
+            }
+        }
     }
 }
 

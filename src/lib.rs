@@ -161,13 +161,16 @@ mod lease;
 mod lock_key;
 pub mod metrics;
 pub mod middleware;
+mod multi_guard;
 
 #[cfg(feature = "redis")]
 pub use backend::redis::{RedisBackend, RedisBackendBuilder};
 #[cfg(feature = "redis")]
 pub use backend::redlock::{RedlockBackend, RedlockBackendBuilder};
 pub use backend::{Backend, LockKind, memory::MemoryBackend};
-pub use client::{LockClient, LockClientBuilder, LockRequest, ReadWriteLock};
+pub use client::{
+    LockClient, LockClientBuilder, LockRequest, MultiLockError, MultiLockRequest, ReadWriteLock,
+};
 pub use error::{BackendError, ConfigError, LockError};
 pub use guard::{LockGuard, Lost};
 pub use holder::Holder;
@@ -177,6 +180,7 @@ pub use lock_key::LockKey;
 #[cfg(feature = "macros")]
 pub use middleware::AnyLockClient;
 pub use middleware::{LockContext, LockLayer, LockRejection, LockService};
+pub use multi_guard::MultiGuard;
 
 /// Holds a distributed lock while an axum handler runs (feature `macros`).
 ///

@@ -6,7 +6,9 @@
 //! dropped guards, acquires dropped at a random poll or after a random time, a re-entry joined
 //! with the release of the guard it nests in, critical sections long enough for renewals to
 //! fall due, a release followed by an acquire of the same key by the same holder, and now and
-//! then a client shut down while it holds and waits. On the in-memory store every backend call
+//! then a client shut down while it holds and waits; and sets of two or three locks taken
+//! together (`lock_all`, plain or fair, in random orders, a key now and then named twice), some
+//! of them patient (a wait far longer than any program). On the in-memory store every backend call
 //! is delayed by a random few milliseconds before and after it runs, so attempts, renewals
 //! and releases are in flight when the program cancels or races them.
 //!
@@ -17,7 +19,9 @@
 //! 2. a guard whose lock another holder took reports it: its `lost()` resolves soon after;
 //! 3. once the program is over, every key can be taken at once by a fresh client (no lock is
 //!    stranded by a cancelled or raced operation);
-//! 4. after the leases have run out, nothing is left: no client state, nothing in the store.
+//! 4. after the leases have run out, nothing is left: no client state, nothing in the store;
+//! 5. no deadlock: a patient set is always granted (sets take their locks in one canonical
+//!    order, and no one waits while holding a lock otherwise), and every program finishes.
 //!
 //! On the in-memory store the clock is tokio's paused clock and every delay comes from the
 //! seed, so a seed replays exactly. A failure prints the seed and the program's log:
@@ -43,7 +47,7 @@ use std::{
 use support::{RedisServer, RespValue};
 use tokio::time::Instant;
 use tower_lock::{
-    Backend, Lease, LockClient, LockError, LockGuard, MemoryBackend,
+    Backend, Lease, LockClient, LockError, LockGuard, MemoryBackend, MultiGuard,
     backend::{AcquireReply, Grant, Listener, Release, ReleaseReply, Renew, RenewReply},
     key::LockKey,
 };
@@ -186,12 +190,39 @@ const KEYS: [(&str, Option<Kind>); 5] = [
     ("s", Some(Kind::Semaphore)),
 ];
 
+/// The keys sets are made of: plain locks (two shared with single acquires) and fair locks.
+const SET_KEYS: [&str; 4] = ["a", "b", "c", "d"];
+const FAIR_SET_KEYS: [&str; 3] = ["f", "g", "h"];
+
 /// Who is inside which section: the checker's own record, built from the program's events.
 struct Inside<B: Backend> {
     task: usize,
     section: u64,
     kind: Kind,
-    guard: Arc<LockGuard<B>>,
+    guard: Holding<B>,
+}
+
+/// What a task inside a section holds the key with: a guard of its own, or one of a set's.
+enum Holding<B: Backend> {
+    One(Arc<LockGuard<B>>),
+    Member(Arc<MultiGuard<B>>, &'static str),
+}
+
+impl<B: Backend> Holding<B> {
+    fn guard(&self) -> &LockGuard<B> {
+        match self {
+            Self::One(guard) => guard,
+            Self::Member(set, key) => set.guard(key).expect("a member of the set"),
+        }
+    }
+
+    fn is(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::One(a), Self::One(b)) => Arc::ptr_eq(a, b),
+            (Self::Member(a, _), Self::Member(b, _)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
 }
 
 /// The independent checker, and the program's log.
@@ -253,7 +284,7 @@ impl<B: Backend> Checker<B> {
             if other.task == task || kind.shares_with(other.kind) {
                 continue;
             }
-            if !other.guard.is_lost() && !guard.is_lost() {
+            if !other.guard.guard().is_lost() && !guard.is_lost() {
                 self.violation(format!(
                     "key {key}: t{task} ({kind:?}) and t{} ({:?}, section {}) both hold it, neither lost",
                     other.task, other.kind, other.section
@@ -271,7 +302,34 @@ impl<B: Backend> Checker<B> {
         guard: LockGuard<B>,
     ) -> Arc<LockGuard<B>> {
         let guard = Arc::new(guard);
-        self.check_against_others(key, task, kind, &guard);
+        self.enter_holding(key, task, kind, Holding::One(guard.clone()));
+        guard
+    }
+
+    /// `task` enters the sections of every key of `set` at once.
+    fn enter_set(
+        self: &Arc<Self>,
+        keys: &[&'static str],
+        task: usize,
+        kind: Kind,
+        set: MultiGuard<B>,
+    ) -> Arc<MultiGuard<B>> {
+        let set = Arc::new(set);
+        for key in keys {
+            self.enter_holding(key, task, kind, Holding::Member(set.clone(), key));
+        }
+        set
+    }
+
+    fn enter_holding(
+        self: &Arc<Self>,
+        key: &'static str,
+        task: usize,
+        kind: Kind,
+        holding: Holding<B>,
+    ) {
+        let guard = holding.guard();
+        self.check_against_others(key, task, kind, guard);
         let section = {
             let mut sections = self.sections.lock().unwrap_or_else(PoisonError::into_inner);
             *sections += 1;
@@ -292,7 +350,7 @@ impl<B: Backend> Checker<B> {
             {
                 continue;
             }
-            let lost = other.guard.lost();
+            let lost = other.guard.guard().lost();
             let (checker, slack, other_task) = (self.clone(), self.slack, other.task);
             tokio::spawn(async move {
                 if tokio::time::timeout(slack, lost).await.is_err() {
@@ -303,21 +361,18 @@ impl<B: Backend> Checker<B> {
                 }
             });
         }
+        let count = guard.hold_count();
         entries.push(Inside {
             task,
             section,
             kind,
-            guard: guard.clone(),
+            guard: holding,
         });
         drop(inside);
         self.note(
             task,
-            format_args!(
-                "enter {key} {kind:?} section {section} count {}",
-                guard.hold_count()
-            ),
+            format_args!("enter {key} {kind:?} section {section} count {count}"),
         );
-        guard
     }
 
     /// `task` takes a permit while `entries` (other tasks' permits) may already use them all:
@@ -333,7 +388,7 @@ impl<B: Backend> Checker<B> {
         for other in entries.iter().filter(|other| other.task != task) {
             holders
                 .entry(other.task)
-                .or_insert_with(|| other.guard.lost());
+                .or_insert_with(|| other.guard.guard().lost());
         }
         if guard.is_lost() || holders.len() < PERMITS {
             return;
@@ -368,13 +423,40 @@ impl<B: Backend> Checker<B> {
         guard: Arc<LockGuard<B>>,
     ) -> LockGuard<B> {
         self.check_against_others(key, task, kind, &guard);
-        let mut inside = self.inside.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(entries) = inside.get_mut(key) {
-            entries.retain(|entry| !Arc::ptr_eq(&entry.guard, &guard));
-        }
-        drop(inside);
+        let holding = Holding::One(guard);
+        self.remove(key, &holding);
+        let Holding::One(guard) = holding else {
+            unreachable!()
+        };
         self.note(task, format_args!("leave {key} lost={}", guard.is_lost()));
         Arc::try_unwrap(guard).unwrap_or_else(|_| panic!("the checker keeps no other reference"))
+    }
+
+    /// `task` leaves the sections of every key of `set`; gives the set back.
+    fn leave_set(
+        &self,
+        keys: &[&'static str],
+        task: usize,
+        kind: Kind,
+        set: Arc<MultiGuard<B>>,
+    ) -> MultiGuard<B> {
+        for key in keys {
+            let holding = Holding::Member(set.clone(), key);
+            self.check_against_others(key, task, kind, holding.guard());
+            self.remove(key, &holding);
+        }
+        self.note(
+            task,
+            format_args!("leave set {keys:?} lost={}", set.is_lost()),
+        );
+        Arc::try_unwrap(set).unwrap_or_else(|_| panic!("the checker keeps no other reference"))
+    }
+
+    fn remove(&self, key: &'static str, holding: &Holding<B>) {
+        let mut inside = self.inside.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(entries) = inside.get_mut(key) {
+            entries.retain(|entry| !entry.guard.is(holding));
+        }
     }
 
     fn violations(&self) -> Vec<String> {
@@ -398,7 +480,7 @@ fn holding_tasks<'a, B: Backend>(
     task: usize,
 ) -> Vec<usize> {
     let mut tasks: Vec<usize> = entries
-        .filter(|entry| entry.task != task && !entry.guard.is_lost())
+        .filter(|entry| entry.task != task && !entry.guard.guard().is_lost())
         .map(|entry| entry.task)
         .collect();
     tasks.sort_unstable();
@@ -537,8 +619,12 @@ impl<B: Backend> Task<B> {
         holder
             .scope(async move {
                 for _ in 0..ops {
-                    let ask = ask(&mut self.rng, self.scale);
-                    self.operation(ask, 0).await;
+                    if self.rng.chance(0.25) {
+                        self.set_operation().await;
+                    } else {
+                        let ask = ask(&mut self.rng, self.scale);
+                        self.operation(ask, 0).await;
+                    }
                 }
             })
             .await;
@@ -581,6 +667,112 @@ impl<B: Backend> Task<B> {
             };
             self.section(key, kind, guard, depth).await;
         })
+    }
+
+    /// One acquire of a set of two or three locks and, if it succeeds, one critical section
+    /// over all of them (which may re-enter one of them).
+    async fn set_operation(&mut self) {
+        let id = self.id;
+        let (kind, pool): (Kind, &[&'static str]) = if self.rng.chance(0.3) {
+            (Kind::Fair, &FAIR_SET_KEYS)
+        } else {
+            (Kind::Exclusive, &SET_KEYS)
+        };
+        let size = 2 + self.rng.below(2) as usize;
+        let mut asked: Vec<&'static str> = Vec::with_capacity(size + 1);
+        while asked.len() < size {
+            let key = self.rng.pick(pool);
+            if !asked.contains(&key) {
+                asked.push(key);
+            }
+        }
+        if self.rng.chance(0.1) {
+            asked.push(asked[0]); // named twice: one lock
+        }
+        // Patient: far longer than any program lasts, so only a deadlock can time it out.
+        let patient = self.rng.chance(0.4);
+        let wait = if patient {
+            self.scale.ms(20_000)
+        } else {
+            self.rng.pick(&[
+                Duration::ZERO,
+                self.scale.ms(5),
+                self.scale.ms(50),
+                self.scale.ms(300),
+            ])
+        };
+        let lease = lease(&mut self.rng, self.scale);
+        let cancel = match self.rng.below(10) {
+            0 => Some(Cancel::AfterPolls(1 + self.rng.below(6) as u32)),
+            1 => Some(Cancel::After(self.scale.ms(1 + self.rng.below(20) as u32))),
+            _ => None,
+        };
+        self.checker.note(
+            id,
+            format_args!(
+                "acquire set {asked:?} {kind:?} wait {wait:?} lease {lease:?} cancel {cancel:?}"
+            ),
+        );
+        let request = self.client.lock_all(&asked).wait(wait).lease(lease);
+        let request = if kind == Kind::Fair {
+            request.fair()
+        } else {
+            request
+        };
+        let set = match acquire_unless_cancelled(request.acquire(), cancel).await {
+            None => {
+                self.checker
+                    .note(id, format_args!("acquire of set {asked:?} dropped"));
+                return;
+            }
+            Some(Err(error)) => {
+                self.checker
+                    .note(id, format_args!("acquire of set {asked:?} failed: {error}"));
+                if patient && matches!(error.error(), LockError::WaitTimeout { .. }) {
+                    self.checker.violation(format!(
+                        "t{id}: deadlock? the patient set {asked:?} timed out at {:?}",
+                        error.key()
+                    ));
+                } else if !expected(error.error()) {
+                    self.checker.violation(format!(
+                        "t{id}: acquire of set {asked:?} failed unexpectedly: {error:?}"
+                    ));
+                }
+                return;
+            }
+            Some(Ok(set)) => set,
+        };
+        let mut keys = asked.clone();
+        keys.sort_unstable();
+        keys.dedup();
+        if set.guards().len() != keys.len() {
+            self.checker.violation(format!(
+                "t{id}: the set {asked:?} holds {} locks",
+                set.guards().len()
+            ));
+        }
+        let set = self.checker.enter_set(&keys, id, kind, set);
+        tokio::time::sleep(self.scale.ms(self.rng.pick(&[0, 1, 5, 20, 60]))).await;
+        if self.rng.chance(0.25) {
+            // Re-enter one lock of the set on its own.
+            let nested = Ask {
+                key: self.rng.pick(&keys),
+                kind,
+                wait: self.scale.ms(5),
+                lease: Lease::fixed(self.scale.ms(10)),
+                cancel: None,
+            };
+            self.operation(nested, 1).await;
+        }
+        let set = self.checker.leave_set(&keys, id, kind, set);
+        if self.rng.chance(0.6) {
+            let released = set.release().await;
+            self.checker
+                .note(id, format_args!("released set {keys:?}: {released:?}"));
+        } else {
+            drop(set);
+            self.checker.note(id, format_args!("dropped set {keys:?}"));
+        }
     }
 
     async fn section(&mut self, key: &'static str, kind: Kind, guard: LockGuard<B>, depth: u32) {
@@ -713,7 +905,9 @@ async fn program<S: Backend + Clone>(
     // Background releases finish; then no key may still be taken.
     tokio::time::sleep(scale.ms(20)).await;
     let fresh = LockClient::builder(store.clone()).build().expect("valid");
-    for (key, kind) in KEYS {
+    let set_keys = SET_KEYS.iter().map(|key| (*key, Some(Kind::Exclusive)));
+    let fair_set_keys = FAIR_SET_KEYS.iter().map(|key| (*key, Some(Kind::Fair)));
+    for (key, kind) in KEYS.into_iter().chain(set_keys).chain(fair_set_keys) {
         let request = match kind {
             Some(Kind::Exclusive) => fresh.lock(key),
             Some(Kind::Fair) => fresh.fair_lock(key),
@@ -770,7 +964,15 @@ fn memory_seed(seed: u64, ops: usize) -> (Vec<String>, String) {
         let scale = Scale {
             unit: Duration::from_millis(1),
         };
-        program(seed, store, leftovers, scale, ops).await
+        // Every program finishes: far longer than any takes, on the paused clock.
+        let finished = tokio::time::timeout(
+            Duration::from_secs(600),
+            program(seed, store, leftovers, scale, ops),
+        );
+        finished.await.unwrap_or_else(|_| {
+            let violation = "the program did not finish within 600 s: a deadlock".to_owned();
+            (vec![violation], String::new())
+        })
     })
 }
 

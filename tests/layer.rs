@@ -909,6 +909,118 @@ async fn retry_after_tells_the_likely_wait() {
     assert_told_the_likely_wait(&url, &mut entries).await;
 }
 
+/// `key::all` over two path parameters, prefixed: opposite transfers (`/transfers/1/2` and
+/// `/transfers/2/1`) through two instances on one Redis never deadlock and never overlap on an
+/// account; the handler sees both locks in its `LockContext`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn several_keys_from_path_params() {
+    let server = RedisServer::start();
+    let witness = Witness::default();
+    let mut bases = Vec::new();
+    for _ in 0..2 {
+        let witness = witness.clone();
+        let app = Router::new()
+            .route(
+                "/transfers/{from}/{to}",
+                post(
+                    move |Path((from, to)): Path<(String, String)>, lock: LockContext| async move {
+                        let (a, b) = (
+                            witness.section(&from, Duration::from_millis(2)),
+                            witness.section(&to, Duration::from_millis(2)),
+                        );
+                        tokio::join!(a, b);
+                        assert!(lock.fencing_token_of(format!("account:{from}")).is_some());
+                        lock.keys().count().to_string()
+                    },
+                ),
+            )
+            .route_layer(
+                LockLayer::new(locks(&server).await)
+                    .key(
+                        key::all([key::path_param("from"), key::path_param("to")])
+                            .prefixed("account:"),
+                    )
+                    .wait(Duration::from_secs(10))
+                    .fencing(),
+            );
+        bases.push(serve(app).await);
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..16usize {
+        let base = bases[i % 2].clone();
+        tasks.spawn(async move {
+            for j in 0..8usize {
+                let (from, to) = if (i + j) % 2 == 0 { (1, 2) } else { (2, 1) };
+                let (status, _, body) =
+                    send(&http(), "POST", &format!("{base}/transfers/{from}/{to}")).await;
+                assert_eq!((status, body.as_str()), (StatusCode::OK, "2"));
+            }
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        joined.unwrap();
+    }
+    assert_eq!(witness.overlaps.load(Ordering::SeqCst), 0);
+    assert_eq!(witness.total.load(Ordering::SeqCst), 2 * 16 * 8);
+}
+
+/// A set behind `key::from_fn_many`: a held member answers 423 with `Retry-After`, and leaves
+/// the other member free; a request missing a key is a 400; the locks are the same ones a
+/// `LockClient` takes by name.
+#[tokio::test]
+async fn several_keys_rejections() {
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    let merge = key::from_fn_many(|parts: &http::request::Parts| {
+        let into = parts.headers.get("x-into")?.to_str().ok()?.to_owned();
+        let from = parts.headers.get("x-from")?.to_str().ok()?.to_owned();
+        Some(vec![into, from])
+    });
+    let app = Router::new()
+        .route("/merge", post(|| async { "merged" }))
+        .route_layer(
+            LockLayer::new(locks.clone())
+                .key(merge.prefixed("doc:"))
+                .wait(Duration::from_millis(100)),
+        );
+    let base = serve(app).await;
+    let send_merge = |into: Option<&'static str>, from: &'static str| {
+        let base = base.clone();
+        async move {
+            let mut request = http::Request::post(format!("{base}/merge")).header("x-from", from);
+            if let Some(into) = into {
+                request = request.header("x-into", into);
+            }
+            let response = http()
+                .request(request.body(Empty::new()).unwrap())
+                .await
+                .unwrap();
+            let retry = response.headers().get("retry-after").cloned();
+            (response.status(), retry)
+        }
+    };
+    assert_eq!(send_merge(Some("7"), "3").await.0, StatusCode::OK);
+    assert_eq!(send_merge(None, "3").await.0, StatusCode::BAD_REQUEST);
+
+    let held = locks
+        .lock("doc:3")
+        .lease(Lease::fixed(Duration::from_secs(5)))
+        .acquire()
+        .await
+        .unwrap();
+    let (status, retry) = send_merge(Some("7"), "3").await;
+    assert_eq!(status, StatusCode::LOCKED);
+    assert!(retry.is_some(), "Retry-After on a set's wait timeout");
+    let other = locks.lock("doc:7").try_acquire().await;
+    other
+        .expect("doc:7 is not left held")
+        .release()
+        .await
+        .unwrap();
+    held.release().await.unwrap();
+    assert_eq!(send_merge(Some("3"), "7").await.0, StatusCode::OK);
+}
+
 /// With `.permits(3)`, up to three requests per key run at once across two instances, never
 /// more; with every permit taken, the next request is answered 423 with `Retry-After`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

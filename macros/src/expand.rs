@@ -27,9 +27,6 @@ pub(crate) fn expand(options: &Options, mut item: ItemFn) -> syn::Result<TokenSt
             "#[locked] handlers cannot take `self`",
         ));
     }
-    let Some(key) = &options.key else {
-        return Err(crate::options::missing_key(Span::call_site()));
-    };
 
     let mut context_arg = None;
     let mut state_ty = None;
@@ -58,7 +55,18 @@ pub(crate) fn expand(options: &Options, mut item: ItemFn) -> syn::Result<TokenSt
         }
         template::bindings(&arg.pat, &mut bindings);
     }
-    let key = template::key_expr(key, &bindings)?;
+    // One key, or the set of keys (and the run-time support that takes them).
+    let (key, run) = match (&options.key, &options.keys) {
+        (Some(key), _) => (template::key_expr(key, &bindings)?, quote!(run)),
+        (None, Some(keys)) => {
+            let keys = keys
+                .iter()
+                .map(|key| template::key_expr(key, &bindings))
+                .collect::<syn::Result<Vec<_>>>()?;
+            (quote!(::std::vec::Vec::from([#(#keys),*])), quote!(run_all))
+        }
+        (None, None) => return Err(crate::options::missing_key(Span::call_site())),
+    };
 
     let private = quote!(::tower_lock::__private);
     let parts = Ident::new(PARTS, Span::mixed_site());
@@ -110,7 +118,7 @@ pub(crate) fn expand(options: &Options, mut item: ItemFn) -> syn::Result<TokenSt
         static __TOWER_LOCK_OPTIONS: #private::Options = #options;
         let __tower_lock_client = #from_state;
         let __tower_lock_key = #key;
-        #private::run::<_, _, _, #output>(
+        #private::#run::<_, _, _, #output>(
             #parts,
             __tower_lock_client,
             &__TOWER_LOCK_OPTIONS,

@@ -12,7 +12,8 @@ const MIN_LEASE_MS: u64 = 3;
 /// The default watchdog lease, the same as the layer's.
 const DEFAULT_WATCHDOG_MS: u64 = 30_000;
 
-const KNOWN: &str = "`key`, `wait`, `lease`, `fair`, `read`, `write`, `fencing`, `on_lost`, `name`";
+const KNOWN: &str =
+    "`key`, `keys`, `wait`, `lease`, `fair`, `read`, `write`, `fencing`, `on_lost`, `name`";
 
 /// Which lock the handler takes.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -32,6 +33,8 @@ enum Lease {
 /// Everything the attribute was given.
 pub(crate) struct Options {
     pub(crate) key: Option<LitStr>,
+    /// `keys = ["...", "..."]`: a set of locks taken together.
+    pub(crate) keys: Option<Vec<LitStr>>,
     wait_ms: Option<u64>,
     lease: Option<Lease>,
     kind: Option<(Kind, Span)>,
@@ -44,6 +47,7 @@ impl Options {
     pub(crate) fn new() -> Self {
         Self {
             key: None,
+            keys: None,
             wait_ms: None,
             lease: None,
             kind: None,
@@ -65,7 +69,42 @@ impl Options {
                 if key.value().is_empty() {
                     return Err(syn::Error::new(key.span(), "the key template is empty"));
                 }
+                if self.keys.is_some() {
+                    return Err(key_and_keys(span));
+                }
                 set(&mut self.key, key, span, "key")
+            }
+            "keys" => {
+                let array: syn::ExprArray = meta.value()?.parse()?;
+                let mut keys = Vec::with_capacity(array.elems.len());
+                for elem in &array.elems {
+                    match elem {
+                        syn::Expr::Lit(syn::ExprLit {
+                            lit: syn::Lit::Str(key),
+                            ..
+                        }) if !key.value().is_empty() => keys.push(key.clone()),
+                        syn::Expr::Lit(syn::ExprLit {
+                            lit: syn::Lit::Str(key),
+                            ..
+                        }) => return Err(syn::Error::new(key.span(), "the key template is empty")),
+                        other => {
+                            return Err(syn::Error::new_spanned(
+                                other,
+                                "`keys` takes string templates, as in `keys = [\"account:{t.from}\", \"account:{t.to}\"]`",
+                            ));
+                        }
+                    }
+                }
+                if keys.is_empty() {
+                    return Err(syn::Error::new_spanned(
+                        &array,
+                        "`keys` is empty: name at least one template, as in `keys = [\"account:{t.from}\", \"account:{t.to}\"]`",
+                    ));
+                }
+                if self.key.is_some() {
+                    return Err(key_and_keys(span));
+                }
+                set(&mut self.keys, keys, span, "keys")
             }
             "wait" => {
                 let lit: LitStr = meta.value()?.parse()?;
@@ -167,9 +206,24 @@ impl Options {
             None => quote!(::core::option::Option::None),
         };
         let abort_on_lost = self.abort_on_lost.unwrap_or(true);
-        let resource = crate::template::resource_tokens(
-            &self.key.as_ref().map(LitStr::value).unwrap_or_default(),
-        );
+        let resource = match &self.keys {
+            // A set's locks share one namespace: the one all its templates name, else the
+            // route's.
+            Some(keys) => {
+                let mut resources = keys
+                    .iter()
+                    .map(|key| crate::template::resource_tokens(&key.value()).to_string());
+                let first = resources.next().unwrap_or_default();
+                if resources.all(|resource| resource == first) {
+                    crate::template::resource_tokens(&keys[0].value())
+                } else {
+                    quote!(#private::Resource::Route)
+                }
+            }
+            None => crate::template::resource_tokens(
+                &self.key.as_ref().map(LitStr::value).unwrap_or_default(),
+            ),
+        };
         quote! {
             #private::Options {
                 wait: #wait,
@@ -238,6 +292,16 @@ fn parse_lease(lit: &LitStr) -> syn::Result<Lease> {
 pub(crate) fn missing_key(span: Span) -> syn::Error {
     syn::Error::new(
         span,
-        "missing `key = \"...\"`: a template over the handler's bindings, as in `key = \"account:{id}\"`",
+        "missing `key = \"...\"`: a template over the handler's bindings, as in `key = \"account:{id}\"` \
+         (or `keys = [\"...\", \"...\"]` for several locks)",
+    )
+}
+
+/// `key` and `keys` together.
+fn key_and_keys(span: Span) -> syn::Error {
+    syn::Error::new(
+        span,
+        "`key` and `keys` cannot be combined: use `key = \"...\"` for one lock, or put every \
+         template into `keys = [\"...\", \"...\"]` for several",
     )
 }

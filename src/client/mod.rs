@@ -11,9 +11,11 @@ use crate::{
 
 mod builder;
 mod inspect;
+mod multi;
 mod request;
 
 pub use builder::LockClientBuilder;
+pub use multi::{MultiLockError, MultiLockRequest};
 pub use request::{LockRequest, ReadWriteLock};
 
 /// The lock engine: acquires, renews and releases locks in a [`Backend`].
@@ -128,6 +130,58 @@ impl<B: Backend> LockClient<B> {
     pub fn lock_in_namespace(&self, namespace: &str, key: impl AsRef<[u8]>) -> LockRequest<'_, B> {
         let key = self.key_in(namespace, key.as_ref(), LockKind::Exclusive);
         self.request(key, LockKind::Exclusive)
+    }
+
+    /// A request for the locks named `keys`, taken together: one guard, one holder, one wait
+    /// for the set, all or nothing, in one canonical order so that two sets sharing locks
+    /// cannot deadlock. The locks are those [`lock`](Self::lock) takes for each key
+    /// ([`fair`](MultiLockRequest::fair), [`read`](MultiLockRequest::read) and
+    /// [`write`](MultiLockRequest::write) choose another kind). See [`MultiLockRequest`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let locks = tower_lock::LockClient::in_memory();
+    /// let (from, to) = ("account:9", "account:4");
+    /// let both = locks.lock_all([from, to]).acquire().await?;
+    /// // ... move the money ...
+    /// both.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lock_all<K: AsRef<[u8]>>(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+    ) -> MultiLockRequest<'_, B> {
+        self.lock_all_in_namespace("", keys)
+    }
+
+    /// [`lock_all`](Self::lock_all) in `namespace`: the locks a [`LockLayer`](crate::LockLayer)
+    /// named `namespace` takes for these keys, as [`lock_in_namespace`](Self::lock_in_namespace)
+    /// is for one.
+    pub fn lock_all_in_namespace<K: AsRef<[u8]>>(
+        &self,
+        namespace: &str,
+        keys: impl IntoIterator<Item = K>,
+    ) -> MultiLockRequest<'_, B> {
+        let named = keys
+            .into_iter()
+            .map(|key| {
+                let key = key.as_ref();
+                Ok((key.to_vec(), self.name(namespace, key)?))
+            })
+            .collect();
+        MultiLockRequest::new(self, named, LockKind::Exclusive)
+    }
+
+    /// A request for the set of `keys` (user keys and their names in `key_in(.., Exclusive)`)
+    /// of `kind`: what a layer or an attribute takes.
+    pub(crate) fn request_all_for(
+        &self,
+        keys: Vec<(Vec<u8>, LockKey)>,
+        kind: LockKind,
+    ) -> MultiLockRequest<'_, B> {
+        MultiLockRequest::new(self, Ok(keys), kind)
     }
 
     /// A request for the fair lock named `key`: waiters get it in the order they asked, across

@@ -36,6 +36,14 @@ pub trait MakeKey: Clone + Send + Sync + 'static {
         route.to_owned()
     }
 
+    /// The keys for this request: by default the one [`make_key`](Self::make_key) finds.
+    /// Extractors of several keys ([`all`](super::all), [`from_fn_many`](super::from_fn_many))
+    /// return [`Keys::Set`], and the layer takes all of their locks together
+    /// ([`LockClient::lock_all`](crate::LockClient::lock_all)).
+    fn make_keys(&self, parts: &mut Parts) -> Option<Keys> {
+        self.make_key(parts).map(Keys::One)
+    }
+
     /// The same key with `prefix` in front of it, to tell keys of different kinds apart.
     /// Keys with one prefix stay as distinct as before; keys with different prefixes stay apart
     /// only if no prefix starts another (end each with `:` and use no other `:` in it).
@@ -54,6 +62,15 @@ where
     fn make_key(&self, parts: &mut Parts) -> Option<Vec<u8>> {
         self(parts).map(String::into_bytes)
     }
+}
+
+/// What a [`MakeKey`] found in a request: one key, or a set of keys to lock together.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Keys {
+    /// One lock, as every single-key extractor finds.
+    One(Vec<u8>),
+    /// Several locks, taken together in the canonical order; never empty.
+    Set(Vec<Vec<u8>>),
 }
 
 /// The value of a request header, which must be visible ASCII. Made by [`header`].
@@ -249,13 +266,27 @@ pub struct Prefixed<K> {
     inner: K,
 }
 
+impl<K> Prefixed<K> {
+    fn prefix_key(&self, key: &[u8]) -> Vec<u8> {
+        let mut prefixed = Vec::with_capacity(self.prefix.len() + key.len());
+        prefixed.extend_from_slice(self.prefix.as_bytes());
+        prefixed.extend_from_slice(key);
+        prefixed
+    }
+}
+
 impl<K: MakeKey> MakeKey for Prefixed<K> {
     fn make_key(&self, parts: &mut Parts) -> Option<Vec<u8>> {
         let key = self.inner.make_key(parts)?;
-        let mut prefixed = Vec::with_capacity(self.prefix.len() + key.len());
-        prefixed.extend_from_slice(self.prefix.as_bytes());
-        prefixed.extend_from_slice(&key);
-        Some(prefixed)
+        Some(self.prefix_key(&key))
+    }
+
+    /// Each key of a set prefixed too.
+    fn make_keys(&self, parts: &mut Parts) -> Option<Keys> {
+        Some(match self.inner.make_keys(parts)? {
+            Keys::One(key) => Keys::One(self.prefix_key(&key)),
+            Keys::Set(keys) => Keys::Set(keys.iter().map(|key| self.prefix_key(key)).collect()),
+        })
     }
 
     /// None: the prefix names the resource (`account:` + the id), wherever the request came.

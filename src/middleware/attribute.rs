@@ -14,7 +14,7 @@ use tracing::Instrument;
 
 use super::{
     LockContext, LockRejection,
-    erased::{Acquire, AnyLockClient},
+    erased::{Acquire, AcquireAll, AnyLockClient},
 };
 use crate::{Holder, Lease, LockKind};
 
@@ -202,6 +202,44 @@ where
     Fut: Future<Output = R>,
     R: IntoResponse,
 {
+    run_with(parts, from_state, options, Keys::One(key), body).await
+}
+
+/// [`run`] for the set of locks of `keys` (`#[locked(keys = [...])]`), taken together as
+/// [`LockClient::lock_all`](crate::LockClient::lock_all) takes them.
+pub async fn run_all<P, F, Fut, R>(
+    parts: LockParts<P>,
+    from_state: Option<AnyLockClient>,
+    options: &'static Options,
+    keys: Vec<String>,
+    body: F,
+) -> Response
+where
+    F: FnOnce(LockContext) -> Fut,
+    Fut: Future<Output = R>,
+    R: IntoResponse,
+{
+    run_with(parts, from_state, options, Keys::Set(keys), body).await
+}
+
+/// The handler's key or keys.
+enum Keys {
+    One(String),
+    Set(Vec<String>),
+}
+
+async fn run_with<P, F, Fut, R>(
+    parts: LockParts<P>,
+    from_state: Option<AnyLockClient>,
+    options: &'static Options,
+    keys: Keys,
+    body: F,
+) -> Response
+where
+    F: FnOnce(LockContext) -> Fut,
+    Fut: Future<Output = R>,
+    R: IntoResponse,
+{
     let Some(locks) = parts.client.or(from_state) else {
         tracing::error!(
             target: "tower_lock::rejection",
@@ -217,18 +255,46 @@ where
         (None, Resource::PathParam(param)) => crate::key::route_through_param(&parts.route, param),
         (None, Resource::Route) => parts.route.clone(),
     };
-    let key = match locks.key_in(&namespace, key.as_bytes(), options.kind) {
-        Ok(key) => key,
-        Err(error) => return rejected(LockRejection::InvalidKey(error)),
+    let (span, acquire) = match keys {
+        Keys::One(key) => {
+            let key = match locks.key_in(&namespace, key.as_bytes(), options.kind) {
+                Ok(key) => key,
+                Err(error) => return rejected(LockRejection::InvalidKey(error)),
+            };
+            let span = tracing::debug_span!("locked_handler", key = %key);
+            let acquire = locks.acquire(Acquire {
+                key,
+                kind: options.kind,
+                wait: options.wait,
+                lease: options.lease,
+                fencing: options.fencing,
+            });
+            (span, acquire)
+        }
+        Keys::Set(keys) => {
+            let named = keys
+                .into_iter()
+                .map(|key| {
+                    // Base names: the set's request adds the read-write suffix for its kind.
+                    let name = locks.key_in(&namespace, key.as_bytes(), LockKind::Exclusive)?;
+                    Ok((key.into_bytes(), name))
+                })
+                .collect::<Result<Vec<_>, _>>();
+            let keys = match named {
+                Ok(keys) => keys,
+                Err(error) => return rejected(LockRejection::InvalidKey(error)),
+            };
+            let span = tracing::debug_span!("locked_handler", keys = keys.len());
+            let acquire = locks.acquire_all(AcquireAll {
+                keys,
+                kind: options.kind,
+                wait: options.wait,
+                lease: options.lease,
+                fencing: options.fencing,
+            });
+            (span, acquire)
+        }
     };
-    let span = tracing::debug_span!("locked_handler", key = %key);
-    let acquire = locks.acquire(Acquire {
-        key,
-        kind: options.kind,
-        wait: options.wait,
-        lease: options.lease,
-        fencing: options.fencing,
-    });
     async move {
         // The request's holder (set by a `LockLayer`) re-enters what the layer holds.
         let acquired = match parts.holder.or_else(Holder::current) {

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::{Backend, LockGuard, LockKey, engine::Held, guard::Lost, holder::Holder};
+use crate::{Backend, LockGuard, LockKey, MultiGuard, engine::Held, guard::Lost, holder::Holder};
 
 /// The lock held for the current request: an axum extractor (`lock: LockContext`) under a
 /// [`LockLayer`](super::LockLayer), which puts it into the request's extensions (so
@@ -28,6 +28,15 @@ pub struct LockContext {
     pub(crate) holder: Holder,
     pub(crate) fencing_token: Option<u64>,
     pub(crate) held: Arc<Held>,
+    /// Every lock of a set, in the canonical order; `None` for one lock.
+    pub(crate) set: Option<Arc<[SetMember]>>,
+}
+
+/// One lock of a set, as a handler sees it.
+#[derive(Debug)]
+pub(crate) struct SetMember {
+    user_key: Vec<u8>,
+    held: Arc<Held>,
 }
 
 impl LockContext {
@@ -39,10 +48,57 @@ impl LockContext {
             holder: held.holder.clone(),
             fencing_token: held.token,
             held: held.clone(),
+            set: None,
         }
     }
 
-    /// The lock's name in the backend.
+    /// What a request handler may know of the locks `guard` holds: the first lock's as the
+    /// context's own, and every lock's by its key.
+    pub(crate) fn of_set<B: Backend>(guard: &MultiGuard<B>) -> Self {
+        let members: Arc<[SetMember]> = guard
+            .members()
+            .iter()
+            .map(|member| SetMember {
+                user_key: member.user_key.clone(),
+                held: member.guard.entry().clone(),
+            })
+            .collect();
+        let first = &members[0].held;
+        Self {
+            key: first.key.clone(),
+            holder: first.holder.clone(),
+            fencing_token: first.token,
+            held: first.clone(),
+            set: Some(members),
+        }
+    }
+
+    /// The lock names the request holds: the one lock's, or each lock's of a set, in the
+    /// canonical order.
+    pub fn keys(&self) -> impl Iterator<Item = &LockKey> {
+        let one = self.set.is_none().then_some(&self.key);
+        let set = self
+            .set
+            .iter()
+            .flat_map(|set| set.iter().map(|member| &member.held.key));
+        one.into_iter().chain(set)
+    }
+
+    /// The fencing token of the lock of `key` in a set of locks (the key as the layer's
+    /// extractor found it, or as the attribute's `keys` template made it), when fencing was
+    /// asked for. For one lock, its token whatever `key` is.
+    pub fn fencing_token_of(&self, key: impl AsRef<[u8]>) -> Option<u64> {
+        match &self.set {
+            None => self.fencing_token,
+            Some(set) => set
+                .iter()
+                .find(|member| member.user_key == key.as_ref())
+                .and_then(|member| member.held.token),
+        }
+    }
+
+    /// The lock's name in the backend (of a set's first lock in the canonical order: see
+    /// [`keys`](Self::keys)).
     pub fn key(&self) -> &LockKey {
         &self.key
     }
@@ -53,23 +109,31 @@ impl LockContext {
     }
 
     /// The fencing token, when the layer was configured with `fencing()`: send it with every
-    /// write to a store that rejects writes carrying an older token than it has seen.
+    /// write to a store that rejects writes carrying an older token than it has seen. For a
+    /// set of locks, the first lock's: ask [`fencing_token_of`](Self::fencing_token_of) for
+    /// each resource's.
     pub fn fencing_token(&self) -> Option<u64> {
         self.fencing_token
     }
 
-    /// Resolves if the lock is lost while the request runs (useful with
+    /// Resolves if the lock (any lock of a set) is lost while the request runs (useful with
     /// `LockLayer::continue_on_lost`; by default the layer cancels the handler itself).
     pub fn lost(&self) -> Lost {
-        Lost::new(self.held.lost.clone())
+        match &self.set {
+            None => Lost::new(self.held.lost.clone()),
+            Some(set) => Lost::any(set.iter().map(|member| member.held.lost.clone())),
+        }
     }
 
-    /// Whether the lock is lost: reported lost, or its lease deadline has passed without a
+    /// Whether the lock (any lock of a set) is lost: reported lost, or its lease deadline has passed without a
     /// successful renewal. Checked against the clock, like
     /// [`LockGuard::is_lost`](crate::LockGuard::is_lost), so a handler resumed after a stall
     /// learns of it before its next write even if the watchdog has not run yet.
     pub fn is_lost(&self) -> bool {
-        self.held.is_lost()
+        match &self.set {
+            None => self.held.is_lost(),
+            Some(set) => set.iter().any(|member| member.held.is_lost()),
+        }
     }
 }
 

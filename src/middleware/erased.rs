@@ -4,7 +4,8 @@ use std::{fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use super::LockContext;
 use crate::{
-    Backend, Holder, Lease, LockClient, LockError, LockGuard, LockKey, LockKind, key::KeyError,
+    Backend, Holder, Lease, LockClient, LockError, LockGuard, LockKey, LockKind, MultiGuard,
+    key::KeyError,
 };
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -52,6 +53,18 @@ pub(crate) struct Acquire {
     pub(crate) fencing: bool,
 }
 
+/// One acquire of a set of locks, with every setting stated.
+pub(crate) struct AcquireAll {
+    /// Each user key with its name in `key_in(.., Exclusive)`.
+    pub(crate) keys: Vec<(Vec<u8>, LockKey)>,
+    pub(crate) kind: LockKind,
+    /// `None`: the client's.
+    pub(crate) wait: Option<Duration>,
+    /// `None`: the client's.
+    pub(crate) lease: Option<Lease>,
+    pub(crate) fencing: bool,
+}
+
 impl AnyLockClient {
     /// The lock name of `key` in `namespace`, as a layer on that namespace names it.
     pub(crate) fn key_in(
@@ -66,6 +79,14 @@ impl AnyLockClient {
     /// Acquires as the current holder scope (when the client made it) or a fresh holder.
     pub(crate) fn acquire(&self, acquire: Acquire) -> BoxFuture<Result<AnyGuard, LockError>> {
         self.inner.acquire(acquire)
+    }
+
+    /// Acquires a set of locks as [`acquire`](Self::acquire) acquires one.
+    pub(crate) fn acquire_all(
+        &self,
+        acquire: AcquireAll,
+    ) -> BoxFuture<Result<AnyGuard, LockError>> {
+        self.inner.acquire_all(acquire)
     }
 }
 
@@ -90,6 +111,7 @@ impl AnyGuard {
 trait ErasedClient: Send + Sync + 'static {
     fn key_in(&self, namespace: &str, key: &[u8], kind: LockKind) -> Result<LockKey, KeyError>;
     fn acquire(&self, acquire: Acquire) -> BoxFuture<Result<AnyGuard, LockError>>;
+    fn acquire_all(&self, acquire: AcquireAll) -> BoxFuture<Result<AnyGuard, LockError>>;
 }
 
 impl<B: Backend> ErasedClient for LockClient<B> {
@@ -106,6 +128,16 @@ impl<B: Backend> ErasedClient for LockClient<B> {
             Ok(AnyGuard(Box::new(guard)))
         })
     }
+
+    fn acquire_all(&self, acquire: AcquireAll) -> BoxFuture<Result<AnyGuard, LockError>> {
+        let locks = self.clone();
+        Box::pin(async move {
+            let request = locks.request_all_for(acquire.keys, acquire.kind);
+            let request = request.configured(acquire.wait, acquire.lease, acquire.fencing);
+            let guard = request.acquire().await?;
+            Ok(AnyGuard(Box::new(guard)))
+        })
+    }
 }
 
 trait ErasedGuard: Send {
@@ -116,6 +148,16 @@ trait ErasedGuard: Send {
 impl<B: Backend> ErasedGuard for LockGuard<B> {
     fn context(&self) -> LockContext {
         LockContext::of(self)
+    }
+
+    fn release(self: Box<Self>) -> BoxFuture<Result<(), LockError>> {
+        Box::pin(Self::release(*self))
+    }
+}
+
+impl<B: Backend> ErasedGuard for MultiGuard<B> {
+    fn context(&self) -> LockContext {
+        LockContext::of_set(self)
     }
 
     fn release(self: Box<Self>) -> BoxFuture<Result<(), LockError>> {

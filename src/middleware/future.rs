@@ -14,12 +14,12 @@ use pin_project::pin_project;
 use tokio::task::futures::TaskLocalFuture;
 use tower_service::Service;
 
-use super::{LockContext, LockRejection, OnRejected, layer::LayerConfig};
-use crate::{Backend, LockError, LockGuard, guard::Lost, holder::Holder};
+use super::{LockRejection, OnRejected, hold::Hold, layer::LayerConfig};
+use crate::{Backend, LockError, guard::Lost, holder::Holder};
 
 // Both boxes are `Send` so that the response future can be: they hold only the lock client's
 // parts, never the inner service or a body.
-type Acquire<B> = Pin<Box<dyn Future<Output = Result<LockGuard<B>, LockError>> + Send>>;
+pub(crate) type Acquire<B> = Pin<Box<dyn Future<Output = Result<Hold<B>, LockError>> + Send>>;
 type Release = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The response future of [`LockService`](super::LockService).
@@ -28,7 +28,7 @@ type Release = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// lock is released in the background. It is `Send` when the inner service, its future, the
 /// request and the rejection hook are.
 // The bounds are the ones the fields need: `S: Service` for `S::Future` and `S::Response`,
-// `B: Backend` for `LockGuard<B>`.
+// `B: Backend` for `Hold<B>`.
 #[pin_project]
 pub struct ResponseFuture<S, B, ReqBody, R>
 where
@@ -58,7 +58,7 @@ where
     Running {
         #[pin]
         future: TaskLocalFuture<Holder, S::Future>,
-        guard: Option<LockGuard<B>>,
+        guard: Option<Hold<B>>,
         lost: Option<Lost>,
     },
     Releasing {
@@ -150,7 +150,7 @@ where
                         *this.acquired = Some(now);
                         this.span.record("waited_ms", millis(now - *this.started));
                         let mut request = request.take().expect("polled after completion");
-                        request.extensions_mut().insert(LockContext::of(&guard));
+                        request.extensions_mut().insert(guard.context());
                         let mut inner = inner.take().expect("polled after completion");
                         let holder = guard.holder().clone();
                         // `call` runs synchronously now; the future runs at every poll.
@@ -180,7 +180,7 @@ where
                     // a stall past the lease must not run on before the watchdog notices.
                     let lost_now = lost.as_mut().is_some_and(|lost| {
                         Pin::new(lost).poll(cx).is_ready()
-                            || guard.as_ref().is_some_and(LockGuard::is_lost)
+                            || guard.as_ref().is_some_and(Hold::is_lost)
                     });
                     if lost_now {
                         // The inner future is dropped with this state: the handler stops.

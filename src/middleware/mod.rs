@@ -65,6 +65,7 @@ mod context;
 #[cfg(feature = "macros")]
 mod erased;
 pub mod future;
+mod hold;
 mod layer;
 mod rejection;
 mod service;

@@ -11,10 +11,15 @@ use tower_service::Service;
 
 use super::{
     LockRejection, OnRejected,
-    future::ResponseFuture,
+    future::{Acquire, ResponseFuture},
+    hold::Hold,
     layer::{LayerConfig, Mode},
 };
-use crate::{Backend, LockClient, LockKind, holder::Holder, key::MakeKey};
+use crate::{
+    Backend, LockClient, LockKind,
+    holder::Holder,
+    key::{Keys, MakeKey},
+};
 
 /// The service made by [`LockLayer`](super::LockLayer).
 pub struct LockService<S, B: Backend, K, R> {
@@ -54,7 +59,7 @@ where
         let config = &self.config;
         let (mut parts, body) = request.into_parts();
 
-        let Some(user_key) = self.key.make_key(&mut parts) else {
+        let Some(user_keys) = self.key.make_keys(&mut parts) else {
             let request = Request::from_parts(parts, body);
             if config.skip_missing {
                 return ResponseFuture::unlocked(inner, request);
@@ -72,8 +77,22 @@ where
             Mode::ReadWrite => LockKind::Write,
             Mode::Permits(_) => LockKind::Semaphore,
         };
-        let key = match self.locks.key_in(&namespace, &user_key, kind) {
-            Ok(key) => key,
+        // Every key is named (and refused if invalid) before anything is waited for.
+        let named = match user_keys {
+            Keys::One(key) => self.locks.key_in(&namespace, &key, kind).map(Named::One),
+            // Base names: the set's request adds the read-write (or semaphore) suffix for its
+            // kind.
+            Keys::Set(keys) => keys
+                .into_iter()
+                .map(|key| {
+                    let name = self.locks.key_in(&namespace, &key, LockKind::Exclusive)?;
+                    Ok((key, name))
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Named::Set),
+        };
+        let named = match named {
+            Ok(named) => named,
             Err(error) => {
                 return ResponseFuture::rejected(
                     &self.on_rejected,
@@ -90,26 +109,48 @@ where
         parts.extensions.insert(holder.clone());
         #[cfg(feature = "macros")]
         parts.extensions.insert(self.any.clone());
-        let span = tracing::debug_span!(
-            "locked_request",
-            key = %key,
-            waited_ms = tracing::field::Empty,
-            held_ms = tracing::field::Empty,
-            outcome = tracing::field::Empty,
-        );
         let locks = self.locks.clone();
         let (wait, lease, fencing) = (config.wait, config.lease, config.fencing);
         let permits = match config.mode {
             Mode::Permits(permits) => permits,
             _ => 0,
         };
-        let acquire = Box::pin(async move {
-            let request = locks
-                .request_for(key, kind)
-                .with_permits(permits)
-                .holder(&holder);
-            request.configured(wait, lease, fencing).acquire().await
-        });
+        let (span, acquire): (_, Acquire<B>) = match named {
+            Named::One(key) => (
+                tracing::debug_span!(
+                    "locked_request",
+                    key = %key,
+                    waited_ms = tracing::field::Empty,
+                    held_ms = tracing::field::Empty,
+                    outcome = tracing::field::Empty,
+                ),
+                Box::pin(async move {
+                    let request = locks
+                        .request_for(key, kind)
+                        .with_permits(permits)
+                        .holder(&holder);
+                    let guard = request.configured(wait, lease, fencing).acquire().await?;
+                    Ok::<_, crate::LockError>(Hold::One(guard))
+                }),
+            ),
+            Named::Set(keys) => (
+                tracing::debug_span!(
+                    "locked_request",
+                    keys = keys.len(),
+                    waited_ms = tracing::field::Empty,
+                    held_ms = tracing::field::Empty,
+                    outcome = tracing::field::Empty,
+                ),
+                Box::pin(async move {
+                    let request = locks
+                        .request_all_for(keys, kind)
+                        .with_permits(permits)
+                        .holder(&holder);
+                    let guard = request.configured(wait, lease, fencing).acquire().await?;
+                    Ok::<_, crate::LockError>(Hold::Set(guard))
+                }),
+            ),
+        };
         ResponseFuture::acquiring(
             acquire,
             inner,
@@ -119,6 +160,13 @@ where
             span,
         )
     }
+}
+
+/// The lock names of a request's keys.
+enum Named {
+    One(crate::LockKey),
+    /// Each user key with its name.
+    Set(Vec<(Vec<u8>, crate::LockKey)>),
 }
 
 /// Methods that only read: they take the read side of a read-write lock.

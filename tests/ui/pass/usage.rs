@@ -70,6 +70,20 @@ async fn read_report(Path(id): Path<u64>) -> String {
 #[locked(key = "{{literal}}", write, wait = "250ms", lease = "watchdog")]
 async fn no_arguments() {}
 
+#[derive(Deserialize)]
+struct Transfer {
+    from: u64,
+    to: u64,
+    amount: u64,
+}
+
+// The body's fields name the locks: the `Json` binding is visible to the templates.
+#[locked(keys = ["account:{t.from}", "account:{t.to}"], wait = "2s", fencing)]
+async fn transfer(lock: LockContext, Json(t): Json<Transfer>) -> String {
+    let from = format!("account:{}", t.from);
+    format!("{} {:?}", t.amount, lock.fencing_token_of(from))
+}
+
 fn main() {
     let app = App { locks: LockClient::in_memory() };
     let _: Router = Router::new()
@@ -77,6 +91,7 @@ fn main() {
         .route("/docs/{doc_id}/{rev}", post(edit))
         .route("/reports/{id}", get(read_report))
         .route("/literal", post(no_arguments))
+        .route("/transfers", post(transfer))
         .layer(axum::Extension(AnyLockClient::from(app.locks.clone())))
         .with_state(app);
 }
