@@ -338,7 +338,7 @@ impl<B: Backend> Checker<B> {
         let mut inside = self.inside.lock().unwrap_or_else(PoisonError::into_inner);
         let entries = inside.entry(key).or_default();
         if kind == Kind::Semaphore {
-            self.expect_displaced_permits(key, task, &guard, entries);
+            self.expect_displaced_permits(key, task, guard, entries);
         }
         // Everyone this entry displaced (inside, but past their deadline) must learn of it
         // soon. An entry whose own guard is already lost displaced nobody.
