@@ -76,7 +76,7 @@ cargo test --workspace --all-features "$@"
 # the crate's limited ACL user (the README's line; tests/support/acl.rs). Any ACL denial fails
 # the test. Not run here: sentinel and tls (their own servers and grants), acl (makes its own
 # users), harness (checks the fixture's plain URL), ui (no Redis).
-acl_tests=(cluster engine fair_rw key_fuzz keyed_hash layer locked metrics quarantine redis_faults redlock
-  replicas waiter_caps)
+acl_tests=(cluster engine fair_rw inspect key_fuzz keyed_hash layer locked metrics multi_key quarantine
+  redis_faults redlock replicas semaphore waiter_caps)
 echo "==> TOWER_LOCK_TEST_ACL=1 cargo test --workspace --all-features ${acl_tests[*]/#/--test }"
 TOWER_LOCK_TEST_ACL=1 cargo test --workspace --all-features "${acl_tests[@]/#/--test=}"
