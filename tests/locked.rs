@@ -52,6 +52,8 @@ struct Witness {
     inside: Arc<Mutex<std::collections::HashMap<u64, usize>>>,
     overlaps: Arc<AtomicUsize>,
     max_concurrent: Arc<AtomicUsize>,
+    /// The most requests inside on one key at once.
+    max_per_key: Arc<AtomicUsize>,
     total: Arc<AtomicUsize>,
 }
 
@@ -61,6 +63,7 @@ impl Witness {
             let mut inside = self.inside.lock().unwrap();
             let n = inside.entry(key).or_default();
             *n += 1;
+            self.max_per_key.fetch_max(*n, Ordering::SeqCst);
             if *n > 1 {
                 self.overlaps.fetch_add(1, Ordering::SeqCst);
             }
@@ -107,6 +110,12 @@ async fn withdraw_memory(State(app): State<MemoryApp>, Path(id): Path<u64>) -> &
 
 #[locked(key = "account:{id}", wait = "10s")]
 async fn withdraw_redis(State(app): State<RedisApp>, Path(id): Path<u64>) -> &'static str {
+    app.witness.section(id).await;
+    "ok"
+}
+
+#[locked(key = "account:{id}", permits = 2, wait = "10s")]
+async fn export_redis(State(app): State<RedisApp>, Path(id): Path<u64>) -> &'static str {
     app.witness.section(id).await;
     "ok"
 }
@@ -165,6 +174,31 @@ async fn serializes_across_instances_on_redis() {
     }
     hammer(&bases, 120).await;
     witness.assert_serialized(120);
+}
+
+/// `permits = 2`: two requests per account at once across two instances, never three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn permits_let_two_per_key_across_instances() {
+    let server = RedisServer::start();
+    let witness = Witness::default();
+    let mut bases = Vec::new();
+    for _ in 0..2 {
+        let backend = support::redis_backend(server.url())
+            .connect()
+            .await
+            .unwrap();
+        let app = RedisApp {
+            locks: LockClient::builder(backend).build().unwrap(),
+            witness: witness.clone(),
+        };
+        let router = Router::new()
+            .route("/accounts/{id}/withdraw", post(export_redis))
+            .with_state(app);
+        bases.push(serve(router).await);
+    }
+    hammer(&bases, 120).await;
+    assert_eq!(witness.total.load(Ordering::SeqCst), 120);
+    assert_eq!(witness.max_per_key.load(Ordering::SeqCst), 2);
 }
 
 #[locked(key = "slow:{id}", wait = "50ms")]

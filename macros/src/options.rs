@@ -12,8 +12,8 @@ const MIN_LEASE_MS: u64 = 3;
 /// The default watchdog lease, the same as the layer's.
 const DEFAULT_WATCHDOG_MS: u64 = 30_000;
 
-const KNOWN: &str =
-    "`key`, `keys`, `wait`, `lease`, `fair`, `read`, `write`, `fencing`, `on_lost`, `name`";
+const KNOWN: &str = "`key`, `keys`, `wait`, `lease`, `fair`, `read`, `write`, `permits`, `fencing`, \
+                     `on_lost`, `name`";
 
 /// Which lock the handler takes.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -22,6 +22,8 @@ enum Kind {
     Fair,
     Read,
     Write,
+    /// A permit of a semaphore of this many permits.
+    Permits(u32),
 }
 
 /// How long the lock lives without renewal.
@@ -119,10 +121,27 @@ impl Options {
             "fair" => self.set_kind(meta, Kind::Fair, span),
             "read" => self.set_kind(meta, Kind::Read, span),
             "write" => self.set_kind(meta, Kind::Write, span),
+            "permits" => {
+                let lit: syn::LitInt = meta.value()?.parse()?;
+                let permits: u32 = lit.base10_parse()?;
+                if permits == 0 {
+                    return Err(syn::Error::new(
+                        lit.span(),
+                        "`permits` must be at least 1: with none, no request could ever run",
+                    ));
+                }
+                if self.fencing {
+                    return Err(fencing_and_permits(span));
+                }
+                self.set_kind_once(Kind::Permits(permits), span)
+            }
             "fencing" => {
                 flag(meta)?;
                 if self.fencing {
                     return Err(syn::Error::new(span, "duplicate option `fencing`"));
+                }
+                if matches!(self.kind, Some((Kind::Permits(_), _))) {
+                    return Err(fencing_and_permits(span));
                 }
                 self.fencing = true;
                 Ok(())
@@ -156,12 +175,16 @@ impl Options {
 
     fn set_kind(&mut self, meta: &ParseNestedMeta<'_>, kind: Kind, span: Span) -> syn::Result<()> {
         flag(meta)?;
+        self.set_kind_once(kind, span)
+    }
+
+    fn set_kind_once(&mut self, kind: Kind, span: Span) -> syn::Result<()> {
         match self.kind {
             None => {
                 self.kind = Some((kind, span));
                 Ok(())
             }
-            Some((old, _)) if old == kind => Err(syn::Error::new(
+            Some((old, _)) if kind_name(old) == kind_name(kind) => Err(syn::Error::new(
                 span,
                 format!("duplicate option `{}`", kind_name(kind)),
             )),
@@ -171,7 +194,8 @@ impl Options {
                     "`{}` cannot be combined with `{}`: {}",
                     kind_name(kind),
                     kind_name(old),
-                    "choose one of `fair` (exclusive, FIFO), `read` (shared) or `write` (exclusive)"
+                    "choose one of `fair` (exclusive, FIFO), `read` (shared), `write` (exclusive) or \
+                     `permits = N` (N at a time)"
                 ),
             )),
         }
@@ -185,6 +209,11 @@ impl Options {
             Kind::Fair => quote!(#private::LockKind::Fair),
             Kind::Read => quote!(#private::LockKind::Read),
             Kind::Write => quote!(#private::LockKind::Write),
+            Kind::Permits(_) => quote!(#private::LockKind::Semaphore),
+        };
+        let permits = match self.kind {
+            Some((Kind::Permits(permits), _)) => permits,
+            _ => 0,
         };
         // Unset: the client's, as for `LockLayer`.
         let wait = match self.wait_ms {
@@ -229,6 +258,7 @@ impl Options {
                 wait: #wait,
                 lease: #lease,
                 kind: #kind,
+                permits: #permits,
                 fencing: #fencing,
                 name: #name,
                 resource: #resource,
@@ -245,7 +275,17 @@ fn kind_name(kind: Kind) -> &'static str {
         Kind::Fair => "fair",
         Kind::Read => "read",
         Kind::Write => "write",
+        Kind::Permits(_) => "permits",
     }
+}
+
+/// `fencing` asks for a token a semaphore's shared permits do not carry.
+fn fencing_and_permits(span: Span) -> syn::Error {
+    syn::Error::new(
+        span,
+        "`fencing` cannot be combined with `permits`: permits are shared, so they carry no \
+         fencing token",
+    )
 }
 
 /// A flag option takes no value.

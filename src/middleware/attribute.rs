@@ -29,6 +29,8 @@ pub struct Options {
     pub lease: Option<Lease>,
     /// Which lock to take.
     pub kind: LockKind,
+    /// A semaphore's permits (`permits = N`; 0 for the other kinds).
+    pub permits: u32,
     /// Whether to issue a fencing token.
     pub fencing: bool,
     /// The namespace of the key; from `resource` when `None`.
@@ -268,6 +270,7 @@ where
                 wait: options.wait,
                 lease: options.lease,
                 fencing: options.fencing,
+                permits: options.permits,
             });
             (span, acquire)
         }
@@ -275,7 +278,8 @@ where
             let named = keys
                 .into_iter()
                 .map(|key| {
-                    // Base names: the set's request adds the read-write suffix for its kind.
+                    // Base names: the set's request adds the read-write (or semaphore) suffix
+                    // for its kind.
                     let name = locks.key_in(&namespace, key.as_bytes(), LockKind::Exclusive)?;
                     Ok((key.into_bytes(), name))
                 })
@@ -291,6 +295,7 @@ where
                 wait: options.wait,
                 lease: options.lease,
                 fencing: options.fencing,
+                permits: options.permits,
             });
             (span, acquire)
         }

@@ -51,6 +51,8 @@ pub(crate) struct Acquire {
     /// `None`: the client's.
     pub(crate) lease: Option<Lease>,
     pub(crate) fencing: bool,
+    /// A semaphore's permits (0 for the other kinds).
+    pub(crate) permits: u32,
 }
 
 /// One acquire of a set of locks, with every setting stated.
@@ -63,6 +65,8 @@ pub(crate) struct AcquireAll {
     /// `None`: the client's.
     pub(crate) lease: Option<Lease>,
     pub(crate) fencing: bool,
+    /// Each key's semaphore permits (0 for the other kinds).
+    pub(crate) permits: u32,
 }
 
 impl AnyLockClient {
@@ -122,7 +126,9 @@ impl<B: Backend> ErasedClient for LockClient<B> {
     fn acquire(&self, acquire: Acquire) -> BoxFuture<Result<AnyGuard, LockError>> {
         let locks = self.clone();
         Box::pin(async move {
-            let request = locks.request_for(acquire.key, acquire.kind);
+            let request = locks
+                .request_for(acquire.key, acquire.kind)
+                .with_permits(acquire.permits);
             let request = request.configured(acquire.wait, acquire.lease, acquire.fencing);
             let guard = request.acquire().await?;
             Ok(AnyGuard(Box::new(guard)))
@@ -132,7 +138,9 @@ impl<B: Backend> ErasedClient for LockClient<B> {
     fn acquire_all(&self, acquire: AcquireAll) -> BoxFuture<Result<AnyGuard, LockError>> {
         let locks = self.clone();
         Box::pin(async move {
-            let request = locks.request_all_for(acquire.keys, acquire.kind);
+            let request = locks
+                .request_all_for(acquire.keys, acquire.kind)
+                .with_permits(acquire.permits);
             let request = request.configured(acquire.wait, acquire.lease, acquire.fencing);
             let guard = request.acquire().await?;
             Ok(AnyGuard(Box::new(guard)))

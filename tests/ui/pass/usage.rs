@@ -70,6 +70,12 @@ async fn read_report(Path(id): Path<u64>) -> String {
 #[locked(key = "{{literal}}", write, wait = "250ms", lease = "watchdog")]
 async fn no_arguments() {}
 
+// At most four exports per tenant at once, across instances.
+#[locked(key = "exports:{tenant}", permits = 4, wait = "1s")]
+async fn export(Path(tenant): Path<String>) -> String {
+    tenant
+}
+
 #[derive(Deserialize)]
 struct Transfer {
     from: u64,
@@ -91,6 +97,7 @@ fn main() {
         .route("/docs/{doc_id}/{rev}", post(edit))
         .route("/reports/{id}", get(read_report))
         .route("/literal", post(no_arguments))
+        .route("/exports/{tenant}", post(export))
         .route("/transfers", post(transfer))
         .layer(axum::Extension(AnyLockClient::from(app.locks.clone())))
         .with_state(app);
