@@ -92,6 +92,7 @@ pub const TEST_PREFIXES: &[&str] = &[
     "mx:",
     "ns:",
     "sh:",
+    "sem:",
 ];
 
 /// Whether `TOWER_LOCK_TEST_ACL=1` is set.
