@@ -96,24 +96,24 @@ struct Hold<'a> {
 }
 
 /// Each key's believed holds `[t_ok, believed_until)`, start and end events in time order (an
-/// end before a start at the same instant). A section's open record (written at its grant)
-/// gives way to its closing one, so it only counts for a section that never ended.
+/// end before a start at the same instant). A section recorded more than once (a permit
+/// section: when granted, when its release is called, at its end) counts by its latest record.
 fn hold_events(sections: &[Section]) -> HashMap<&str, Vec<(u64, bool, Hold<'_>)>> {
-    let closed: std::collections::HashSet<(&str, &str)> = sections
-        .iter()
-        .filter(|s| s.t_ok.is_some() && !s.is_open())
-        .map(|s| (s.key.as_str(), s.holder.as_str()))
-        .collect();
-    let mut events: HashMap<&str, Vec<(u64, bool, Hold<'_>)>> = HashMap::new();
-    for section in sections {
-        let Some(start) = section.t_ok else { continue };
-        if section.is_open() && closed.contains(&(section.key.as_str(), section.holder.as_str())) {
-            continue;
+    let progress = |s: &Section| (s.t_rel_ok.is_some(), !s.is_open());
+    let mut latest: HashMap<(&str, &str), &Section> = HashMap::new();
+    for section in sections.iter().filter(|s| s.t_ok.is_some()) {
+        let key = (section.key.as_str(), section.holder.as_str());
+        let slot = latest.entry(key).or_insert(section);
+        if progress(section) >= progress(slot) {
+            *slot = section;
         }
+    }
+    let mut events: HashMap<&str, Vec<(u64, bool, Hold<'_>)>> = HashMap::new();
+    for section in latest.into_values() {
         let hold = Hold {
             holder: &section.holder,
             pid: section.pid,
-            start,
+            start: section.t_ok.expect("filtered"),
             end: section.believed_until(),
         };
         if hold.end > hold.start {

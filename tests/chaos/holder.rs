@@ -594,9 +594,10 @@ async fn section(
 }
 
 /// One permit section: acquire a permit, work (an await), give it back. The section is recorded
-/// once open, as soon as the permit is granted (a `kill -9` leaves that record as its only
-/// trace), and again at its end. It carries the deadline the guard promised: a process paused
-/// past it only learns of the loss once it runs again, but may not believe it holds meanwhile.
+/// as soon as the permit is granted, again when its release is called, and at its end, so a
+/// `kill -9` at any point leaves a record of what it believed. It carries the deadline the
+/// guard promised: a process paused past it only learns of the loss once it runs again, but
+/// may not believe it holds meanwhile.
 async fn permit_section(
     client: &LockClient<RedisBackend>,
     history: &History,
@@ -644,6 +645,8 @@ async fn permit_section(
         }
     }
     section.t_rel_inv = Some(clock::now_ns());
+    // The belief ends here, whatever the release does: a kill -9 during it leaves this record.
+    history.record(&section);
     let result = guard.release().await;
     section.t_rel_ok = Some(clock::now_ns());
     section.result = if result.is_ok() && section.t_lost.is_none() {
