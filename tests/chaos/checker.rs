@@ -73,6 +73,131 @@ pub(crate) fn sweep(sections: &[Section]) -> Sweep {
     result
 }
 
+/// The most holders believed inside a key's permits at once (for a semaphore; 1 for a lock).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Crowd {
+    /// Holds that got a permit.
+    pub(crate) held: usize,
+    /// The most distinct holders believed inside one key at any instant.
+    pub(crate) max: usize,
+    /// Entries that took a key past its permits.
+    pub(crate) excess: usize,
+    /// The first few of those, for the failure message.
+    pub(crate) examples: Vec<String>,
+}
+
+/// One holder's believed hold: `[start, end)` on the history's clock.
+#[derive(Clone, Copy, Debug)]
+struct Hold<'a> {
+    holder: &'a str,
+    pid: u32,
+    start: u64,
+    end: u64,
+}
+
+/// Each key's believed holds `[t_ok, believed_until)`, start and end events in time order (an
+/// end before a start at the same instant). A section recorded more than once (a permit
+/// section: when granted, when its release is called, at its end) counts by its latest record.
+fn hold_events(sections: &[Section]) -> HashMap<&str, Vec<(u64, bool, Hold<'_>)>> {
+    let progress = |s: &Section| (s.t_rel_ok.is_some(), !s.is_open());
+    let mut latest: HashMap<(&str, &str), &Section> = HashMap::new();
+    for section in sections.iter().filter(|s| s.t_ok.is_some()) {
+        let key = (section.key.as_str(), section.holder.as_str());
+        let slot = latest.entry(key).or_insert(section);
+        if progress(section) >= progress(slot) {
+            *slot = section;
+        }
+    }
+    let mut events: HashMap<&str, Vec<(u64, bool, Hold<'_>)>> = HashMap::new();
+    for section in latest.into_values() {
+        let hold = Hold {
+            holder: &section.holder,
+            pid: section.pid,
+            start: section.t_ok.expect("filtered"),
+            end: section.believed_until(),
+        };
+        if hold.end > hold.start {
+            let key = events.entry(&section.key).or_default();
+            key.push((hold.start, true, hold));
+            key.push((hold.end, false, hold));
+        }
+    }
+    for key in events.values_mut() {
+        key.sort_by_key(|&(at, starts, _)| (at, starts));
+    }
+    events
+}
+
+/// Sweeps each key's believed holds and counts the distinct holders inside at every instant:
+/// the most at once, and each entry that made them more than `permits`.
+pub(crate) fn max_holders(sections: &[Section], permits: usize) -> Crowd {
+    let mut crowd = Crowd::default();
+    for (key, events) in hold_events(sections) {
+        let mut inside: HashMap<&str, (u32, usize)> = HashMap::new();
+        for (at, starts, hold) in events {
+            if starts {
+                crowd.held += 1;
+                inside.entry(hold.holder).or_insert((hold.pid, 0)).1 += 1;
+                crowd.max = crowd.max.max(inside.len());
+                if inside.len() > permits {
+                    crowd.excess += 1;
+                    if crowd.examples.len() < 5 {
+                        let mut who: Vec<_> = inside
+                            .iter()
+                            .map(|(h, (pid, _))| format!("{h}@{pid}"))
+                            .collect();
+                        who.sort_unstable();
+                        crowd.examples.push(format!(
+                            "{key}: {} holders of {permits} permits at {at}: {}",
+                            inside.len(),
+                            who.join(", ")
+                        ));
+                    }
+                }
+            } else if let Some((_, n)) = inside.get_mut(hold.holder) {
+                *n -= 1;
+                if *n == 0 {
+                    inside.remove(hold.holder);
+                }
+            }
+        }
+    }
+    crowd
+}
+
+/// The first instant at or after `after` when the holders of processes other than `excluded`
+/// fill all `permits` of `key`; `None` when they never do.
+pub(crate) fn first_full(
+    sections: &[Section],
+    key: &str,
+    permits: usize,
+    after: u64,
+    excluded: &[u32],
+) -> Option<u64> {
+    let events = hold_events(sections).remove(key)?;
+    let mut inside: HashMap<&str, usize> = HashMap::new();
+    for (at, starts, hold) in events {
+        if excluded.contains(&hold.pid) {
+            continue;
+        }
+        if at >= after && inside.len() >= permits {
+            return Some(after);
+        }
+        if starts {
+            *inside.entry(hold.holder).or_default() += 1;
+            if at >= after && inside.len() >= permits {
+                return Some(at);
+            }
+        } else if let Some(n) = inside.get_mut(hold.holder) {
+            *n -= 1;
+            if *n == 0 {
+                inside.remove(hold.holder);
+            }
+        }
+    }
+    None
+}
+
 /// Release-to-acquire gaps on `key`, where the next holder was already waiting.
 pub(crate) fn handoffs(sections: &[Section], key: &str) -> Vec<Duration> {
     let mut held: Vec<&Section> = sections
@@ -121,7 +246,9 @@ impl Leaks {
     }
 }
 
-/// `SCAN 0 MATCH <prefix>*` and `PUBSUB CHANNELS <prefix>*` on `node`.
+/// `SCAN 0 MATCH <prefix>*` and `PUBSUB CHANNELS <prefix>*` on `node`. Every kind's keys and
+/// channels start with the prefix: a semaphore's `:sem`, `:sem:readers`, `:sem:void` and
+/// `:sem:released` as much as a lock's.
 pub(crate) fn server_leaks(node: &Node, prefix: &str) -> Leaks {
     let pattern = format!("{prefix}*");
     let mut keys = Vec::new();

@@ -40,6 +40,10 @@ pub(crate) struct Section {
     pub(crate) t_rel_ok: Option<u64>,
     /// The holder learned the lock was lost (`lost()` resolved, or the process was killed).
     pub(crate) t_lost: Option<u64>,
+    /// The latest lease deadline the guard promised (`now + remaining()` at a check): past it
+    /// the holder may not believe it holds, even if a paused process learns of the loss later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) t_deadline: Option<u64>,
     pub(crate) result: Outcome,
 }
 
@@ -57,18 +61,26 @@ impl Section {
             t_rel_inv: None,
             t_rel_ok: None,
             t_lost: None,
+            t_deadline: None,
             result: Outcome::Info,
         }
     }
 
-    /// When the holder stopped believing it held the lock: the release call or the loss,
-    /// whichever came first; `u64::MAX` when neither was recorded (it never let go).
+    /// When the holder stopped believing it held the lock: the release call, the loss or the
+    /// recorded deadline, whichever came first; `u64::MAX` when none was recorded (it never let
+    /// go).
     pub(crate) fn believed_until(&self) -> u64 {
-        match (self.t_rel_inv, self.t_lost) {
-            (Some(release), Some(lost)) => release.min(lost),
-            (Some(at), None) | (None, Some(at)) => at,
-            (None, None) => u64::MAX,
-        }
+        [self.t_rel_inv, self.t_lost, self.t_deadline]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// Written when the acquire returned, before the section's end is known: the only trace
+    /// of a section whose process is killed.
+    pub(crate) fn is_open(&self) -> bool {
+        self.t_ok.is_some() && self.t_rel_inv.is_none() && self.t_lost.is_none()
     }
 }
 

@@ -69,6 +69,14 @@ pub(crate) struct Load {
     pub(crate) max_pause_us: u64,
     pub(crate) lease_ms: u64,
     pub(crate) seed: u64,
+    /// Take a permit of the semaphore `key` with this many permits instead of the lock `key`:
+    /// no fencing, and no witness (its entry counter admits one holder at a time).
+    #[serde(default)]
+    pub(crate) permits: Option<u32>,
+    /// Stop starting sections once this long has passed, even short of `sections`: a load that
+    /// outlasts a time-based fault schedule.
+    #[serde(default)]
+    pub(crate) for_ms: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -104,6 +112,9 @@ pub(crate) enum Command {
 pub(crate) enum Reply {
     Ready {
         pid: u32,
+        /// The client's id, which starts every holder id it makes (`<client>:<n>`).
+        #[serde(default)]
+        client: String,
     },
     Done {
         completed: usize,
@@ -146,6 +157,7 @@ pub(crate) struct HolderProc {
     child: Child,
     stdin: ChildStdin,
     replies: mpsc::UnboundedReceiver<Reply>,
+    client: String,
 }
 
 impl HolderProc {
@@ -182,15 +194,26 @@ impl HolderProc {
             child,
             stdin,
             replies,
+            client: String::new(),
         };
         match holder.reply(Duration::from_secs(10)).await {
-            Reply::Ready { .. } => holder,
+            Reply::Ready { client, .. } => {
+                holder.client = client;
+                holder
+            }
             other => panic!("holder process did not start: {other:?}"),
         }
     }
 
     pub(crate) fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Whether `holder_id` was made by this process's client.
+    pub(crate) fn made(&self, holder_id: &str) -> bool {
+        holder_id
+            .strip_prefix(self.client.as_str())
+            .is_some_and(|rest| rest.starts_with(':'))
     }
 
     pub(crate) fn send(&mut self, command: &Command) {
@@ -271,8 +294,14 @@ async fn serve(setup: Setup) {
         .expect("holder client");
     let witness = Witness::connect(&setup.witness).await;
     let history = History::open(&setup.history, &setup.scenario);
+    let holder = client.holder();
     say(&Reply::Ready {
         pid: std::process::id(),
+        client: holder
+            .id()
+            .rsplit_once(':')
+            .map_or("", |(id, _)| id)
+            .to_owned(),
     });
     let mut holding: Option<Holding> = None;
     let mut lines = AsyncBufReader::new(tokio::io::stdin()).lines();
@@ -439,6 +468,7 @@ async fn contend(
     history: &History,
     load: &Load,
 ) -> Reply {
+    let started = std::time::Instant::now();
     let tasks: Vec<_> = (0..load.tasks)
         .map(|task| {
             let (client, witness, history, load) = (
@@ -453,6 +483,12 @@ async fn contend(
                 let mut completed = 0;
                 let mut errors = Vec::new();
                 for _ in 0..load.sections {
+                    if load
+                        .for_ms
+                        .is_some_and(|ms| started.elapsed().as_millis() >= u128::from(ms))
+                    {
+                        break;
+                    }
                     let key = if rng.chance(load.hot_share) {
                         "hot".to_owned()
                     } else {
@@ -460,7 +496,23 @@ async fn contend(
                     };
                     let pause = Duration::from_micros(rng.below(load.max_pause_us + 1));
                     let lease = Lease::watchdog(Duration::from_millis(load.lease_ms));
-                    match section(&client, &witness, &history, &key, lease, pause).await {
+                    let done = match load.permits {
+                        Some(permits) => {
+                            permit_section(&client, &history, (&key, permits), lease, pause)
+                                .await
+                                .map_err(|error| match error {
+                                    // The kind is what a fault scenario sorts errors by.
+                                    LockError::Backend(error) => {
+                                        format!("Backend({:?})", error.kind())
+                                    }
+                                    other => format!("{other:?}"),
+                                })
+                        }
+                        None => section(&client, &witness, &history, &key, lease, pause)
+                            .await
+                            .map_err(|error| error.to_string()),
+                    };
+                    match done {
                         Ok(()) => completed += 1,
                         Err(error) => errors.push(format!("{key}: {error}")),
                     }
@@ -539,4 +591,74 @@ async fn section(
     };
     history.record(&section);
     result
+}
+
+/// One permit section: acquire a permit, work (an await), give it back. The section is recorded
+/// as soon as the permit is granted, again when its release is called, and at its end, so a
+/// `kill -9` at any point leaves a record of what it believed. It carries the deadline the
+/// guard promised: a process paused past it only learns of the loss once it runs again, but
+/// may not believe it holds meanwhile.
+async fn permit_section(
+    client: &LockClient<RedisBackend>,
+    history: &History,
+    (key, permits): (&str, u32),
+    lease: Lease,
+    pause: Duration,
+) -> Result<(), LockError> {
+    let mut section = history.begin(key, "");
+    let acquired = client
+        .semaphore(key, permits)
+        .lease(lease)
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await;
+    let guard = match acquired {
+        Ok(guard) => guard,
+        Err(error) => {
+            section.result = match error {
+                LockError::Backend(_) => Outcome::Info,
+                _ => Outcome::Fail,
+            };
+            history.record(&section);
+            return Err(error);
+        }
+    };
+    let t_ok = clock::now_ns();
+    section.t_ok = Some(t_ok);
+    section.t_deadline = Some(deadline(t_ok, guard.remaining()));
+    section.holder = guard.holder().id().to_owned();
+    history.record(&section);
+    tokio::select! {
+        () = guard.lost() => section.t_lost = Some(clock::now_ns()),
+        () = tokio::time::sleep(pause) => {}
+    }
+    if section.t_lost.is_none() {
+        let now = clock::now_ns();
+        if guard.is_lost() {
+            // Both were ready after a pause and the work won: the guard's clock knows anyway.
+            section.t_lost = Some(now);
+        } else {
+            // A renewal may have moved the deadline on.
+            section.t_deadline = section
+                .t_deadline
+                .max(Some(deadline(now, guard.remaining())));
+        }
+    }
+    section.t_rel_inv = Some(clock::now_ns());
+    // The belief ends here, whatever the release does: a kill -9 during it leaves this record.
+    history.record(&section);
+    let result = guard.release().await;
+    section.t_rel_ok = Some(clock::now_ns());
+    section.result = if result.is_ok() && section.t_lost.is_none() {
+        Outcome::Ok
+    } else {
+        Outcome::Fail
+    };
+    history.record(&section);
+    result
+}
+
+/// `now + remaining` on the history's clock.
+fn deadline(now: u64, remaining: Duration) -> u64 {
+    now + u64::try_from(remaining.as_nanos()).unwrap_or(u64::MAX - now)
 }

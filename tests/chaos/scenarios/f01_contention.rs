@@ -57,6 +57,8 @@ async fn contention(name: &'static str, flush_every: Option<Duration>) {
             max_pause_us: 2000,
             lease_ms: 2000,
             seed: rng.next_u64(),
+            permits: None,
+            for_ms: None,
         }));
     }
     let mut completed = 0;

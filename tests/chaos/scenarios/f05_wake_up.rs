@@ -42,6 +42,8 @@ async fn f05_waiters_woken_one_at_a_time() {
             max_pause_us: 1000,
             lease_ms: LEASE_MS,
             seed: rng.next_u64(),
+            permits: None,
+            for_ms: None,
         }));
     }
     let mut errors = Vec::new();

@@ -48,6 +48,7 @@ mod f23_cluster_migration_failover;
 mod f24_redlock_node_loss;
 mod f25_redlock_paused_nodes;
 mod f29_flood;
+mod f30_semaphore_faults;
 mod in_process;
 
 /// Where the locks live.
