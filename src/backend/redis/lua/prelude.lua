@@ -151,6 +151,52 @@ local function give_back(lock, field, all)
   return redis.call('HINCRBY', lock, field, -1)
 end
 
+-- Gives back one hold counted in `field` (every hold, with `all`) for a release that names
+-- `attempt` ('' for any): the record it must match is the hold's grant ('a:<field>') or, for
+-- one hold (an undo), its last re-entry ('e:<field>'). An attempt that matches neither is
+-- remembered in the set `void` for `void_ms`, so that it is refused should it still arrive.
+-- Returns nil when nothing was given back, otherwise how many holds remain; the last takes its
+-- records with it.
+local function give_back_attempt(lock, field, all, attempt, void, void_ms)
+  local grant, reentry = 'a:' .. field, 'e:' .. field
+  local record
+  if attempt ~= '' then
+    if redis.call('HEXISTS', lock, field) == 1 then
+      if redis.call('HGET', lock, grant) == attempt then
+        record = grant
+      elseif not all and redis.call('HGET', lock, reentry) == attempt then
+        record = reentry
+      end
+    end
+    if not record then
+      redis.call('SADD', void, attempt)
+      extend(void, void_ms)
+      return nil
+    end
+  end
+  local remaining = give_back(lock, field, all)
+  if not remaining then
+    return nil
+  end
+  if remaining > 0 then
+    if record then
+      redis.call('HDEL', lock, record)
+    end
+  else
+    redis.call('HDEL', lock, field, grant, reentry)
+  end
+  return remaining
+end
+
+-- Drops the readers (or a semaphore's holders) in `readers` (holder id -> server time in ms
+-- its lease ends) whose lease ended by `now`, with their holds and records in `lock`.
+local function purge_readers(lock, readers, now)
+  for _, reader in ipairs(redis.call('ZRANGEBYSCORE', readers, '-inf', now)) do
+    redis.call('HDEL', lock, 'r:' .. reader, 'a:r:' .. reader, 'e:r:' .. reader)
+    redis.call('ZREM', readers, reader)
+  end
+end
+
 -- Drops the writer of a read-write lock whose own lease ('~w', server time in ms) ended by
 -- `now`; readers keep theirs. A writer's hold must not live on because a reader (the writer
 -- itself, after a downgrade) keeps the lock's key alive.

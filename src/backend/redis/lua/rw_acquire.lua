@@ -37,10 +37,7 @@ if redis.call('SISMEMBER', KEYS[5], ARGV[4]) == 1 then
 end
 local now = now_ms()
 
-for _, reader in ipairs(redis.call('ZRANGEBYSCORE', readers, '-inf', now)) do
-  redis.call('HDEL', lock, 'r:' .. reader, 'a:r:' .. reader, 'e:r:' .. reader)
-  redis.call('ZREM', readers, reader)
-end
+purge_readers(lock, readers, now)
 purge_writer(lock, readers, now)
 redis.call('ZREMRANGEBYSCORE', writers, '-inf', now)
 local holds_side = redis.call('HEXISTS', lock, side .. ':' .. holder) == 1

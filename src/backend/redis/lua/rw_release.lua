@@ -19,37 +19,14 @@
 local lock, readers = KEYS[1], KEYS[2]
 local holder, side = ARGV[1], ARGV[2]
 local field = side .. ':' .. holder
-local attempt = ARGV[5]
 purge_writer(lock, readers, now_ms())
-local grant, reentry = 'a:' .. field, 'e:' .. field
--- With an attempt: the record it must be. A release of every hold names the hold's grant; one
--- hold (an undo) may name a re-entry too.
-local record
-if attempt ~= '' then
-  if redis.call('HEXISTS', lock, field) == 1 then
-    if redis.call('HGET', lock, grant) == attempt then
-      record = grant
-    elseif ARGV[4] ~= '1' and redis.call('HGET', lock, reentry) == attempt then
-      record = reentry
-    end
-  end
-  if not record then
-    redis.call('SADD', KEYS[3], attempt)
-    extend(KEYS[3], ARGV[6])
-    return {0}
-  end
-end
-local remaining = give_back(lock, field, ARGV[4] == '1')
+local remaining = give_back_attempt(lock, field, ARGV[4] == '1', ARGV[5], KEYS[3], ARGV[6])
 if not remaining then
   return {0}
 end
 if remaining > 0 then
-  if record then
-    redis.call('HDEL', lock, record)
-  end
   return {1, remaining}
 end
-redis.call('HDEL', lock, field, grant, reentry)
 if side == 'r' then
   redis.call('ZREM', readers, holder)
 else

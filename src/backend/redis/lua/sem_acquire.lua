@@ -31,10 +31,7 @@ if redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 1 then
   return {0, redis.call('PTTL', sem)}
 end
 local now = now_ms()
-for _, expired in ipairs(redis.call('ZRANGEBYSCORE', holders, '-inf', now)) do
-  redis.call('HDEL', sem, 'r:' .. expired, 'a:r:' .. expired, 'e:r:' .. expired)
-  redis.call('ZREM', holders, expired)
-end
+purge_readers(sem, holders, now)
 local field = 'r:' .. holder
 local grant, reentry = 'a:' .. field, 'e:' .. field
 local holds = redis.call('HEXISTS', sem, field) == 1

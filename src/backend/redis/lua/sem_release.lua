@@ -17,41 +17,16 @@
 -- Returns {0} when the holder holds no permit, {1, remaining} when holds remain, {2, n} when
 -- the permit was given back (n: subscribers notified).
 local sem, holders = KEYS[1], KEYS[2]
-local holder, attempt = ARGV[1], ARGV[4]
-local field = 'r:' .. holder
-local grant, reentry = 'a:' .. field, 'e:' .. field
-local ends = redis.call('ZSCORE', holders, holder)
-if ends and tonumber(ends) <= now_ms() then
-  -- Its lease ran out: the permit is no longer this holder's to give back.
-  redis.call('HDEL', sem, field, grant, reentry)
-  redis.call('ZREM', holders, holder)
-end
-local record
-if attempt ~= '' then
-  if redis.call('HEXISTS', sem, field) == 1 then
-    if redis.call('HGET', sem, grant) == attempt then
-      record = grant
-    elseif ARGV[3] ~= '1' and redis.call('HGET', sem, reentry) == attempt then
-      record = reentry
-    end
-  end
-  if not record then
-    redis.call('SADD', KEYS[3], attempt)
-    extend(KEYS[3], ARGV[5])
-    return {0}
-  end
-end
-local remaining = give_back(sem, field, ARGV[3] == '1')
+local holder = ARGV[1]
+-- A permit whose lease ran out is no longer its holder's to give back.
+purge_readers(sem, holders, now_ms())
+local remaining = give_back_attempt(sem, 'r:' .. holder, ARGV[3] == '1', ARGV[4], KEYS[3], ARGV[5])
 if not remaining then
   return {0}
 end
 if remaining > 0 then
-  if record then
-    redis.call('HDEL', sem, record)
-  end
   return {1, remaining}
 end
-redis.call('HDEL', sem, field, grant, reentry)
 redis.call('ZREM', holders, holder)
 if redis.call('ZCARD', holders) == 0 then
   redis.call('DEL', sem, holders)
