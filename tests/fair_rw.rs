@@ -4,7 +4,6 @@
 mod support;
 
 use std::{
-    future::Future,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -13,17 +12,6 @@ use std::{
 };
 
 use tower_lock::{Backend, Lease, LockClient, LockError};
-
-/// Builds another client on the same backend (another "process").
-type MoreClients<B> = Box<dyn Fn() -> std::pin::Pin<Box<dyn Future<Output = LockClient<B>>>>>;
-
-/// Two clients that contend as two processes would, and what keeps their backend alive.
-struct Env<B: Backend> {
-    a: LockClient<B>,
-    b: LockClient<B>,
-    more: MoreClients<B>,
-    _server: Option<support::RedisServer>,
-}
 
 /// Polls `condition` until it holds, failing the test after `within`.
 async fn eventually(within: Duration, what: &str, mut condition: impl FnMut() -> bool) {
@@ -429,32 +417,6 @@ fn builder<B: Backend>(backend: B) -> LockClient<B> {
         .unwrap()
 }
 
-fair_rw_semantics!(memory, async {
-    let backend = tower_lock::MemoryBackend::new();
-    let more = backend.clone();
-    Env {
-        a: builder(backend.clone()),
-        b: builder(backend),
-        more: Box::new(move || {
-            let backend = more.clone();
-            Box::pin(async move { builder(backend) })
-        }),
-        _server: None,
-    }
-});
+fair_rw_semantics!(memory, support::stores::in_memory(builder));
 
-fair_rw_semantics!(redis, async {
-    let server = support::RedisServer::start();
-    let url = server.url();
-    let connect = move || {
-        let url = url.clone();
-        Box::pin(async move { builder(support::redis_backend(&url).connect().await.unwrap()) })
-            as std::pin::Pin<Box<dyn Future<Output = _>>>
-    };
-    Env {
-        a: connect().await,
-        b: connect().await,
-        more: Box::new(connect),
-        _server: Some(server),
-    }
-});
+fair_rw_semantics!(redis, support::stores::on_redis(builder));

@@ -152,9 +152,13 @@ async fn serializes_per_key_with_the_client_in_state() {
     witness.assert_serialized(120);
 }
 
-/// Two app instances on one Redis serialize per account (`LockClient<RedisBackend>` in state).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn serializes_across_instances_on_redis() {
+/// Two app instances on one Redis, each with its own client in its state, serving `handler`
+/// at `/accounts/{id}/withdraw`, hammered with 120 requests over 4 accounts.
+async fn hammer_two_instances<H, T>(handler: H) -> Witness
+where
+    H: axum::handler::Handler<T, RedisApp> + Clone,
+    T: 'static,
+{
     let server = RedisServer::start();
     let witness = Witness::default();
     let mut bases = Vec::new();
@@ -168,35 +172,26 @@ async fn serializes_across_instances_on_redis() {
             witness: witness.clone(),
         };
         let router = Router::new()
-            .route("/accounts/{id}/withdraw", post(withdraw_redis))
+            .route("/accounts/{id}/withdraw", post(handler.clone()))
             .with_state(app);
         bases.push(serve(router).await);
     }
     hammer(&bases, 120).await;
-    witness.assert_serialized(120);
+    witness
+}
+
+/// Two app instances on one Redis serialize per account (`LockClient<RedisBackend>` in state).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn serializes_across_instances_on_redis() {
+    hammer_two_instances(withdraw_redis)
+        .await
+        .assert_serialized(120);
 }
 
 /// `permits = 2`: two requests per account at once across two instances, never three.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn permits_let_two_per_key_across_instances() {
-    let server = RedisServer::start();
-    let witness = Witness::default();
-    let mut bases = Vec::new();
-    for _ in 0..2 {
-        let backend = support::redis_backend(server.url())
-            .connect()
-            .await
-            .unwrap();
-        let app = RedisApp {
-            locks: LockClient::builder(backend).build().unwrap(),
-            witness: witness.clone(),
-        };
-        let router = Router::new()
-            .route("/accounts/{id}/withdraw", post(export_redis))
-            .with_state(app);
-        bases.push(serve(router).await);
-    }
-    hammer(&bases, 120).await;
+    let witness = hammer_two_instances(export_redis).await;
     assert_eq!(witness.total.load(Ordering::SeqCst), 120);
     assert_eq!(witness.max_per_key.load(Ordering::SeqCst), 2);
 }

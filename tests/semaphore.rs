@@ -4,7 +4,6 @@
 mod support;
 
 use std::{
-    future::Future,
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -13,17 +12,6 @@ use std::{
 };
 
 use tower_lock::{Backend, Holder, Lease, LockClient, LockError};
-
-/// Builds another client on the same backend (another "process").
-type MoreClients<B> = Box<dyn Fn() -> std::pin::Pin<Box<dyn Future<Output = LockClient<B>>>>>;
-
-/// Clients that contend as processes would, and what keeps their backend alive.
-struct Env<B: Backend> {
-    a: LockClient<B>,
-    b: LockClient<B>,
-    more: MoreClients<B>,
-    _server: Option<support::RedisServer>,
-}
 
 fn builder<B: Backend>(backend: B) -> LockClient<B> {
     LockClient::builder(backend)
@@ -235,35 +223,9 @@ macro_rules! semaphore_semantics {
     };
 }
 
-semaphore_semantics!(memory, async {
-    let backend = tower_lock::MemoryBackend::new();
-    let more = backend.clone();
-    Env {
-        a: builder(backend.clone()),
-        b: builder(backend),
-        more: Box::new(move || {
-            let backend = more.clone();
-            Box::pin(async move { builder(backend) })
-        }),
-        _server: None,
-    }
-});
+semaphore_semantics!(memory, support::stores::in_memory(builder));
 
-semaphore_semantics!(redis, async {
-    let server = support::RedisServer::start();
-    let url = server.url();
-    let connect = move || {
-        let url = url.clone();
-        Box::pin(async move { builder(support::redis_backend(&url).connect().await.unwrap()) })
-            as std::pin::Pin<Box<dyn Future<Output = _>>>
-    };
-    Env {
-        a: connect().await,
-        b: connect().await,
-        more: Box::new(connect),
-        _server: Some(server),
-    }
-});
+semaphore_semantics!(redis, support::stores::on_redis(builder));
 
 /// A key of another type at the semaphore's name is reported, never overwritten.
 #[tokio::test]

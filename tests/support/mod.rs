@@ -32,6 +32,7 @@ use std::{
 };
 
 pub mod cluster;
+pub mod stores;
 
 /// How long a server gets to answer `PING` after it is spawned.
 const READY_TIMEOUT: Duration = Duration::from_secs(5);
