@@ -454,7 +454,10 @@ enum Stop {
 #[derive(Debug, Default)]
 struct Run {
     rep: usize,
+    /// Responses per second, whatever their status.
     rate: f64,
+    /// 2xx responses per second: for transfers, the transfers made.
+    ok_rate: f64,
     p50: Duration,
     p99: Duration,
     ok: u64,
@@ -519,6 +522,7 @@ async fn run(
     }
     let mut run = Run::default();
     let mut requests = 0u64;
+    let mut secs = 0.0;
     // Per account, what the successful transfers added.
     let mut net: HashMap<String, i64> = HashMap::new();
     for line in String::from_utf8_lossy(&output.stdout).lines() {
@@ -532,6 +536,7 @@ async fn run(
         match fields.first().copied() {
             Some("requests") => requests = num(1) as u64,
             Some("ok") => run.ok = num(1) as u64,
+            Some("secs") => secs = num(1),
             Some("rate") => run.rate = num(1),
             Some("p50") => run.p50 = Duration::from_nanos(num(1) as u64),
             Some("p99") => run.p99 = Duration::from_nanos(num(1) as u64),
@@ -548,6 +553,9 @@ async fn run(
             ),
             _ => {}
         }
+    }
+    if secs > 0.0 {
+        run.ok_rate = run.ok as f64 / secs;
     }
     let warm_total: i64 = warm.values().sum();
     match workload.route {
@@ -677,6 +685,7 @@ fn load_generator() {
         let mut report = String::new();
         let _ = writeln!(report, "requests\t{}", latencies.len());
         let _ = writeln!(report, "ok\t{ok}");
+        let _ = writeln!(report, "secs\t{}", elapsed.as_secs_f64());
         let _ = writeln!(
             report,
             "rate\t{}",
@@ -724,7 +733,7 @@ fn report(workload: Workload, runs: &[(Variant, Run)], pings: &[f64]) -> Vec<Fig
     let transfers = workload.route == Route::Transfer;
     if transfers {
         println!(
-            "  {:<22} {:>22} {:>18} {:>18} {:>12} {:>14} {:>20} {:>10}",
+            "  {:<22} {:>22} {:>24} {:>24} {:>12} {:>14} {:>20} {:>10}",
             "",
             "transfers/s",
             "p50 ms",
@@ -769,7 +778,11 @@ fn report(workload: Workload, runs: &[(Variant, Run)], pings: &[f64]) -> Vec<Fig
                 .collect()
         };
         let (rate, p50, p99, cpu) = (
-            of(|r| r.rate),
+            if transfers {
+                of(|r| r.ok_rate)
+            } else {
+                of(|r| r.rate)
+            },
             of(|r| ms(r.p50)),
             of(|r| ms(r.p99)),
             of(|r| r.server_cpu_us),
@@ -789,7 +802,7 @@ fn report(workload: Workload, runs: &[(Variant, Run)], pings: &[f64]) -> Vec<Fig
         let non_2xx: u64 = statuses.values().sum();
         if transfers {
             println!(
-                "  {:<22} {:>22} {:>18} {:>18} {:>12} {:>14} {:>20} {:>10}",
+                "  {:<22} {:>22} {:>24} {:>24} {:>12} {:>14} {:>20} {:>10}",
                 variant.name(),
                 show(&rate, 0),
                 show(&p50, 3),
