@@ -8,17 +8,27 @@
 //! cargo bench --bench http --all-features                          # 3 repetitions of 2 s
 //! BENCH_SECS=1 BENCH_REPS=3 cargo bench --bench http --all-features
 //! BENCH_ONLY=H2 cargo bench --bench http --all-features
+//! BENCH_ONLY=T1,T2 cargo bench --bench http --all-features         # transfers only
 //! ```
 //!
-//! The handler reads an account's balance, awaits (`yield_now`), and writes back balance + 1:
-//! without a lock, concurrent requests on one account lose updates. The load generator counts
-//! its successful requests; lost updates = successes − sum of the balances (0 under any lock).
+//! Deposits (H1–H3): the handler reads an account's balance, awaits (`yield_now`), and writes
+//! back balance + 1: without a lock, concurrent requests on one account lose updates. The load
+//! generator counts its successful requests; lost updates = successes − sum of the balances
+//! (0 under any lock).
+//!
+//! Transfers (T1, T2): `POST /transfers/{from}/{to}` reads both balances, awaits, and writes
+//! `from − 1` and `to + 1`. The total of all balances must not move (its drift is 0 under both
+//! locks), and each account must end where the load generator's successful transfers put it.
 //!
 //! - (a) no lock; (b) `LockLayer` + `MemoryBackend`; (c) `LockLayer` + Redis; (d) an axum
-//!   `from_fn` middleware taking an rslock lock on the account.
+//!   `from_fn` middleware taking rslock locks: the account's, or for a transfer both accounts'
+//!   in sorted order; (e) transfers only: the same middleware taking them in the request's
+//!   order, with a short wait, so that opposite transfers deadlock until it runs out.
 //! - H1: 32 requests in flight over 1 000 accounts; H2: 16 in flight on one account; H3: one
 //!   request at a time: the latency each lock adds to (a), also in Redis `PING` round trips
 //!   measured in the same repetition.
+//! - T1: 32 transfers in flight between random pairs of 1 000 accounts; T2: 16 in flight
+//!   among 4 accounts (opposite transfers at once are common).
 
 mod common;
 #[path = "common/measure.rs"]
@@ -45,7 +55,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use measure::{Errors, Spread, cpu_time, ms, quantile, rotated, selected, us};
-use tower_lock::{LockClient, LockLayer, MemoryBackend, key};
+use tower_lock::{Backend, LockClient, LockLayer, MemoryBackend, key};
 
 /// The environment variable that makes the bench binary the load generator.
 const WORKER_ENV: &str = "TOWER_LOCK_BENCH_LOADGEN";
@@ -55,6 +65,8 @@ const WAIT: Duration = Duration::from_secs(30);
 /// rslock's retries per `lock()` (its default) and the bound of its random retry delay.
 const RSLOCK_RETRY_COUNT: u32 = 3;
 const RSLOCK_RETRY_DELAY: Duration = Duration::from_millis(10);
+/// (e)'s wait for both locks: a deadlock of opposite transfers lasts this long, then 423.
+const NAIVE_WAIT: Duration = Duration::from_millis(100);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Variant {
@@ -62,10 +74,20 @@ enum Variant {
     Memory,
     Redis,
     Rslock,
+    /// Transfers only: rslock locks in the request's order.
+    RslockNaive,
 }
 
 impl Variant {
-    const ALL: [Self; 4] = [Self::NoLock, Self::Memory, Self::Redis, Self::Rslock];
+    const ALL: [Self; 5] = [
+        Self::NoLock,
+        Self::Memory,
+        Self::Redis,
+        Self::Rslock,
+        Self::RslockNaive,
+    ];
+    /// One key per request: a request order to get wrong needs two.
+    const DEPOSITS: &[Self] = &[Self::NoLock, Self::Memory, Self::Redis, Self::Rslock];
 
     fn name(self) -> &'static str {
         match self {
@@ -73,37 +95,80 @@ impl Variant {
             Self::Memory => "(b) LockLayer memory",
             Self::Redis => "(c) LockLayer Redis",
             Self::Rslock => "(d) rslock from_fn",
+            Self::RslockNaive => "(e) rslock req. order",
         }
     }
 }
 
-/// One workload: requests in flight and the accounts they spread over.
+/// What a workload's requests do.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// `POST /accounts/{id}/deposit`.
+    Deposit,
+    /// `POST /transfers/{from}/{to}`, two different accounts.
+    Transfer,
+}
+
+impl Route {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Deposit => "deposit",
+            Self::Transfer => "transfer",
+        }
+    }
+}
+
+/// One workload: its route, requests in flight and the accounts they spread over.
 #[derive(Clone, Copy)]
 struct Workload {
     name: &'static str,
     what: &'static str,
+    route: Route,
+    variants: &'static [Variant],
     in_flight: usize,
     accounts: usize,
 }
 
-const WORKLOADS: [Workload; 3] = [
+const WORKLOADS: [Workload; 5] = [
     Workload {
         name: "H1",
         what: "32 in flight over 1000 accounts",
+        route: Route::Deposit,
+        variants: Variant::DEPOSITS,
         in_flight: 32,
         accounts: 1000,
     },
     Workload {
         name: "H2",
         what: "16 in flight on one account",
+        route: Route::Deposit,
+        variants: Variant::DEPOSITS,
         in_flight: 16,
         accounts: 1,
     },
     Workload {
         name: "H3",
         what: "one request at a time over 1000 accounts",
+        route: Route::Deposit,
+        variants: Variant::DEPOSITS,
         in_flight: 1,
         accounts: 1000,
+    },
+    Workload {
+        name: "T1",
+        what: "transfers, 32 in flight between random pairs of 1000 accounts",
+        route: Route::Transfer,
+        variants: &Variant::ALL,
+        in_flight: 32,
+        accounts: 1000,
+    },
+    Workload {
+        name: "T2",
+        what: "transfers, 16 in flight among 4 accounts",
+        route: Route::Transfer,
+        variants: &Variant::ALL,
+        in_flight: 16,
+        accounts: 4,
     },
 ];
 
@@ -133,6 +198,9 @@ fn main() {
         println!(
             "(d) rslock: {RSLOCK_RETRY_COUNT} retries per lock() with a random delay below {RSLOCK_RETRY_DELAY:?}, acquire() looping, TTL {LEASE:?}"
         );
+        println!(
+            "transfers: (d) locks in sorted order, lock() looping until a {WAIT:?} deadline; (e) in request order, {NAIVE_WAIT:?} deadline"
+        );
         let mut summary = Vec::new();
         for workload in WORKLOADS {
             if !selected(workload.name) {
@@ -144,7 +212,7 @@ fn main() {
             let mut pings: Vec<f64> = Vec::new();
             for rep in 0..reps {
                 pings.push(us(common::ping_rtt(&url).await));
-                for variant in rotated(&Variant::ALL, rep) {
+                for variant in rotated(workload.variants, rep) {
                     match run(variant, &url, workload, window).await {
                         Ok(mut run) => {
                             run.rep = rep;
@@ -182,6 +250,13 @@ impl Bank {
         let balances = self.balances.lock().unwrap_or_else(|e| e.into_inner());
         balances.values().sum()
     }
+
+    fn snapshot(&self) -> HashMap<String, i64> {
+        self.balances
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 /// Deposits 1: read the balance, await, write it back.
@@ -190,6 +265,22 @@ async fn deposit(State(bank): State<Bank>, Path(id): Path<String>) -> &'static s
     tokio::task::yield_now().await;
     bank.write(&id, balance + 1);
     "ok"
+}
+
+/// Transfers 1: read both balances, await, write both back.
+async fn transfer(
+    State(bank): State<Bank>,
+    Path((from, to)): Path<(String, String)>,
+) -> Result<&'static str, StatusCode> {
+    // One account on both sides would write two stale balances to one key.
+    if from == to {
+        return Err(StatusCode::UNPROCESSABLE_ENTITY);
+    }
+    let (from_balance, to_balance) = (bank.read(&from), bank.read(&to));
+    tokio::task::yield_now().await;
+    bank.write(&from, from_balance - 1);
+    bank.write(&to, to_balance + 1);
+    Ok("ok")
 }
 
 /// (d): what a user would write with rslock: lock the account from the path around the handler.
@@ -209,21 +300,112 @@ async fn with_rslock(
     response
 }
 
-/// The service of `variant`, with the background work to stop after the run.
-async fn app(variant: Variant, url: &str, bank: Bank) -> Result<(Router, Stop), String> {
-    let route = Router::new().route("/accounts/{id}/deposit", post(deposit));
-    let account = || key::path_param("id").prefixed("account:");
+/// (d) and (e) on transfers: rslock's locks on both accounts around the handler.
+#[derive(Clone)]
+struct PairLocks {
+    locks: rslock::LockManager,
+    /// (d): sorted, as a careful user takes them; (e): in the request's order.
+    sorted: bool,
+    wait: Duration,
+}
+
+/// Both accounts' rslock locks, taken one after the other under one deadline; 423 (as the
+/// layer answers when its wait runs out) after releasing what it took, if the deadline passes.
+async fn with_rslock_pair(
+    State(pair): State<PairLocks>,
+    Path((from, to)): Path<(String, String)>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let mut keys = vec![format!("account:{from}"), format!("account:{to}")];
+    if pair.sorted {
+        keys.sort();
+    }
+    // rslock is not reentrant: one account named twice must be locked once.
+    keys.dedup();
+    let deadline = Instant::now() + pair.wait;
+    let mut held = Vec::with_capacity(keys.len());
+    for key in &keys {
+        match lock_until(&pair.locks, key, deadline).await {
+            Some(lock) => held.push(lock),
+            None => {
+                release_all(held).await;
+                return StatusCode::LOCKED.into_response();
+            }
+        }
+    }
+    let response = next.run(request).await;
+    release_all(held).await;
+    response
+}
+
+/// rslock's `lock()` until it grants or `deadline` has passed: `acquire()`'s own loop, with the
+/// deadline checked between attempts instead of a timeout cancelling one, which could leave a
+/// `SET` it made in place until the TTL.
+async fn lock_until(
+    locks: &rslock::LockManager,
+    key: &str,
+    deadline: Instant,
+) -> Option<rslock::Lock> {
+    loop {
+        if let Ok(lock) = locks.lock(key, LEASE).await {
+            return Some(lock);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+    }
+}
+
+/// Releases `locks` concurrently, as `MultiGuard::release` does.
+async fn release_all(locks: Vec<rslock::Lock>) {
+    futures_util::future::join_all(locks.into_iter().map(rslock::Lock::release)).await;
+}
+
+/// The unlocked routes of `route`.
+fn routes(route: Route) -> Router<Bank> {
+    match route {
+        Route::Deposit => Router::new().route("/accounts/{id}/deposit", post(deposit)),
+        Route::Transfer => Router::new().route("/transfers/{from}/{to}", post(transfer)),
+    }
+}
+
+/// `route` under a `LockLayer` on `locks`. Keys are prefixed `account:`, so the lock of an
+/// account is `account:<id>` for a deposit and for either side of a transfer alike (a set's
+/// namespace is otherwise the matched route, as its two parameters' differ).
+fn locked<B: Backend>(route: Route, locks: &LockClient<B>) -> Router<Bank> {
+    let layer = LockLayer::new(locks.clone()).wait(WAIT);
+    match route {
+        Route::Deposit => {
+            routes(route).route_layer(layer.key(key::path_param("id").prefixed("account:")))
+        }
+        Route::Transfer => {
+            routes(route).route_layer(layer.key(
+                key::all([key::path_param("from"), key::path_param("to")]).prefixed("account:"),
+            ))
+        }
+    }
+}
+
+/// The service of `variant` for `route`, with the background work to stop after the run.
+async fn app(
+    variant: Variant,
+    route: Route,
+    url: &str,
+    bank: Bank,
+) -> Result<(Router, Stop), String> {
+    let rslock = || {
+        let mut locks = rslock::LockManager::new(vec![url.to_owned()]);
+        locks.set_retry(RSLOCK_RETRY_COUNT, RSLOCK_RETRY_DELAY);
+        locks
+    };
     Ok(match variant {
-        Variant::NoLock => (route.with_state(bank), Stop::Nothing),
+        Variant::NoLock => (routes(route).with_state(bank), Stop::Nothing),
         Variant::Memory => {
             let locks = LockClient::builder(MemoryBackend::new())
                 .build()
                 .map_err(|e| e.to_string())?;
-            let layer = LockLayer::new(locks.clone()).key(account()).wait(WAIT);
-            (
-                route.route_layer(layer).with_state(bank),
-                Stop::Memory(locks),
-            )
+            (locked(route, &locks).with_state(bank), Stop::Memory(locks))
         }
         Variant::Redis => {
             let backend = support::redis_backend(url)
@@ -233,17 +415,30 @@ async fn app(variant: Variant, url: &str, bank: Bank) -> Result<(Router, Stop), 
             let locks = LockClient::builder(backend)
                 .build()
                 .map_err(|e| e.to_string())?;
-            let layer = LockLayer::new(locks.clone()).key(account()).wait(WAIT);
+            (locked(route, &locks).with_state(bank), Stop::Redis(locks))
+        }
+        Variant::Rslock if route == Route::Deposit => {
+            let layer = middleware::from_fn_with_state(rslock(), with_rslock);
             (
-                route.route_layer(layer).with_state(bank),
-                Stop::Redis(locks),
+                routes(route).route_layer(layer).with_state(bank),
+                Stop::Nothing,
             )
         }
-        Variant::Rslock => {
-            let mut locks = rslock::LockManager::new(vec![url.to_owned()]);
-            locks.set_retry(RSLOCK_RETRY_COUNT, RSLOCK_RETRY_DELAY);
-            let layer = middleware::from_fn_with_state(locks, with_rslock);
-            (route.route_layer(layer).with_state(bank), Stop::Nothing)
+        Variant::Rslock | Variant::RslockNaive => {
+            let pair = PairLocks {
+                locks: rslock(),
+                sorted: variant == Variant::Rslock,
+                wait: if variant == Variant::Rslock {
+                    WAIT
+                } else {
+                    NAIVE_WAIT
+                },
+            };
+            let layer = middleware::from_fn_with_state(pair, with_rslock_pair);
+            (
+                routes(route).route_layer(layer).with_state(bank),
+                Stop::Nothing,
+            )
         }
     })
 }
@@ -259,11 +454,19 @@ enum Stop {
 #[derive(Debug, Default)]
 struct Run {
     rep: usize,
+    /// Responses per second, whatever their status.
     rate: f64,
+    /// 2xx responses per second: for transfers, the transfers made.
+    ok_rate: f64,
     p50: Duration,
     p99: Duration,
     ok: u64,
+    /// Deposits: successes − the sum of the balances' increase. Transfers: the sum over the
+    /// accounts of |balance − what the successful transfers make it|; unlike the drift, lost
+    /// writes of opposite signs do not cancel in it.
     lost: i64,
+    /// Transfers: the sum of the balances' change (0 when every transfer is whole).
+    drift: i64,
     /// Non-2xx responses by status.
     statuses: BTreeMap<u16, u64>,
     errors: Errors,
@@ -278,7 +481,7 @@ async fn run(
     window: Duration,
 ) -> Result<Run, String> {
     let bank = Bank::default();
-    let (router, stop) = app(variant, url, bank.clone()).await?;
+    let (router, stop) = app(variant, workload.route, url, bank.clone()).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| format!("bind: {e}"))?;
@@ -288,13 +491,14 @@ async fn run(
     );
     let server = tokio::spawn(async move { axum::serve(listener, router).await });
     // One warm-up request: connections and scripts ready before the window.
-    warm_up(&base).await;
-    let warm = bank.total();
+    warm_up(&base, workload.route).await;
+    let warm = bank.snapshot();
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
     let cpu = cpu_time();
     let output = tokio::process::Command::new(exe)
         .env(WORKER_ENV, "1")
         .env("BENCH_HTTP_BASE", &base)
+        .env("BENCH_HTTP_ROUTE", workload.route.as_str())
         .env("BENCH_HTTP_IN_FLIGHT", workload.in_flight.to_string())
         .env("BENCH_HTTP_ACCOUNTS", workload.accounts.to_string())
         .env("BENCH_HTTP_SECS", window.as_secs_f64().to_string())
@@ -318,6 +522,9 @@ async fn run(
     }
     let mut run = Run::default();
     let mut requests = 0u64;
+    let mut secs = 0.0;
+    // Per account, what the successful transfers added.
+    let mut net: HashMap<String, i64> = HashMap::new();
     for line in String::from_utf8_lossy(&output.stdout).lines() {
         let fields: Vec<&str> = line.split('\t').collect();
         let num = |i: usize| {
@@ -329,11 +536,15 @@ async fn run(
         match fields.first().copied() {
             Some("requests") => requests = num(1) as u64,
             Some("ok") => run.ok = num(1) as u64,
+            Some("secs") => secs = num(1),
             Some("rate") => run.rate = num(1),
             Some("p50") => run.p50 = Duration::from_nanos(num(1) as u64),
             Some("p99") => run.p99 = Duration::from_nanos(num(1) as u64),
             Some("status") => {
                 run.statuses.insert(num(1) as u16, num(2) as u64);
+            }
+            Some("net") => {
+                net.insert(fields.get(1).unwrap_or(&"?").to_string(), num(2) as i64);
             }
             Some("error") => run.errors.add_n(
                 fields.get(1).unwrap_or(&"?"),
@@ -343,16 +554,40 @@ async fn run(
             _ => {}
         }
     }
-    run.lost = run.ok as i64 - (bank.total() - warm);
+    if secs > 0.0 {
+        run.ok_rate = run.ok as f64 / secs;
+    }
+    let warm_total: i64 = warm.values().sum();
+    match workload.route {
+        Route::Deposit => run.lost = run.ok as i64 - (bank.total() - warm_total),
+        Route::Transfer => {
+            let after = bank.snapshot();
+            run.drift = after.values().sum::<i64>() - warm_total;
+            let at = |balances: &HashMap<String, i64>, account: &String| {
+                balances.get(account).copied().unwrap_or(0)
+            };
+            run.lost = after
+                .keys()
+                .chain(net.keys())
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .map(|account| (at(&after, account) - at(&warm, account) - at(&net, account)).abs())
+                .sum();
+        }
+    }
     run.server_cpu_us = us(cpu) / requests.max(1) as f64;
     Ok(run)
 }
 
-/// Sends one request to `base`; what it answers does not matter.
-async fn warm_up(base: &str) {
+/// Sends one request of `route` to `base`, on accounts of its own; what it answers does not
+/// matter.
+async fn warm_up(base: &str, route: Route) {
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-    if let Ok(request) =
-        http::Request::post(format!("{base}/accounts/warm/deposit")).body(Empty::new())
+    let url = match route {
+        Route::Deposit => format!("{base}/accounts/warm/deposit"),
+        Route::Transfer => format!("{base}/transfers/warm-a/warm-b"),
+    };
+    if let Ok(request) = http::Request::post(url).body(Empty::new())
         && let Ok(response) = client.request(request).await
     {
         let _ = response.into_body().collect().await;
@@ -364,6 +599,7 @@ async fn warm_up(base: &str) {
 fn load_generator() {
     let var = |name: &str| std::env::var(name).unwrap_or_default();
     let base = var("BENCH_HTTP_BASE");
+    let transfers = var("BENCH_HTTP_ROUTE") == Route::Transfer.as_str();
     let in_flight: usize = var("BENCH_HTTP_IN_FLIGHT").parse().unwrap_or(1);
     let accounts: u64 = var("BENCH_HTTP_ACCOUNTS").parse().unwrap_or(1).max(1);
     let window = Duration::from_secs_f64(var("BENCH_HTTP_SECS").parse().unwrap_or(2.0));
@@ -381,11 +617,20 @@ fn load_generator() {
                 let mut latencies = Vec::new();
                 let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
                 let mut errors = Errors::default();
+                // Transfers: per account, what the successful ones added.
+                let mut net: HashMap<u64, i64> = HashMap::new();
                 while start.elapsed() < window {
                     state ^= state << 13;
                     state ^= state >> 7;
                     state ^= state << 17;
-                    let url = format!("{base}/accounts/{}/deposit", state % accounts);
+                    let from = state % accounts;
+                    // Another account, uniformly: never a transfer to itself.
+                    let to = (from + 1 + (state / accounts) % (accounts - 1).max(1)) % accounts;
+                    let url = if transfers {
+                        format!("{base}/transfers/{from}/{to}")
+                    } else {
+                        format!("{base}/accounts/{from}/deposit")
+                    };
                     let sent = Instant::now();
                     let request = match http::Request::post(&url).body(Empty::new()) {
                         Ok(request) => request,
@@ -400,24 +645,32 @@ fn load_generator() {
                             let _ = response.into_body().collect().await;
                             latencies.push(sent.elapsed());
                             *statuses.entry(status).or_default() += 1;
+                            if transfers && (200..300).contains(&status) {
+                                *net.entry(from).or_default() -= 1;
+                                *net.entry(to).or_default() += 1;
+                            }
                         }
                         Err(e) => errors.add("transport", || format!("{e:?}")),
                     }
                 }
-                (latencies, statuses, errors)
+                (latencies, statuses, errors, net)
             });
         }
         let mut latencies = Vec::new();
         let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
         let mut errors = Errors::default();
+        let mut net: BTreeMap<u64, i64> = BTreeMap::new();
         while let Some(result) = tasks.join_next().await {
             match result {
-                Ok((l, s, e)) => {
+                Ok((l, s, e, t)) => {
                     latencies.extend(l);
                     for (status, n) in s {
                         *statuses.entry(status).or_default() += n;
                     }
                     errors.merge(&e);
+                    for (account, n) in t {
+                        *net.entry(account).or_default() += n;
+                    }
                 }
                 Err(e) => errors.add("task", || e.to_string()),
             }
@@ -432,6 +685,7 @@ fn load_generator() {
         let mut report = String::new();
         let _ = writeln!(report, "requests\t{}", latencies.len());
         let _ = writeln!(report, "ok\t{ok}");
+        let _ = writeln!(report, "secs\t{}", elapsed.as_secs_f64());
         let _ = writeln!(
             report,
             "rate\t{}",
@@ -442,6 +696,9 @@ fn load_generator() {
         for (status, n) in statuses.iter().filter(|(s, _)| !(200..300).contains(*s)) {
             let _ = writeln!(report, "status\t{status}\t{n}");
         }
+        for (account, n) in &net {
+            let _ = writeln!(report, "net\t{account}\t{n}");
+        }
         for (kind, n, first) in errors.entries() {
             let first = first.replace(['\t', '\n'], " ");
             let _ = writeln!(report, "error\t{kind}\t{n}\t{first}");
@@ -451,48 +708,61 @@ fn load_generator() {
     print!("{report}");
 }
 
-/// One summary figure: its label, whether higher is better, and per variant the medians.
+/// One summary figure: its label, whether it is a count (summed over the repetitions in the
+/// summary), and per variant its value in each repetition.
 struct Figure {
     label: String,
-    higher_is_better: bool,
+    summed: bool,
     /// Per variant, the figure in each repetition.
     cells: Vec<(Variant, Vec<f64>)>,
 }
 
+impl Figure {
+    fn new(label: String, summed: bool) -> Self {
+        Self {
+            label,
+            summed,
+            cells: Vec::new(),
+        }
+    }
+}
+
 /// Prints one workload's figures; returns its summary rows.
 fn report(workload: Workload, runs: &[(Variant, Run)], pings: &[f64]) -> Vec<Figure> {
-    println!(
-        "  {:<22} {:>22} {:>18} {:>18} {:>14} {:>20} {:>10}",
-        "", "req/s", "p50 ms", "p99 ms", "lost updates", "server CPU µs/req", "non-2xx"
-    );
+    let name = workload.name;
+    let transfers = workload.route == Route::Transfer;
+    if transfers {
+        println!(
+            "  {:<22} {:>22} {:>24} {:>24} {:>12} {:>14} {:>20} {:>10}",
+            "",
+            "transfers/s",
+            "p50 ms",
+            "p99 ms",
+            "total drift",
+            "balances off",
+            "server CPU µs/req",
+            "non-2xx"
+        );
+    } else {
+        println!(
+            "  {:<22} {:>22} {:>18} {:>18} {:>14} {:>20} {:>10}",
+            "", "req/s", "p50 ms", "p99 ms", "lost updates", "server CPU µs/req", "non-2xx"
+        );
+    }
+    let rate = if transfers { "transfers/s" } else { "req/s" };
     let mut figures = vec![
-        Figure {
-            label: format!("{} req/s", workload.name),
-            higher_is_better: true,
-            cells: Vec::new(),
-        },
-        Figure {
-            label: format!("{} p50 ms", workload.name),
-            higher_is_better: false,
-            cells: Vec::new(),
-        },
-        Figure {
-            label: format!("{} p99 ms", workload.name),
-            higher_is_better: false,
-            cells: Vec::new(),
-        },
-        Figure {
-            label: format!("{} server CPU µs/req", workload.name),
-            higher_is_better: false,
-            cells: Vec::new(),
-        },
-        Figure {
-            label: format!("{} lost updates (sum)", workload.name),
-            higher_is_better: false,
-            cells: Vec::new(),
-        },
+        Figure::new(format!("{name} {rate}"), false),
+        Figure::new(format!("{name} p50 ms"), false),
+        Figure::new(format!("{name} p99 ms"), false),
+        Figure::new(format!("{name} server CPU µs/req"), false),
     ];
-    for variant in Variant::ALL {
+    if transfers {
+        figures.push(Figure::new(format!("{name} |total drift| (sum)"), true));
+        figures.push(Figure::new(format!("{name} balances off (sum)"), true));
+    } else {
+        figures.push(Figure::new(format!("{name} lost updates (sum)"), true));
+    }
+    for &variant in workload.variants {
         let mine: Vec<&Run> = runs
             .iter()
             .filter(|r| r.0 == variant)
@@ -508,12 +778,19 @@ fn report(workload: Workload, runs: &[(Variant, Run)], pings: &[f64]) -> Vec<Fig
                 .collect()
         };
         let (rate, p50, p99, cpu) = (
-            of(|r| r.rate),
+            if transfers {
+                of(|r| r.ok_rate)
+            } else {
+                of(|r| r.rate)
+            },
             of(|r| ms(r.p50)),
             of(|r| ms(r.p99)),
             of(|r| r.server_cpu_us),
         );
-        let lost_each: Vec<String> = mine.iter().map(|r| r.lost.to_string()).collect();
+        let each = |f: fn(&Run) -> i64| -> String {
+            let each: Vec<String> = mine.iter().map(|r| f(r).to_string()).collect();
+            each.join(" ")
+        };
         let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
         let mut errors = Errors::default();
         for run in &mine {
@@ -523,16 +800,30 @@ fn report(workload: Workload, runs: &[(Variant, Run)], pings: &[f64]) -> Vec<Fig
             errors.merge(&run.errors);
         }
         let non_2xx: u64 = statuses.values().sum();
-        println!(
-            "  {:<22} {:>22} {:>18} {:>18} {:>14} {:>20} {:>10}",
-            variant.name(),
-            show(&rate, 0),
-            show(&p50, 3),
-            show(&p99, 3),
-            lost_each.join(" "),
-            show(&cpu, 1),
-            non_2xx
-        );
+        if transfers {
+            println!(
+                "  {:<22} {:>22} {:>24} {:>24} {:>12} {:>14} {:>20} {:>10}",
+                variant.name(),
+                show(&rate, 0),
+                show(&p50, 3),
+                show(&p99, 3),
+                each(|r| r.drift),
+                each(|r| r.lost),
+                show(&cpu, 1),
+                non_2xx
+            );
+        } else {
+            println!(
+                "  {:<22} {:>22} {:>18} {:>18} {:>14} {:>20} {:>10}",
+                variant.name(),
+                show(&rate, 0),
+                show(&p50, 3),
+                show(&p99, 3),
+                each(|r| r.lost),
+                show(&cpu, 1),
+                non_2xx
+            );
+        }
         if non_2xx > 0 {
             let by_status: Vec<String> =
                 statuses.iter().map(|(s, n)| format!("{s}: {n}")).collect();
@@ -541,35 +832,31 @@ fn report(workload: Workload, runs: &[(Variant, Run)], pings: &[f64]) -> Vec<Fig
         if errors.total() > 0 {
             println!("  {:<22}   client errors: {}", "", errors.describe());
         }
-        let lost = of(|r| r.lost as f64);
-        for (figure, values) in figures.iter_mut().zip([rate, p50, p99, cpu, lost]) {
+        let mut values = vec![rate, p50, p99, cpu];
+        if transfers {
+            values.push(of(|r| r.drift.abs() as f64));
+        }
+        values.push(of(|r| r.lost as f64));
+        for (figure, values) in figures.iter_mut().zip(values) {
             figure.cells.push((variant, values));
         }
         if non_2xx + errors.total() > 0 {
-            figures.push(Figure {
-                label: format!("{} non-2xx + errors", workload.name),
-                higher_is_better: false,
-                cells: vec![(variant, vec![(non_2xx + errors.total()) as f64])],
-            });
+            let mut figure = Figure::new(format!("{name} non-2xx + errors"), true);
+            figure
+                .cells
+                .push((variant, vec![(non_2xx + errors.total()) as f64]));
+            figures.push(figure);
         }
     }
     if workload.in_flight == 1 {
         // The latency each lock adds to (a), per repetition, in µs and in PING round trips.
-        let mut added = Figure {
-            label: format!("{} added p50 µs", workload.name),
-            higher_is_better: false,
-            cells: Vec::new(),
-        };
-        let mut in_rtt = Figure {
-            label: format!("{} added p50 in RTTs", workload.name),
-            higher_is_better: false,
-            cells: Vec::new(),
-        };
+        let mut added = Figure::new(format!("{name} added p50 µs"), false);
+        let mut in_rtt = Figure::new(format!("{name} added p50 in RTTs"), false);
         println!(
             "  PING round trip per repetition: {} µs",
             Spread::of(pings.iter().copied()).show(1)
         );
-        for variant in Variant::ALL.into_iter().skip(1) {
+        for &variant in workload.variants.iter().skip(1) {
             let mut micros = Vec::new();
             let mut rtts = Vec::new();
             for (rep, ping) in pings.iter().enumerate() {
@@ -609,20 +896,27 @@ fn show(values: &[f64], decimals: usize) -> String {
     Spread::of(values.iter().copied()).show(decimals)
 }
 
-/// The summary table: medians per variant (sums for lost updates and errors), and (c) / (d),
-/// tower-lock's layer to rslock's middleware, of the medians and within each repetition.
+/// The summary table: medians per variant (sums for counts), and (c) / (d), tower-lock's layer
+/// to rslock's middleware, of the medians and within each repetition.
 fn print_summary(figures: &[Figure]) {
     println!();
     println!(
-        "Summary: medians over the repetitions (lost updates and errors: sums). ratio = (c) tower-lock"
+        "Summary: medians over the repetitions (lost updates, drift, balances off and errors: sums)."
     );
     println!(
-        "Redis / (d) rslock, of the medians, then the median (min–max) of the ratio within each"
+        "ratio = (c) tower-lock Redis / (d) rslock, of the medians, then the median (min–max) of the"
     );
-    println!("repetition; > 1 is better for tower-lock on rates, < 1 on times and costs.");
-    print!("  {:<26}", "figure");
-    for variant in Variant::ALL {
-        print!(" {:>20}", variant.name());
+    println!(
+        "ratio within each repetition; > 1 is better for tower-lock on rates, < 1 on times and costs."
+    );
+    // A column only for the variants some workload ran.
+    let columns: Vec<Variant> = Variant::ALL
+        .into_iter()
+        .filter(|v| figures.iter().any(|f| f.cells.iter().any(|(w, _)| w == v)))
+        .collect();
+    print!("  {:<30}", "figure");
+    for variant in &columns {
+        print!(" {:>21}", variant.name());
     }
     println!(" {:>7} {:>18}", "ratio", "per-rep ratio");
     // Figures with one cell per row (errors) are merged by label.
@@ -632,34 +926,38 @@ fn print_summary(figures: &[Figure]) {
             Some(row) => row.cells.extend(figure.cells.iter().cloned()),
             None => rows.push(Figure {
                 label: figure.label.clone(),
-                higher_is_better: figure.higher_is_better,
+                summed: figure.summed,
                 cells: figure.cells.clone(),
             }),
         }
     }
-    for Figure { label, cells, .. } in &rows {
-        let counted = label.contains("lost") || label.contains("errors");
-        print!("  {label:<26}");
+    for Figure {
+        label,
+        summed,
+        cells,
+    } in &rows
+    {
+        print!("  {label:<30}");
         let cell = |v: Variant| {
             cells
                 .iter()
                 .find(|(w, _)| *w == v)
                 .map(|(_, x)| x.as_slice())
         };
-        for variant in Variant::ALL {
+        for &variant in &columns {
             match cell(variant) {
-                Some(x) if counted => {
-                    print!(" {:>20.0}", x.iter().filter(|v| !v.is_nan()).sum::<f64>())
+                Some(x) if *summed => {
+                    print!(" {:>21.0}", x.iter().filter(|v| !v.is_nan()).sum::<f64>())
                 }
                 Some(x) => match Spread::of(x.iter().copied()).median {
-                    m if m.is_nan() => print!(" {:>20}", "-"),
-                    m => print!(" {:>20}", measure::cell(m, 3)),
+                    m if m.is_nan() => print!(" {:>21}", "-"),
+                    m => print!(" {:>21}", measure::cell(m, 3)),
                 },
-                None => print!(" {:>20}", "-"),
+                None => print!(" {:>21}", "-"),
             }
         }
         match (cell(Variant::Redis), cell(Variant::Rslock)) {
-            (Some(c), Some(d)) if !counted => {
+            (Some(c), Some(d)) if !summed => {
                 let median = |v: &[f64]| Spread::of(v.iter().copied()).median;
                 let per_rep = Spread::of(
                     c.iter()
