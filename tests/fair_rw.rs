@@ -406,6 +406,35 @@ macro_rules! fair_rw_semantics {
                 write.release().await.unwrap();
                 assert!(matches!(short.release().await, Err(LockError::Lost)));
             }
+
+            /// Fencing tokens rise from one writer to the next, also when the next one was
+            /// already waiting (its place in the queue keeps the lock's state alive between
+            /// them).
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn writer_tokens_rise_from_writer_to_waiting_writer() {
+                let env = $env.await;
+                let rw = env.a.read_write_lock("fenced");
+                let first = rw.write().fencing().acquire().await.unwrap();
+                let token = first.fencing_token().expect("asked for");
+                let b = env.b.clone();
+                let next = tokio::spawn(async move {
+                    let rw = b.read_write_lock("fenced");
+                    let guard = rw.write().fencing().acquire().await.unwrap();
+                    let token = guard.fencing_token();
+                    guard.release().await.unwrap();
+                    token
+                });
+                eventually(Duration::from_secs(5), "the writer is queued", || {
+                    env.b.queued() == 1
+                })
+                .await;
+                first.release().await.unwrap();
+                let next = next.await.unwrap().expect("asked for");
+                assert!(
+                    next > token,
+                    "the next writer's token {next} is not above {token}"
+                );
+            }
         }
     };
 }

@@ -36,8 +36,7 @@ impl RwLock {
         self.readers.retain(|_, (_, until)| *until > now);
         self.waiting_writers.retain(|_, until| *until > now);
         if self.writer_until.is_some_and(|until| until <= now) {
-            self.writer = None;
-            self.writer_until = None;
+            self.end_writer();
         }
         let (readers, writer) = (&self.readers, &self.writer);
         self.attempts.retain(|(write, holder), _| match write {
@@ -45,13 +44,21 @@ impl RwLock {
             false => readers.contains_key(holder),
         });
         if self.expires.is_some_and(|until| until <= now) {
-            self.writer = None;
+            self.end_writer();
             self.readers.clear();
             self.expires = None;
         }
         if self.writer.is_none() && self.readers.is_empty() {
             self.expires = None;
         }
+    }
+
+    /// The writer's hold is over: its fencing token goes with it, so the next writer gets a
+    /// new one (as the Redis scripts issue one per grant of a free lock).
+    fn end_writer(&mut self) {
+        self.writer = None;
+        self.writer_until = None;
+        self.token = None;
     }
 
     pub(super) fn is_live(&self, now: Instant) -> bool {
@@ -210,8 +217,7 @@ impl State {
         let publish = Some((channel(key), "released".to_owned()));
         let reply = match kind {
             LockKind::Write => {
-                lock.writer = None;
-                lock.writer_until = None;
+                lock.end_writer();
                 (ReleaseReply::Released { notified: None }, publish)
             }
             _ => {
