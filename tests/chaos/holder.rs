@@ -10,7 +10,7 @@ use std::{
     path::PathBuf,
     process::{Child, ChildStdin, Command as Process, Stdio},
     sync::{
-        Arc,
+        Arc, Mutex, PoisonError,
         atomic::{AtomicU64, Ordering},
     },
     time::Duration,
@@ -23,7 +23,8 @@ use tokio::{
     sync::mpsc,
 };
 use tower_lock::{
-    Lease, LockClient, LockContext, LockError, LockGuard, LockLayer, RedisBackend, key,
+    Lease, LockClient, LockContext, LockError, LockGuard, LockLayer, Lost, MultiGuard,
+    RedisBackend, key,
 };
 
 use crate::{
@@ -99,7 +100,11 @@ pub(crate) enum Command {
         enforce: bool,
         blocking: bool,
     },
-    /// Release the held lock.
+    /// Take the set `keys` with `lock_all` (a watchdog lease, fencing, a 30 s wait) and hold it
+    /// until told otherwise. Each key's section is recorded when the set is granted and again
+    /// whenever a renewal moves its deadline on, so a kill or a stop leaves what was believed.
+    HoldAll { keys: Vec<String>, lease_ms: u64 },
+    /// Release the held lock, or the held set.
     Release,
     /// Serve `POST /write/<key>` behind a [`LockLayer`] with fencing and a watchdog lease, and
     /// say where. The handler says `Checked` once it runs (holding the lock), then a write with
@@ -123,6 +128,14 @@ pub(crate) enum Reply {
     },
     Held {
         token: Option<u64>,
+        t_ok: u64,
+    },
+    /// The set of a [`Command::HoldAll`] is held: its holder, and each key's token in the
+    /// canonical order.
+    HeldAll {
+        holder: String,
+        keys: Vec<String>,
+        tokens: Vec<Option<u64>>,
         t_ok: u64,
     },
     Checked,
@@ -280,6 +293,29 @@ struct Holding {
     lost_at: Arc<AtomicU64>,
 }
 
+/// A set this holder process holds. The guard is shared with the task that tracks its
+/// deadlines; each key's section is in the canonical order, beside the time its lock's
+/// `lost()` fired (0 = not yet).
+struct HoldingSet {
+    guard: Arc<MultiGuard<RedisBackend>>,
+    sections: Arc<Mutex<Vec<Section>>>,
+    lost_at: Vec<Arc<AtomicU64>>,
+    /// When the set's `lost()` fired.
+    set_lost_at: Arc<AtomicU64>,
+    tracker: tokio::task::JoinHandle<()>,
+}
+
+/// The time `lost` resolves, once it does (0 until then).
+fn lost_time(lost: Lost) -> Arc<AtomicU64> {
+    let at = Arc::new(AtomicU64::new(0));
+    let seen = at.clone();
+    tokio::spawn(async move {
+        lost.await;
+        seen.store(clock::now_ns(), Ordering::SeqCst);
+    });
+    at
+}
+
 /// Serves commands until stdin closes.
 async fn serve(setup: Setup) {
     let backend = crate::support::redis_backend(&setup.url)
@@ -304,6 +340,7 @@ async fn serve(setup: Setup) {
             .to_owned(),
     });
     let mut holding: Option<Holding> = None;
+    let mut holding_set: Option<HoldingSet> = None;
     let mut lines = AsyncBufReader::new(tokio::io::stdin()).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         let command: Command = serde_json::from_str(&line).expect("a command parses");
@@ -378,6 +415,18 @@ async fn serve(setup: Setup) {
                     }
                 }
             }
+            Command::HoldAll { keys, lease_ms } => {
+                match hold_all(&client, &history, &keys, lease_ms).await {
+                    Ok((set, reply)) => {
+                        holding_set = Some(set);
+                        reply
+                    }
+                    Err(error) => Reply::Failed { error },
+                }
+            }
+            Command::Release if holding_set.is_some() => {
+                release_set(holding_set.take().expect("checked"), &history).await
+            }
             Command::Release => {
                 let Holding {
                     guard,
@@ -415,6 +464,137 @@ async fn serve(setup: Setup) {
             },
         };
         say(&reply);
+    }
+}
+
+/// [`Command::HoldAll`]: takes the set and starts tracking its deadlines.
+async fn hold_all(
+    client: &LockClient<RedisBackend>,
+    history: &History,
+    keys: &[String],
+    lease_ms: u64,
+) -> Result<(HoldingSet, Reply), String> {
+    let t_inv = clock::now_ns();
+    let guard = client
+        .lock_all(keys)
+        .lease(Lease::watchdog(Duration::from_millis(lease_ms)))
+        .fencing()
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await
+        .map_err(|error| error.to_string())?;
+    let t_ok = clock::now_ns();
+    let sections: Vec<Section> = guard
+        .guards()
+        .map(|lock| {
+            let key = String::from_utf8_lossy(&lock.key().user_key()).into_owned();
+            let mut section = history.begin(&key, lock.holder().id());
+            section.t_inv = t_inv;
+            section.t_ok = Some(t_ok);
+            section.token = lock.fencing_token();
+            // `t_ok` was read first: the deadline is never later than the guard's.
+            section.t_deadline = Some(deadline(t_ok, lock.remaining()));
+            history.record(&section);
+            section
+        })
+        .collect();
+    let reply = Reply::HeldAll {
+        holder: guard.holder().id().to_owned(),
+        keys: sections.iter().map(|s| s.key.clone()).collect(),
+        tokens: sections.iter().map(|s| s.token).collect(),
+        t_ok,
+    };
+    let lost_at = guard.guards().map(|lock| lost_time(lock.lost())).collect();
+    let set_lost_at = lost_time(guard.lost());
+    let guard = Arc::new(guard);
+    let sections = Arc::new(Mutex::new(sections));
+    let tracker = tokio::spawn(track_deadlines(
+        guard.clone(),
+        sections.clone(),
+        history.clone(),
+    ));
+    let set = HoldingSet {
+        guard,
+        sections,
+        lost_at,
+        set_lost_at,
+        tracker,
+    };
+    Ok((set, reply))
+}
+
+/// Records a key's section again whenever a renewal moved its deadline on. There is no
+/// renewal event to await, so the guards are read every 2 ms: a renewal answered in the last
+/// 2 ms before a `SIGSTOP` is missed, which makes the recorded deadline early (it can hide an
+/// overlap, never invent one).
+async fn track_deadlines(
+    guard: Arc<MultiGuard<RedisBackend>>,
+    sections: Arc<Mutex<Vec<Section>>>,
+    history: History,
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis(2));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let mut sections = sections.lock().unwrap_or_else(PoisonError::into_inner);
+        for (lock, section) in guard.guards().zip(sections.iter_mut()) {
+            // The time first: a stop between the two reads leaves nothing left (skipped)
+            // rather than a deadline counted from after the stop.
+            let now = clock::now_ns();
+            let remaining = lock.remaining();
+            if remaining.is_zero() || lock.is_lost() {
+                continue;
+            }
+            let moved = deadline(now, remaining);
+            // Jitter of the reads is not a renewal.
+            if moved > section.t_deadline.unwrap_or(0) + 1_000_000 {
+                section.t_deadline = Some(moved);
+                history.record(section);
+            }
+        }
+    }
+}
+
+/// [`Command::Release`] of a held set: releases it and records each key's section.
+async fn release_set(set: HoldingSet, history: &History) -> Reply {
+    let HoldingSet {
+        guard,
+        sections,
+        lost_at,
+        set_lost_at,
+        tracker,
+    } = set;
+    tracker.abort();
+    let _ = tracker.await;
+    let guard = Arc::into_inner(guard).expect("the tracker let go of the set");
+    let t_rel_inv = clock::now_ns();
+    let result = guard.release().await;
+    let t_rel_ok = clock::now_ns();
+    // As for one lock: a loss the release found by the clock may not be recorded yet.
+    for _ in 0..100 {
+        if result.is_ok() || set_lost_at.load(Ordering::SeqCst) != 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut sections = sections.lock().unwrap_or_else(PoisonError::into_inner);
+    for (section, lost) in sections.iter_mut().zip(&lost_at) {
+        section.t_rel_inv = Some(t_rel_inv);
+        section.t_rel_ok = Some(t_rel_ok);
+        section.t_lost = Some(lost.load(Ordering::SeqCst)).filter(|&at| at != 0);
+        section.result = if result.is_ok() && section.t_lost.is_none() {
+            Outcome::Ok
+        } else {
+            Outcome::Fail
+        };
+        history.record(section);
+    }
+    Reply::Released {
+        result: match result {
+            Ok(()) => "ok".to_owned(),
+            Err(error) => format!("{error:?}"),
+        },
+        t_lost: Some(set_lost_at.load(Ordering::SeqCst)).filter(|&at| at != 0),
     }
 }
 

@@ -49,6 +49,7 @@ mod f24_redlock_node_loss;
 mod f25_redlock_paused_nodes;
 mod f29_flood;
 mod f30_semaphore_faults;
+mod f31_killed_set_holder;
 mod in_process;
 
 /// Where the locks live.
