@@ -99,8 +99,9 @@ impl<B: Backend> MultiGuard<B> {
     }
 
     /// Releases every lock of the set, all at once (a release never waits for anyone, so no
-    /// order is needed: one round trip, not one per lock). Every lock is released even when
-    /// one release fails.
+    /// order is needed: the releases are sent together, and the set is free after about one
+    /// round trip rather than one per lock). Every lock is released even when one release
+    /// fails.
     ///
     /// # Errors
     /// The first error, in the canonical order, of the releases, as [`LockGuard::release`]

@@ -240,6 +240,38 @@ async fn all_or_nothing<B: Backend>(env: Env<B>) {
     set.release().await.unwrap();
 }
 
+async fn lost_while_waiting_for_the_rest<B: Backend>(env: Env<B>) {
+    // k2 frees itself after 300 ms; k1, taken first with a 100 ms fixed lease, runs out while
+    // the set waits for k2.
+    let held = env
+        .b
+        .lock("k2")
+        .lease(Lease::fixed(Duration::from_millis(300)))
+        .acquire()
+        .await
+        .expect("k2");
+    let error = env
+        .a
+        .lock_all(["k2", "k1"])
+        .lease(Lease::fixed(Duration::from_millis(100)))
+        .wait(Duration::from_secs(2))
+        .acquire()
+        .await
+        .expect_err("k1 ran out while k2 was waited for");
+    assert!(matches!(error.error(), LockError::Lost), "{error:?}");
+    assert_eq!(error.key().map(|key| key.user_key()), Some(b"k1".to_vec()));
+    // Nothing of the set is held: both are free for another client.
+    for key in ["k1", "k2"] {
+        let guard = env.b.lock(key).try_acquire().await;
+        guard
+            .unwrap_or_else(|e| panic!("{key} left held: {e:?}"))
+            .release()
+            .await
+            .unwrap();
+    }
+    drop(held);
+}
+
 async fn one_wait_for_the_set<B: Backend>(env: Env<B>) {
     // The wait is the set's, not each lock's: two held locks cost one wait, not two.
     let (x, y) = (
@@ -506,6 +538,12 @@ macro_rules! multi_key {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn all_or_nothing() {
                 super::all_or_nothing($make.await).await;
+            }
+
+            /// A lock taken early and lost while the rest were waited for fails the set.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn lost_while_waiting_for_the_rest() {
+                super::lost_while_waiting_for_the_rest($make.await).await;
             }
 
             /// One wait for the whole set, not one per lock.

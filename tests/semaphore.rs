@@ -11,7 +11,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tower_lock::{Backend, Holder, Lease, LockClient, LockError};
+use tower_lock::{
+    Backend, Holder, Lease, LockClient, LockError, LockKind,
+    backend::{Renew, RenewReply},
+};
 
 fn builder<B: Backend>(backend: B) -> LockClient<B> {
     LockClient::builder(backend)
@@ -174,6 +177,44 @@ macro_rules! semaphore_semantics {
                     .unwrap();
             }
 
+            /// A renewal that comes after a permit's lease ended does not bring it back.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_late_renewal_does_not_revive_a_permit() {
+                let env = $env.await;
+                // Another holder's long lease keeps the semaphore itself alive meanwhile.
+                let long = Lease::fixed(Duration::from_secs(30));
+                let kept = env
+                    .b
+                    .semaphore("late", 2)
+                    .lease(long)
+                    .acquire()
+                    .await
+                    .unwrap();
+                let lease = Lease::fixed(Duration::from_millis(100));
+                let permit = env
+                    .a
+                    .semaphore("late", 2)
+                    .lease(lease)
+                    .acquire()
+                    .await
+                    .unwrap();
+                permit.lost().await;
+                // Past its lease in the store too (the guard's own deadline comes first).
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let renew = Renew::hold(
+                    permit.key(),
+                    permit.holder().id(),
+                    lease,
+                    LockKind::Semaphore,
+                );
+                let replies = env.a.backend().renew(&[renew]).await.unwrap();
+                assert_eq!(replies, [RenewReply::NotHeld]);
+                // Its permit is free for someone else.
+                let other = env.b.semaphore("late", 2).try_acquire().await.unwrap();
+                other.release().await.unwrap();
+                kept.release().await.unwrap();
+            }
+
             /// A holder that acquires again nests in its permit: one permit, two holds.
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_holder_nests_in_its_permit() {
@@ -207,6 +248,17 @@ macro_rules! semaphore_semantics {
                 let permit = env.b.semaphore("same", 1).try_acquire().await.unwrap();
                 permit.release().await.unwrap();
                 lock.release().await.unwrap();
+            }
+
+            /// A fencing token on a shared permit would not say who wrote last: refused.
+            #[tokio::test]
+            async fn fencing_is_refused() {
+                let env = $env.await;
+                let refused = env.a.semaphore("fenced", 2).fencing().acquire().await;
+                match refused {
+                    Err(LockError::Backend(error)) => assert!(error.is_unsupported(), "{error:#}"),
+                    other => panic!("a fenced permit: {other:?}"),
+                }
             }
 
             /// No permits is a misconfiguration, refused before the backend is asked.

@@ -106,7 +106,9 @@ impl<B: Backend> LockClient<B> {
     /// renewed and learns of it only from a fencing token refused downstream: without fencing
     /// it may still be at work when the next holder starts.
     ///
-    /// Data of another type at a lock's name is not touched.
+    /// Data at a lock's name that is not laid out as a lock is reported as
+    /// [`WrongType`](crate::error::BackendErrorKind::WrongType) and not touched (the check is
+    /// by shape: keep other data out of the crate's prefix).
     ///
     /// # Errors
     /// [`LockError::InvalidKey`] for a key [`lock`](Self::lock) would refuse;

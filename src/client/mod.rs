@@ -248,7 +248,9 @@ impl<B: Backend> LockClient<B> {
     ///
     /// # Errors
     /// At acquire time, [`LockError::InvalidPermits`](crate::LockError::InvalidPermits) when
-    /// `permits` is 0; otherwise as for a lock.
+    /// `permits` is 0, and an [`Unsupported`](crate::error::BackendErrorKind::Unsupported)
+    /// backend error when [`fencing`](LockRequest::fencing) was asked for; otherwise as for a
+    /// lock.
     pub fn semaphore(&self, key: impl AsRef<[u8]>, permits: u32) -> LockRequest<'_, B> {
         let key = self.key_in("", key.as_ref(), LockKind::Semaphore);
         LockRequest {

@@ -168,8 +168,10 @@ impl<'a, B: Backend> MultiLockRequest<'a, B> {
     /// A [`MultiLockError`] that names the lock not granted and says why, as
     /// [`LockRequest::acquire`](crate::LockRequest::acquire) would for that lock
     /// ([`LockError::WaitTimeout`] when another holder kept it past what was left of the wait).
-    /// The locks of the set taken before it are released first. An empty set, or an invalid
-    /// key, fails with [`LockError::InvalidKey`] before any backend call.
+    /// The locks of the set taken before it are released first. [`LockError::Lost`], naming
+    /// the lock, when a lock taken early was lost while a later one was waited for (a fixed
+    /// lease counts from each lock's own grant, and may run out during a long wait). An empty
+    /// set, or an invalid key, fails with [`LockError::InvalidKey`] before any backend call.
     ///
     /// # Examples
     ///
@@ -263,6 +265,21 @@ impl<'a, B: Backend> MultiLockRequest<'a, B> {
                         });
                     }
                 }
+            }
+            // A lock taken early may have been lost while a later one was waited for (a fixed
+            // lease shorter than that wait runs out): the set is all or nothing.
+            if let Some(lost) = members.iter().find(|member| member.guard.is_lost()) {
+                let name = lost.guard.key().clone();
+                tracing::debug!(
+                    lost = %name,
+                    waited_ms = started.elapsed().as_millis() as u64,
+                    "a lock of the set was lost while the rest were waited for; giving back the set"
+                );
+                release_all(members).await;
+                return Err(MultiLockError {
+                    key: Some(name),
+                    error: LockError::Lost,
+                });
             }
             tracing::debug!(
                 keys = members.len(),

@@ -8,7 +8,7 @@ use super::LockClient;
 use crate::{
     backend::{Backend, LockKind},
     engine::{MIN_LEASE, Request, Want, watchdog},
-    error::LockError,
+    error::{BackendError, BackendErrorKind, LockError},
     guard::LockGuard,
     holder::Holder,
     lease::Lease,
@@ -191,6 +191,12 @@ impl<B: Backend> LockRequest<'_, B> {
             }
             if kind == LockKind::Semaphore && self.permits == 0 {
                 return Err(LockError::InvalidPermits);
+            }
+            if kind == LockKind::Semaphore && self.fencing {
+                // Permits are shared: a token would not say who wrote last.
+                let feature = "fencing tokens on semaphore permits";
+                let error = BackendError::from_kind(BackendErrorKind::Unsupported { feature });
+                return Err(LockError::Backend(error.with_key(key.as_str())));
             }
             Ok(key)
         });

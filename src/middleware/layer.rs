@@ -229,6 +229,8 @@ impl<B: Backend, K, R> LockLayer<B, K, R> {
     /// request takes a permit of the key's [semaphore](crate::LockClient::semaphore), leased
     /// and renewed like a lock, given back when the response is ready. A request that finds
     /// every permit taken waits, then is answered 423 with `Retry-After` as for a lock.
+    /// Permits carry no fencing token: with [`fencing`](Self::fencing) too, requests are
+    /// answered 500 (a misconfiguration, logged).
     ///
     /// ```
     /// use tower_lock::{LockClient, LockLayer, key};

@@ -100,6 +100,41 @@ async fn a_retry_takes_over_the_hold_of_a_lost_attempt() {
     }
 }
 
+/// A renewal that arrives after a reader's (or a semaphore permit's) lease ended, while the
+/// lock itself lives on for another holder, does not bring the hold back.
+#[tokio::test]
+async fn a_late_renewal_does_not_revive_a_reader_or_a_permit() {
+    use crate::backend::{Renew, RenewReply};
+
+    let server = support::RedisServer::start();
+    let backend = support::redis_backend(server.url())
+        .connect()
+        .await
+        .unwrap();
+    for (kind, suffix) in [(LockKind::Read, ":rw"), (LockKind::Semaphore, ":sem")] {
+        let key = LockKey::new("tl:", format!("late-{kind:?}").as_bytes(), 512).unwrap();
+        let key = key.with_suffix(suffix);
+        let long = Grant {
+            holder: "h-long",
+            lease: Lease::fixed(Duration::from_secs(30)),
+            permits: 2,
+            ..grant(&key, kind, "l1", None)
+        };
+        let short = Grant {
+            holder: "h-short",
+            lease: Lease::fixed(Duration::from_millis(50)),
+            permits: 2,
+            ..grant(&key, kind, "s1", None)
+        };
+        count(backend.acquire(long).await.unwrap());
+        count(backend.acquire(short).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        let renew = Renew::hold(&key, "h-short", Lease::fixed(Duration::from_secs(30)), kind);
+        let replies = backend.renew(&[renew]).await.unwrap();
+        assert_eq!(replies, [RenewReply::NotHeld], "{kind:?}");
+    }
+}
+
 /// Every script through its typed call (`calls.rs`) against a real server, for every lock
 /// kind: each answers in the shape its Lua file documents, so an argument out of place shows up
 /// as a script error or a wrong answer here.

@@ -1,4 +1,5 @@
--- Extends one side of a holder's read-write lock, owner-checked.
+-- Extends one side of a holder's read-write lock (or a semaphore's permit, laid out as a
+-- reader), owner-checked.
 --
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the readers
@@ -12,6 +13,8 @@ local holder, side = ARGV[1], ARGV[2]
 local lease = tonumber(ARGV[3])
 local now = now_ms()
 purge_writer(lock, readers, now)
+-- A reader (or a semaphore's permit) whose lease ended is not brought back by a late renewal.
+purge_readers(lock, readers, now)
 if redis.call('HEXISTS', lock, side .. ':' .. holder) == 0 then
   return 0
 end
