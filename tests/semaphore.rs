@@ -318,3 +318,66 @@ async fn redlock_refuses_semaphores() {
         other => panic!("Redlock semaphore: {other:?}"),
     }
 }
+
+/// Twenty waiters of one client for a full semaphore: a permit given back wakes one acquire
+/// call of that client (its first waiter), not one per waiter; the rest follow one by one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_given_back_permit_wakes_one_call_per_client() {
+    let server = support::RedisServer::start();
+    let connect = || async {
+        builder(
+            support::redis_backend(server.url())
+                .connect()
+                .await
+                .unwrap(),
+        )
+    };
+    let (holder, waiting) = (connect().await, connect().await);
+    let lease = Lease::fixed(Duration::from_secs(30));
+    let held = holder
+        .semaphore("herd", 1)
+        .lease(lease)
+        .acquire()
+        .await
+        .unwrap();
+    let (got, mut granted) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = Vec::new();
+    for _ in 0..20 {
+        let (waiting, got) = (waiting.clone(), got.clone());
+        waiters.push(tokio::spawn(async move {
+            let permit = waiting
+                .semaphore("herd", 1)
+                .lease(lease)
+                .acquire()
+                .await
+                .unwrap();
+            got.send(()).unwrap();
+            // Held until the test ends, so the next waiter stays refused.
+            std::future::pending::<()>().await;
+            drop(permit);
+        }));
+    }
+    while waiting.waiters() < 20 {
+        tokio::task::yield_now().await;
+    }
+    // Every waiter has had its chance to ask: only the first of them does.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = server.calls("evalsha");
+    held.release().await.unwrap();
+    granted.recv().await.expect("a waiter got the permit");
+    // Whatever more the release set off has happened by now.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let calls = server.calls("evalsha") - before;
+    // The release, the first waiter's grant, the next waiter's refused try.
+    assert!(
+        calls <= 4,
+        "{calls} script calls for one permit given back to 20 waiters"
+    );
+    assert!(
+        granted.try_recv().is_err(),
+        "two waiters got the one permit"
+    );
+    for waiter in waiters {
+        waiter.abort();
+    }
+}

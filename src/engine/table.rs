@@ -288,8 +288,10 @@ impl<L> Table<L> {
         };
         match state.waiters.iter().position(|slot| slot.id == id) {
             None => Turn::AwaitHandoff,
-            // Fair and read-write waiters each contend; the backend orders them.
-            Some(pos) if state.waiters[pos].want.kind != LockKind::Exclusive => Turn::Contend,
+            // Fair and read-write waiters each contend; the backend orders them. Exclusive
+            // and semaphore waiters contend one at a time per key, the head, so a release
+            // wakes one call per client rather than one per waiter.
+            Some(pos) if !state.waiters[pos].want.kind.head_contends() => Turn::Contend,
             Some(0) if !state.held_here() => match state.yield_until.take() {
                 Some(until) if until > Instant::now() => {
                     state.yield_until = Some(until);
@@ -312,6 +314,10 @@ impl<L> Table<L> {
         let mut keys = self.keys();
         let state = state_of(&mut keys, key.as_str());
         state.waiters.retain(|slot| slot.id != id);
+        // A semaphore may have more permits free: the next waiter tries at once.
+        if held.kind == LockKind::Semaphore {
+            state.wake_head();
+        }
         state.held.push(held);
         state.streak = 0;
         if state.waiters.is_empty() {
