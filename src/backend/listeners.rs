@@ -84,8 +84,8 @@ impl Listeners {
     }
 
     /// Wakes every listener of `channel`, whatever its tag (after its subscription was
-    /// re-established, when messages may have been lost).
-    #[cfg(feature = "cluster")]
+    /// made or re-established, when messages may have been lost).
+    #[cfg(feature = "redis")]
     pub(crate) fn notify_channel(&self, channel: &str) {
         for (_, _, notify) in self.lock().get(channel).into_iter().flatten() {
             notify.notify_one();

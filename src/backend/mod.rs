@@ -48,13 +48,6 @@ impl LockKind {
     pub fn queues(self) -> bool {
         matches!(self, Self::Fair | Self::Write)
     }
-
-    /// Whether only the first of a client's waiters for one lock asks the backend, the others
-    /// waiting their turn in the client (one call per client at a release, not one per
-    /// waiter); the other kinds' waiters each ask, and the backend orders them.
-    pub(crate) fn head_contends(self) -> bool {
-        matches!(self, Self::Exclusive | Self::Semaphore)
-    }
 }
 
 /// Who is to own a lock, as the backend records it.

@@ -402,15 +402,15 @@ impl<B: Backend> Engine<B> {
     }
 
     /// The release listener for a waiter of `key`; the flag tells whether it is new (the lock
-    /// must then be checked again). Exclusive and semaphore waiters share one per key (only
-    /// the head contends); a fair waiter listens for its own name; readers and writers each
-    /// listen.
+    /// must then be checked again). Exclusive waiters share one per key (only the head
+    /// contends); a fair waiter listens for its own name; readers, writers and a semaphore's
+    /// contenders each listen.
     async fn listen(
         &self,
         key: &LockKey,
         want: &Want,
     ) -> Result<(Arc<B::Listener>, bool), LockError> {
-        let exclusive = want.kind.head_contends();
+        let exclusive = want.kind == LockKind::Exclusive;
         if exclusive && let Some(listener) = self.table.listener(key) {
             return Ok((listener, false));
         }

@@ -87,6 +87,28 @@ impl<L> KeyState<L> {
             head.wake.notify_one();
         }
     }
+
+    /// A semaphore waiter left position `left` (granted, or gone): the waiter that moved
+    /// into the last place among the contenders starts to contend.
+    fn wake_new_contender(&self, left: usize) {
+        let Some(front) = self.waiters.front() else {
+            return;
+        };
+        if front.want.kind != LockKind::Semaphore {
+            return;
+        }
+        let window = contenders(&front.want);
+        if left < window
+            && let Some(entered) = self.waiters.get(window - 1)
+        {
+            entered.wake.notify_one();
+        }
+    }
+}
+
+/// How many of a key's first waiters of a semaphore contend at once: its permits.
+fn contenders(want: &Want) -> usize {
+    usize::try_from(want.permits).unwrap_or(usize::MAX).max(1)
 }
 
 /// What a waiter asks for.
@@ -288,10 +310,18 @@ impl<L> Table<L> {
         };
         match state.waiters.iter().position(|slot| slot.id == id) {
             None => Turn::AwaitHandoff,
-            // Fair and read-write waiters each contend; the backend orders them. Exclusive
-            // and semaphore waiters contend one at a time per key, the head, so a release
-            // wakes one call per client rather than one per waiter.
-            Some(pos) if !state.waiters[pos].want.kind.head_contends() => Turn::Contend,
+            // A semaphore's first `permits` waiters contend, each on its own: a permit given
+            // back wakes at most that many calls of this client, not one per waiter, and as
+            // many as could be granted at once still try.
+            Some(pos) if state.waiters[pos].want.kind == LockKind::Semaphore => {
+                if pos < contenders(&state.waiters[pos].want) {
+                    Turn::Contend
+                } else {
+                    Turn::Park(None)
+                }
+            }
+            // Fair and read-write waiters each contend; the backend orders them.
+            Some(pos) if state.waiters[pos].want.kind != LockKind::Exclusive => Turn::Contend,
             Some(0) if !state.held_here() => match state.yield_until.take() {
                 Some(until) if until > Instant::now() => {
                     state.yield_until = Some(until);
@@ -313,10 +343,9 @@ impl<L> Table<L> {
     pub(crate) fn acquired(&self, key: &LockKey, id: u64, held: Arc<Held>) {
         let mut keys = self.keys();
         let state = state_of(&mut keys, key.as_str());
-        state.waiters.retain(|slot| slot.id != id);
-        // A semaphore may have more permits free: the next waiter tries at once.
-        if held.kind == LockKind::Semaphore {
-            state.wake_head();
+        if let Some(pos) = state.waiters.iter().position(|slot| slot.id == id) {
+            state.waiters.remove(pos);
+            state.wake_new_contender(pos);
         }
         state.held.push(held);
         state.streak = 0;
@@ -339,6 +368,7 @@ impl<L> Table<L> {
         if pos == 0 {
             state.wake_head();
         }
+        state.wake_new_contender(pos);
         if state.waiters.is_empty() {
             state.listener = None;
             state.yield_until = None;

@@ -13,7 +13,7 @@ use std::{
     future::Future,
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -35,6 +35,8 @@ pub(super) struct PubSub {
     listeners: Arc<Listeners>,
     requests: mpsc::UnboundedSender<Subscribe>,
     reconnects: Arc<AtomicU64>,
+    /// Whether the task has a connection now (its subscriptions made).
+    connected: Arc<AtomicBool>,
     timeout: Duration,
 }
 
@@ -48,18 +50,23 @@ pub(super) struct Feed {
     pub(super) emptied: mpsc::UnboundedReceiver<String>,
     /// Counts re-established connections.
     pub(super) reconnects: Arc<AtomicU64>,
+    /// Set while the task has a connection whose subscriptions are made: a listener then
+    /// waits for its subscription to be confirmed; otherwise it need not (see
+    /// [`PubSub::subscribe`]).
+    pub(super) connected: Arc<AtomicBool>,
 }
 
 impl PubSub {
     /// Starts the task on the current runtime. It stops when `stop` is cancelled.
     pub(super) fn start(target: Arc<Target>, timeout: Duration, stop: CancellationToken) -> Self {
-        Self::spawn(timeout, |feed| {
+        Self::spawn(timeout, false, |feed| {
             Task {
                 target,
                 listeners: feed.listeners,
                 requests: feed.requests,
                 emptied: feed.emptied,
                 reconnects: feed.reconnects,
+                connected: feed.connected,
                 timeout,
                 stop,
             }
@@ -68,8 +75,14 @@ impl PubSub {
     }
 
     /// Spawns the task that `serve` builds from the feed of a new handle: the handle's side
-    /// (listening, counters) is the same whatever connection the task keeps.
-    pub(super) fn spawn<F>(timeout: Duration, serve: impl FnOnce(Feed) -> F) -> Self
+    /// (listening, counters) is the same whatever connection the task keeps. With
+    /// `always_confirmed`, every listener waits for its subscription to be confirmed, whatever
+    /// the task says of its connection.
+    pub(super) fn spawn<F>(
+        timeout: Duration,
+        always_confirmed: bool,
+        serve: impl FnOnce(Feed) -> F,
+    ) -> Self
     where
         F: Future<Output = ()> + Send + 'static,
     {
@@ -77,16 +90,19 @@ impl PubSub {
         let (emptied, emptied_rx) = mpsc::unbounded_channel();
         let listeners = Arc::new(Listeners::reporting_to(emptied));
         let reconnects = Arc::new(AtomicU64::new(0));
+        let connected = Arc::new(AtomicBool::new(always_confirmed));
         tokio::spawn(serve(Feed {
             listeners: listeners.clone(),
             requests: request_rx,
             emptied: emptied_rx,
             reconnects: reconnects.clone(),
+            connected: connected.clone(),
         }));
         Self {
             listeners,
             requests,
             reconnects,
+            connected,
             timeout,
         }
     }
@@ -105,6 +121,11 @@ impl PubSub {
 
     /// [`listen`](Self::listen) in two halves: the listener, registered at once, and the wait
     /// for Redis to confirm the subscription (or for the timeout), which tells whether it did.
+    ///
+    /// While the connection is down there is nothing to wait for: the listener is registered,
+    /// the task subscribes it once connected and then wakes it (as every listener after a
+    /// reconnect), so its caller checks the lock again then. Waiting instead would hold the
+    /// caller (and the local waiters queued behind it) for the whole reconnect.
     pub(super) fn subscribe(
         &self,
         channel: String,
@@ -113,9 +134,11 @@ impl PubSub {
         let (listener, _first) = self.listeners.add(channel.clone(), only_for);
         let (done, confirmed) = oneshot::channel();
         let sent = self.requests.send((channel, done)).is_ok();
+        let connected = self.connected.load(Ordering::Acquire);
         let timeout = self.timeout;
         let confirmation = async move {
-            sent && matches!(tokio::time::timeout(timeout, confirmed).await, Ok(Ok(())))
+            sent && connected
+                && matches!(tokio::time::timeout(timeout, confirmed).await, Ok(Ok(())))
         };
         (listener, confirmation)
     }
@@ -137,6 +160,7 @@ struct Task {
     requests: mpsc::UnboundedReceiver<Subscribe>,
     emptied: mpsc::UnboundedReceiver<String>,
     reconnects: Arc<AtomicU64>,
+    connected: Arc<AtomicBool>,
     timeout: Duration,
     stop: CancellationToken,
 }
@@ -169,7 +193,9 @@ impl Task {
                     }
                     connected_before = true;
                     let (sink, stream) = pubsub.split();
-                    if let Ended::Stopped = self.serve(sink, stream).await {
+                    let ended = self.serve(sink, stream).await;
+                    self.connected.store(false, Ordering::Release);
+                    if let Ended::Stopped = ended {
                         return;
                     }
                     tracing::warn!("release notification connection lost; reconnecting");
@@ -196,6 +222,7 @@ impl Task {
             }
         }
         // Releases published while disconnected are lost: every waiter checks again.
+        self.connected.store(true, Ordering::Release);
         self.listeners.notify_all();
         loop {
             tokio::select! {
@@ -208,8 +235,12 @@ impl Task {
                     None => return Ended::Broken,
                 },
                 Some((channel, done)) = self.requests.recv() => {
-                    let ok = self.reconcile(&mut sink, &mut subscribed, channel).await;
-                    let _ = done.send(());
+                    let ok = self.reconcile(&mut sink, &mut subscribed, channel.clone()).await;
+                    if ok && done.send(()).is_err() {
+                        // Its caller did not wait (the connection was down when it asked, or
+                        // it gave up): releases reach it from now on, so it checks once more.
+                        self.listeners.notify_channel(&channel);
+                    }
                     if !ok {
                         return Ended::Broken;
                     }
@@ -264,6 +295,7 @@ mod tests {
         let (confirm, confirmed) = oneshot::channel::<()>();
         let pubsub = Arc::new(PubSub::spawn(
             Duration::from_secs(5),
+            true,
             |mut feed| async move {
                 // Holds every request until the test lets the subscription be confirmed.
                 let mut waiting = Vec::new();
@@ -307,5 +339,33 @@ mod tests {
         )
         .await;
         assert!(third.is_ok(), "a confirmed subscription answers at once");
+    }
+
+    /// While the task has no connection, a listener does not wait for a subscription that
+    /// cannot be confirmed before the reconnect: it is registered, and the reconnect wakes it.
+    #[tokio::test]
+    async fn a_listener_does_not_wait_while_disconnected() {
+        let (requests_seen, mut seen) = mpsc::unbounded_channel();
+        let pubsub = PubSub::spawn(Duration::from_secs(5), false, |mut feed| async move {
+            // Never connects: requests are kept, never answered.
+            let mut kept = Vec::new();
+            while let Some(request) = feed.requests.recv().await {
+                let _ = requests_seen.send(());
+                kept.push(request);
+            }
+        });
+        let listener = tokio::time::timeout(
+            Duration::from_secs(1),
+            pubsub.listen("lock:released".to_owned(), None),
+        )
+        .await;
+        assert!(
+            listener.is_ok(),
+            "the listener waited for a connection that is down"
+        );
+        seen.recv()
+            .await
+            .expect("the subscription is still asked for");
+        assert_eq!(pubsub.channel_count(), 1, "the listener is registered");
     }
 }

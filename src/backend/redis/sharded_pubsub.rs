@@ -34,7 +34,9 @@ const MAX_RETRY: Duration = Duration::from_millis(250);
 pub(super) fn start(cluster: &Cluster, timeout: Duration, stop: CancellationToken) -> PubSub {
     let (pushes_tx, pushes) = mpsc::unbounded_channel();
     let client = cluster.pubsub_client(pushes_tx);
-    PubSub::spawn(timeout, move |feed| async move {
+    // Each channel's subscription is made (or retried) on its own shard, and a listener always
+    // waits for its confirmation, connected yet or not.
+    PubSub::spawn(timeout, true, move |feed| async move {
         let client = match client {
             Ok(client) => client,
             Err(error) => {
