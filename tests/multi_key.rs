@@ -196,6 +196,18 @@ async fn request_order_deadlocks<B: Backend>(env: Env<B>) {
     ba.expect("y, x as a set");
 }
 
+/// Each of `keys` can be taken at once by `client`: nothing left it held.
+async fn assert_free<B: Backend>(client: &LockClient<B>, keys: &[&str]) {
+    for key in keys {
+        let guard = client.lock(key).try_acquire().await;
+        guard
+            .unwrap_or_else(|e| panic!("{key} left held: {e:?}"))
+            .release()
+            .await
+            .unwrap();
+    }
+}
+
 async fn all_or_nothing<B: Backend>(env: Env<B>) {
     let held = env.b.lock("k2").acquire().await.expect("k2");
     let started = Instant::now();
@@ -216,14 +228,7 @@ async fn all_or_nothing<B: Backend>(env: Env<B>) {
     assert_eq!(error.key().map(|key| key.user_key()), Some(b"k2".to_vec()));
     assert!(error.to_string().contains("k2"), "{error}");
     // Nothing of the set is left held: another client takes k1 and k3 at once.
-    for key in ["k1", "k3"] {
-        let guard = env.b.lock(key).try_acquire().await;
-        guard
-            .unwrap_or_else(|e| panic!("{key} left held: {e:?}"))
-            .release()
-            .await
-            .unwrap();
-    }
+    assert_free(&env.b, &["k1", "k3"]).await;
     assert_eq!(
         env.a.active_keys(),
         0,
@@ -261,14 +266,7 @@ async fn lost_while_waiting_for_the_rest<B: Backend>(env: Env<B>) {
     assert!(matches!(error.error(), LockError::Lost), "{error:?}");
     assert_eq!(error.key().map(|key| key.user_key()), Some(b"k1".to_vec()));
     // Nothing of the set is held: both are free for another client.
-    for key in ["k1", "k2"] {
-        let guard = env.b.lock(key).try_acquire().await;
-        guard
-            .unwrap_or_else(|e| panic!("{key} left held: {e:?}"))
-            .release()
-            .await
-            .unwrap();
-    }
+    assert_free(&env.b, &["k1", "k2"]).await;
     drop(held);
 }
 
