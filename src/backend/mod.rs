@@ -305,7 +305,8 @@ pub trait Backend: Send + Sync + 'static {
     /// Registers for release notifications of `key`. With `only_for`, only notifications that
     /// name that holder wake the listener (a fair lock wakes its next holder alone). Resolves
     /// once notifications are flowing, so a caller that checks the lock after this cannot miss
-    /// a release.
+    /// a release; or at once while none can flow (the connection that carries them is down),
+    /// and then the listener is woken when they flow again, so its caller checks once more.
     fn listen(
         &self,
         key: &LockKey,
