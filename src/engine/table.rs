@@ -34,8 +34,16 @@ use super::{
 /// The per-key state of one client.
 #[derive(Debug)]
 pub(crate) struct Table<L> {
-    keys: Mutex<HashMap<String, KeyState<L>>>,
+    /// The keys' states, spread over shards by name so that tasks working on different keys
+    /// rarely wait for one another's lock.
+    shards: Box<[Mutex<Keys<L>>]>,
 }
+
+/// One shard of the table.
+type Keys<L> = HashMap<String, KeyState<L>>;
+
+/// How many shards the table has.
+const SHARDS: usize = 16;
 
 #[derive(Debug)]
 struct KeyState<L> {
@@ -198,15 +206,28 @@ pub(crate) enum Turn {
 impl<L> Default for Table<L> {
     fn default() -> Self {
         Self {
-            keys: Mutex::new(HashMap::new()),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
         }
     }
 }
 
 impl<L> Table<L> {
     // A std mutex: every critical section is a few queue operations, never an await.
-    fn keys(&self) -> MutexGuard<'_, HashMap<String, KeyState<L>>> {
-        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The shard that keeps the state of the lock named `name`.
+    fn keys(&self, name: &str) -> MutexGuard<'_, Keys<L>> {
+        // FNV-1a: a few cycles per byte, and names differ in their last bytes.
+        let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        });
+        let shard = &self.shards[(hash % SHARDS as u64) as usize];
+        shard.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Every shard in turn, for what looks at all keys.
+    fn all_keys(&self) -> impl Iterator<Item = MutexGuard<'_, Keys<L>>> {
+        self.shards
+            .iter()
+            .map(|shard| shard.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// The live entry of `holder` for `key` of `kind`, if it holds it here, with one more
@@ -219,7 +240,7 @@ impl<L> Table<L> {
         holder: &Holder,
         kind: LockKind,
     ) -> Option<Arc<Held>> {
-        let keys = self.keys();
+        let keys = self.keys(key.as_str());
         let held = keys
             .get(key.as_str())?
             .held
@@ -233,7 +254,7 @@ impl<L> Table<L> {
     /// it was the entry's last (the other guards were released meanwhile): the entry is gone,
     /// and the backend holds nothing for it once the attempt is resolved.
     pub(crate) fn drop_pending(&self, held: &Arc<Held>) -> bool {
-        let mut keys = self.keys();
+        let mut keys = self.keys(held.key.as_str());
         if held.drop_ref() > 0 {
             return false;
         }
@@ -261,7 +282,7 @@ impl<L> Table<L> {
         queue_timeout: Option<Duration>,
         max_waiters: usize,
     ) -> Result<Ticket, LockError> {
-        let mut keys = self.keys();
+        let mut keys = self.keys(key.as_str());
         let state = state_of(&mut keys, key.as_str());
         if state.waiters.len() >= max_waiters {
             return Err(LockError::TooManyWaiters);
@@ -293,7 +314,7 @@ impl<L> Table<L> {
 
     /// Replaces what waiter `id` asks for (a new attempt id after a failed attempt).
     pub(crate) fn set_want(&self, key: &LockKey, id: u64, want: Arc<Want>) {
-        let mut keys = self.keys();
+        let mut keys = self.keys(key.as_str());
         let slot = keys
             .get_mut(key.as_str())
             .and_then(|state| state.waiters.iter_mut().find(|slot| slot.id == id));
@@ -304,7 +325,7 @@ impl<L> Table<L> {
 
     /// Decides what waiter `id` does next.
     pub(crate) fn turn(&self, key: &LockKey, id: u64) -> Turn {
-        let mut keys = self.keys();
+        let mut keys = self.keys(key.as_str());
         let Some(state) = keys.get_mut(key.as_str()) else {
             return Turn::AwaitHandoff;
         };
@@ -341,7 +362,7 @@ impl<L> Table<L> {
 
     /// Waiter `id` acquired the lock in the backend.
     pub(crate) fn acquired(&self, key: &LockKey, id: u64, held: Arc<Held>) {
-        let mut keys = self.keys();
+        let mut keys = self.keys(key.as_str());
         let state = state_of(&mut keys, key.as_str());
         if let Some(pos) = state.waiters.iter().position(|slot| slot.id == id) {
             state.waiters.remove(pos);
@@ -357,7 +378,7 @@ impl<L> Table<L> {
 
     /// Waiter `id` leaves the queue (timed out, failed or dropped).
     pub(crate) fn leave(&self, key: &LockKey, id: u64) {
-        let mut keys = self.keys();
+        let mut keys = self.keys(key.as_str());
         let Some(state) = keys.get_mut(key.as_str()) else {
             return;
         };
@@ -380,13 +401,13 @@ impl<L> Table<L> {
 
     /// The listener the head waits on, if there is one yet.
     pub(crate) fn listener(&self, key: &LockKey) -> Option<Arc<L>> {
-        self.keys().get(key.as_str())?.listener.clone()
+        self.keys(key.as_str()).get(key.as_str())?.listener.clone()
     }
 
     /// Stores a new listener for `key` while it has waiters; returns the one to use.
     pub(crate) fn set_listener(&self, key: &LockKey, listener: L) -> Arc<L> {
         let listener = Arc::new(listener);
-        let mut keys = self.keys();
+        let mut keys = self.keys(key.as_str());
         match keys.get_mut(key.as_str()) {
             Some(state) if !state.waiters.is_empty() => {
                 state.listener.get_or_insert(listener).clone()
@@ -401,7 +422,7 @@ impl<L> Table<L> {
     /// process was seen waiting) it takes none and says the local waiters should yield (the
     /// second value).
     pub(crate) fn release_ref(&self, held: &Arc<Held>, max_streak: u32) -> (Option<Slot>, bool) {
-        let mut keys = self.keys();
+        let mut keys = self.keys(held.key.as_str());
         if held.drop_ref() > 0 {
             return (None, false);
         }
@@ -438,7 +459,7 @@ impl<L> Table<L> {
 
     /// A hand-off succeeded: `held` is now held here for the waiter.
     pub(crate) fn handed_off(&self, held: Arc<Held>) {
-        let mut keys = self.keys();
+        let mut keys = self.keys(held.key.as_str());
         let state = state_of(&mut keys, held.key.as_str());
         state.handing_off = state.handing_off.saturating_sub(1);
         state.held.push(held);
@@ -452,7 +473,7 @@ impl<L> Table<L> {
     /// A waiter that gave up meanwhile is not put back: it left the queue already, and a dead
     /// head would hold back every waiter behind it.
     pub(crate) fn restore(&self, key: &LockKey, slot: Slot) {
-        let mut keys = self.keys();
+        let mut keys = self.keys(key.as_str());
         let state = state_of(&mut keys, key.as_str());
         state.handing_off = state.handing_off.saturating_sub(1);
         if slot.handoff.is_closed() {
@@ -470,7 +491,7 @@ impl<L> Table<L> {
     /// `yield_for` when local waiters should let other processes go first. `elsewhere` tells
     /// whether the release reached waiters in other processes.
     pub(crate) fn released(&self, key: &LockKey, elsewhere: bool, yield_for: Option<Duration>) {
-        let mut keys = self.keys();
+        let mut keys = self.keys(key.as_str());
         if let Some(state) = keys.get_mut(key.as_str()) {
             state.streak = 0;
             state.contended_elsewhere = elsewhere;
@@ -484,7 +505,7 @@ impl<L> Table<L> {
 
     /// Removes a lost entry; the head waiter may now contend.
     pub(crate) fn remove_held(&self, held: &Arc<Held>) {
-        let mut keys = self.keys();
+        let mut keys = self.keys(held.key.as_str());
         if let Some(state) = keys.get_mut(held.key.as_str()) {
             state.held.retain(|other| !Arc::ptr_eq(other, held));
             state.wake_head();
@@ -496,30 +517,32 @@ impl<L> Table<L> {
 
     /// Removes every held entry (at shutdown) and wakes every waiter.
     pub(crate) fn drain_held(&self) -> Vec<Arc<Held>> {
-        let mut keys = self.keys();
         let mut drained = Vec::new();
-        for state in keys.values_mut() {
-            drained.append(&mut state.held);
-            for slot in &state.waiters {
-                slot.wake.notify_one();
+        for mut keys in self.all_keys() {
+            for state in keys.values_mut() {
+                drained.append(&mut state.held);
+                for slot in &state.waiters {
+                    slot.wake.notify_one();
+                }
             }
+            keys.retain(|_, state| !state.is_idle());
         }
-        keys.retain(|_, state| !state.is_idle());
         drained
     }
 
     /// Looks at every held entry for the watchdog.
     pub(crate) fn scan(&self, now: BootInstant) -> Scan {
-        let keys = self.keys();
         let mut scan = Scan::default();
-        for state in keys.values() {
-            for held in &state.held {
-                if !held.lost.is_cancelled() {
-                    scan.add(held, now);
+        for keys in self.all_keys() {
+            for state in keys.values() {
+                for held in &state.held {
+                    if !held.lost.is_cancelled() {
+                        scan.add(held, now);
+                    }
                 }
-            }
-            for wait in state.waiters.iter().filter_map(|slot| slot.queued.as_ref()) {
-                scan.add_wait(wait, now);
+                for wait in state.waiters.iter().filter_map(|slot| slot.queued.as_ref()) {
+                    scan.add_wait(wait, now);
+                }
             }
         }
         scan
@@ -527,26 +550,35 @@ impl<L> Table<L> {
 
     /// How many keys have local state (held or waited on).
     pub(crate) fn key_count(&self) -> usize {
-        self.keys().len()
+        self.all_keys().map(|keys| keys.len()).sum()
     }
 
     /// How many waiters hold a place in a backend queue.
     pub(crate) fn queued_count(&self) -> usize {
-        self.keys()
-            .values()
-            .flat_map(|state| &state.waiters)
-            .filter(|slot| slot.queued.as_ref().is_some_and(|q| q.is_active()))
-            .count()
+        self.all_keys()
+            .map(|keys| {
+                keys.values()
+                    .flat_map(|state| &state.waiters)
+                    .filter(|slot| slot.queued.as_ref().is_some_and(|q| q.is_active()))
+                    .count()
+            })
+            .sum()
     }
 
     /// How many waiters are queued across all keys.
     pub(crate) fn waiter_count(&self) -> usize {
-        self.keys().values().map(|state| state.waiters.len()).sum()
+        self.all_keys()
+            .map(|keys| {
+                keys.values()
+                    .map(|state| state.waiters.len())
+                    .sum::<usize>()
+            })
+            .sum()
     }
 
     /// The entries held here for `key` right now.
     pub(crate) fn held_entries(&self, key: &LockKey) -> Vec<Arc<Held>> {
-        self.keys()
+        self.keys(key.as_str())
             .get(key.as_str())
             .map(|state| state.held.clone())
             .unwrap_or_default()
