@@ -20,6 +20,9 @@ use axum::{
 };
 use tower_lock::{Backend, LockClient, LockLayer, MemoryBackend, RedisBackend, key};
 
+#[path = "common/http_client.rs"]
+mod client;
+
 const START_BALANCE: i64 = 1_000;
 const WITHDRAWALS: i64 = 200;
 
@@ -91,7 +94,7 @@ async fn run<B: Backend>(locks: LockClient<B>) -> Result<(), Box<dyn std::error:
         let service = app(bank.clone(), locked.then(|| locks.clone()));
         let server = tokio::spawn(async move { axum::serve(listener, service).await });
 
-        let http = reqwest_like::Client::new();
+        let http = client::Client::new();
         let started = Instant::now();
         let mut requests = tokio::task::JoinSet::new();
         for i in 0..WITHDRAWALS {
@@ -125,32 +128,4 @@ async fn run<B: Backend>(locks: LockClient<B>) -> Result<(), Box<dyn std::error:
         );
     }
     Ok(())
-}
-
-/// A tiny HTTP client on hyper, enough for this demo.
-mod reqwest_like {
-    use http_body_util::Empty;
-    use hyper::body::Bytes;
-    use hyper_util::{
-        client::legacy::{Client as Legacy, connect::HttpConnector},
-        rt::TokioExecutor,
-    };
-
-    #[derive(Clone)]
-    pub(crate) struct Client(Legacy<HttpConnector, Empty<Bytes>>);
-
-    impl Client {
-        pub(crate) fn new() -> Self {
-            Self(Legacy::builder(TokioExecutor::new()).build_http())
-        }
-
-        /// POSTs to `url`; returns the status code.
-        pub(crate) async fn post(
-            &self,
-            url: &str,
-        ) -> Result<u16, Box<dyn std::error::Error + Send + Sync>> {
-            let request = http::Request::post(url).body(Empty::new())?;
-            Ok(self.0.request(request).await?.status().as_u16())
-        }
-    }
 }

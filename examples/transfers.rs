@@ -43,6 +43,9 @@ use http::StatusCode;
 use serde::Deserialize;
 use tower_lock::{Backend, LockClient, LockLayer, MemoryBackend, RedisBackend, key};
 
+#[path = "common/http_client.rs"]
+mod client;
+
 const ACCOUNTS: u64 = 20;
 const START_BALANCE: i64 = 1_000;
 const CLIENTS: u64 = 32;
@@ -257,36 +260,5 @@ impl Rng {
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         (z ^ (z >> 31)) % n
-    }
-}
-
-/// A tiny HTTP client on hyper, enough for this demo.
-mod client {
-    use http_body_util::Full;
-    use hyper::body::Bytes;
-    use hyper_util::{
-        client::legacy::{Client as Legacy, connect::HttpConnector},
-        rt::TokioExecutor,
-    };
-
-    #[derive(Clone)]
-    pub(crate) struct Client(Legacy<HttpConnector, Full<Bytes>>);
-
-    impl Client {
-        pub(crate) fn new() -> Self {
-            Self(Legacy::builder(TokioExecutor::new()).build_http())
-        }
-
-        /// POSTs `body` as JSON to `url`; returns the status code.
-        pub(crate) async fn post_json(
-            &self,
-            url: &str,
-            body: String,
-        ) -> Result<u16, Box<dyn std::error::Error + Send + Sync>> {
-            let request = http::Request::post(url)
-                .header("content-type", "application/json")
-                .body(Full::new(Bytes::from(body)))?;
-            Ok(self.0.request(request).await?.status().as_u16())
-        }
     }
 }
