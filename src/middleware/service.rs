@@ -115,41 +115,37 @@ where
             Mode::Permits(permits) => permits,
             _ => 0,
         };
-        let (span, acquire): (_, Acquire<B>) = match named {
-            Named::One(key) => (
-                tracing::debug_span!(
-                    "locked_request",
-                    key = %key,
-                    waited_ms = tracing::field::Empty,
-                    held_ms = tracing::field::Empty,
-                    outcome = tracing::field::Empty,
-                ),
+        let span = tracing::debug_span!(
+            "locked_request",
+            key = tracing::field::Empty,
+            keys = tracing::field::Empty,
+            waited_ms = tracing::field::Empty,
+            held_ms = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let acquire: Acquire<B> = match named {
+            Named::One(key) => {
+                span.record("key", tracing::field::display(&key));
                 Box::pin(async move {
                     let request = locks
                         .request_for(key, kind)
                         .with_permits(permits)
                         .holder(&holder);
                     let guard = request.configured(wait, lease, fencing).acquire().await?;
-                    Ok::<_, crate::LockError>(Hold::One(guard))
-                }),
-            ),
-            Named::Set(keys) => (
-                tracing::debug_span!(
-                    "locked_request",
-                    keys = keys.len(),
-                    waited_ms = tracing::field::Empty,
-                    held_ms = tracing::field::Empty,
-                    outcome = tracing::field::Empty,
-                ),
+                    Ok(Hold::One(guard))
+                })
+            }
+            Named::Set(keys) => {
+                span.record("keys", keys.len());
                 Box::pin(async move {
                     let request = locks
                         .request_all_for(keys, kind)
                         .with_permits(permits)
                         .holder(&holder);
                     let guard = request.configured(wait, lease, fencing).acquire().await?;
-                    Ok::<_, crate::LockError>(Hold::Set(guard))
-                }),
-            ),
+                    Ok(Hold::Set(guard))
+                })
+            }
         };
         ResponseFuture::acquiring(
             acquire,
