@@ -37,26 +37,21 @@ fn client<B: Backend>(backend: B) -> LockClient<B> {
 }
 
 async fn memory_env() -> Env<MemoryBackend> {
-    let backend = MemoryBackend::new();
-    Env {
-        a: client(backend.clone()),
-        b: client(backend.clone()),
-        operator: client(backend),
-        server: None,
-    }
+    with_operator(support::stores::in_memory(client).await).await
 }
 
 async fn redis_env() -> Env<RedisBackend> {
-    let server = RedisServer::start();
-    let connect = async || {
-        let backend = support::redis_backend(server.url()).connect().await;
-        client(backend.expect("connect"))
-    };
+    with_operator(support::stores::on_redis(client).await).await
+}
+
+/// The two clients of `store` and a third one as the operator.
+async fn with_operator<B: Backend>(store: support::stores::Env<B>) -> Env<B> {
+    let operator = (store.more)().await;
     Env {
-        a: connect().await,
-        b: connect().await,
-        operator: connect().await,
-        server: Some(server),
+        a: store.a,
+        b: store.b,
+        operator,
+        server: store.server,
     }
 }
 

@@ -17,12 +17,9 @@ use axum::{
     routing::{get, post},
 };
 use http::StatusCode;
-use http_body_util::BodyExt;
-use hyper::body::Bytes;
-use hyper_util::{client::legacy::Client as HttpClient, rt::TokioExecutor};
 use support::{
     RedisServer,
-    http::{Entered, assert_told_the_likely_wait, http, send, serve},
+    http::{Entered, assert_told_the_likely_wait, http, post_json, send, serve},
 };
 use tokio::sync::{Notify, Semaphore, watch};
 use tower_lock::{
@@ -505,20 +502,8 @@ async fn errors_pass_through_and_release() {
         .route("/acct/{id}", post(fallible))
         .layer(Extension(AnyLockClient::from(locks.clone())));
     let base = serve(router).await;
-    let post_json = |body: &'static str| {
-        let url = format!("{base}/acct/4");
-        async move {
-            let request = http::Request::post(url)
-                .header("content-type", "application/json")
-                .body(http_body_util::Full::new(Bytes::from(body)))
-                .unwrap();
-            let client = HttpClient::builder(TokioExecutor::new()).build_http();
-            let response = client.request(request).await.unwrap();
-            let status = response.status();
-            let body = response.into_body().collect().await.unwrap().to_bytes();
-            (status, String::from_utf8_lossy(&body).into_owned())
-        }
-    };
+    let url = format!("{base}/acct/4");
+    let post_json = |body: &'static str| post_json(&url, body);
     assert_eq!(
         post_json(r#"{"amount":"3"}"#).await,
         (StatusCode::OK, "7".to_owned())
@@ -993,17 +978,8 @@ async fn transfer(
 }
 
 async fn post_transfer(base: &str, from: u64, to: u64) -> (StatusCode, String) {
-    let request = http::Request::post(format!("{base}/transfers"))
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(Bytes::from(format!(
-            r#"{{"from":{from},"to":{to},"amount":1}}"#
-        ))))
-        .unwrap();
-    let client = HttpClient::builder(TokioExecutor::new()).build_http();
-    let response = client.request(request).await.unwrap();
-    let status = response.status();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
+    let body = format!(r#"{{"from":{from},"to":{to},"amount":1}}"#);
+    post_json(&format!("{base}/transfers"), body).await
 }
 
 /// `#[locked(keys = [..])]` on the fields of a JSON body: random transfers among 5 accounts,

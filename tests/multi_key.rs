@@ -14,43 +14,20 @@ use std::{
     time::Duration,
 };
 
-use support::RedisServer;
+use support::stores::Env;
 use tokio::time::{Instant, timeout};
 use tower_lock::{Backend, Lease, LockClient, LockError, MemoryBackend, key::KeyError};
-
-/// Two clients that contend like two processes, and the Redis server behind them, if any.
-struct Env<B: Backend> {
-    a: LockClient<B>,
-    b: LockClient<B>,
-    /// Dropped last, after the clients.
-    server: Option<RedisServer>,
-}
 
 fn client<B: Backend>(backend: B) -> LockClient<B> {
     LockClient::builder(backend).build().expect("valid")
 }
 
 async fn memory_env() -> Env<MemoryBackend> {
-    let backend = MemoryBackend::new();
-    Env {
-        a: client(backend.clone()),
-        b: client(backend),
-        server: None,
-    }
+    support::stores::in_memory(client).await
 }
 
 async fn redis_env() -> Env<tower_lock::RedisBackend> {
-    let server = RedisServer::start();
-    let connect = || async {
-        let backend = support::redis_backend(server.url()).connect().await;
-        client(backend.expect("connect"))
-    };
-    let (a, b) = (connect().await, connect().await);
-    Env {
-        a,
-        b,
-        server: Some(server),
-    }
+    support::stores::on_redis(client).await
 }
 
 /// Who is inside a section of each key, checked across an `.await`.
@@ -384,16 +361,7 @@ async fn duplicates_collapse<B: Backend>(env: Env<B>) {
         "one hold each, no re-entry"
     );
     set.release().await.unwrap();
-    for key in ["dup", "other"] {
-        env.b
-            .lock(key)
-            .try_acquire()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
-    }
+    assert_free(&env.b, &["dup", "other"]).await;
 }
 
 async fn empty_and_invalid<B: Backend>(env: Env<B>) {

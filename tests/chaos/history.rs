@@ -77,6 +77,26 @@ impl Section {
             .unwrap_or(u64::MAX)
     }
 
+    /// Its acquire failed with `error`: indeterminate when the store failed (the attempt may
+    /// have taken the lock all the same), a failure otherwise.
+    pub(crate) fn acquire_failed(&mut self, error: &tower_lock::LockError) {
+        self.result = match error {
+            tower_lock::LockError::Backend(_) => Outcome::Info,
+            _ => Outcome::Fail,
+        };
+    }
+
+    /// Its release returned at `t_rel_ok`, `released` telling whether it succeeded: the
+    /// section is ok only when it did and no loss was seen.
+    pub(crate) fn release_returned(&mut self, t_rel_ok: u64, released: bool) {
+        self.t_rel_ok = Some(t_rel_ok);
+        self.result = if released && self.t_lost.is_none() {
+            Outcome::Ok
+        } else {
+            Outcome::Fail
+        };
+    }
+
     /// Written when the acquire returned, before the section's end is known: the only trace
     /// of a section whose process is killed.
     pub(crate) fn is_open(&self) -> bool {

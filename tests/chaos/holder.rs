@@ -580,13 +580,8 @@ async fn release_set(set: HoldingSet, history: &History) -> Reply {
     let mut sections = sections.lock().unwrap_or_else(PoisonError::into_inner);
     for (section, lost) in sections.iter_mut().zip(&lost_at) {
         section.t_rel_inv = Some(t_rel_inv);
-        section.t_rel_ok = Some(t_rel_ok);
         section.t_lost = Some(lost.load(Ordering::SeqCst)).filter(|&at| at != 0);
-        section.result = if result.is_ok() && section.t_lost.is_none() {
-            Outcome::Ok
-        } else {
-            Outcome::Fail
-        };
+        section.release_returned(t_rel_ok, result.is_ok());
         history.record(section);
     }
     Reply::Released {
@@ -744,10 +739,7 @@ async fn section(
     {
         Ok(guard) => guard,
         Err(error) => {
-            section.result = match error {
-                LockError::Backend(_) => Outcome::Info,
-                _ => Outcome::Fail,
-            };
+            section.acquire_failed(&error);
             history.record(&section);
             return Err(error);
         }
@@ -763,12 +755,7 @@ async fn section(
     witness.exit(key).await;
     section.t_rel_inv = Some(clock::now_ns());
     let result = guard.release().await;
-    section.t_rel_ok = Some(clock::now_ns());
-    section.result = if result.is_ok() && section.t_lost.is_none() {
-        Outcome::Ok
-    } else {
-        Outcome::Fail
-    };
+    section.release_returned(clock::now_ns(), result.is_ok());
     history.record(&section);
     result
 }
@@ -795,10 +782,7 @@ async fn permit_section(
     let guard = match acquired {
         Ok(guard) => guard,
         Err(error) => {
-            section.result = match error {
-                LockError::Backend(_) => Outcome::Info,
-                _ => Outcome::Fail,
-            };
+            section.acquire_failed(&error);
             history.record(&section);
             return Err(error);
         }
@@ -828,12 +812,7 @@ async fn permit_section(
     // The belief ends here, whatever the release does: a kill -9 during it leaves this record.
     history.record(&section);
     let result = guard.release().await;
-    section.t_rel_ok = Some(clock::now_ns());
-    section.result = if result.is_ok() && section.t_lost.is_none() {
-        Outcome::Ok
-    } else {
-        Outcome::Fail
-    };
+    section.release_returned(clock::now_ns(), result.is_ok());
     history.record(&section);
     result
 }

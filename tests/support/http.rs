@@ -40,6 +40,19 @@ pub async fn send(http: &Http, method: &str, url: &str) -> (StatusCode, Option<S
     (status, retry, String::from_utf8_lossy(&body).into_owned())
 }
 
+/// POSTs `body` as JSON to `url`; returns the status and the body.
+pub async fn post_json(url: &str, body: impl Into<Bytes>) -> (StatusCode, String) {
+    let request = http::Request::post(url)
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(body.into()))
+        .unwrap();
+    let client = HttpClient::builder(TokioExecutor::new()).build_http();
+    let response = client.request(request).await.unwrap();
+    let status = response.status();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
 /// Tells a test that a handler was entered (so it runs under its lock): the handler takes
 /// `Extension<Entered>` and calls [`Entered::signal`]; the test awaits the receiver instead of
 /// polling for the lock.

@@ -16,7 +16,8 @@ pub struct Env<B: Backend> {
     pub a: LockClient<B>,
     pub b: LockClient<B>,
     pub more: MoreClients<B>,
-    _server: Option<RedisServer>,
+    /// The Redis server behind the clients, if any; dropped last, after them.
+    pub server: Option<RedisServer>,
 }
 
 /// Clients on clones of one `MemoryBackend`, each made by `build`.
@@ -32,7 +33,7 @@ pub async fn in_memory(
             let backend = more.clone();
             Box::pin(async move { build(backend) })
         }),
-        _server: None,
+        server: None,
     }
 }
 
@@ -49,6 +50,6 @@ pub async fn on_redis(build: fn(RedisBackend) -> LockClient<RedisBackend>) -> En
         a: connect().await,
         b: connect().await,
         more: Box::new(connect),
-        _server: Some(server),
+        server: Some(server),
     }
 }

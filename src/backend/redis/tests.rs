@@ -33,6 +33,14 @@ fn grant<'a>(
     }
 }
 
+/// A backend on `server`.
+async fn connect(server: &support::RedisServer) -> super::RedisBackend {
+    support::redis_backend(server.url())
+        .connect()
+        .await
+        .unwrap()
+}
+
 fn count(reply: AcquireReply) -> u64 {
     match reply {
         AcquireReply::Acquired { count, .. } => count,
@@ -46,10 +54,7 @@ fn count(reply: AcquireReply) -> u64 {
 #[tokio::test]
 async fn a_retry_takes_over_the_hold_of_a_lost_attempt() {
     let server = support::RedisServer::start();
-    let backend = support::redis_backend(server.url())
-        .connect()
-        .await
-        .unwrap();
+    let backend = connect(&server).await;
     for kind in [LockKind::Exclusive, LockKind::Fair, LockKind::Write] {
         let key = LockKey::new("tl:", format!("retry-{kind:?}").as_bytes(), 512).unwrap();
         let key = if kind == LockKind::Write {
@@ -107,10 +112,7 @@ async fn a_late_renewal_does_not_revive_a_reader_or_a_permit() {
     use crate::backend::{Renew, RenewReply};
 
     let server = support::RedisServer::start();
-    let backend = support::redis_backend(server.url())
-        .connect()
-        .await
-        .unwrap();
+    let backend = connect(&server).await;
     for (kind, suffix) in [(LockKind::Read, ":rw"), (LockKind::Semaphore, ":sem")] {
         let key = LockKey::new("tl:", format!("late-{kind:?}").as_bytes(), 512).unwrap();
         let key = key.with_suffix(suffix);
