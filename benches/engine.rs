@@ -8,6 +8,7 @@
 //! cargo bench --bench engine                                  # 5 repetitions of 2 s windows
 //! BENCH_SECS=1 BENCH_REPS=3 cargo bench --bench engine        # quicker
 //! BENCH_ONLY=W1,W3 cargo bench --bench engine                 # some workloads only
+//! BENCH_LOCKS=tower cargo bench --bench engine                 # some locks only (profiling)
 //! ```
 //!
 //! - W1: one task, sequential acquire + release of one key: pairs/s; per pair the client's CPU,
@@ -88,8 +89,8 @@ fn main() {
             reps,
         };
         let mut table = Table::default();
-        let all = [Impl::Tower, Impl::Memory, Impl::Hand, Impl::Rslock];
-        let redis = [Impl::Tower, Impl::Hand, Impl::Rslock];
+        let all = lockers::chosen(&[Impl::Tower, Impl::Memory, Impl::Hand, Impl::Rslock]);
+        let redis = lockers::chosen(&[Impl::Tower, Impl::Hand, Impl::Rslock]);
         if selected("W1") {
             bench.pairs("W1", "1 task, one key", 1, &all, &mut table).await;
         }
@@ -106,7 +107,9 @@ fn main() {
             bench.w3b("W3b", &redis, &mut table).await;
         }
         if selected("W3f") {
-            bench.w3b("W3f", &[Impl::TowerFair], &mut table).await;
+            bench
+                .w3b("W3f", &lockers::chosen(&[Impl::TowerFair]), &mut table)
+                .await;
             println!("    (the hand-written lock and rslock have no fair lock: no baseline for W3f)");
         }
         if selected("W4") {
