@@ -20,6 +20,11 @@ impl BootInstant {
         Self(now_since_boot())
     }
 
+    /// The time `nanos` nanoseconds after boot, as [`as_nanos`](Self::as_nanos) stored it.
+    pub(crate) fn from_nanos(nanos: u64) -> Self {
+        Self(Duration::from_nanos(nanos))
+    }
+
     /// Nanoseconds since boot, for storing in an atomic.
     pub(crate) fn as_nanos(self) -> u64 {
         u64::try_from(self.0.as_nanos()).unwrap_or(u64::MAX)

@@ -27,7 +27,7 @@ impl Holder {
     /// Made only by the client, from its random id and a sequence number.
     pub(crate) fn new(client_id: &str, sequence: u64) -> Self {
         Self {
-            id: format!("{client_id}:{sequence}").into(),
+            id: numbered(client_id, ':', sequence).into(),
         }
     }
 
@@ -89,5 +89,59 @@ impl fmt::Debug for Holder {
 impl fmt::Display for Holder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.id)
+    }
+}
+
+/// `head`, `separator` and `n` in decimal: the ids of holders and attempts, made for every
+/// acquire, so without the formatting machinery.
+pub(crate) fn numbered(head: &str, separator: char, n: u64) -> String {
+    let digits = Decimal::new(n);
+    let digits = digits.as_bytes();
+    let mut id = String::with_capacity(head.len() + 1 + digits.len());
+    id.push_str(head);
+    id.push(separator);
+    id.extend(digits.iter().map(|&digit| char::from(digit)));
+    id
+}
+
+/// A number's decimal digits, written without allocating.
+pub(crate) struct Decimal {
+    digits: [u8; 20],
+    start: usize,
+}
+
+impl Decimal {
+    pub(crate) fn new(mut n: u64) -> Self {
+        let mut digits = [0; 20];
+        let mut start = digits.len();
+        loop {
+            start -= 1;
+            // `n % 10` is below 10: the cast cannot truncate.
+            digits[start] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        Self { digits, start }
+    }
+
+    /// The digits, in ASCII.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.digits[self.start..]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbered_ids_read_as_formatted() {
+        for n in [0, 7, 10, 99, 1_000_001, u64::MAX] {
+            assert_eq!(numbered("client", ':', n), format!("client:{n}"));
+            assert_eq!(Decimal::new(n).as_bytes(), n.to_string().as_bytes());
+        }
+        assert_eq!(Holder::new("c", 12).id(), "c:12");
     }
 }

@@ -74,12 +74,16 @@ pub(crate) fn acquire_finished(kind: LockKind, result: Result<(), &LockError>, w
     let _ = (kind, result, waited);
 }
 
-/// A lock of `kind` held for `held_for` was freed or handed on.
-pub(crate) fn released(kind: LockKind, held_for: Duration) {
+/// A lock of `kind` taken at `acquired_at` was freed or handed on: how long it was held.
+pub(crate) fn released(kind: LockKind, acquired_at: crate::clock::BootInstant) {
     #[cfg(feature = "metrics")]
-    ::metrics::histogram!(HOLD_SECONDS, "kind" => kind_label(kind)).record(held_for.as_secs_f64());
+    {
+        let held_for = crate::clock::BootInstant::now().duration_since(acquired_at);
+        ::metrics::histogram!(HOLD_SECONDS, "kind" => kind_label(kind))
+            .record(held_for.as_secs_f64());
+    }
     #[cfg(not(feature = "metrics"))]
-    let _ = (kind, held_for);
+    let _ = (kind, acquired_at);
 }
 
 /// A held lock of `kind` was found lost.

@@ -11,7 +11,7 @@ use std::{
 
 use super::{
     Engine, Held, Loss,
-    table::{Turn, Want},
+    table::{Ticket, Turn, Want},
 };
 use crate::{
     backend::{AcquireReply, Backend, Grant, Listen, LockKind, Reentry},
@@ -59,13 +59,39 @@ struct QueueGuard<'a, B: Backend> {
     shared: &'a Arc<Engine<B>>,
     request: &'a Request,
     id: u64,
+    /// The waiter joined the local queue.
+    joined: bool,
+    /// The waiter's attempt started before it joined ([`Table::try_alone`]) has not ended.
+    trying: bool,
     /// The waiter has a place in the backend's queue to give up.
     in_backend: bool,
 }
 
+impl<B: Backend> QueueGuard<'_, B> {
+    /// Joins the key's local queue (ending the attempt made before joining, if any).
+    fn join(&mut self, want: &Arc<Want>, queue: Option<Duration>) -> Result<Ticket, LockError> {
+        let after_try = std::mem::take(&mut self.trying);
+        let ticket = self.shared.table.join(
+            self.id,
+            &self.request.key,
+            want.clone(),
+            queue,
+            self.shared.config.max_waiters_per_key,
+            after_try,
+        )?;
+        self.joined = true;
+        Ok(ticket)
+    }
+}
+
 impl<B: Backend> Drop for QueueGuard<'_, B> {
     fn drop(&mut self) {
-        self.shared.table.leave(&self.request.key, self.id);
+        if self.trying {
+            self.shared.table.end_try(&self.request.key);
+        }
+        if self.joined {
+            self.shared.table.leave(&self.request.key, self.id);
+        }
         if !self.in_backend {
             return;
         }
@@ -237,18 +263,21 @@ impl<B: Backend> Engine<B> {
         // Fair waiters and waiting writers keep a place in the backend's queue while waiting.
         let queue =
             (want.kind.queues() && !request.wait.is_zero()).then_some(self.config.waiter_timeout);
-        let mut ticket = self.table.join(
-            id,
-            &request.key,
-            want.clone(),
-            queue,
-            self.config.max_waiters_per_key,
-        )?;
+        // An exclusive acquire of a key that nobody here holds or waits for tries the backend
+        // before it joins the local queue: the uncontended case, the common one, keeps no
+        // queue entry. It joins once it has to wait.
+        let alone = want.kind == LockKind::Exclusive && self.table.try_alone(&request.key);
         let mut queued = QueueGuard {
             shared: self,
             request,
             id,
+            joined: false,
+            trying: alone,
             in_backend: false,
+        };
+        let mut ticket = match alone {
+            true => None,
+            false => Some(queued.join(&want, queue)?),
         };
         let deadline = tokio::time::Instant::now() + request.wait;
         let mut listener = None;
@@ -258,7 +287,11 @@ impl<B: Backend> Engine<B> {
         let mut contended = false;
         loop {
             // When to try again at the latest (the holder's lease runs out).
-            let retry_in = match self.table.turn(&request.key, id) {
+            let turn = match ticket {
+                Some(_) => self.table.turn(&request.key, id),
+                None => Turn::Contend,
+            };
+            let retry_in = match turn {
                 Turn::Contend => {
                     let grant = Grant {
                         reentry: self.new_hold_reentry(&want.holder),
@@ -300,14 +333,21 @@ impl<B: Backend> Engine<B> {
                                 sent_at,
                                 self.config.max_hold,
                             );
-                            self.table.acquired(&request.key, id, held.clone());
+                            match queued.trying {
+                                true => self.table.acquired_alone(&request.key, held.clone()),
+                                false => self.table.acquired(&request.key, id, held.clone()),
+                            }
+                            queued.trying = false;
                             self.watch(held.next_event());
                             return Ok((held, count));
                         }
                         Ok(AcquireReply::Held { ttl }) => {
                             retry_after = ttl;
                             contended = true;
-                            if let Some(place) = &ticket.queued {
+                            if ticket.is_none() {
+                                ticket = Some(queued.join(&want, queue)?);
+                            }
+                            if let Some(place) = ticket.as_ref().and_then(|t| t.queued.as_ref()) {
                                 // The watchdog keeps the place alive from now on.
                                 self.watch(place.joined(sent_at));
                                 queued.in_backend = true;
@@ -317,7 +357,7 @@ impl<B: Backend> Engine<B> {
                             }
                             if listener.is_none() {
                                 let (shared_listener, fresh) =
-                                    self.listen(&request.key, &want).await?;
+                                    self.listen(&request.key, &want, sent_at).await?;
                                 listener = Some(shared_listener);
                                 if fresh {
                                     // Check again now that releases can no longer be missed.
@@ -370,6 +410,10 @@ impl<B: Backend> Engine<B> {
                 Turn::AwaitHandoff => None,
             };
             tracing::trace!(?retry_in, "waiting for the lock");
+            let ticket = match ticket {
+                Some(ref mut joined) => joined,
+                None => ticket.insert(queued.join(&want, queue)?),
+            };
             let listening = listener.clone();
             tokio::select! {
                 biased;
@@ -401,18 +445,21 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// The release listener for a waiter of `key`; the flag tells whether it is new (the lock
-    /// must then be checked again). Exclusive waiters share one per key (only the head
-    /// contends); a fair waiter listens for its own name; readers, writers and a semaphore's
-    /// contenders each listen.
+    /// The release listener for a waiter of `key` whose attempt sent at `sent_at` found the
+    /// lock held; the flag tells whether it is new to that attempt (the lock must then be
+    /// checked again). Exclusive waiters share one per key; a fair waiter listens for its own
+    /// name; readers, writers and a semaphore's contenders each listen.
     async fn listen(
         &self,
         key: &LockKey,
         want: &Want,
+        sent_at: BootInstant,
     ) -> Result<(Arc<B::Listener>, bool), LockError> {
         let exclusive = want.kind == LockKind::Exclusive;
-        if exclusive && let Some(listener) = self.table.listener(key) {
-            return Ok((listener, false));
+        // Another waiter's listener is new to this one if it was ready only after this one's
+        // attempt was sent: a release in between may have gone unheard.
+        if exclusive && let Some((listener, ready_at)) = self.table.listener(key) {
+            return Ok((listener, ready_at > sent_at));
         }
         let only_for = (want.kind == LockKind::Fair).then(|| want.holder.id());
         let listener = self
@@ -421,7 +468,7 @@ impl<B: Backend> Engine<B> {
             .await
             .map_err(|e| LockError::Backend(e.with_key(key.as_str())))?;
         let listener = match exclusive {
-            true => self.table.set_listener(key, listener),
+            true => self.table.set_listener(key, listener, BootInstant::now()),
             false => Arc::new(listener),
         };
         Ok((listener, true))

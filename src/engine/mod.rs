@@ -103,6 +103,9 @@ pub(crate) struct Engine<B: Backend> {
     pub(crate) watchdog_wake: Notify,
     /// When the watchdog plans to wake next (boot-clock nanoseconds).
     pub(crate) watchdog_due: AtomicU64,
+    /// The earliest time an entry added since the watchdog's last scan began needs it
+    /// (boot-clock nanoseconds): what the scan may have missed.
+    pub(crate) watch_earliest: AtomicU64,
     pub(crate) runtime: OnceLock<Handle>,
     /// Test hook: the watchdog pauses this long after its next scan, widening the window in
     /// which an entry added after the scan must still wake it.
@@ -123,6 +126,7 @@ impl<B: Backend> Engine<B> {
             stop: CancellationToken::new(),
             watchdog_wake: Notify::new(),
             watchdog_due: AtomicU64::new(0),
+            watch_earliest: AtomicU64::new(u64::MAX),
             runtime: OnceLock::new(),
             #[cfg(test)]
             scan_pause: std::sync::Mutex::new(None),
@@ -136,6 +140,8 @@ impl<B: Backend> Engine<B> {
     /// Wakes the watchdog if it must act at `at`, before it planned to wake (or while it
     /// scans). Called after the entry is in the table.
     pub(crate) fn watch(&self, at: BootInstant) {
+        self.watch_earliest
+            .fetch_min(at.as_nanos(), Ordering::SeqCst);
         if at.as_nanos() < self.watchdog_due.load(Ordering::SeqCst) {
             self.watchdog_wake.notify_one();
         }
@@ -147,7 +153,7 @@ impl<B: Backend> Engine<B> {
 
     /// A new attempt id of `holder`.
     pub(crate) fn attempt_id(&self, holder: &Holder) -> String {
-        format!("{holder}#{}", self.next_id())
+        crate::holder::numbered(holder.id(), '#', self.next_id())
     }
 
     /// The runtime to spawn background releases on.

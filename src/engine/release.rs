@@ -99,7 +99,8 @@ impl<B: Backend> Engine<B> {
             kind: held.kind,
             attempt: None,
         };
-        let sent_at = BootInstant::now();
+        // The hand-off's lease counts from here (a clock read only when there is one).
+        let sent_at = handoff.as_ref().map(|_| BootInstant::now());
         let started = tokio::time::Instant::now();
         let mut reply = self.backend.release(release).await;
         if handoff.is_none()
@@ -109,8 +110,7 @@ impl<B: Backend> Engine<B> {
             reply = self.release_again(&held, error.outcome_unknown()).await;
         }
         if let Ok(ReleaseReply::Released { .. } | ReleaseReply::HandedOff { .. }) = reply {
-            let held_for = BootInstant::now().duration_since(held.acquired_at);
-            crate::metrics::released(held.kind, held_for);
+            crate::metrics::released(held.kind, held.acquired_at);
         }
         // When listeners elsewhere heard the release, they learn of it about when we do and
         // need one more round trip to reach the backend: hold local waiters back for two.
@@ -126,7 +126,7 @@ impl<B: Backend> Engine<B> {
                     slot.want.holder.clone(),
                     slot.want.kind,
                     (slot.want.lease, token, &slot.want.attempt),
-                    sent_at,
+                    sent_at.unwrap_or_else(BootInstant::now),
                     self.config.max_hold,
                 );
                 self.table.handed_off(next.clone());

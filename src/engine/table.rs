@@ -2,12 +2,16 @@
 //!
 //! Waiters of one key in this client form a FIFO queue. Only the head contends in the backend,
 //! and only while no local holder has the lock: when the lock is held here, the head simply waits
-//! for the holder to hand it over. A release wakes (or hands the lock to) the head alone, so a hot
+//! for the holder to hand it over. An exclusive acquire of a key that nobody here holds or waits
+//! for makes its first attempt before it joins (the uncontended case keeps no queue entry);
+//! waiters that arrive meanwhile wait for that attempt as for a holder, and if it finds the
+//! lock held, its acquire joins at the front. A release wakes (or hands the lock to) the head alone, so a hot
 //! key costs one backend round trip per hand-off instead of one per waiter, and the connections
 //! and subscriptions used do not grow with the number of waiters.
 
 use std::{
     collections::{HashMap, VecDeque},
+    hash::{BuildHasherDefault, Hasher},
     sync::{Arc, Mutex, MutexGuard, PoisonError},
     time::Duration,
 };
@@ -40,7 +44,28 @@ pub(crate) struct Table<L> {
 }
 
 /// One shard of the table.
-type Keys<L> = HashMap<String, KeyState<L>>;
+type Keys<L> = HashMap<LockKey, KeyState<L>, BuildHasherDefault<NameHash>>;
+
+/// Hashes a [`LockKey`] by the hash it carries: the name is hashed once, when the key is made.
+#[derive(Default)]
+struct NameHash(u64);
+
+impl Hasher for NameHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is expected; anything else still hashes correctly.
+        for &byte in bytes {
+            self.0 = (self.0 ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn write_u64(&mut self, hash: u64) {
+        self.0 = hash;
+    }
+}
 
 /// How many shards the table has.
 const SHARDS: usize = 16;
@@ -51,12 +76,16 @@ struct KeyState<L> {
     waiters: VecDeque<Slot>,
     /// Hand-offs in flight: the lock is on its way to a local waiter.
     handing_off: u32,
+    /// Attempts of acquires that found the key unused here and contend before joining the
+    /// queue: the waiters wait for them as for a holder.
+    trying: u32,
     /// Consecutive hand-offs without a real release.
     streak: u32,
     /// The last real release reached waiters in other processes.
     contended_elsewhere: bool,
-    /// The release listener, shared by whichever waiter is head.
-    listener: Option<Arc<L>>,
+    /// The release listener, shared by whichever waiter is head, and when it was ready: a
+    /// release published before then may not have reached it.
+    listener: Option<(Arc<L>, BootInstant)>,
     /// After a streak ended, local waiters hold back until then so that waiters in other
     /// processes, woken by the published release, get the lock first.
     yield_until: Option<Instant>,
@@ -68,6 +97,7 @@ impl<L> Default for KeyState<L> {
             held: Vec::new(),
             waiters: VecDeque::new(),
             handing_off: 0,
+            trying: 0,
             streak: 0,
             contended_elsewhere: false,
             listener: None,
@@ -80,6 +110,7 @@ impl<L> KeyState<L> {
     /// Whether an exclusive lock of this name is held (or being handed over) here.
     fn held_here(&self) -> bool {
         self.handing_off > 0
+            || self.trying > 0
             || self.held.iter().any(|held| {
                 matches!(held.kind, LockKind::Exclusive | LockKind::Fair)
                     && !held.lost.is_cancelled()
@@ -87,7 +118,7 @@ impl<L> KeyState<L> {
     }
 
     fn is_idle(&self) -> bool {
-        self.held.is_empty() && self.waiters.is_empty() && self.handing_off == 0
+        self.held.is_empty() && self.waiters.is_empty() && self.handing_off == 0 && self.trying == 0
     }
 
     fn wake_head(&self) {
@@ -213,13 +244,9 @@ impl<L> Default for Table<L> {
 
 impl<L> Table<L> {
     // A std mutex: every critical section is a few queue operations, never an await.
-    /// The shard that keeps the state of the lock named `name`.
-    fn keys(&self, name: &str) -> MutexGuard<'_, Keys<L>> {
-        // FNV-1a: a few cycles per byte, and names differ in their last bytes.
-        let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
-            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-        });
-        let shard = &self.shards[(hash % SHARDS as u64) as usize];
+    /// The shard that keeps the state of the lock `key`.
+    fn keys(&self, key: &LockKey) -> MutexGuard<'_, Keys<L>> {
+        let shard = &self.shards[(key.name_hash() % SHARDS as u64) as usize];
         shard.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -240,9 +267,9 @@ impl<L> Table<L> {
         holder: &Holder,
         kind: LockKind,
     ) -> Option<Arc<Held>> {
-        let keys = self.keys(key.as_str());
+        let keys = self.keys(key);
         let held = keys
-            .get(key.as_str())?
+            .get(key)?
             .held
             .iter()
             .find(|held| held.holder == *holder && held.kind == kind && !held.is_lost())?;
@@ -254,21 +281,23 @@ impl<L> Table<L> {
     /// it was the entry's last (the other guards were released meanwhile): the entry is gone,
     /// and the backend holds nothing for it once the attempt is resolved.
     pub(crate) fn drop_pending(&self, held: &Arc<Held>) -> bool {
-        let mut keys = self.keys(held.key.as_str());
+        let mut keys = self.keys(&held.key);
         if held.drop_ref() > 0 {
             return false;
         }
-        if let Some(state) = keys.get_mut(held.key.as_str()) {
+        if let Some(state) = keys.get_mut(&held.key) {
             state.held.retain(|other| !Arc::ptr_eq(other, held));
             state.wake_head();
             if state.is_idle() {
-                keys.remove(held.key.as_str());
+                keys.remove(&held.key);
             }
         }
         true
     }
 
-    /// Queues a waiter.
+    /// Queues a waiter; `after_try` when its attempt started by
+    /// [`try_alone`](Self::try_alone) found the lock held: it then goes first, ahead of the
+    /// waiters that joined during the attempt.
     ///
     /// # Errors
     /// [`LockError::TooManyWaiters`] when `max_waiters` already wait for the key.
@@ -281,10 +310,18 @@ impl<L> Table<L> {
         want: Arc<Want>,
         queue_timeout: Option<Duration>,
         max_waiters: usize,
+        after_try: bool,
     ) -> Result<Ticket, LockError> {
-        let mut keys = self.keys(key.as_str());
-        let state = state_of(&mut keys, key.as_str());
+        let mut keys = self.keys(key);
+        let state = state_of(&mut keys, key);
+        if after_try {
+            state.trying = state.trying.saturating_sub(1);
+        }
         if state.waiters.len() >= max_waiters {
+            if after_try {
+                // The head waited for this attempt: it may contend now.
+                state.wake_head();
+            }
             return Err(LockError::TooManyWaiters);
         }
         let (tx, rx) = oneshot::channel();
@@ -298,13 +335,18 @@ impl<L> Table<L> {
                 wake.clone(),
             )
         });
-        state.waiters.push_back(Slot {
+        let slot = Slot {
             id,
             want,
             handoff: tx,
             wake: wake.clone(),
             queued: queued.clone(),
-        });
+        };
+        // A waiter whose attempt came first goes first: the others joined during it.
+        match after_try {
+            true => state.waiters.push_front(slot),
+            false => state.waiters.push_back(slot),
+        }
         Ok(Ticket {
             wake,
             handoff: rx,
@@ -312,11 +354,52 @@ impl<L> Table<L> {
         })
     }
 
+    /// Starts an attempt on `key` before joining its queue, when nobody of this client holds or
+    /// waits for it: the common, uncontended acquire then keeps no queue entry. Until the
+    /// attempt ends ([`acquired_alone`](Self::acquired_alone), [`join`](Self::join) after it,
+    /// or [`end_try`](Self::end_try)) local waiters of the key wait as for a holder, so that a
+    /// hand-off never goes to a waiter whose own attempt may be on its way. `false` when the
+    /// key is in use here: the acquire joins the queue instead.
+    pub(crate) fn try_alone(&self, key: &LockKey) -> bool {
+        let mut keys = self.keys(key);
+        if keys.contains_key(key) {
+            return false;
+        }
+        let state = KeyState {
+            trying: 1,
+            ..KeyState::default()
+        };
+        keys.insert(key.clone(), state);
+        true
+    }
+
+    /// The attempt started by [`try_alone`](Self::try_alone) took the lock: `held` is held here.
+    pub(crate) fn acquired_alone(&self, key: &LockKey, held: Arc<Held>) {
+        let mut keys = self.keys(key);
+        let state = state_of(&mut keys, key);
+        state.trying = state.trying.saturating_sub(1);
+        state.held.push(held);
+        state.streak = 0;
+    }
+
+    /// The attempt started by [`try_alone`](Self::try_alone) ended without the lock, and its
+    /// acquire does not wait (or was dropped): the head waiter looks again.
+    pub(crate) fn end_try(&self, key: &LockKey) {
+        let mut keys = self.keys(key);
+        if let Some(state) = keys.get_mut(key) {
+            state.trying = state.trying.saturating_sub(1);
+            state.wake_head();
+            if state.is_idle() {
+                keys.remove(key);
+            }
+        }
+    }
+
     /// Replaces what waiter `id` asks for (a new attempt id after a failed attempt).
     pub(crate) fn set_want(&self, key: &LockKey, id: u64, want: Arc<Want>) {
-        let mut keys = self.keys(key.as_str());
+        let mut keys = self.keys(key);
         let slot = keys
-            .get_mut(key.as_str())
+            .get_mut(key)
             .and_then(|state| state.waiters.iter_mut().find(|slot| slot.id == id));
         if let Some(slot) = slot {
             slot.want = want;
@@ -325,8 +408,8 @@ impl<L> Table<L> {
 
     /// Decides what waiter `id` does next.
     pub(crate) fn turn(&self, key: &LockKey, id: u64) -> Turn {
-        let mut keys = self.keys(key.as_str());
-        let Some(state) = keys.get_mut(key.as_str()) else {
+        let mut keys = self.keys(key);
+        let Some(state) = keys.get_mut(key) else {
             return Turn::AwaitHandoff;
         };
         match state.waiters.iter().position(|slot| slot.id == id) {
@@ -362,8 +445,8 @@ impl<L> Table<L> {
 
     /// Waiter `id` acquired the lock in the backend.
     pub(crate) fn acquired(&self, key: &LockKey, id: u64, held: Arc<Held>) {
-        let mut keys = self.keys(key.as_str());
-        let state = state_of(&mut keys, key.as_str());
+        let mut keys = self.keys(key);
+        let state = state_of(&mut keys, key);
         if let Some(pos) = state.waiters.iter().position(|slot| slot.id == id) {
             state.waiters.remove(pos);
             state.wake_new_contender(pos);
@@ -378,8 +461,8 @@ impl<L> Table<L> {
 
     /// Waiter `id` leaves the queue (timed out, failed or dropped).
     pub(crate) fn leave(&self, key: &LockKey, id: u64) {
-        let mut keys = self.keys(key.as_str());
-        let Some(state) = keys.get_mut(key.as_str()) else {
+        let mut keys = self.keys(key);
+        let Some(state) = keys.get_mut(key) else {
             return;
         };
         let Some(pos) = state.waiters.iter().position(|slot| slot.id == id) else {
@@ -395,22 +478,23 @@ impl<L> Table<L> {
             state.yield_until = None;
         }
         if state.is_idle() {
-            keys.remove(key.as_str());
+            keys.remove(key);
         }
     }
 
-    /// The listener the head waits on, if there is one yet.
-    pub(crate) fn listener(&self, key: &LockKey) -> Option<Arc<L>> {
-        self.keys(key.as_str()).get(key.as_str())?.listener.clone()
+    /// The listener the head waits on, if there is one yet, and when it was ready.
+    pub(crate) fn listener(&self, key: &LockKey) -> Option<(Arc<L>, BootInstant)> {
+        self.keys(key).get(key)?.listener.clone()
     }
 
-    /// Stores a new listener for `key` while it has waiters; returns the one to use.
-    pub(crate) fn set_listener(&self, key: &LockKey, listener: L) -> Arc<L> {
+    /// Stores a new listener for `key`, ready at `ready_at`, while the key has waiters; returns
+    /// the one to use.
+    pub(crate) fn set_listener(&self, key: &LockKey, listener: L, ready_at: BootInstant) -> Arc<L> {
         let listener = Arc::new(listener);
-        let mut keys = self.keys(key.as_str());
-        match keys.get_mut(key.as_str()) {
+        let mut keys = self.keys(key);
+        match keys.get_mut(key) {
             Some(state) if !state.waiters.is_empty() => {
-                state.listener.get_or_insert(listener).clone()
+                state.listener.get_or_insert((listener, ready_at)).0.clone()
             }
             _ => listener,
         }
@@ -422,11 +506,11 @@ impl<L> Table<L> {
     /// process was seen waiting) it takes none and says the local waiters should yield (the
     /// second value).
     pub(crate) fn release_ref(&self, held: &Arc<Held>, max_streak: u32) -> (Option<Slot>, bool) {
-        let mut keys = self.keys(held.key.as_str());
+        let mut keys = self.keys(&held.key);
         if held.drop_ref() > 0 {
             return (None, false);
         }
-        let Some(state) = keys.get_mut(held.key.as_str()) else {
+        let Some(state) = keys.get_mut(&held.key) else {
             return (None, false);
         };
         let before = state.held.len();
@@ -459,8 +543,8 @@ impl<L> Table<L> {
 
     /// A hand-off succeeded: `held` is now held here for the waiter.
     pub(crate) fn handed_off(&self, held: Arc<Held>) {
-        let mut keys = self.keys(held.key.as_str());
-        let state = state_of(&mut keys, held.key.as_str());
+        let mut keys = self.keys(&held.key);
+        let state = state_of(&mut keys, &held.key);
         state.handing_off = state.handing_off.saturating_sub(1);
         state.held.push(held);
         if state.waiters.is_empty() {
@@ -473,13 +557,13 @@ impl<L> Table<L> {
     /// A waiter that gave up meanwhile is not put back: it left the queue already, and a dead
     /// head would hold back every waiter behind it.
     pub(crate) fn restore(&self, key: &LockKey, slot: Slot) {
-        let mut keys = self.keys(key.as_str());
-        let state = state_of(&mut keys, key.as_str());
+        let mut keys = self.keys(key);
+        let state = state_of(&mut keys, key);
         state.handing_off = state.handing_off.saturating_sub(1);
         if slot.handoff.is_closed() {
             state.wake_head();
             if state.is_idle() {
-                keys.remove(key.as_str());
+                keys.remove(key);
             }
             return;
         }
@@ -491,26 +575,26 @@ impl<L> Table<L> {
     /// `yield_for` when local waiters should let other processes go first. `elsewhere` tells
     /// whether the release reached waiters in other processes.
     pub(crate) fn released(&self, key: &LockKey, elsewhere: bool, yield_for: Option<Duration>) {
-        let mut keys = self.keys(key.as_str());
-        if let Some(state) = keys.get_mut(key.as_str()) {
+        let mut keys = self.keys(key);
+        if let Some(state) = keys.get_mut(key) {
             state.streak = 0;
             state.contended_elsewhere = elsewhere;
             state.yield_until = yield_for.map(|pause| Instant::now() + pause);
             state.wake_head();
             if state.is_idle() {
-                keys.remove(key.as_str());
+                keys.remove(key);
             }
         }
     }
 
     /// Removes a lost entry; the head waiter may now contend.
     pub(crate) fn remove_held(&self, held: &Arc<Held>) {
-        let mut keys = self.keys(held.key.as_str());
-        if let Some(state) = keys.get_mut(held.key.as_str()) {
+        let mut keys = self.keys(&held.key);
+        if let Some(state) = keys.get_mut(&held.key) {
             state.held.retain(|other| !Arc::ptr_eq(other, held));
             state.wake_head();
             if state.is_idle() {
-                keys.remove(held.key.as_str());
+                keys.remove(&held.key);
             }
         }
     }
@@ -578,19 +662,16 @@ impl<L> Table<L> {
 
     /// The entries held here for `key` right now.
     pub(crate) fn held_entries(&self, key: &LockKey) -> Vec<Arc<Held>> {
-        self.keys(key.as_str())
-            .get(key.as_str())
+        self.keys(key)
+            .get(key)
             .map(|state| state.held.clone())
             .unwrap_or_default()
     }
 }
 
 /// The state of `name`, created when missing; allocates the name only then.
-fn state_of<'a, L>(keys: &'a mut HashMap<String, KeyState<L>>, name: &str) -> &'a mut KeyState<L> {
-    if !keys.contains_key(name) {
-        keys.insert(name.to_owned(), KeyState::default());
-    }
-    keys.get_mut(name).expect("inserted above")
+fn state_of<'a, L>(keys: &'a mut Keys<L>, key: &LockKey) -> &'a mut KeyState<L> {
+    keys.entry(key.clone()).or_default()
 }
 
 impl Slot {

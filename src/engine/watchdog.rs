@@ -5,7 +5,10 @@
 //! and marks an entry lost the moment its validity deadline passes, whether or not a renewal is
 //! still in flight.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
 
 use super::{Engine, Held, Loss, place::Queued};
 use crate::{
@@ -32,12 +35,11 @@ const IDLE: Duration = Duration::from_secs(3600);
 /// The watchdog task of one client. Runs until the client stops.
 pub(crate) async fn run<B: Backend>(shared: Arc<Engine<B>>) {
     loop {
-        // While the scan runs, every entry added wakes the watchdog: one added just after the
-        // scan looked would otherwise compare its time with the previous plan, which may be
-        // earlier than the one stored below, and never be renewed.
-        shared
-            .watchdog_due
-            .store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
+        // While the scan runs, every entry added wakes the watchdog and records when it needs
+        // it: one added just after the scan looked would otherwise compare its time with the
+        // previous plan, which may be earlier than the one stored below, and never be renewed.
+        shared.watchdog_due.store(u64::MAX, Ordering::SeqCst);
+        shared.watch_earliest.store(u64::MAX, Ordering::SeqCst);
         let now = BootInstant::now();
         let scan = shared.table.scan(now);
         for held in scan.lost {
@@ -57,23 +59,33 @@ pub(crate) async fn run<B: Backend>(shared: Arc<Engine<B>>) {
                 tokio::time::sleep(pause).await;
             }
         }
-        let sleep = scan
+        let added = BootInstant::from_nanos(shared.watch_earliest.load(Ordering::SeqCst));
+        let mut plan = scan
             .next
-            .map_or(IDLE, |next| next.saturating_duration_until(now));
-        // Entries added later only wake the watchdog when they need it sooner than this.
-        shared.watchdog_due.store(
-            (now + sleep).as_nanos(),
-            std::sync::atomic::Ordering::SeqCst,
-        );
-        tokio::select! {
-            () = shared.stop.cancelled() => return,
-            () = shared.watchdog_wake.notified() => {}
-            () = tokio::time::sleep(sleep) => {}
+            .map_or(added, |next| next.min(added))
+            .min(now + IDLE);
+        loop {
+            // Entries added from now on only wake the watchdog when they need it sooner.
+            shared.watchdog_due.store(plan.as_nanos(), Ordering::SeqCst);
+            let until =
+                tokio::time::Instant::now() + plan.saturating_duration_until(BootInstant::now());
+            tokio::select! {
+                () = shared.stop.cancelled() => return,
+                () = tokio::time::sleep_until(until) => break,
+                () = shared.watchdog_wake.notified() => {}
+            }
+            // Woken early by an entry that needs the watchdog before the plan: move the plan
+            // rather than scan now. Under load a scan finds the holds of the moment, soon
+            // released, and scanning again for every new one would keep the watchdog busy.
+            let added = BootInstant::from_nanos(shared.watch_earliest.load(Ordering::SeqCst));
+            plan = plan.min(added);
+            if plan <= BootInstant::now() {
+                break;
+            }
         }
     }
 }
 
-/// Renews one batch of leases and waiter places, sent at `sent_at`, in one backend call.
 async fn renew<B: Backend>(
     shared: Arc<Engine<B>>,
     due: Vec<Arc<Held>>,
@@ -125,7 +137,8 @@ async fn renew<B: Backend>(
     for wait in &waits {
         wait.refreshed(sent_at, replies.as_mut().and_then(Iterator::next));
     }
-    shared.watchdog_wake.notify_one();
+    // The entries' next times have moved: plan again.
+    shared.watch(BootInstant::now());
 }
 
 #[cfg(test)]

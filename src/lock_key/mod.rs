@@ -17,7 +17,11 @@
 //! namespace and key))` between the braces instead: 43 characters whatever the key, in a hash
 //! slot nobody without the secret can predict.
 
-use std::fmt;
+use std::{
+    fmt,
+    hash::{BuildHasher, Hash, Hasher, RandomState},
+    sync::{Arc, LazyLock},
+};
 
 use std::borrow::Cow;
 
@@ -74,9 +78,31 @@ pub enum KeyError {
 ///
 /// Backends receive a `LockKey` and derive the names of their own keys from
 /// [`as_str`](Self::as_str) by appending a suffix (see [`derived`](Self::derived)).
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone)]
 pub struct LockKey {
-    name: String,
+    // Shared: a lock's name is cloned into every attempt, hold and log line that names it.
+    name: Arc<str>,
+    // The name's hash under this process's random keys, taken once: every table lookup of an
+    // acquire and a release hashes the key.
+    hash: u64,
+}
+
+/// The keys every lock name is hashed with in this process: random, so names chosen by a
+/// client cannot be made to collide.
+static NAME_HASHER: LazyLock<RandomState> = LazyLock::new(RandomState::new);
+
+impl PartialEq for LockKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.name == other.name
+    }
+}
+
+impl Eq for LockKey {}
+
+impl Hash for LockKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
 }
 
 impl LockKey {
@@ -115,14 +141,24 @@ impl LockKey {
         name.push('{');
         name.push_str(tag);
         name.push('}');
-        Self { name }
+        Self::named(name)
     }
 
     /// The same lock name with `suffix` appended: another lock with the same hash slot.
     pub(crate) fn with_suffix(&self, suffix: &str) -> Self {
+        Self::named(self.derived(suffix))
+    }
+
+    fn named(name: String) -> Self {
         Self {
-            name: self.derived(suffix),
+            hash: NAME_HASHER.hash_one(name.as_str()),
+            name: name.into(),
         }
+    }
+
+    /// The name's hash under this process's random keys (equal names, equal hashes).
+    pub(crate) fn name_hash(&self) -> u64 {
+        self.hash
     }
 
     /// The lock's name in the backend, `prefix{escaped key}`.

@@ -8,10 +8,11 @@ use redis::{RedisWrite, ToRedisArgs};
 
 use super::{
     CHANNEL, FENCE, QUEUE, READERS, TIMEOUTS, VOID, WRITERS,
-    scripts::{Call, Scripts},
+    scripts::{Call, Lua, Scripts},
 };
 use crate::{
     backend::{Grant, LockKind, Release, Renew},
+    holder::Decimal,
     lease::Lease,
     lock_key::LockKey,
 };
@@ -51,9 +52,22 @@ fn queue_millis(grant: &Grant<'_>) -> u64 {
 }
 
 /// The value of a single hold (see `lua/acquire.lua`): the holder, prefixed by its length so
-/// that no holder's name can pass for another's, then the attempt.
-pub(super) fn single_hold(holder: &str, attempt: &str) -> String {
-    format!("{}:{holder}{attempt}", holder.len())
+/// that no holder's name can pass for another's, then the attempt; written straight into the
+/// command. With an empty attempt, how any single hold of the holder starts.
+pub(super) struct SingleHold<'a> {
+    pub(super) holder: &'a str,
+    pub(super) attempt: &'a str,
+}
+
+impl ToRedisArgs for SingleHold<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut arg = out.writer_for_next_arg();
+        // Writing into a command's buffer cannot fail.
+        let _ = arg.write_all(Decimal::new(self.holder.len() as u64).as_bytes());
+        let _ = arg.write_all(b":");
+        let _ = arg.write_all(self.holder.as_bytes());
+        let _ = arg.write_all(self.attempt.as_bytes());
+    }
 }
 
 /// `lua/acquire.lua`, `lua/fair_acquire.lua`, `lua/rw_acquire.lua` or `lua/sem_acquire.lua`,
@@ -64,7 +78,7 @@ pub(super) fn acquire(scripts: &'static Scripts, grant: &Grant<'_>, marker: &str
     let supersedes = grant.supersedes.unwrap_or("");
     match grant.kind {
         LockKind::Fair => {
-            let mut call = scripts.fair_acquire.prepare_invoke();
+            let mut call = scripts.fair_acquire.prepare_invoke(5);
             call.key(key.as_str())
                 .key(Derived(key, QUEUE))
                 .key(Derived(key, TIMEOUTS))
@@ -81,7 +95,7 @@ pub(super) fn acquire(scripts: &'static Scripts, grant: &Grant<'_>, marker: &str
             call
         }
         LockKind::Read | LockKind::Write => {
-            let mut call = scripts.rw_acquire.prepare_invoke();
+            let mut call = scripts.rw_acquire.prepare_invoke(5);
             call.key(key.as_str())
                 .key(Derived(key, READERS))
                 .key(Derived(key, WRITERS))
@@ -99,7 +113,7 @@ pub(super) fn acquire(scripts: &'static Scripts, grant: &Grant<'_>, marker: &str
             call
         }
         LockKind::Semaphore => {
-            let mut call = scripts.sem_acquire.prepare_invoke();
+            let mut call = scripts.sem_acquire.prepare_invoke(3);
             call.key(key.as_str())
                 .key(Derived(key, READERS))
                 .key(Derived(key, VOID))
@@ -113,7 +127,7 @@ pub(super) fn acquire(scripts: &'static Scripts, grant: &Grant<'_>, marker: &str
             call
         }
         _ => {
-            let mut call = scripts.acquire.prepare_invoke();
+            let mut call = scripts.acquire.prepare_invoke(3);
             call.key(key.as_str())
                 .key(Derived(key, FENCE))
                 .key(Derived(key, VOID))
@@ -141,7 +155,7 @@ pub(super) fn release(
     let attempt = release.attempt.unwrap_or("");
     match release.kind {
         LockKind::Fair => {
-            let mut call = scripts.fair_release.prepare_invoke();
+            let mut call = scripts.fair_release.prepare_invoke(3);
             call.key(key.as_str())
                 .key(Derived(key, QUEUE))
                 .key(Derived(key, TIMEOUTS))
@@ -166,23 +180,29 @@ pub(super) fn release(
             attempt,
             RW_RELEASE_VOID_MS,
         ),
+        // Without a hand-off (the common call) the script needs the lock's key alone.
         _ => {
-            let mut call = scripts.release.prepare_invoke();
-            call.key(key.as_str())
-                .key(Derived(key, FENCE))
-                .key(Derived(key, VOID))
-                .arg(release.holder)
+            let mut call = scripts
+                .release
+                .prepare_invoke(if handoff.is_some() { 3 } else { 1 });
+            call.key(key.as_str());
+            if handoff.is_some() {
+                call.key(Derived(key, FENCE)).key(Derived(key, VOID));
+            }
+            call.arg(release.holder)
                 .arg(Derived(key, CHANNEL))
-                .arg(flag(release.all));
-            match handoff {
-                Some(next) => call
-                    .arg(next.holder)
+                .arg(flag(release.all))
+                .arg(attempt)
+                .arg(SingleHold {
+                    holder: release.holder,
+                    attempt: "",
+                });
+            if let Some(next) = handoff {
+                call.arg(next.holder)
                     .arg(next.lease.millis())
                     .arg(next.attempt)
-                    .arg(flag(next.fencing)),
-                None => call.arg("").arg(0).arg("").arg("0"),
-            };
-            call.arg(attempt);
+                    .arg(flag(next.fencing));
+            }
             call
         }
     }
@@ -198,7 +218,7 @@ fn rw_release(
     attempt: &str,
     void_ms: u64,
 ) -> Call {
-    let mut call = scripts.rw_release.prepare_invoke();
+    let mut call = scripts.rw_release.prepare_invoke(3);
     call.key(key.as_str())
         .key(Derived(key, READERS))
         .key(Derived(key, VOID))
@@ -221,7 +241,7 @@ fn sem_release(
     attempt: &str,
     void_ms: u64,
 ) -> Call {
-    let mut call = scripts.sem_release.prepare_invoke();
+    let mut call = scripts.sem_release.prepare_invoke(3);
     call.key(key.as_str())
         .key(Derived(key, READERS))
         .key(Derived(key, VOID))
@@ -255,7 +275,7 @@ pub(super) fn abandon(scripts: &'static Scripts, grant: &Grant<'_>) -> Call {
             grant.lease.millis(),
         ),
         _ => {
-            let mut call = scripts.abandon.prepare_invoke();
+            let mut call = scripts.abandon.prepare_invoke(2);
             call.key(key.as_str())
                 .key(Derived(key, VOID))
                 .arg(grant.holder)
@@ -277,7 +297,7 @@ pub(super) fn leave(
 ) -> Option<Call> {
     match kind {
         LockKind::Fair => {
-            let mut call = scripts.fair_wait.prepare_invoke();
+            let mut call = scripts.fair_wait.prepare_invoke(3);
             call.key(key.as_str())
                 .key(Derived(key, QUEUE))
                 .key(Derived(key, TIMEOUTS))
@@ -287,7 +307,7 @@ pub(super) fn leave(
             Some(call)
         }
         LockKind::Write => {
-            let mut call = scripts.rw_wait.prepare_invoke();
+            let mut call = scripts.rw_wait.prepare_invoke(1);
             call.key(Derived(key, WRITERS))
                 .arg(holder)
                 .arg(0)
@@ -306,13 +326,14 @@ pub(super) fn renews_with_many(renew: &Renew<'_>) -> bool {
 /// `lua/renew_many.lua`: renews the holds of `renewals` (plain and fair locks) in one call.
 pub(super) fn renew_many<'a>(
     scripts: &'static Scripts,
-    renewals: impl IntoIterator<Item = &'a Renew<'a>>,
+    renewals: impl Clone + ExactSizeIterator<Item = &'a Renew<'a>>,
 ) -> Call {
-    let mut call = scripts.renew_many.prepare_invoke();
+    let mut call = scripts.renew_many.prepare_invoke(renewals.len());
+    for renew in renewals.clone() {
+        call.key(renew.key.as_str());
+    }
     for renew in renewals {
-        call.key(renew.key.as_str())
-            .arg(renew.holder)
-            .arg(renew.lease.millis());
+        call.arg(renew.holder).arg(renew.lease.millis());
     }
     call
 }
@@ -325,7 +346,7 @@ pub(super) fn renew(scripts: &'static Scripts, renew: &Renew<'_>) -> Call {
     let millis = renew.lease.millis();
     match (renew.kind, renew.queued) {
         (LockKind::Fair, true) => {
-            let mut call = scripts.fair_wait.prepare_invoke();
+            let mut call = scripts.fair_wait.prepare_invoke(3);
             call.key(key.as_str())
                 .key(Derived(key, QUEUE))
                 .key(Derived(key, TIMEOUTS))
@@ -335,7 +356,7 @@ pub(super) fn renew(scripts: &'static Scripts, renew: &Renew<'_>) -> Call {
             call
         }
         (LockKind::Write, true) => {
-            let mut call = scripts.rw_wait.prepare_invoke();
+            let mut call = scripts.rw_wait.prepare_invoke(1);
             call.key(Derived(key, WRITERS))
                 .arg(renew.holder)
                 .arg(millis)
@@ -343,7 +364,7 @@ pub(super) fn renew(scripts: &'static Scripts, renew: &Renew<'_>) -> Call {
             call
         }
         (LockKind::Read | LockKind::Write | LockKind::Semaphore, _) => {
-            let mut call = scripts.rw_renew.prepare_invoke();
+            let mut call = scripts.rw_renew.prepare_invoke(2);
             call.key(key.as_str())
                 .key(Derived(key, READERS))
                 .arg(renew.holder)
@@ -352,15 +373,22 @@ pub(super) fn renew(scripts: &'static Scripts, renew: &Renew<'_>) -> Call {
             call
         }
         _ => {
-            let mut call = scripts.renew.prepare_invoke();
+            let mut call = scripts.renew.prepare_invoke(1);
             call.key(key.as_str()).arg(renew.holder).arg(millis);
             call
         }
     }
 }
 
-/// The keys of a lock that `lua/snapshot.lua` reads, and the layout argument, by `kind`.
-fn snapshot(call: &mut Call, key: &LockKey, kind: LockKind) {
+/// A call of `lua` reading the lock `key` through `lua/snapshot.lua`: the keys it reads and
+/// the layout argument, by `kind`.
+fn snapshot(lua: &'static Lua, key: &LockKey, kind: LockKind) -> Call {
+    let keys = match kind {
+        LockKind::Read | LockKind::Write => 3,
+        LockKind::Semaphore => 2,
+        _ => 4,
+    };
+    let mut call = lua.prepare_invoke(keys);
     call.key(key.as_str());
     match kind {
         LockKind::Read | LockKind::Write => {
@@ -378,19 +406,17 @@ fn snapshot(call: &mut Call, key: &LockKey, kind: LockKind) {
                 .arg("x");
         }
     }
+    call
 }
 
 /// `lua/inspect.lua`: what the lock `key` of `kind`'s layout holds.
 pub(super) fn inspect(scripts: &'static Scripts, key: &LockKey, kind: LockKind) -> Call {
-    let mut call = scripts.inspect.prepare_invoke();
-    snapshot(&mut call, key, kind);
-    call
+    snapshot(&scripts.inspect, key, kind)
 }
 
 /// `lua/force_unlock.lua`: frees the lock `key` of `kind`'s layout whoever holds it.
 pub(super) fn force_unlock(scripts: &'static Scripts, key: &LockKey, kind: LockKind) -> Call {
-    let mut call = scripts.force_unlock.prepare_invoke();
-    snapshot(&mut call, key, kind);
+    let mut call = snapshot(&scripts.force_unlock, key, kind);
     call.arg(Derived(key, CHANNEL));
     call
 }

@@ -394,7 +394,10 @@ impl RedisBackend {
         }
         let mut set = redis::cmd("SET");
         set.arg(grant.key.as_str())
-            .arg(calls::single_hold(grant.holder, grant.attempt))
+            .arg(calls::SingleHold {
+                holder: grant.holder,
+                attempt: grant.attempt,
+            })
             .arg("NX")
             .arg("PX")
             .arg(grant.lease.millis());
@@ -571,10 +574,10 @@ impl RedisBackend {
         pipe.ignore_errors();
         for chunk in &chunks {
             let call = calls::renew_many(self.scripts(), chunk.iter().map(|&i| &renewals[i]));
-            pipe.add_command(call.cmd(by_hash));
+            pipe.add_command(call.into_cmd(by_hash));
         }
         for &i in &single {
-            pipe.add_command(calls::renew(self.scripts(), &renewals[i]).cmd(by_hash));
+            pipe.add_command(calls::renew(self.scripts(), &renewals[i]).into_cmd(by_hash));
         }
         let values: Vec<Value> = self
             .with_conn(None, async |conn| pipe.query_async(conn).await)
@@ -651,8 +654,12 @@ async fn run_call<T: FromRedisValue>(
     }
 }
 
-/// Reads `{status, n}` replies of the scripts.
+/// Reads `{status, n}` replies of the scripts; a bare integer `status` stands for
+/// `{status, 0}`.
 fn reply_pair(value: Value) -> Result<(i64, Option<i64>), BackendError> {
+    if let Value::Int(status) = value {
+        return Ok((status, Some(0)));
+    }
     let items: Vec<i64> =
         FromRedisValue::from_redis_value(value).map_err(|_| protocol_error("script reply"))?;
     match items.as_slice() {

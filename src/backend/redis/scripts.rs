@@ -10,7 +10,7 @@
 //! and caches it in one step: unlike "load, then retry by hash", it cannot fail again when
 //! flushes keep coming, and it works the same inside a pipeline.
 
-use std::sync::LazyLock;
+use std::{borrow::Cow, sync::LazyLock};
 
 use redis::{Arg, Cmd, Script, ToRedisArgs};
 
@@ -43,62 +43,69 @@ impl Lua {
         self.script.get_hash()
     }
 
-    /// A call of this script, to fill with keys and arguments.
-    pub(super) fn prepare_invoke(&'static self) -> Call {
+    /// A call of this script with `keys` keys: the keys go in first, then the arguments.
+    pub(super) fn prepare_invoke(&'static self, keys: usize) -> Call {
+        let mut cmd = Cmd::with_capacity(keys + 16, 256);
+        cmd.arg("EVALSHA").arg(self.hash()).arg(keys);
         Call {
             lua: self,
-            keys: Cmd::new(),
-            key_count: 0,
-            args: Cmd::new(),
+            cmd,
+            keys_left: keys,
         }
     }
 }
 
-/// One call of a script: `KEYS` and `ARGV` in order, each kept in one buffer (a `Cmd` without
-/// a name) rather than an allocation per argument.
+/// One call of a script, written once as the `EVALSHA` command that is sent, keys first.
 pub(super) struct Call {
     lua: &'static Lua,
-    keys: Cmd,
-    key_count: usize,
-    args: Cmd,
+    cmd: Cmd,
+    /// Keys still to come before the arguments.
+    keys_left: usize,
 }
 
 impl Call {
-    /// Appends to `KEYS`.
     pub(super) fn key(&mut self, key: impl ToRedisArgs) -> &mut Self {
-        self.key_count += key.num_of_args();
-        self.keys.arg(key);
+        let count = key.num_of_args();
+        debug_assert!(count <= self.keys_left, "more keys than the call declared");
+        self.keys_left = self.keys_left.saturating_sub(count);
+        self.cmd.arg(key);
         self
     }
 
-    /// Appends to `ARGV`.
     pub(super) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
-        self.args.arg(arg);
+        debug_assert_eq!(self.keys_left, 0, "an argument before the declared keys");
+        self.cmd.arg(arg);
         self
     }
 
-    /// The command: `EVALSHA` by hash, or `EVAL` with the body.
-    pub(super) fn cmd(&self, by_hash: bool) -> Cmd {
-        let mut cmd = if by_hash {
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(self.lua.hash());
-            cmd
-        } else {
-            let mut cmd = redis::cmd("EVAL");
-            cmd.arg(self.lua.code.as_str());
-            cmd
-        };
-        cmd.arg(self.key_count);
-        for item in self.keys.args_iter().chain(self.args.args_iter()) {
+    /// The command: the `EVALSHA` as written, or the same call as `EVAL` with the script's
+    /// body (after the server answered `NOSCRIPT`).
+    pub(super) fn cmd(&self, by_hash: bool) -> Cow<'_, Cmd> {
+        debug_assert_eq!(self.keys_left, 0, "fewer keys than the call declared");
+        if by_hash {
+            return Cow::Borrowed(&self.cmd);
+        }
+        let mut cmd = Cmd::with_capacity(self.cmd.args_iter().len(), self.lua.code.len() + 256);
+        cmd.arg("EVAL").arg(self.lua.code.as_str());
+        // After `EVALSHA` and the hash: the key count, the keys and the arguments.
+        for item in self.cmd.args_iter().skip(2) {
             if let Arg::Simple(bytes) = item {
                 cmd.arg(bytes);
             }
         }
-        cmd
+        Cow::Owned(cmd)
+    }
+
+    /// [`cmd`](Self::cmd), owned: for a pipeline.
+    pub(super) fn into_cmd(self, by_hash: bool) -> Cmd {
+        if by_hash {
+            debug_assert_eq!(self.keys_left, 0, "fewer keys than the call declared");
+            return self.cmd;
+        }
+        self.cmd(false).into_owned()
     }
 }
 
-/// Every script the backend runs.
 pub(super) struct Scripts {
     pub(super) acquire: Lua,
     pub(super) release: Lua,

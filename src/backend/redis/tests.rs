@@ -222,7 +222,7 @@ async fn every_script_round_trips_through_its_typed_call() {
             .unwrap();
         assert_eq!(renewed, 1, "{kind:?} renews its hold");
         if calls::renews_with_many(&hold) {
-            let call = calls::renew_many(scripts, [&hold]);
+            let call = calls::renew_many(scripts, [&hold].into_iter());
             let renewed: Vec<i64> = run_call(&call, &mut conn).await.unwrap();
             assert_eq!(renewed, [1], "{kind:?} renews in a batch");
         }

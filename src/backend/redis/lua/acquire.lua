@@ -1,7 +1,7 @@
 -- Acquires a reentrant lock for a holder.
 --
 -- A lock has two forms. A single hold granted by `SET NX` (the client's first try at a free
--- lock, see `single_hold` in the backend) is a string: `<length of holder>:<holder><attempt>`.
+-- lock, see `SingleHold` in the backend) is a string: `<length of holder>:<holder><attempt>`.
 -- Everything else is a hash, and this script turns a single hold into one when the holder
 -- re-enters or another acquire is refused. A single hold whose attempt was given up on (its
 -- `SET` arrived after the caller had given up) is nobody's: the next acquire takes it.

@@ -2,23 +2,26 @@
 -- either grants it to a hand-off holder in the same step or publishes the release.
 --
 -- KEYS[1]  the lock: a single hold or a hash (see acquire.lua)
--- KEYS[2]  the fencing record
--- KEYS[3]  attempts given up on (a hand-off to one of them is not made)
+-- KEYS[2]  the fencing record (with a hand-off only)
+-- KEYS[3]  attempts given up on (a hand-off to one of them is not made; with a hand-off only)
 -- ARGV[1]  releasing holder id
 -- ARGV[2]  release channel
 -- ARGV[3]  '1' to release every hold of the holder, '0' for one
--- ARGV[4]  hand-off holder id, or '' for none
--- ARGV[5]  hand-off lease in milliseconds
--- ARGV[6]  hand-off attempt id
--- ARGV[7]  '1' to issue a fencing token to the hand-off holder
--- ARGV[8]  attempt id that must be the lock's last recorded one, or '' for any: a release
+-- ARGV[4]  attempt id that must be the lock's last recorded one, or '' for any: a release
 --          for one particular hold (a lost one, or a retry) never frees a newer hold
+-- ARGV[5]  how a single hold of the releasing holder starts: its length, ':', the holder id
+--          (see acquire.lua; passed in so that the common case builds no string)
+-- ARGV[6]  hand-off holder id; absent for a release without a hand-off (the common call:
+--          one key and five arguments)
+-- ARGV[7]  hand-off lease in milliseconds
+-- ARGV[8]  hand-off attempt id
+-- ARGV[9]  '1' to issue a fencing token to the hand-off holder
 --
 -- Returns {0} when the holder does not hold the lock (nothing changed), {1, remaining} when
 -- holds remain, {2} when the lock was freed and the release published, {3, token} when it was
 -- handed off (token -1 without fencing). {2, n} also says how many subscribers the release
 -- reached; a release that nobody may wait for (no refused acquire, '~q') publishes nothing
--- and answers {2, 0}.
+-- and answers {2, 0}, or the bare integer 2 for a single hold freed without a hand-off.
 local lock = KEYS[1]
 local holder = ARGV[1]
 -- The common cases first, before the helpers are defined: a single hold (nobody waits for
@@ -26,19 +29,22 @@ local holder = ARGV[1]
 local waited
 local single = redis.pcall('GET', lock)
 if type(single) == 'string' then
-  local owner = string.len(holder) .. ':' .. holder
-  if string.sub(single, 1, string.len(owner)) ~= owner
-    or (ARGV[8] ~= '' and string.sub(single, string.len(owner) + 1) ~= ARGV[8]) then
+  local owner = ARGV[5]
+  if string.find(single, owner, 1, true) ~= 1
+    or (ARGV[4] ~= '' and string.sub(single, #owner + 1) ~= ARGV[4]) then
     return {0}
   end
   redis.call('DEL', lock)
+  if not ARGV[6] then
+    return 2
+  end
   waited = false
 elseif not single then
   return {0}
 else
   local found = redis.call('HMGET', lock, holder, '~a', '~q')
   local count = tonumber(found[1])
-  if not count or (ARGV[8] ~= '' and found[2] ~= ARGV[8]) then
+  if not count or (ARGV[4] ~= '' and found[2] ~= ARGV[4]) then
     return {0}
   end
   if count > 1 and ARGV[3] ~= '1' then
@@ -47,22 +53,22 @@ else
   redis.call('DEL', lock)
   waited = found[3]
 end
-if ARGV[4] == '' then
+if not ARGV[6] then
   if not waited then
     return {2, 0}
   end
   return {2, publish(ARGV[2], 'released')}
 end
 -- @helpers
-if redis.call('SISMEMBER', KEYS[3], ARGV[6]) == 0 then
-  redis.call('HSET', lock, ARGV[4], 1, '~a', ARGV[6])
+if redis.call('SISMEMBER', KEYS[3], ARGV[8]) == 0 then
+  redis.call('HSET', lock, ARGV[6], 1, '~a', ARGV[8])
   if waited then
     -- Waiters elsewhere still wait: the hand-off holder's release must reach them.
     redis.call('HSET', lock, '~q', 1)
   end
-  redis.call('PEXPIRE', lock, ARGV[5])
+  redis.call('PEXPIRE', lock, ARGV[7])
   local token = -1
-  if ARGV[7] == '1' then
+  if ARGV[9] == '1' then
     token = fencing_token(lock, KEYS[2])
   end
   return {3, token}
