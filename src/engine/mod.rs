@@ -111,6 +111,9 @@ pub(crate) struct Engine<B: Backend> {
     /// which an entry added after the scan must still wake it.
     #[cfg(test)]
     pub(crate) scan_pause: std::sync::Mutex<Option<Duration>>,
+    /// Test hook: the watchdog's scans so far.
+    #[cfg(test)]
+    pub(crate) scans: AtomicUsize,
 }
 
 impl<B: Backend> Engine<B> {
@@ -130,6 +133,8 @@ impl<B: Backend> Engine<B> {
             runtime: OnceLock::new(),
             #[cfg(test)]
             scan_pause: std::sync::Mutex::new(None),
+            #[cfg(test)]
+            scans: AtomicUsize::new(0),
         })
     }
 

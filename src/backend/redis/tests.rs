@@ -105,6 +105,77 @@ async fn a_retry_takes_over_the_hold_of_a_lost_attempt() {
     }
 }
 
+/// A single hold (the `SET NX` form) is freed only by its holder, and by a release naming an
+/// attempt only for that attempt: a holder whose name starts like the owner's, or the owner
+/// naming another attempt, leaves it held. The owner's plain release frees it and says nobody
+/// was notified.
+#[tokio::test]
+async fn a_single_hold_is_freed_by_its_holder_only() {
+    let server = support::RedisServer::start();
+    let backend = connect(&server).await;
+    let key = LockKey::new("tl:", b"single", 512).unwrap();
+    let acquired = backend
+        .acquire(Grant {
+            holder: "h1",
+            ..grant(&key, LockKind::Exclusive, "h1#7", None)
+        })
+        .await
+        .unwrap();
+    assert_eq!(count(acquired), 1);
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let stored: String = redis::cmd("GET")
+        .arg(key.as_str())
+        .query_async(&mut conn)
+        .await
+        .expect("a free lock taken by SET NX is a string");
+    assert_eq!(stored, "2:h1h1#7");
+    let release = |holder, attempt| Release {
+        key: &key,
+        holder,
+        all: false,
+        handoff: None,
+        kind: LockKind::Exclusive,
+        attempt,
+    };
+    for (holder, attempt) in [
+        ("h", None),
+        ("h1h", None),
+        ("2:h1", None),
+        ("h1", Some("h1#8")),
+    ] {
+        let reply = backend.release(release(holder, attempt)).await.unwrap();
+        assert_eq!(reply, ReleaseReply::NotHeld, "{holder} {attempt:?}");
+    }
+    let reply = backend.release(release("h1", Some("h1#7"))).await.unwrap();
+    assert_eq!(reply, ReleaseReply::Released { notified: Some(0) });
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(key.as_str())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!exists);
+
+    // Another holder's owner prefix inside the value, not at its start, is no match.
+    let inner = LockKey::new("tl:", b"single-inner", 512).unwrap();
+    let acquired = backend
+        .acquire(grant(&inner, LockKind::Exclusive, "1:h", None))
+        .await
+        .unwrap();
+    assert_eq!(count(acquired), 1);
+    let reply = backend
+        .release(Release {
+            key: &inner,
+            ..release("h", None)
+        })
+        .await
+        .unwrap();
+    assert_eq!(reply, ReleaseReply::NotHeld);
+}
+
 /// A renewal that arrives after a reader's (or a semaphore permit's) lease ended, while the
 /// lock itself lives on for another holder, does not bring the hold back.
 #[tokio::test]
