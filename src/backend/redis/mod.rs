@@ -392,8 +392,11 @@ impl RedisBackend {
         if !plain {
             return Ok(None);
         }
-        let mut set = redis::cmd("SET");
-        set.arg(grant.key.as_str())
+        // Sized once: the command is built for every uncontended acquire.
+        let size = grant.key.as_str().len() + grant.holder.len() + grant.attempt.len() + 48;
+        let mut set = redis::Cmd::with_capacity(6, size);
+        set.arg("SET")
+            .arg(grant.key.as_str())
             .arg(calls::SingleHold {
                 holder: grant.holder,
                 attempt: grant.attempt,
