@@ -1,7 +1,8 @@
 //! Concurrent paths of the engine that once granted a lock twice or stranded it: a cancelled
 //! acquire, a re-entry with a shorter lease, a re-entry racing a release of the same holder, a
 //! renewal reply about a hold that ended, a handler resumed past its lease, a release whose
-//! reply was lost.
+//! reply was lost, a first attempt made before queueing that found the lock held while another
+//! task queued behind it.
 //!
 //! Each interleaving is forced, not hoped for: [`Gated`] wraps the in-memory backend and holds
 //! one chosen call at its arrival and again before its reply, so the test decides what happens
@@ -770,5 +771,51 @@ async fn only_a_first_try_is_a_set() {
         support::command_calls(&stats, "set"),
         1,
         "the waiter's first try only: {stats}"
+    );
+}
+
+/// An acquire of a key unused in its client tries the store before it queues. A second task of
+/// that client arriving during the attempt waits for it, and when the attempt finds the lock
+/// held elsewhere, the first task still goes first: it joins ahead of the one that came later.
+#[tokio::test(flavor = "current_thread")]
+async fn a_first_try_that_finds_the_lock_held_keeps_its_turn() {
+    let backend = Gated::default();
+    let a = client(backend.clone(), Lease::DEFAULT);
+    let b = client(backend.clone(), Lease::DEFAULT);
+    let elsewhere = b.lock("turn").acquire().await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let task = |name: &'static str| {
+        let (a, order) = (a.clone(), order.clone());
+        tokio::spawn(async move {
+            let guard = a
+                .lock("turn")
+                .wait(Duration::from_secs(5))
+                .acquire()
+                .await
+                .expect("acquired within the wait");
+            order
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(name);
+            guard.release().await.unwrap();
+        })
+    };
+    let mut held = backend.hold_next(Call::Acquire);
+    let first = task("first");
+    held.arrived().await;
+    // The first task's attempt is at the store's door (not queued); the second arrives and
+    // queues.
+    let second = task("second");
+    while a.waiters() < 1 {
+        tokio::task::yield_now().await;
+    }
+    let reply = held.run().await;
+    reply.send(()).unwrap();
+    elsewhere.release().await.unwrap();
+    first.await.unwrap();
+    second.await.unwrap();
+    assert_eq!(
+        *order.lock().unwrap_or_else(PoisonError::into_inner),
+        ["first", "second"]
     );
 }
