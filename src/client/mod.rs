@@ -343,7 +343,9 @@ impl<B: Backend> LockClient<B> {
         self.inner.engine.table.queued_count()
     }
 
-    /// How many acquires of this client are waiting right now.
+    /// How many acquires of this client are waiting right now: queued behind a holder or
+    /// another waiter. An acquire whose first attempt at a key unused in this client is on
+    /// its way does not wait yet.
     pub fn waiters(&self) -> usize {
         self.inner.engine.table.waiter_count()
     }
