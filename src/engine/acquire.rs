@@ -333,11 +333,9 @@ impl<B: Backend> Engine<B> {
                                 sent_at,
                                 self.config.max_hold,
                             );
-                            match queued.trying {
-                                true => self.table.acquired_alone(&request.key, held.clone()),
-                                false => self.table.acquired(&request.key, id, held.clone()),
-                            }
-                            queued.trying = false;
+                            let after_try = std::mem::take(&mut queued.trying);
+                            self.table
+                                .acquired(&request.key, id, held.clone(), after_try);
                             self.watch(held.next_event());
                             return Ok((held, count));
                         }
@@ -357,7 +355,7 @@ impl<B: Backend> Engine<B> {
                             }
                             if listener.is_none() {
                                 let (shared_listener, fresh) =
-                                    self.listen(&request.key, &want, sent_at).await?;
+                                    self.listen(&request.key, &want).await?;
                                 listener = Some(shared_listener);
                                 if fresh {
                                     // Check again now that releases can no longer be missed.
@@ -445,21 +443,18 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// The release listener for a waiter of `key` whose attempt sent at `sent_at` found the
-    /// lock held; the flag tells whether it is new to that attempt (the lock must then be
-    /// checked again). Exclusive waiters share one per key; a fair waiter listens for its own
-    /// name; readers, writers and a semaphore's contenders each listen.
+    /// The release listener for a waiter of `key`; the flag tells whether it is new (the lock
+    /// must then be checked again). Exclusive waiters share one per key, awaited by the head
+    /// only (only the head contends); a fair waiter listens for its own name; readers, writers
+    /// and a semaphore's contenders each listen.
     async fn listen(
         &self,
         key: &LockKey,
         want: &Want,
-        sent_at: BootInstant,
     ) -> Result<(Arc<B::Listener>, bool), LockError> {
         let exclusive = want.kind == LockKind::Exclusive;
-        // Another waiter's listener is new to this one if it was ready only after this one's
-        // attempt was sent: a release in between may have gone unheard.
-        if exclusive && let Some((listener, ready_at)) = self.table.listener(key) {
-            return Ok((listener, ready_at > sent_at));
+        if exclusive && let Some(listener) = self.table.listener(key) {
+            return Ok((listener, false));
         }
         let only_for = (want.kind == LockKind::Fair).then(|| want.holder.id());
         let listener = self
@@ -468,7 +463,7 @@ impl<B: Backend> Engine<B> {
             .await
             .map_err(|e| LockError::Backend(e.with_key(key.as_str())))?;
         let listener = match exclusive {
-            true => self.table.set_listener(key, listener, BootInstant::now()),
+            true => self.table.set_listener(key, listener),
             false => Arc::new(listener),
         };
         Ok((listener, true))

@@ -2,12 +2,14 @@
 //!
 //! Waiters of one key in this client form a FIFO queue. Only the head contends in the backend,
 //! and only while no local holder has the lock: when the lock is held here, the head simply waits
-//! for the holder to hand it over. An exclusive acquire of a key that nobody here holds or waits
-//! for makes its first attempt before it joins (the uncontended case keeps no queue entry);
-//! waiters that arrive meanwhile wait for that attempt as for a holder, and if it finds the
-//! lock held, its acquire joins at the front. A release wakes (or hands the lock to) the head alone, so a hot
+//! for the holder to hand it over. A release wakes (or hands the lock to) the head alone, so a hot
 //! key costs one backend round trip per hand-off instead of one per waiter, and the connections
 //! and subscriptions used do not grow with the number of waiters.
+//!
+//! An exclusive acquire of a key that nobody here holds or waits for makes its first attempt
+//! before it joins (the uncontended case keeps no queue entry). Waiters that arrive meanwhile
+//! wait for that attempt as for a holder, and if it finds the lock held, its acquire joins at
+//! the front: it came first, and it stays the only waiter on the key's release listener.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -83,9 +85,8 @@ struct KeyState<L> {
     streak: u32,
     /// The last real release reached waiters in other processes.
     contended_elsewhere: bool,
-    /// The release listener, shared by whichever waiter is head, and when it was ready: a
-    /// release published before then may not have reached it.
-    listener: Option<(Arc<L>, BootInstant)>,
+    /// The release listener, shared by whichever waiter is head.
+    listener: Option<Arc<L>>,
     /// After a streak ended, local waiters hold back until then so that waiters in other
     /// processes, woken by the published release, get the lock first.
     yield_until: Option<Instant>,
@@ -356,7 +357,7 @@ impl<L> Table<L> {
 
     /// Starts an attempt on `key` before joining its queue, when nobody of this client holds or
     /// waits for it: the common, uncontended acquire then keeps no queue entry. Until the
-    /// attempt ends ([`acquired_alone`](Self::acquired_alone), [`join`](Self::join) after it,
+    /// attempt ends ([`acquired`](Self::acquired) or [`join`](Self::join) after it,
     /// or [`end_try`](Self::end_try)) local waiters of the key wait as for a holder, so that a
     /// hand-off never goes to a waiter whose own attempt may be on its way. `false` when the
     /// key is in use here: the acquire joins the queue instead.
@@ -371,15 +372,6 @@ impl<L> Table<L> {
         };
         keys.insert(key.clone(), state);
         true
-    }
-
-    /// The attempt started by [`try_alone`](Self::try_alone) took the lock: `held` is held here.
-    pub(crate) fn acquired_alone(&self, key: &LockKey, held: Arc<Held>) {
-        let mut keys = self.keys(key);
-        let state = state_of(&mut keys, key);
-        state.trying = state.trying.saturating_sub(1);
-        state.held.push(held);
-        state.streak = 0;
     }
 
     /// The attempt started by [`try_alone`](Self::try_alone) ended without the lock, and its
@@ -443,10 +435,14 @@ impl<L> Table<L> {
         }
     }
 
-    /// Waiter `id` acquired the lock in the backend.
-    pub(crate) fn acquired(&self, key: &LockKey, id: u64, held: Arc<Held>) {
+    /// Waiter `id` acquired the lock in the backend; `after_try` when it did so with the
+    /// attempt started by [`try_alone`](Self::try_alone), before joining the queue.
+    pub(crate) fn acquired(&self, key: &LockKey, id: u64, held: Arc<Held>, after_try: bool) {
         let mut keys = self.keys(key);
         let state = state_of(&mut keys, key);
+        if after_try {
+            state.trying = state.trying.saturating_sub(1);
+        }
         if let Some(pos) = state.waiters.iter().position(|slot| slot.id == id) {
             state.waiters.remove(pos);
             state.wake_new_contender(pos);
@@ -482,19 +478,18 @@ impl<L> Table<L> {
         }
     }
 
-    /// The listener the head waits on, if there is one yet, and when it was ready.
-    pub(crate) fn listener(&self, key: &LockKey) -> Option<(Arc<L>, BootInstant)> {
+    /// The listener the head waits on, if there is one yet.
+    pub(crate) fn listener(&self, key: &LockKey) -> Option<Arc<L>> {
         self.keys(key).get(key)?.listener.clone()
     }
 
-    /// Stores a new listener for `key`, ready at `ready_at`, while the key has waiters; returns
-    /// the one to use.
-    pub(crate) fn set_listener(&self, key: &LockKey, listener: L, ready_at: BootInstant) -> Arc<L> {
+    /// Stores a new listener for `key` while it has waiters; returns the one to use.
+    pub(crate) fn set_listener(&self, key: &LockKey, listener: L) -> Arc<L> {
         let listener = Arc::new(listener);
         let mut keys = self.keys(key);
         match keys.get_mut(key) {
             Some(state) if !state.waiters.is_empty() => {
-                state.listener.get_or_insert((listener, ready_at)).0.clone()
+                state.listener.get_or_insert(listener).clone()
             }
             _ => listener,
         }

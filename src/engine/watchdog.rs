@@ -88,6 +88,7 @@ pub(crate) async fn run<B: Backend>(shared: Arc<Engine<B>>) {
     }
 }
 
+/// Renews one batch of leases and waiter places, sent at `sent_at`, in one backend call.
 async fn renew<B: Backend>(
     shared: Arc<Engine<B>>,
     due: Vec<Arc<Held>>,
@@ -149,8 +150,6 @@ mod tests {
 
     use crate::{Lease, LockClient, MemoryBackend};
 
-    /// An entry added while the watchdog scans (after it looked at the table, before it stored
-    /// when it plans to wake) still wakes it: the lock is renewed, not left to run out.
     /// Short holds taken and given back one after another (each needing the watchdog 10 s
     /// later, each gone when it looks) move its plan but are not scanned for: a scan per
     /// acquire would keep it busy under load.
@@ -171,6 +170,8 @@ mod tests {
         assert!(scans <= 3, "{scans} scans for 200 short holds");
     }
 
+    /// An entry added while the watchdog scans (after it looked at the table, before it stored
+    /// when it plans to wake) still wakes it: the lock is renewed, not left to run out.
     #[tokio::test(flavor = "current_thread")]
     async fn an_entry_added_during_a_scan_is_renewed() {
         let locks = LockClient::builder(MemoryBackend::new())

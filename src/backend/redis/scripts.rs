@@ -64,6 +64,7 @@ pub(super) struct Call {
 }
 
 impl Call {
+    /// Appends to `KEYS`.
     pub(super) fn key(&mut self, key: impl ToRedisArgs) -> &mut Self {
         let count = key.num_of_args();
         debug_assert!(count <= self.keys_left, "more keys than the call declared");
@@ -72,6 +73,7 @@ impl Call {
         self
     }
 
+    /// Appends to `ARGV`.
     pub(super) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
         debug_assert_eq!(self.keys_left, 0, "an argument before the declared keys");
         self.cmd.arg(arg);
@@ -106,6 +108,7 @@ impl Call {
     }
 }
 
+/// Every script the backend runs.
 pub(super) struct Scripts {
     pub(super) acquire: Lua,
     pub(super) release: Lua,
