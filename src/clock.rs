@@ -4,11 +4,15 @@
 //! suspended. `std::time::Instant` uses `CLOCK_MONOTONIC` on Linux, which stops during suspend, so
 //! a laptop or VM waking up would believe a long-expired lease is still valid. Deadlines are
 //! therefore measured on `CLOCK_BOOTTIME` where the platform has it: the monotonic clock plus
-//! the time spent suspended. The monotonic part is read through tokio, so that under a paused
-//! test clock the engine's deadlines, its watchdog's timers and the in-memory backend's leases
-//! all move together.
+//! the time spent suspended: one clock read.
+//!
+//! With the `test-util` feature (and in the crate's own unit tests) the monotonic part is read
+//! through tokio instead, so that under a paused test clock (`tokio::time::pause`) the
+//! engine's deadlines, its watchdog's timers and the in-memory backend's leases all move
+//! together. That costs two more clock reads per reading, which a request path makes several
+//! of, so it is not the default.
 
-use std::{sync::OnceLock, time::Duration};
+use std::time::Duration;
 
 /// A point in time on a clock that keeps counting while the machine is suspended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -59,8 +63,10 @@ impl std::ops::Sub<Duration> for BootInstant {
 
 /// The monotonic clock as tokio reads it: the system's monotonic clock, except under a paused
 /// test clock (`tokio::time::pause`), which deadlines then follow as timers do.
+#[cfg(any(test, feature = "test-util", not(target_os = "linux")))]
 fn monotonic_now() -> Duration {
-    static ANCHOR: OnceLock<(tokio::time::Instant, Duration)> = OnceLock::new();
+    static ANCHOR: std::sync::OnceLock<(tokio::time::Instant, Duration)> =
+        std::sync::OnceLock::new();
     let (at, since_start_at) =
         *ANCHOR.get_or_init(|| (tokio::time::Instant::now(), system_monotonic()));
     let now = tokio::time::Instant::now();
@@ -71,16 +77,26 @@ fn monotonic_now() -> Duration {
     }
 }
 
-/// The monotonic clock plus the time the machine spent suspended (boot time minus monotonic
-/// time, as the kernel counts them).
+/// The monotonic clock plus the time the machine spent suspended, as the kernel counts it.
 #[cfg(target_os = "linux")]
+fn boot_time() -> Duration {
+    read(rustix::time::ClockId::Boottime)
+}
+
+#[cfg(all(target_os = "linux", not(any(test, feature = "test-util"))))]
 fn now_since_boot() -> Duration {
-    let boot = read(rustix::time::ClockId::Boottime);
-    let suspended = boot.saturating_sub(system_monotonic());
+    boot_time()
+}
+
+/// The same, with the monotonic part read through tokio (a paused test clock): tokio's
+/// monotonic time plus boot time minus the system's monotonic time.
+#[cfg(all(target_os = "linux", any(test, feature = "test-util")))]
+fn now_since_boot() -> Duration {
+    let suspended = boot_time().saturating_sub(system_monotonic());
     monotonic_now() + suspended
 }
 
-#[cfg(target_os = "linux")]
+#[cfg(all(target_os = "linux", any(test, feature = "test-util")))]
 fn system_monotonic() -> Duration {
     read(rustix::time::ClockId::Monotonic)
 }
@@ -114,6 +130,22 @@ mod tests {
         let b = BootInstant::now();
         assert!(b.duration_since(a) >= Duration::from_secs(30));
         assert!(b.duration_since(a) < Duration::from_secs(31));
+    }
+
+    /// Off a paused clock, the reading that follows tokio and the boot clock read alone (what
+    /// builds without `test-util` use) move together. (Their difference is constant, not zero,
+    /// when another test first read the clock under a paused runtime.)
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_boot_clock_alone_moves_as_the_tokio_following_one() {
+        let (alone, following) = (boot_time(), now_since_boot());
+        std::thread::sleep(Duration::from_millis(20));
+        let (alone_later, following_later) = (boot_time(), now_since_boot());
+        let moved = alone_later - alone;
+        let followed = following_later - following;
+        assert!(moved >= Duration::from_millis(20), "{moved:?}");
+        let apart = moved.abs_diff(followed);
+        assert!(apart < Duration::from_millis(2), "{moved:?} {followed:?}");
     }
 
     /// The boot clock moves forward with the monotonic clock.
