@@ -180,7 +180,16 @@ pub(super) fn release(
             attempt,
             RW_RELEASE_VOID_MS,
         ),
-        // Without a hand-off (the common call) the script needs the lock's key alone.
+        // One hold, no hand-off, no attempt check: the common call, in the compact form.
+        _ if handoff.is_none() && !release.all && attempt.is_empty() => {
+            let mut call = scripts.release.prepare_invoke(1);
+            call.key(key.as_str()).arg(SingleHold {
+                holder: release.holder,
+                attempt: "",
+            });
+            call
+        }
+        // Without a hand-off the script needs the lock's key alone.
         _ => {
             let mut call = scripts
                 .release
@@ -333,7 +342,11 @@ pub(super) fn renew_many<'a>(
         call.key(renew.key.as_str());
     }
     for renew in renewals {
-        call.arg(renew.holder).arg(renew.lease.millis());
+        call.arg(SingleHold {
+            holder: renew.holder,
+            attempt: "",
+        })
+        .arg(renew.lease.millis());
     }
     call
 }
@@ -374,7 +387,12 @@ pub(super) fn renew(scripts: &'static Scripts, renew: &Renew<'_>) -> Call {
         }
         _ => {
             let mut call = scripts.renew.prepare_invoke(1);
-            call.key(key.as_str()).arg(renew.holder).arg(millis);
+            call.key(key.as_str())
+                .arg(SingleHold {
+                    holder: renew.holder,
+                    attempt: "",
+                })
+                .arg(millis);
             call
         }
     }

@@ -104,10 +104,15 @@ local function single_hold(value)
   return string.sub(rest, 1, length), string.sub(rest, length + 1)
 end
 
--- Whether `value` is a single hold of `holder`.
-local function single_hold_of(value, holder)
-  local owner = string.len(holder) .. ':' .. holder
-  return string.sub(value, 1, string.len(owner)) == owner
+-- Whether `value` is a single hold whose owner prefix (its holder id's length, ':', the id;
+-- passed in by the client, so that no string is built here) is `owner`.
+local function single_hold_by(value, owner)
+  return string.find(value, owner, 1, true) == 1
+end
+
+-- The holder id in an owner prefix.
+local function holder_in(owner)
+  return string.sub(owner, string.find(owner, ':', 1, true) + 1)
 end
 
 -- Makes the lock a hash if it is a single hold (keeping its lease), or deletes it when that

@@ -11,11 +11,15 @@
 --          for one particular hold (a lost one, or a retry) never frees a newer hold
 -- ARGV[5]  how a single hold of the releasing holder starts: its length, ':', the holder id
 --          (see acquire.lua; passed in so that the common case builds no string)
--- ARGV[6]  hand-off holder id; absent for a release without a hand-off (the common call:
---          one key and five arguments)
+-- ARGV[6]  hand-off holder id; absent for a release without a hand-off
 -- ARGV[7]  hand-off lease in milliseconds
 -- ARGV[8]  hand-off attempt id
 -- ARGV[9]  '1' to issue a fencing token to the hand-off holder
+--
+-- The common call, one hold released without a hand-off or an attempt check, is sent in a
+-- compact form: KEYS[1] and ARGV[5] alone, as ARGV[1]. The holder id is then read from it, the
+-- channel is KEYS[1] .. ':released', ARGV[3] is '0' and ARGV[4] is ''. (Each argument costs
+-- the server a string; most releases are this call.)
 --
 -- Returns {0} when the holder does not hold the lock (nothing changed), {1, remaining} when
 -- holds remain, {2} when the lock was freed and the release published, {3, token} when it was
@@ -23,15 +27,18 @@
 -- reached; a release that nobody may wait for (no refused acquire, '~q') publishes nothing
 -- and answers {2, 0}, or the bare integer 2 for a single hold freed without a hand-off.
 local lock = KEYS[1]
-local holder = ARGV[1]
+local compact = not ARGV[2]
+local owner, attempt = ARGV[5], ARGV[4]
+if compact then
+  owner, attempt = ARGV[1], ''
+end
 -- The common cases first, before the helpers are defined: a single hold (nobody waits for
 -- one: a refused acquire turns it into a hash), or one read of the hash, then the release.
 local waited
 local single = redis.pcall('GET', lock)
 if type(single) == 'string' then
-  local owner = ARGV[5]
   if string.find(single, owner, 1, true) ~= 1
-    or (ARGV[4] ~= '' and string.sub(single, #owner + 1) ~= ARGV[4]) then
+    or (attempt ~= '' and string.sub(single, #owner + 1) ~= attempt) then
     return {0}
   end
   redis.call('DEL', lock)
@@ -42,9 +49,13 @@ if type(single) == 'string' then
 elseif not single then
   return {0}
 else
+  local holder = ARGV[1]
+  if compact then
+    holder = string.sub(owner, string.find(owner, ':', 1, true) + 1)
+  end
   local found = redis.call('HMGET', lock, holder, '~a', '~q')
   local count = tonumber(found[1])
-  if not count or (ARGV[4] ~= '' and found[2] ~= ARGV[4]) then
+  if not count or (attempt ~= '' and found[2] ~= attempt) then
     return {0}
   end
   if count > 1 and ARGV[3] ~= '1' then
@@ -57,7 +68,7 @@ if not ARGV[6] then
   if not waited then
     return {2, 0}
   end
-  return {2, publish(ARGV[2], 'released')}
+  return {2, publish(ARGV[2] or (lock .. ':released'), 'released')}
 end
 -- @helpers
 if redis.call('SISMEMBER', KEYS[3], ARGV[8]) == 0 then

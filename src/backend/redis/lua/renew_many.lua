@@ -2,22 +2,22 @@
 -- shortened. A key holding foreign data answers for itself and stops no other renewal.
 --
 -- KEYS[i]        a lock: a single hold or a hash (see acquire.lua)
--- ARGV[2i - 1]   its holder id
+-- ARGV[2i - 1]   its holder's owner prefix: the id's length, ':', the id (see acquire.lua)
 -- ARGV[2i]       its lease in milliseconds
 --
 -- Returns one reply per key: 1 when renewed, 0 when the holder no longer holds the lock, -1
 -- when the key holds another type of value.
 local replies = {}
 for i, lock in ipairs(KEYS) do
-  local holder = ARGV[2 * i - 1]
+  local owner = ARGV[2 * i - 1]
   local single = redis.pcall('GET', lock)
   local held
   if type(single) == 'string' then
-    held = single_hold_of(single, holder) and 1 or 0
+    held = single_hold_by(single, owner) and 1 or 0
   elseif not single then
     held = 0
   else
-    held = redis.pcall('HEXISTS', lock, holder)
+    held = redis.pcall('HEXISTS', lock, holder_in(owner))
   end
   if type(held) == 'table' then
     replies[i] = -1
