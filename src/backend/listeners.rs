@@ -58,6 +58,11 @@ impl Listeners {
         (listener, first)
     }
 
+    /// Whether no channel has a listener.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
     /// Wakes the listeners of `channel` that `payload` concerns: untagged ones, and the one
     /// tagged with it. Returns how many listened on the channel.
     pub(crate) fn notify(&self, channel: &str, payload: &str) -> u64 {

@@ -3,7 +3,7 @@
 
 use tokio::time::Instant;
 
-use super::{Publish, State, channel};
+use super::{Publish, State};
 use crate::{
     backend::LockKind,
     inspect::{HolderInfo, LockInfo, Permits},
@@ -33,9 +33,7 @@ impl State {
             LockKind::Semaphore => {
                 let before = self.inspect_semaphore(key, now);
                 self.semaphores.remove(key.as_str());
-                let publish = before
-                    .is_locked()
-                    .then(|| (channel(key), "released".to_owned()));
+                let publish = before.is_locked().then(|| (key.clone(), None));
                 (before, publish)
             }
             _ => {
@@ -50,7 +48,7 @@ impl State {
                     .get(key.as_str())
                     .and_then(|queue| queue.order.front().cloned());
                 let payload = head.unwrap_or_else(|| "released".to_owned());
-                (before, Some((channel(key), payload)))
+                (before, Some((key.clone(), Some(payload))))
             }
         }
     }

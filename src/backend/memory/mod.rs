@@ -91,8 +91,9 @@ impl FairQueue {
     }
 }
 
-/// What a release should publish, decided under the state lock and sent after it.
-type Publish = Option<(String, String)>;
+/// What a release should publish, decided under the state lock and sent after it: on the
+/// channel of which lock, and what (`None`: "released").
+type Publish = Option<(LockKey, Option<String>)>;
 
 impl MemoryBackend {
     /// An empty store.
@@ -119,7 +120,14 @@ impl MemoryBackend {
     }
 
     fn publish(&self, publish: Publish) -> Option<u64> {
-        publish.map(|(channel, payload)| self.listeners.notify(&channel, &payload))
+        publish.map(|(key, payload)| {
+            // Nobody listens on any lock (the uncontended case): no channel name to build.
+            if self.listeners.is_empty() {
+                return 0;
+            }
+            let payload = payload.as_deref().unwrap_or("released");
+            self.listeners.notify(&channel(&key), payload)
+        })
     }
 }
 
@@ -131,8 +139,9 @@ fn channel(key: &LockKey) -> String {
 impl State {
     /// The live entry for `key`, dropping it first if its lease ran out.
     fn live(&mut self, key: &str, now: Instant) -> Option<&mut Entry> {
-        if self.locks.get(key).is_some_and(|e| e.expires <= now) {
+        if self.locks.get(key)?.expires <= now {
             self.locks.remove(key);
+            return None;
         }
         self.locks.get_mut(key)
     }
@@ -195,6 +204,11 @@ impl State {
     }
 
     fn acquire_exclusive(&mut self, grant: Grant<'_>, now: Instant) -> AcquireReply {
+        // A lock nobody holds (the common case): granted after one lookup.
+        if grant.reentry != Reentry::Only && !self.locks.contains_key(grant.key.as_str()) {
+            let token = self.grant(grant, now);
+            return AcquireReply::Acquired { count: 1, token };
+        }
         if let Some(reply) = self.reenter(grant, now) {
             return reply;
         }
@@ -275,10 +289,7 @@ impl State {
             }),
             _ => None,
         };
-        let publish = (
-            channel(release.key),
-            payload.unwrap_or_else(|| "released".to_owned()),
-        );
+        let publish = (release.key.clone(), payload);
         (ReleaseReply::Released { notified: None }, Some(publish))
     }
 
@@ -303,7 +314,7 @@ impl State {
         let head = queue.order.front().cloned();
         let publish = match &head {
             Some(head) if free && head_before.as_ref() != Some(head) => {
-                Some((channel(key), head.clone()))
+                Some((key.clone(), Some(head.clone())))
             }
             _ => None,
         };
@@ -441,7 +452,7 @@ impl Backend for MemoryBackend {
                         }
                         if entry.count == 0 {
                             state.locks.remove(name);
-                            (true, Some((channel(grant.key), "released".to_owned())))
+                            (true, Some((grant.key.clone(), None)))
                         } else {
                             (true, None)
                         }

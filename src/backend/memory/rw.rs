@@ -4,7 +4,7 @@ use std::{collections::HashMap, time::Duration};
 
 use tokio::time::Instant;
 
-use super::{Publish, State, channel};
+use super::{Publish, State};
 use crate::{
     backend::{AcquireReply, Grant, LockKind, Reentry, ReleaseReply, Renew, RenewReply},
     inspect::{HolderInfo, LockInfo},
@@ -214,7 +214,7 @@ impl State {
             return (ReleaseReply::Decremented { remaining }, None);
         }
         lock.attempts.remove(&record);
-        let publish = Some((channel(key), "released".to_owned()));
+        let publish = Some((key.clone(), None));
         let reply = match kind {
             LockKind::Write => {
                 lock.end_writer();
@@ -275,7 +275,7 @@ impl State {
         let reply = match timeout {
             None => {
                 let left = lock.waiting_writers.remove(holder).is_some();
-                let publish = left.then(|| (channel(key), "released".to_owned()));
+                let publish = left.then(|| (key.clone(), None));
                 (RenewReply::NotHeld, publish)
             }
             Some(timeout) => match lock.waiting_writers.get_mut(holder) {
@@ -348,9 +348,7 @@ impl State {
         if lock.is_idle() {
             self.rw.remove(key.as_str());
         }
-        let publish = before
-            .is_locked()
-            .then(|| (channel(key), "released".to_owned()));
+        let publish = before.is_locked().then(|| (key.clone(), None));
         (before, publish)
     }
 }

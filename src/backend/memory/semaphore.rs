@@ -4,7 +4,7 @@ use std::{collections::HashMap, time::Duration};
 
 use tokio::time::Instant;
 
-use super::{Publish, State, channel};
+use super::{Publish, State};
 use crate::{
     backend::{AcquireReply, Grant, Reentry, ReleaseReply, Renew, RenewReply},
     lock_key::LockKey,
@@ -136,7 +136,7 @@ impl State {
         }
         semaphore.holders.remove(holder);
         self.drop_idle_semaphore(key);
-        let publish = Some((channel(key), "released".to_owned()));
+        let publish = Some((key.clone(), None));
         (ReleaseReply::Released { notified: None }, publish)
     }
 
