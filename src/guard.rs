@@ -9,10 +9,9 @@ use std::{
     time::Duration,
 };
 
-use tokio_util::sync::WaitForCancellationFutureOwned;
-
 use crate::{
     backend::Backend,
+    clock::BootInstant,
     engine::{EngineRef, Held},
     error::LockError,
     holder::Holder,
@@ -107,7 +106,7 @@ impl<B: Backend> LockGuard<B> {
     /// Resolves when the lock is lost while held. Never resolves for a lock that is released
     /// normally.
     pub fn lost(&self) -> Lost {
-        Lost::new(self.held().lost.clone())
+        Lost::new(self.entry().clone())
     }
 
     /// The entry this guard holds, for what the middleware tells a request handler.
@@ -121,18 +120,29 @@ impl<B: Backend> LockGuard<B> {
     /// [`LockError::Lost`] when the lock was lost while held, [`LockError::NotHeld`] when the
     /// backend no longer had it for this holder, [`LockError::Backend`] when the release could not
     /// be confirmed (the lock then expires within one lease, since renewal has stopped).
-    pub async fn release(mut self) -> Result<(), LockError> {
+    pub async fn release(self) -> Result<(), LockError> {
+        self.into_release(BootInstant::now()).await
+    }
+
+    /// The release at `now` as a future that owns what it needs: its synchronous half (renewal
+    /// stopped, a hand-off chosen) done now.
+    pub(crate) fn into_release(mut self, now: BootInstant) -> FinishOnDrop {
         let held = self.held.take().expect("guard released twice");
         let shared = self.client.engine.clone();
-        let releasing = shared.begin_release(held)?;
-        let runtime = shared.runtime();
-        FinishOnDrop {
-            future: Some(Box::pin(
-                async move { shared.finish_release(releasing).await },
-            )),
-            runtime,
+        match shared.begin_release(held, now) {
+            Ok(releasing) => FinishOnDrop {
+                runtime: shared.runtime(),
+                future: Some(Box::pin(
+                    async move { shared.finish_release(releasing).await },
+                )),
+                failed: None,
+            },
+            Err(error) => FinishOnDrop {
+                future: None,
+                runtime: None,
+                failed: Some(error),
+            },
         }
-        .await
     }
 }
 
@@ -164,15 +174,20 @@ type Releasing = Pin<Box<dyn Future<Output = Result<(), LockError>> + Send>>;
 
 /// A release in flight that, if its caller is cancelled (a dropped response future, say),
 /// finishes on the runtime instead of leaving the lock held until its lease runs out.
-struct FinishOnDrop {
+pub(crate) struct FinishOnDrop {
     future: Option<Releasing>,
     runtime: Option<tokio::runtime::Handle>,
+    /// The release failed before reaching the backend (the lock was lost).
+    failed: Option<LockError>,
 }
 
 impl Future for FinishOnDrop {
     type Output = Result<(), LockError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let Some(error) = self.failed.take() {
+            return Poll::Ready(Err(error));
+        }
         let future = self.future.as_mut().expect("polled after completion");
         let result = std::task::ready!(future.as_mut().poll(cx));
         self.future = None;
@@ -192,25 +207,24 @@ impl Drop for FinishOnDrop {
 /// ([`MultiGuard::lost`](crate::MultiGuard::lost)), when any of them is lost.
 pub struct Lost(Watch);
 
-enum Watch {
-    One(Pin<Box<WaitForCancellationFutureOwned>>),
-    Any(Vec<Pin<Box<WaitForCancellationFutureOwned>>>),
-}
+/// One boxed wait per lock (it borrows the lock's entry, which it owns too).
+type Watch = Vec<Pin<Box<dyn Future<Output = ()> + Send + Sync>>>;
 
 impl Lost {
-    pub(crate) fn new(token: tokio_util::sync::CancellationToken) -> Self {
-        Self(Watch::One(Box::pin(token.cancelled_owned())))
+    /// Resolves when `held` is lost.
+    pub(crate) fn new(held: Arc<Held>) -> Self {
+        Self::any([held])
     }
 
-    /// Resolves when any of `tokens` is cancelled.
-    pub(crate) fn any(
-        tokens: impl IntoIterator<Item = tokio_util::sync::CancellationToken>,
-    ) -> Self {
-        let watches = tokens
+    /// Resolves when any of `helds` is lost.
+    pub(crate) fn any(helds: impl IntoIterator<Item = Arc<Held>>) -> Self {
+        let watches = helds
             .into_iter()
-            .map(|token| Box::pin(token.cancelled_owned()))
+            .map(|held| -> Pin<Box<dyn Future<Output = ()> + Send + Sync>> {
+                Box::pin(async move { held.until_lost().await })
+            })
             .collect();
-        Self(Watch::Any(watches))
+        Self(watches)
     }
 }
 
@@ -218,17 +232,12 @@ impl Future for Lost {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        match &mut self.0 {
-            Watch::One(watch) => watch.as_mut().poll(cx),
-            Watch::Any(watches) => {
-                // Every one is polled, so each has registered the waker.
-                let mut lost = false;
-                for watch in watches {
-                    lost |= watch.as_mut().poll(cx).is_ready();
-                }
-                if lost { Poll::Ready(()) } else { Poll::Pending }
-            }
+        // Every one is polled, so each has registered the waker.
+        let mut lost = false;
+        for watch in &mut self.0 {
+            lost |= watch.as_mut().poll(cx).is_ready();
         }
+        if lost { Poll::Ready(()) } else { Poll::Pending }
     }
 }
 

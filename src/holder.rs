@@ -27,7 +27,7 @@ impl Holder {
     /// Made only by the client, from its random id and a sequence number.
     pub(crate) fn new(client_id: &str, sequence: u64) -> Self {
         Self {
-            id: numbered(client_id, ':', sequence).into(),
+            id: numbered(client_id, b':', sequence),
         }
     }
 
@@ -93,15 +93,29 @@ impl fmt::Display for Holder {
 }
 
 /// `head`, `separator` and `n` in decimal: the ids of holders and attempts, made for every
-/// acquire, so without the formatting machinery.
-pub(crate) fn numbered(head: &str, separator: char, n: u64) -> String {
+/// acquire, so without the formatting machinery, and in one allocation (the shared string's)
+/// when the id is short, as ids made from a client's id are.
+pub(crate) fn numbered(head: &str, separator: u8, n: u64) -> Arc<str> {
     let digits = Decimal::new(n);
     let digits = digits.as_bytes();
-    let mut id = String::with_capacity(head.len() + 1 + digits.len());
-    id.push_str(head);
-    id.push(separator);
-    id.extend(digits.iter().map(|&digit| char::from(digit)));
-    id
+    let len = head.len() + 1 + digits.len();
+    let mut buffer = [0; 128];
+    if let Some(id) = buffer.get_mut(..len) {
+        let (start, rest) = id.split_at_mut(head.len());
+        start.copy_from_slice(head.as_bytes());
+        rest[0] = separator;
+        rest[1..].copy_from_slice(digits);
+    }
+    match buffer.get(..len).map(std::str::from_utf8) {
+        Some(Ok(id)) => Arc::from(id),
+        _ => {
+            let mut id = String::with_capacity(len);
+            id.push_str(head);
+            id.push(char::from(separator));
+            id.extend(digits.iter().map(|&digit| char::from(digit)));
+            Arc::from(id)
+        }
+    }
 }
 
 /// A number's decimal digits, written without allocating.
@@ -139,7 +153,9 @@ mod tests {
     #[test]
     fn numbered_ids_read_as_formatted() {
         for n in [0, 7, 10, 99, 1_000_001, u64::MAX] {
-            assert_eq!(numbered("client", ':', n), format!("client:{n}"));
+            assert_eq!(&*numbered("client", b':', n), format!("client:{n}"));
+            let long = "c".repeat(200);
+            assert_eq!(&*numbered(&long, b'#', n), format!("{long}#{n}"));
             assert_eq!(Decimal::new(n).as_bytes(), n.to_string().as_bytes());
         }
         assert_eq!(Holder::new("c", 12).id(), "c:12");

@@ -358,7 +358,7 @@ impl<B: Backend> LockClient<B> {
         shared.stop.cancel();
         let held = shared.table.drain_held();
         let releases = held.iter().map(|held| async move {
-            held.lost.cancel();
+            held.mark_lost();
             if let Err(error) = shared.backend.release(held.release_all()).await {
                 tracing::warn!(key = %held.key, error = %format_args!("{error:#}"), "release at shutdown failed");
             }

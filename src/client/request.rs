@@ -230,7 +230,9 @@ impl<B: Backend> LockRequest<'_, B> {
             }),
             wait: self.wait,
         };
-        let started = tokio::time::Instant::now();
+        // The wait is timed for the metrics and the debug events only: a clock read apiece.
+        let timed = cfg!(feature = "metrics") || tracing::enabled!(tracing::Level::DEBUG);
+        let started = timed.then(tokio::time::Instant::now);
         let key_name = request.key.clone();
         let span = tracing::debug_span!(
             "lock_acquire",
@@ -239,7 +241,7 @@ impl<B: Backend> LockRequest<'_, B> {
             holder = %request.want.holder
         );
         let result = shared.acquire(request).instrument(span).await;
-        let waited = started.elapsed();
+        let waited = started.map_or(Duration::ZERO, |started| started.elapsed());
         crate::metrics::acquire_finished(kind, result.as_ref().map(|_| ()), waited);
         match result {
             Ok((held, _)) if shared.stop.is_cancelled() => {

@@ -279,7 +279,13 @@ impl<B: Backend> Engine<B> {
             true => None,
             false => Some(queued.join(&want, queue)?),
         };
-        let deadline = tokio::time::Instant::now() + request.wait;
+        // The wait counts from the first attempt's clock reading (the uncontended case reads
+        // no other clock); its deadline is worked out when first needed.
+        let mut wait = WaitClock {
+            wait: request.wait,
+            started: None,
+            deadline: None,
+        };
         let mut listener = None;
         // The current holder's remaining lease, as last seen: the hint for a caller timed out.
         let mut retry_after = None;
@@ -299,7 +305,7 @@ impl<B: Backend> Engine<B> {
                         ..want.grant(&request.key, queue)
                     };
                     let sent_at = BootInstant::now();
-                    let attempt_started = tokio::time::Instant::now();
+                    wait.started.get_or_insert(sent_at);
                     let mut in_flight = InFlight::new(self, &request.key, &want, None);
                     let reply = self.backend.acquire(grant).await;
                     let late = matches!(reply, Ok(AcquireReply::Acquired { .. }))
@@ -350,7 +356,9 @@ impl<B: Backend> Engine<B> {
                                 self.watch(place.joined(sent_at));
                                 queued.in_backend = true;
                             }
-                            if request.wait.is_zero() || tokio::time::Instant::now() >= deadline {
+                            if request.wait.is_zero()
+                                || tokio::time::Instant::now() >= wait.deadline()
+                            {
                                 return Err(LockError::WaitTimeout { retry_after: ttl });
                             }
                             if listener.is_none() {
@@ -376,9 +384,9 @@ impl<B: Backend> Engine<B> {
                             let pause = Duration::from_millis(50);
                             let transient =
                                 matches!(&error, LockError::Backend(e) if e.is_unavailable());
-                            let now = tokio::time::Instant::now();
-                            let next_ends = now + pause + (now - attempt_started);
-                            if !transient || next_ends >= deadline {
+                            let took = BootInstant::now().duration_since(sent_at);
+                            let next_ends = tokio::time::Instant::now() + pause + took;
+                            if !transient || next_ends >= wait.deadline() {
                                 return Err(error);
                             }
                             tracing::debug!(error = %format_args!("{error:#}"), "backend error while waiting; trying again");
@@ -424,7 +432,7 @@ impl<B: Backend> Engine<B> {
                 () = ticket.wake.notified() => {}
                 () = notified(listening.as_deref()) => {}
                 () = sleep_opt(retry_in) => {}
-                () = tokio::time::sleep_until(deadline) => {
+                () = tokio::time::sleep_until(wait.deadline()) => {
                     return Err(LockError::WaitTimeout { retry_after });
                 }
             }
@@ -541,5 +549,24 @@ async fn sleep_opt(duration: Option<Duration>) {
     match duration {
         Some(duration) => tokio::time::sleep(duration).await,
         None => std::future::pending().await,
+    }
+}
+
+/// An acquire's wait: when it started (its first attempt's clock reading) and, worked out when
+/// first needed, when it ends on tokio's clock.
+struct WaitClock {
+    wait: Duration,
+    started: Option<BootInstant>,
+    deadline: Option<tokio::time::Instant>,
+}
+
+impl WaitClock {
+    fn deadline(&mut self) -> tokio::time::Instant {
+        let (wait, started) = (self.wait, self.started);
+        *self.deadline.get_or_insert_with(|| {
+            let now = tokio::time::Instant::now();
+            let spent = started.map_or(Duration::ZERO, |at| BootInstant::now().duration_since(at));
+            now.checked_sub(spent).unwrap_or(now) + wait
+        })
     }
 }

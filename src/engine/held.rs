@@ -6,12 +6,14 @@
 //! network stalled learns about it from its own clock, not from a reply that may never come.
 
 use std::{
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    sync::{
+        Arc, Mutex, MutexGuard, PoisonError,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 
 use crate::{
     backend::{LockKind, Release},
@@ -29,10 +31,17 @@ pub(crate) struct Held {
     pub(crate) kind: LockKind,
     pub(crate) lease: Lease,
     pub(crate) token: Option<u64>,
-    pub(crate) lost: CancellationToken,
+    /// Set when the lock is lost (see [`mark_lost`](Self::mark_lost)).
+    marked_lost: AtomicBool,
+    /// Wakes what waits for the loss ([`until_lost`](Self::until_lost)).
+    lost_wake: Notify,
+    /// When the lock must be considered gone unless a renewal succeeds first
+    /// ([`BootInstant::as_nanos`]); only ever moved later. Outside the state's mutex: every
+    /// poll of a locked request reads it.
+    deadline: AtomicU64,
     /// The attempt that granted the hold (or handed it over): the backend records it with the
     /// hold, so a release meant for this entry alone can check that the hold is still its.
-    grant_attempt: String,
+    grant_attempt: Arc<str>,
     /// Signalled when a cancelled re-entry of this entry has been resolved.
     resolved: Notify,
     /// When the request that acquired it was sent, for the hold-time metric.
@@ -44,8 +53,6 @@ pub(crate) struct Held {
 struct HeldState {
     /// Guards sharing this entry (re-entries of the same holder).
     refs: usize,
-    /// When the lock must be considered gone unless a renewal succeeds first.
-    deadline: BootInstant,
     /// When the next renewal is due.
     next_renew: BootInstant,
     /// A renewal for this entry is in flight.
@@ -67,7 +74,7 @@ impl Held {
         key: LockKey,
         holder: Holder,
         kind: LockKind,
-        (lease, token, attempt): (Lease, Option<u64>, &str),
+        (lease, token, attempt): (Lease, Option<u64>, &Arc<str>),
         sent_at: BootInstant,
         max_hold: Option<Duration>,
     ) -> Arc<Self> {
@@ -77,13 +84,14 @@ impl Held {
             kind,
             lease,
             token,
-            lost: CancellationToken::new(),
-            grant_attempt: attempt.to_owned(),
+            marked_lost: AtomicBool::new(false),
+            lost_wake: Notify::new(),
+            deadline: AtomicU64::new(lease.valid_until(sent_at).as_nanos()),
+            grant_attempt: attempt.clone(),
             resolved: Notify::new(),
             acquired_at: sent_at,
             state: Mutex::new(HeldState {
                 refs: 1,
-                deadline: lease.valid_until(sent_at),
                 next_renew: sent_at + lease.renew_interval(),
                 renewing: false,
                 renew_until: max_hold.map(|max| sent_at + max),
@@ -153,23 +161,62 @@ impl Held {
 
     /// Whether the lock is known to be lost, or its deadline has passed.
     pub(crate) fn is_lost(&self) -> bool {
-        self.lost.is_cancelled() || self.state().deadline <= BootInstant::now()
+        self.is_lost_at(BootInstant::now())
+    }
+
+    /// Whether the lock is known to be lost, or its deadline has passed by `now`.
+    pub(crate) fn is_lost_at(&self, now: BootInstant) -> bool {
+        self.is_marked_lost() || self.deadline() <= now
+    }
+
+    /// Whether the lock was marked lost ([`mark_lost`](Self::mark_lost)).
+    pub(crate) fn is_marked_lost(&self) -> bool {
+        self.marked_lost.load(Ordering::Acquire)
+    }
+
+    /// Marks the lock lost and wakes whoever waits for that; false if it already was.
+    pub(crate) fn mark_lost(&self) -> bool {
+        let first = !self.marked_lost.swap(true, Ordering::AcqRel);
+        self.lost_wake.notify_waiters();
+        first
+    }
+
+    /// Resolves once the lock is marked lost.
+    pub(crate) async fn until_lost(&self) {
+        loop {
+            let notified = self.lost_wake.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the flag is read: a loss marked in between still wakes it.
+            notified.as_mut().enable();
+            if self.is_marked_lost() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn deadline(&self) -> BootInstant {
+        BootInstant::from_nanos(self.deadline.load(Ordering::Acquire))
+    }
+
+    /// Moves the deadline to `until` unless it is later already.
+    fn extend_deadline(&self, until: BootInstant) {
+        self.deadline.fetch_max(until.as_nanos(), Ordering::AcqRel);
     }
 
     /// When the watchdog must look at this entry next.
     pub(crate) fn next_event(&self) -> BootInstant {
         let state = self.state();
         if self.lease.is_renewed() {
-            state.next_renew.min(state.deadline)
+            state.next_renew.min(self.deadline())
         } else {
-            state.deadline
+            self.deadline()
         }
     }
 
     /// Time left before the deadline.
     pub(crate) fn remaining(&self) -> Duration {
-        self.state()
-            .deadline
+        self.deadline()
             .saturating_duration_until(BootInstant::now())
     }
 
@@ -182,8 +229,7 @@ impl Held {
     /// A re-entry sent at `sent_at` with `lease` was granted: the backend keeps the lock at
     /// least that long (a re-entry never shortens a lease).
     pub(crate) fn reentered(&self, lease: Lease, sent_at: BootInstant) {
-        let mut state = self.state();
-        state.deadline = state.deadline.max(lease.valid_until(sent_at));
+        self.extend_deadline(lease.valid_until(sent_at));
     }
 
     /// One guard fewer; returns how many remain. The last one marks the entry released.
@@ -199,7 +245,8 @@ impl Held {
     /// Looks at the entry at `now`: what it needs and when it next needs attention.
     pub(crate) fn check(&self, now: BootInstant) -> Check {
         let mut state = self.state();
-        if state.deadline <= now {
+        let deadline = self.deadline();
+        if deadline <= now {
             return Check::Lost;
         }
         let renewable = self.lease.is_renewed()
@@ -211,12 +258,12 @@ impl Held {
         let slack = self.lease.renew_interval() / 2;
         if renewable && state.next_renew <= now + slack {
             state.renewing = true;
-            return Check::Due(state.deadline);
+            return Check::Due(deadline);
         }
         let next = if renewable {
-            state.next_renew.min(state.deadline)
+            state.next_renew.min(deadline)
         } else {
-            state.deadline
+            deadline
         };
         Check::Later(next)
     }
@@ -224,7 +271,7 @@ impl Held {
     pub(crate) fn renewed(&self, sent_at: BootInstant) {
         let mut state = self.state();
         state.renewing = false;
-        state.deadline = state.deadline.max(self.lease.valid_until(sent_at));
+        self.extend_deadline(self.lease.valid_until(sent_at));
         state.next_renew = sent_at + self.lease.renew_interval();
     }
 

@@ -157,8 +157,8 @@ impl<B: Backend> Engine<B> {
     }
 
     /// A new attempt id of `holder`.
-    pub(crate) fn attempt_id(&self, holder: &Holder) -> String {
-        crate::holder::numbered(holder.id(), '#', self.next_id())
+    pub(crate) fn attempt_id(&self, holder: &Holder) -> Arc<str> {
+        crate::holder::numbered(holder.id(), b'#', self.next_id())
     }
 
     /// The runtime to spawn background releases on.

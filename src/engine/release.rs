@@ -39,10 +39,9 @@ impl<B: Backend> Engine<B> {
     /// the backend if it is still there for this very entry.
     pub(crate) fn lose(self: &Arc<Self>, held: &Arc<Held>, loss: Loss) {
         // A released entry has ended: a late reply about it is no loss.
-        if held.lost.is_cancelled() || held.is_released() {
+        if held.is_marked_lost() || held.is_released() || !held.mark_lost() {
             return;
         }
-        held.lost.cancel();
         self.table.remove_held(held);
         crate::metrics::lost(held.kind);
         let reason = match loss {
@@ -62,9 +61,14 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// The synchronous half of a release: stop renewing and pick a waiter to hand off to.
-    pub(crate) fn begin_release(self: &Arc<Self>, held: Arc<Held>) -> Result<Releasing, LockError> {
-        if held.is_lost() {
+    /// The synchronous half of a release at `now`: stop renewing and pick a waiter to hand off
+    /// to.
+    pub(crate) fn begin_release(
+        self: &Arc<Self>,
+        held: Arc<Held>,
+        now: BootInstant,
+    ) -> Result<Releasing, LockError> {
+        if held.is_lost_at(now) {
             // Its deadline may have passed before the watchdog saw it: mark it lost now, so
             // the entry leaves the table (waiters here contend again).
             self.lose(&held, Loss::Expired);
@@ -101,7 +105,8 @@ impl<B: Backend> Engine<B> {
         };
         // The hand-off's lease counts from here (a clock read only when there is one).
         let sent_at = handoff.as_ref().map(|_| BootInstant::now());
-        let started = tokio::time::Instant::now();
+        // Timed only when the release may hold local waiters back for a while (see below).
+        let started = yield_turn.then(tokio::time::Instant::now);
         let mut reply = self.backend.release(release).await;
         if handoff.is_none()
             && let Err(error) = &reply
@@ -116,7 +121,7 @@ impl<B: Backend> Engine<B> {
         // need one more round trip to reach the backend: hold local waiters back for two.
         let own = u64::from(self.table.listener(&held.key).is_some());
         let others_heard = matches!(reply, Ok(ReleaseReply::Released { notified }) if notified.is_none_or(|n| n > own));
-        let yield_for = (yield_turn && others_heard).then(|| {
+        let yield_for = started.filter(|_| others_heard).map(|started| {
             (started.elapsed() * 2).clamp(Duration::from_micros(200), Duration::from_millis(20))
         });
         let outcome = match (reply, handoff) {
@@ -259,7 +264,7 @@ impl<B: Backend> Engine<B> {
     /// to a waiter that gave up before taking it. Renewal stops now; the backend call runs on
     /// the runtime (without one, the lease frees the lock).
     pub(crate) fn release_detached(self: &Arc<Self>, held: Arc<Held>) {
-        let Ok(releasing) = self.begin_release(held) else {
+        let Ok(releasing) = self.begin_release(held, BootInstant::now()) else {
             return;
         };
         match self.runtime() {

@@ -113,8 +113,7 @@ impl<L> KeyState<L> {
         self.handing_off > 0
             || self.trying > 0
             || self.held.iter().any(|held| {
-                matches!(held.kind, LockKind::Exclusive | LockKind::Fair)
-                    && !held.lost.is_cancelled()
+                matches!(held.kind, LockKind::Exclusive | LockKind::Fair) && !held.is_marked_lost()
             })
     }
 
@@ -155,12 +154,12 @@ fn contenders(want: &Want) -> usize {
 #[derive(Debug)]
 pub(crate) struct Want {
     pub(crate) holder: Holder,
-    pub(crate) attempt: String,
+    pub(crate) attempt: Arc<str>,
     pub(crate) kind: LockKind,
     pub(crate) lease: Lease,
     pub(crate) fencing: bool,
     /// The last earlier attempt whose outcome is unknown (its reply was lost).
-    pub(crate) supersedes: Option<String>,
+    pub(crate) supersedes: Option<Arc<str>>,
     /// A semaphore's permits (0 for the other kinds).
     pub(crate) permits: u32,
 }
@@ -168,7 +167,7 @@ pub(crate) struct Want {
 impl Want {
     /// The same request under a new attempt id, after this attempt failed; `unknown` tells
     /// whether it may have taken the lock all the same.
-    pub(crate) fn retry(&self, attempt: String, unknown: bool) -> Self {
+    pub(crate) fn retry(&self, attempt: Arc<str>, unknown: bool) -> Self {
         Self {
             holder: self.holder.clone(),
             attempt,
@@ -429,7 +428,7 @@ impl<L> Table<L> {
                 state
                     .held
                     .iter()
-                    .find(|held| !held.lost.is_cancelled())
+                    .find(|held| !held.is_marked_lost())
                     .map(|held| held.remaining()),
             ),
         }
@@ -517,9 +516,9 @@ impl<L> Table<L> {
             .front()
             .is_some_and(|slot| slot.want.kind == LockKind::Exclusive);
         if state.held.len() == before
-            || held.is_lost()
             || held.kind != LockKind::Exclusive
             || !exclusive_next
+            || held.is_lost()
         {
             return (None, false);
         }
@@ -615,7 +614,7 @@ impl<L> Table<L> {
         for keys in self.all_keys() {
             for state in keys.values() {
                 for held in &state.held {
-                    if !held.lost.is_cancelled() {
+                    if !held.is_marked_lost() {
                         scan.add(held, now);
                     }
                 }

@@ -44,7 +44,11 @@ impl KeyedHash {
         mac.update(namespace.as_bytes());
         mac.update(user_key);
         let tag = base64url(&mac.finalize().into_bytes());
-        Ok(LockKey::with_tag(prefix, &namespace, &tag))
+        Ok(LockKey::with_tag(
+            prefix,
+            &namespace,
+            std::iter::once(tag.as_str()),
+        ))
     }
 }
 

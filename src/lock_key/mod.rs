@@ -128,18 +128,21 @@ impl LockKey {
         max_len: usize,
     ) -> Result<Self, KeyError> {
         check_len(user_key, max_len)?;
-        let tag: String = percent_encode(user_key, ESCAPED).collect();
-        Ok(Self::with_tag(prefix, namespace, &tag))
+        Ok(Self::with_tag(
+            prefix,
+            namespace,
+            percent_encode(user_key, ESCAPED),
+        ))
     }
 
     /// `prefix` + escaped namespace + `{tag}`; `tag` must be non-empty and free of braces.
-    fn with_tag(prefix: &str, namespace: &str, tag: &str) -> Self {
+    fn with_tag<'t>(prefix: &str, namespace: &str, tag: impl Iterator<Item = &'t str>) -> Self {
         let namespace = readable(namespace);
-        let mut name = String::with_capacity(prefix.len() + namespace.len() + tag.len() + 2);
+        let mut name = String::with_capacity(prefix.len() + namespace.len() + 32);
         name.push_str(prefix);
         name.extend(percent_encode(namespace.as_bytes(), ESCAPED));
         name.push('{');
-        name.push_str(tag);
+        name.extend(tag);
         name.push('}');
         Self::named(name)
     }

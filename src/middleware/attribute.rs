@@ -102,7 +102,7 @@ where
         Ok(Self {
             client: parts.extensions.get::<AnyLockClient>().cloned(),
             holder: parts.extensions.get::<Holder>().cloned(),
-            route: super::service::route(parts),
+            route: super::service::route(parts).to_owned(),
             state: P::from_state(state),
         })
     }

@@ -120,8 +120,8 @@ impl LockContext {
     /// `LockLayer::continue_on_lost`; by default the layer cancels the handler itself).
     pub fn lost(&self) -> Lost {
         match &self.set {
-            None => Lost::new(self.held.lost.clone()),
-            Some(set) => Lost::any(set.iter().map(|member| member.held.lost.clone())),
+            None => Lost::new(self.held.clone()),
+            Some(set) => Lost::any(set.iter().map(|member| member.held.clone())),
         }
     }
 

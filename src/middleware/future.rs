@@ -6,7 +6,6 @@ use std::{
     pin::Pin,
     sync::Arc,
     task::{Context, Poll, ready},
-    time::Instant,
 };
 
 use http::{Request, Response};
@@ -14,13 +13,16 @@ use pin_project::pin_project;
 use tokio::task::futures::TaskLocalFuture;
 use tower_service::Service;
 
-use super::{LockRejection, OnRejected, hold::Hold, layer::LayerConfig};
-use crate::{Backend, LockError, guard::Lost, holder::Holder};
+use super::{
+    LockRejection, OnRejected,
+    hold::{Hold, HoldRelease},
+    layer::LayerConfig,
+};
+use crate::{Backend, LockError, clock::BootInstant, guard::Lost, holder::Holder};
 
-// Both boxes are `Send` so that the response future can be: they hold only the lock client's
-// parts, never the inner service or a body.
+// The box is `Send` so that the response future can be: it holds only the lock client's parts,
+// never the inner service or a body (as does a release in flight).
 pub(crate) type Acquire<B> = Pin<Box<dyn Future<Output = Result<Hold<B>, LockError>> + Send>>;
-type Release = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The response future of [`LockService`](super::LockService).
 ///
@@ -40,8 +42,8 @@ where
     on_rejected: Option<R>,
     config: Option<Arc<LayerConfig>>,
     span: tracing::Span,
-    started: Instant,
-    acquired: Option<Instant>,
+    /// When the request began waiting; read only for an enabled span (`waited_ms`).
+    started: Option<BootInstant>,
 }
 
 #[pin_project(project = StateProj)]
@@ -62,7 +64,8 @@ where
         lost: Option<Lost>,
     },
     Releasing {
-        release: Release,
+        #[pin]
+        release: HoldRelease,
         result: Option<Result<S::Response, S::Error>>,
     },
     Unlocked {
@@ -96,9 +99,8 @@ where
             },
             on_rejected: Some(on_rejected),
             config: Some(config),
+            started: (!span.is_disabled()).then(BootInstant::now),
             span,
-            started: Instant::now(),
-            acquired: None,
         }
     }
 
@@ -121,8 +123,7 @@ where
             on_rejected: None,
             config: None,
             span: tracing::Span::none(),
-            started: Instant::now(),
-            acquired: None,
+            started: None,
         }
     }
 }
@@ -146,9 +147,10 @@ where
                     request,
                 } => match ready!(acquire.as_mut().poll(cx)) {
                     Ok(guard) => {
-                        let now = Instant::now();
-                        *this.acquired = Some(now);
-                        this.span.record("waited_ms", millis(now - *this.started));
+                        if let Some(started) = *this.started {
+                            let waited = guard.acquired_at().duration_since(started);
+                            this.span.record("waited_ms", millis(waited));
+                        }
                         let mut request = request.take().expect("polled after completion");
                         request.extensions_mut().insert(guard.context());
                         let mut inner = inner.take().expect("polled after completion");
@@ -180,19 +182,25 @@ where
                     // a stall past the lease must not run on before the watchdog notices.
                     let lost_now = lost.as_mut().is_some_and(|lost| {
                         Pin::new(lost).poll(cx).is_ready()
-                            || guard.as_ref().is_some_and(Hold::is_lost)
+                            || guard
+                                .as_ref()
+                                .is_some_and(|guard| guard.is_lost_at(BootInstant::now()))
                     });
                     if lost_now {
                         // The inner future is dropped with this state: the handler stops.
-                        this.span.record("held_ms", held_ms(*this.acquired));
+                        let acquired = guard.as_ref().map(Hold::acquired_at);
+                        this.span
+                            .record("held_ms", held_ms(acquired, BootInstant::now()));
                         reject(this.on_rejected, this.span, LockRejection::Lost)
                     } else {
                         let result = ready!(future.poll(cx));
-                        this.span.record("held_ms", held_ms(*this.acquired));
-                        if let (Some(config), Some(acquired)) =
-                            (this.config.as_ref(), *this.acquired)
-                        {
-                            config.holds.record(acquired.elapsed());
+                        // One clock reading for the hold's time and the deadline check below.
+                        let now = BootInstant::now();
+                        let acquired = guard.as_ref().map(Hold::acquired_at);
+                        let held = held_ms(acquired, now);
+                        this.span.record("held_ms", held);
+                        if let (Some(config), Some(acquired)) = (this.config.as_ref(), acquired) {
+                            config.holds.record(now.duration_since(acquired));
                         }
                         this.span
                             .record("outcome", if result.is_ok() { "ok" } else { "error" });
@@ -201,7 +209,7 @@ where
                             .config
                             .as_ref()
                             .is_some_and(|c| c.release_in_background);
-                        if lost.is_some() && guard.is_lost() {
+                        if lost.is_some() && guard.is_lost_at(now) {
                             // The handler finished after the lease's deadline, before the
                             // watchdog said so (e.g. the process was stalled): its response
                             // was not made under the lock.
@@ -212,18 +220,16 @@ where
                             return Poll::Ready(result);
                         } else {
                             State::Releasing {
-                                release: Box::pin(async move {
-                                    if let Err(error) = guard.release().await {
-                                        tracing::debug!(error = %format_args!("{error:#}"), "release after the response failed");
-                                    }
-                                }),
+                                release: guard.release(now),
                                 result: Some(result),
                             }
                         }
                     }
                 }
                 StateProj::Releasing { release, result } => {
-                    ready!(release.as_mut().poll(cx));
+                    if let Err(error) = ready!(release.poll(cx)) {
+                        tracing::debug!(error = %format_args!("{error:#}"), "release after the response failed");
+                    }
                     return Poll::Ready(result.take().expect("polled after completion"));
                 }
                 StateProj::Unlocked { future } => return future.poll(cx),
@@ -260,8 +266,8 @@ fn millis(duration: std::time::Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn held_ms(acquired: Option<Instant>) -> u64 {
-    acquired.map_or(0, |at| millis(at.elapsed()))
+fn held_ms(acquired: Option<BootInstant>, now: BootInstant) -> u64 {
+    acquired.map_or(0, |at| millis(now.duration_since(at)))
 }
 
 impl<S, B, ReqBody, R> fmt::Debug for ResponseFuture<S, B, ReqBody, R>

@@ -1,7 +1,18 @@
 //! What a request holds: one lock, or a set of them.
 
 use super::LockContext;
-use crate::{Backend, LockError, LockGuard, MultiGuard, guard::Lost, holder::Holder};
+use std::{
+    future::Future,
+    pin::Pin,
+    task::{Context, Poll},
+};
+
+use crate::{
+    Backend, LockError, LockGuard, MultiGuard,
+    clock::BootInstant,
+    guard::{FinishOnDrop, Lost},
+    holder::Holder,
+};
 
 /// The locks a request holds while its inner service runs. One enum rather than a type
 /// parameter, so the response future's type is the same for one key and for a set.
@@ -18,10 +29,23 @@ impl<B: Backend> Hold<B> {
         }
     }
 
-    pub(crate) fn is_lost(&self) -> bool {
+    /// Whether a lock is known to be lost, or its deadline has passed by `now`.
+    pub(crate) fn is_lost_at(&self, now: BootInstant) -> bool {
         match self {
-            Self::One(guard) => guard.is_lost(),
-            Self::Set(guard) => guard.is_lost(),
+            Self::One(guard) => guard.entry().is_lost_at(now),
+            Self::Set(guard) => guard.guards().any(|one| one.entry().is_lost_at(now)),
+        }
+    }
+
+    /// When the request that acquired it was sent (a set's: its first lock's).
+    pub(crate) fn acquired_at(&self) -> BootInstant {
+        match self {
+            Self::One(guard) => guard.entry().acquired_at,
+            Self::Set(guard) => guard
+                .guards()
+                .map(|one| one.entry().acquired_at)
+                .min()
+                .unwrap_or_else(BootInstant::now),
         }
     }
 
@@ -39,10 +63,28 @@ impl<B: Backend> Hold<B> {
         }
     }
 
-    pub(crate) async fn release(self) -> Result<(), LockError> {
+    /// The release at `now`, started: one lock's needs no further box.
+    pub(crate) fn release(self, now: BootInstant) -> HoldRelease {
         match self {
-            Self::One(guard) => guard.release().await,
-            Self::Set(guard) => guard.release().await,
+            Self::One(guard) => HoldRelease::One(guard.into_release(now)),
+            Self::Set(guard) => HoldRelease::Set(Box::pin(guard.release())),
+        }
+    }
+}
+
+/// A [`Hold`]'s release in flight.
+pub(crate) enum HoldRelease {
+    One(FinishOnDrop),
+    Set(Pin<Box<dyn Future<Output = Result<(), LockError>> + Send>>),
+}
+
+impl Future for HoldRelease {
+    type Output = Result<(), LockError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Self::One(release) => Pin::new(release).poll(cx),
+            Self::Set(release) => release.as_mut().poll(cx),
         }
     }
 }

@@ -69,7 +69,7 @@ where
         let namespace = config
             .name
             .as_deref()
-            .map_or_else(|| self.key.namespace(&parts, &route(&parts)), str::to_owned);
+            .map_or_else(|| self.key.namespace(&parts, route(&parts)), str::to_owned);
         let kind = match config.mode {
             Mode::Exclusive => LockKind::Exclusive,
             Mode::Fair => LockKind::Fair,
@@ -171,13 +171,13 @@ fn is_read(method: &Method) -> bool {
 }
 
 /// The route the request matched, when a router recorded it.
-pub(crate) fn route(parts: &http::request::Parts) -> String {
+pub(crate) fn route(parts: &http::request::Parts) -> &str {
     #[cfg(feature = "axum")]
     if let Some(path) = parts.extensions.get::<axum::extract::MatchedPath>() {
-        return path.as_str().to_owned();
+        return path.as_str();
     }
     let _ = parts;
-    String::new()
+    ""
 }
 
 impl<S: Clone, B: Backend, K: Clone, R: Clone> Clone for LockService<S, B, K, R> {
