@@ -5,10 +5,11 @@
 //! measured apart from the client's.
 //!
 //! ```text
-//! cargo bench --bench http --all-features                          # 3 repetitions of 2 s
-//! BENCH_SECS=1 BENCH_REPS=3 cargo bench --bench http --all-features
-//! BENCH_ONLY=H2 cargo bench --bench http --all-features
-//! BENCH_ONLY=T1,T2 cargo bench --bench http --all-features         # transfers only
+//! cargo bench --bench http --features axum                          # 3 repetitions of 2 s
+//! BENCH_SECS=1 BENCH_REPS=3 cargo bench --bench http --features axum
+//! BENCH_ONLY=H2 cargo bench --bench http --features axum
+//! BENCH_ONLY=T1,T2 cargo bench --bench http --features axum         # transfers only
+//! BENCH_LOCKS=memory,none cargo bench --bench http --features axum  # some variants only
 //! ```
 //!
 //! Deposits (H1–H3): the handler reads an account's balance, awaits (`yield_now`), and writes
@@ -54,7 +55,7 @@ use axum::{
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
-use measure::{Errors, Spread, cpu_time, ms, quantile, rotated, selected, us};
+use measure::{Errors, Spread, cpu_time, lock_selected, ms, quantile, rotated, selected, us};
 use tower_lock::{Backend, LockClient, LockLayer, MemoryBackend, key};
 
 /// The environment variable that makes the bench binary the load generator.
@@ -96,6 +97,17 @@ impl Variant {
             Self::Redis => "(c) LockLayer Redis",
             Self::Rslock => "(d) rslock from_fn",
             Self::RslockNaive => "(e) rslock req. order",
+        }
+    }
+
+    /// Its tag in `BENCH_LOCKS`.
+    fn tag(self) -> &'static str {
+        match self {
+            Self::NoLock => "none",
+            Self::Memory => "memory",
+            Self::Redis => "tower",
+            Self::Rslock => "rslock",
+            Self::RslockNaive => "naive",
         }
     }
 }
@@ -213,6 +225,9 @@ fn main() {
             for rep in 0..reps {
                 pings.push(us(common::ping_rtt(&url).await));
                 for variant in rotated(workload.variants, rep) {
+                    if !lock_selected(variant.tag()) {
+                        continue;
+                    }
                     match run(variant, &url, workload, window).await {
                         Ok(mut run) => {
                             run.rep = rep;

@@ -30,6 +30,15 @@ pub(crate) fn selected(name: &str) -> bool {
     }
 }
 
+/// Whether the lock (or HTTP variant) tagged `tag` runs: `BENCH_LOCKS=tower,rslock` selects
+/// some, for profiling one at a time; all run without it.
+pub(crate) fn lock_selected(tag: &str) -> bool {
+    match std::env::var("BENCH_LOCKS") {
+        Ok(only) if !only.trim().is_empty() => only.split(',').any(|item| item.trim() == tag),
+        _ => true,
+    }
+}
+
 /// `items` rotated left by `rep`: repetition 0 runs them in order, 1 starts with the second…
 pub(crate) fn rotated<T: Clone>(items: &[T], rep: usize) -> Vec<T> {
     let mut items = items.to_vec();

@@ -82,14 +82,10 @@ impl Impl {
 /// The locks of `all` that `BENCH_LOCKS` selects by tag (`BENCH_LOCKS=tower,rslock`; all
 /// without it): for profiling one lock at a time.
 pub(crate) fn chosen(all: &[Impl]) -> Vec<Impl> {
-    match std::env::var("BENCH_LOCKS") {
-        Ok(only) if !only.trim().is_empty() => all
-            .iter()
-            .copied()
-            .filter(|lock| only.split(',').any(|tag| tag.trim() == lock.tag()))
-            .collect(),
-        _ => all.to_vec(),
-    }
+    all.iter()
+        .copied()
+        .filter(|lock| crate::measure::lock_selected(lock.tag()))
+        .collect()
 }
 
 /// A failed acquire or release: its kind (the error's variant) and message.
