@@ -204,11 +204,15 @@ impl Drop for FinishOnDrop {
 }
 
 /// Resolves when a held lock is lost. Made by [`LockGuard::lost`]; for a set of locks
-/// ([`MultiGuard::lost`](crate::MultiGuard::lost)), when any of them is lost.
-pub struct Lost(Watch);
-
-/// One boxed wait per lock (it borrows the lock's entry, which it owns too).
-type Watch = Vec<Pin<Box<dyn Future<Output = ()> + Send + Sync>>>;
+/// ([`MultiGuard::lost`](crate::MultiGuard::lost)), when any of them is lost. Once resolved, it
+/// stays resolved: polled again, it is ready again.
+pub struct Lost {
+    helds: Vec<Arc<Held>>,
+    /// One boxed wait per lock (it borrows the lock's entry, which it owns too). A wait ends
+    /// only once its lock is marked lost, which `poll` checks first: an ended one is never
+    /// polled again.
+    waits: Vec<Pin<Box<dyn Future<Output = ()> + Send + Sync>>>,
+}
 
 impl Lost {
     /// Resolves when `held` is lost.
@@ -218,13 +222,15 @@ impl Lost {
 
     /// Resolves when any of `helds` is lost.
     pub(crate) fn any(helds: impl IntoIterator<Item = Arc<Held>>) -> Self {
-        let watches = helds
-            .into_iter()
+        let helds: Vec<Arc<Held>> = helds.into_iter().collect();
+        let waits = helds
+            .iter()
             .map(|held| -> Pin<Box<dyn Future<Output = ()> + Send + Sync>> {
+                let held = held.clone();
                 Box::pin(async move { held.until_lost().await })
             })
             .collect();
-        Self(watches)
+        Self { helds, waits }
     }
 }
 
@@ -232,10 +238,13 @@ impl Future for Lost {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.helds.iter().any(|held| held.is_marked_lost()) {
+            return Poll::Ready(());
+        }
         // Every one is polled, so each has registered the waker.
         let mut lost = false;
-        for watch in &mut self.0 {
-            lost |= watch.as_mut().poll(cx).is_ready();
+        for wait in &mut self.waits {
+            lost |= wait.as_mut().poll(cx).is_ready();
         }
         if lost { Poll::Ready(()) } else { Poll::Pending }
     }

@@ -300,6 +300,8 @@ async fn fixed_lease_expiry<B: Probe>(env: Env<B>) {
     let expired = expired.expect("acquire");
     assert!(!expired.is_lost());
     let name = expired.key().as_str().to_owned();
+    // Made before the loss: it must wake for it, and stay resolved.
+    let mut watched = expired.lost();
 
     let theirs = env
         .b
@@ -323,6 +325,14 @@ async fn fixed_lease_expiry<B: Probe>(env: Env<B>) {
     timeout(Duration::from_secs(1), expired.lost())
         .await
         .expect("lost() resolves for an expired lease");
+    timeout(Duration::from_secs(1), &mut watched)
+        .await
+        .expect("a lost() made while held resolves when the lease runs out");
+    assert_eq!(
+        futures_util::FutureExt::now_or_never(&mut watched),
+        Some(()),
+        "a resolved lost() polled again is ready again"
+    );
     let released = expired.release().await;
     assert!(
         matches!(released, Err(LockError::Lost | LockError::NotHeld)),

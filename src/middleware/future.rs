@@ -44,6 +44,8 @@ where
     span: tracing::Span,
     /// When the request began waiting; read only for an enabled span (`waited_ms`).
     started: Option<BootInstant>,
+    /// When its acquire resolved: its hold time counts from here.
+    acquired: Option<BootInstant>,
 }
 
 #[pin_project(project = StateProj)]
@@ -101,6 +103,7 @@ where
             config: Some(config),
             started: (!span.is_disabled()).then(BootInstant::now),
             span,
+            acquired: None,
         }
     }
 
@@ -124,6 +127,7 @@ where
             config: None,
             span: tracing::Span::none(),
             started: None,
+            acquired: None,
         }
     }
 }
@@ -147,9 +151,11 @@ where
                     request,
                 } => match ready!(acquire.as_mut().poll(cx)) {
                     Ok(guard) => {
+                        let now = BootInstant::now();
+                        *this.acquired = Some(now);
                         if let Some(started) = *this.started {
-                            let waited = guard.acquired_at().duration_since(started);
-                            this.span.record("waited_ms", millis(waited));
+                            this.span
+                                .record("waited_ms", millis(now.duration_since(started)));
                         }
                         let mut request = request.take().expect("polled after completion");
                         request.extensions_mut().insert(guard.context());
@@ -188,17 +194,15 @@ where
                     });
                     if lost_now {
                         // The inner future is dropped with this state: the handler stops.
-                        let acquired = guard.as_ref().map(Hold::acquired_at);
                         this.span
-                            .record("held_ms", held_ms(acquired, BootInstant::now()));
+                            .record("held_ms", held_ms(*this.acquired, BootInstant::now()));
                         reject(this.on_rejected, this.span, LockRejection::Lost)
                     } else {
                         let result = ready!(future.poll(cx));
                         // One clock reading for the hold's time and the deadline check below.
                         let now = BootInstant::now();
-                        let acquired = guard.as_ref().map(Hold::acquired_at);
-                        let held = held_ms(acquired, now);
-                        this.span.record("held_ms", held);
+                        let acquired = *this.acquired;
+                        this.span.record("held_ms", held_ms(acquired, now));
                         if let (Some(config), Some(acquired)) = (this.config.as_ref(), acquired) {
                             config.holds.record(now.duration_since(acquired));
                         }

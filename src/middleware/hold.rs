@@ -37,18 +37,6 @@ impl<B: Backend> Hold<B> {
         }
     }
 
-    /// When the request that acquired it was sent (a set's: its first lock's).
-    pub(crate) fn acquired_at(&self) -> BootInstant {
-        match self {
-            Self::One(guard) => guard.entry().acquired_at,
-            Self::Set(guard) => guard
-                .guards()
-                .map(|one| one.entry().acquired_at)
-                .min()
-                .unwrap_or_else(BootInstant::now),
-        }
-    }
-
     pub(crate) fn lost(&self) -> Lost {
         match self {
             Self::One(guard) => guard.lost(),
