@@ -1112,3 +1112,58 @@ async fn permits_let_n_requests_per_key_run() {
     assert_eq!(other.await.unwrap(), StatusCode::OK);
     assert_eq!(inside.most.load(Ordering::SeqCst), 3, "per-key concurrency");
 }
+
+/// A set's hold time counts from when the whole set was taken, not from when its first lock
+/// was: a request that waited 1.2 s for its second account and then held both for a moment
+/// makes a later request that waits in vain hear `Retry-After: 1`, not 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_hold_time_leaves_out_the_wait_for_its_members() {
+    let locks = LockClient::in_memory();
+    let app = Router::new()
+        .route("/transfers/{from}/{to}", post(|| async { "moved" }))
+        .route_layer(
+            LockLayer::new(locks.clone())
+                .key(key::all([key::path_param("from"), key::path_param("to")]))
+                .wait(Duration::from_secs(2)),
+        );
+    let base = serve(app).await;
+    let url = format!("{base}/transfers/1/2");
+
+    // One account taken elsewhere for 1.2 s: the request waits for it, then moves at once.
+    let held = locks
+        .lock_in_namespace("/transfers/{from}/{to}", "2")
+        .lease(Lease::fixed(Duration::from_secs(30)))
+        .acquire()
+        .await
+        .unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        held.release().await.unwrap();
+    });
+    let started = Instant::now();
+    let (status, _, _) = send(&http(), "POST", &url).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        started.elapsed() >= Duration::from_millis(1100),
+        "it waited"
+    );
+    release.await.unwrap();
+
+    // Now one account is held for good: the next request times out and hears the typical hold.
+    let _held = locks
+        .lock_in_namespace("/transfers/{from}/{to}", "1")
+        .acquire()
+        .await
+        .unwrap();
+    let response = http()
+        .request(http::Request::post(&url).body(Empty::new()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::LOCKED);
+    let retry = response.headers().get("retry-after").cloned();
+    assert_eq!(
+        retry.as_ref().and_then(|v| v.to_str().ok()),
+        Some("1"),
+        "the typical hold is the moment the set was held, not the wait for its second lock"
+    );
+}
