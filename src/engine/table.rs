@@ -12,8 +12,7 @@
 //! the front: it came first, and it stays the only waiter on the key's release listener.
 
 use std::{
-    collections::{HashMap, VecDeque},
-    hash::{BuildHasherDefault, Hasher},
+    collections::VecDeque,
     sync::{Arc, Mutex, MutexGuard, PoisonError},
     time::Duration,
 };
@@ -29,7 +28,7 @@ use crate::{
     error::LockError,
     holder::Holder,
     lease::Lease,
-    lock_key::LockKey,
+    lock_key::{KeyMap, LockKey},
 };
 
 use super::{
@@ -46,28 +45,7 @@ pub(crate) struct Table<L> {
 }
 
 /// One shard of the table.
-type Keys<L> = HashMap<LockKey, KeyState<L>, BuildHasherDefault<NameHash>>;
-
-/// Hashes a [`LockKey`] by the hash it carries: the name is hashed once, when the key is made.
-#[derive(Default)]
-struct NameHash(u64);
-
-impl Hasher for NameHash {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u64` is expected; anything else still hashes correctly.
-        for &byte in bytes {
-            self.0 = (self.0 ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    fn write_u64(&mut self, hash: u64) {
-        self.0 = hash;
-    }
-}
+type Keys<L> = KeyMap<KeyState<L>>;
 
 /// How many shards the table has.
 const SHARDS: usize = 16;

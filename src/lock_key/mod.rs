@@ -19,7 +19,7 @@
 
 use std::{
     fmt,
-    hash::{BuildHasher, Hash, Hasher, RandomState},
+    hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState},
     sync::{Arc, LazyLock},
 };
 
@@ -102,6 +102,31 @@ impl Eq for LockKey {}
 impl Hash for LockKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
         state.write_u64(self.hash);
+    }
+}
+
+/// A map keyed by lock names that hashes each by the hash it carries (computed once, when the
+/// key was made).
+pub(crate) type KeyMap<V> = std::collections::HashMap<LockKey, V, BuildHasherDefault<NameHash>>;
+
+/// Hashes a [`LockKey`] by the hash it carries.
+#[derive(Default)]
+pub(crate) struct NameHash(u64);
+
+impl Hasher for NameHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is expected; anything else still hashes correctly.
+        for &byte in bytes {
+            self.0 = (self.0 ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn write_u64(&mut self, hash: u64) {
+        self.0 = hash;
     }
 }
 

@@ -38,7 +38,7 @@ impl State {
             }
             _ => {
                 let before = self.inspect_exclusive(key, now);
-                if self.locks.remove(key.as_str()).is_none() {
+                if self.locks.remove(key).is_none() {
                     return (before, None);
                 }
                 // A fair queue stays as it is: its head is woken by name, the waiters of an
@@ -84,7 +84,7 @@ impl State {
             queue.order.len()
         });
         let info = LockInfo::free().with_queue_len(queued as u64);
-        match self.live(name, now) {
+        match self.live(key, now) {
             Some(entry) => {
                 let kind = if entry.fair || queued > 0 {
                     LockKind::Fair

@@ -19,7 +19,11 @@ use super::{
     AcquireReply, Backend, Grant, Listener, Listeners, LockKind, Reentry, Release, ReleaseReply,
     Renew, RenewReply,
 };
-use crate::{error::BackendError, inspect::LockInfo, lock_key::LockKey};
+use crate::{
+    error::BackendError,
+    inspect::LockInfo,
+    lock_key::{KeyMap, LockKey},
+};
 
 mod inspect;
 mod rw;
@@ -46,7 +50,7 @@ pub struct MemoryBackend {
 
 #[derive(Debug, Default)]
 struct State {
-    locks: HashMap<String, Entry>,
+    locks: KeyMap<Entry>,
     /// The last fencing token issued, for any lock: one number, whatever the lock names.
     last_token: u64,
     /// Fair locks' waiter queues.
@@ -138,7 +142,7 @@ fn channel(key: &LockKey) -> String {
 
 impl State {
     /// The live entry for `key`, dropping it first if its lease ran out.
-    fn live(&mut self, key: &str, now: Instant) -> Option<&mut Entry> {
+    fn live(&mut self, key: &LockKey, now: Instant) -> Option<&mut Entry> {
         if self.locks.get(key)?.expires <= now {
             self.locks.remove(key);
             return None;
@@ -160,10 +164,9 @@ impl State {
     }
 
     fn grant(&mut self, grant: Grant<'_>, now: Instant) -> Option<u64> {
-        let name = grant.key.as_str();
         let token = grant.fencing.then(|| self.next_token());
         self.locks.insert(
-            name.to_owned(),
+            grant.key.clone(),
             Entry {
                 owner: grant.holder.to_owned(),
                 count: 1,
@@ -179,11 +182,12 @@ impl State {
 
     /// Re-entry of the current owner, unless the grant refuses it.
     fn reenter(&mut self, grant: Grant<'_>, now: Instant) -> Option<AcquireReply> {
-        let name = grant.key.as_str();
         if grant.reentry == Reentry::Refused {
             return None;
         }
-        let entry = self.live(name, now).filter(|e| e.owner == grant.holder)?;
+        let entry = self
+            .live(grant.key, now)
+            .filter(|e| e.owner == grant.holder)?;
         entry.count += 1;
         // A re-entry with a shorter lease never cuts the earlier lease short.
         entry.expires = entry.expires.max(now + grant.lease.duration());
@@ -194,7 +198,7 @@ impl State {
             (true, Some(token)) => Some(token),
             (true, None) => {
                 let token = self.next_token();
-                if let Some(entry) = self.locks.get_mut(name) {
+                if let Some(entry) = self.locks.get_mut(grant.key) {
                     entry.token = Some(token);
                 }
                 Some(token)
@@ -205,14 +209,14 @@ impl State {
 
     fn acquire_exclusive(&mut self, grant: Grant<'_>, now: Instant) -> AcquireReply {
         // A lock nobody holds (the common case): granted after one lookup.
-        if grant.reentry != Reentry::Only && !self.locks.contains_key(grant.key.as_str()) {
+        if grant.reentry != Reentry::Only && !self.locks.contains_key(grant.key) {
             let token = self.grant(grant, now);
             return AcquireReply::Acquired { count: 1, token };
         }
         if let Some(reply) = self.reenter(grant, now) {
             return reply;
         }
-        match self.live(grant.key.as_str(), now) {
+        match self.live(grant.key, now) {
             Some(entry) => AcquireReply::Held {
                 ttl: Some(entry.expires.saturating_duration_since(now)),
             },
@@ -229,7 +233,7 @@ impl State {
         if grant.reentry == Reentry::Only {
             return self.reenter(grant, now).unwrap_or(AcquireReply::Held {
                 ttl: self
-                    .live(name, now)
+                    .live(grant.key, now)
                     .map(|e| e.expires.saturating_duration_since(now)),
             });
         }
@@ -239,7 +243,7 @@ impl State {
             return reply;
         }
         let held = self
-            .live(name, now)
+            .live(grant.key, now)
             .map(|e| e.expires.saturating_duration_since(now));
         let queue = self.queues.entry(name.to_owned()).or_default();
         let head = queue.order.front().cloned();
@@ -269,7 +273,7 @@ impl State {
         let owned = |e: &&mut Entry| {
             e.owner == release.holder && release.attempt.is_none_or(|a| a == e.attempt)
         };
-        let Some(entry) = self.live(name, now).filter(owned) else {
+        let Some(entry) = self.live(release.key, now).filter(owned) else {
             return (ReleaseReply::NotHeld, None);
         };
         entry.count = if release.all { 0 } else { entry.count - 1 };
@@ -277,7 +281,7 @@ impl State {
             let remaining = entry.count;
             return (ReleaseReply::Decremented { remaining }, None);
         }
-        self.locks.remove(name);
+        self.locks.remove(release.key);
         if let Some(next) = release.handoff {
             let token = self.grant(next, now);
             return (ReleaseReply::HandedOff { token }, None);
@@ -302,7 +306,7 @@ impl State {
         now: Instant,
     ) -> (RenewReply, Publish) {
         let name = key.as_str();
-        let free = self.live(name, now).is_none();
+        let free = self.live(key, now).is_none();
         let Some(queue) = self.queues.get_mut(name) else {
             return (RenewReply::NotHeld, None);
         };
@@ -405,7 +409,7 @@ impl Backend for MemoryBackend {
                     }
                     (LockKind::Read | LockKind::Write, false) => state.rw_renew(renew, now),
                     (LockKind::Semaphore, _) => state.sem_renew(renew, now),
-                    _ => match state.live(renew.key.as_str(), now) {
+                    _ => match state.live(renew.key, now) {
                         Some(entry) if entry.owner == renew.holder => {
                             entry.expires = entry.expires.max(now + renew.lease.duration());
                             RenewReply::Renewed
@@ -425,7 +429,6 @@ impl Backend for MemoryBackend {
         let now = Instant::now();
         let (undone, publish) = {
             let mut state = self.lock();
-            let name = grant.key.as_str();
             if matches!(grant.kind, LockKind::Read | LockKind::Write) {
                 let (reply, publish) = state.rw_release(
                     grant.key,
@@ -441,7 +444,10 @@ impl Backend for MemoryBackend {
                     state.sem_release(grant.key, grant.holder, false, Some(grant.attempt), now);
                 (reply != ReleaseReply::NotHeld, publish)
             } else {
-                match state.live(name, now).filter(|e| e.owner == grant.holder) {
+                match state
+                    .live(grant.key, now)
+                    .filter(|e| e.owner == grant.holder)
+                {
                     Some(entry)
                         if entry.reentry == grant.attempt || entry.attempt == grant.attempt =>
                     {
@@ -451,7 +457,7 @@ impl Backend for MemoryBackend {
                             false => entry.attempt.clear(),
                         }
                         if entry.count == 0 {
-                            state.locks.remove(name);
+                            state.locks.remove(grant.key);
                             (true, Some((grant.key.clone(), None)))
                         } else {
                             (true, None)
