@@ -2,8 +2,9 @@
 # Runs the whole test suite on a fresh Debian/Ubuntu machine with Rust: makes sure a
 # redis-server binary is there (the tests start their own servers on free loopback ports, so a
 # system Redis on 6379 is neither needed nor in the way) and the openssl command (the TLS tests
-# make a throwaway CA with it), then runs every test of the workspace
-# with all features, then the Redis tests again as the crate's limited ACL user.
+# make a throwaway CA with it), then runs every test of the workspace with every feature but
+# `test-util` (so the suite runs the clock applications run), the tests that pause tokio's
+# clock with `test-util` too, then the Redis tests again as the crate's limited ACL user.
 # Extra arguments go to the first `cargo test`, e.g. `scripts/test.sh -- --nocapture`.
 #
 # Environment: REDIS_SERVER_BIN picks the redis-server binary (default: `redis-server` on PATH).
@@ -69,8 +70,15 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 
-echo "==> cargo test --workspace --all-features $*"
-cargo test --workspace --all-features "$@"
+# Every feature but test-util: lock deadlines on the boot clock alone, as in applications.
+features=tower-lock/sentinel,tower-lock/cluster,tower-lock/keyed-hash,tower-lock/metrics,tower-lock/tls,tower-lock/macros
+echo "==> cargo test --workspace --features $features $*"
+cargo test --workspace --features "$features" "$@"
+
+# With test-util: the tests on tokio's paused clock (the interleavings, the testing guide's).
+echo "==> cargo test --all-features --test interleavings --doc"
+cargo test --all-features --test interleavings
+cargo test --all-features --doc -- guide::testing
 
 # Second pass, same binaries: the Redis tests again, with every client logged in as
 # the crate's limited ACL user (the README's line; tests/support/acl.rs). Any ACL denial fails
@@ -78,5 +86,5 @@ cargo test --workspace --all-features "$@"
 # users), harness (checks the fixture's plain URL), ui (no Redis).
 acl_tests=(cluster engine fair_rw inspect key_fuzz keyed_hash layer locked metrics multi_key quarantine
   redis_faults redlock replicas semaphore waiter_caps)
-echo "==> TOWER_LOCK_TEST_ACL=1 cargo test --workspace --all-features ${acl_tests[*]/#/--test }"
-TOWER_LOCK_TEST_ACL=1 cargo test --workspace --all-features "${acl_tests[@]/#/--test=}"
+echo "==> TOWER_LOCK_TEST_ACL=1 cargo test --workspace --features $features ${acl_tests[*]/#/--test }"
+TOWER_LOCK_TEST_ACL=1 cargo test --workspace --features "$features" "${acl_tests[@]/#/--test=}"
