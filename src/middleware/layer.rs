@@ -144,6 +144,10 @@ pub struct LockLayer<B: Backend, K = MakeKeyUnset, R = DefaultRejection> {
     pub(crate) key: K,
     pub(crate) on_rejected: R,
     pub(crate) config: Arc<LayerConfig>,
+    /// The same client for `#[locked]` handlers, made once: a router may build the layer's
+    /// service for every request.
+    #[cfg(feature = "macros")]
+    any: super::AnyLockClient,
 }
 
 impl<B: Backend> LockLayer<B> {
@@ -165,6 +169,8 @@ impl<B: Backend> LockLayer<B> {
     /// ```
     pub fn new(locks: LockClient<B>) -> Self {
         Self {
+            #[cfg(feature = "macros")]
+            any: locks.clone().into(),
             locks,
             key: MakeKeyUnset::default(),
             on_rejected: DefaultRejection,
@@ -186,6 +192,8 @@ impl<B: Backend, K, R> LockLayer<B, K, R> {
             key,
             on_rejected: self.on_rejected,
             config: self.config,
+            #[cfg(feature = "macros")]
+            any: self.any,
         }
     }
 
@@ -197,6 +205,8 @@ impl<B: Backend, K, R> LockLayer<B, K, R> {
             key: self.key,
             on_rejected,
             config: self.config,
+            #[cfg(feature = "macros")]
+            any: self.any,
         }
     }
 
@@ -294,6 +304,8 @@ impl<B: Backend, K: Clone, R: Clone> Clone for LockLayer<B, K, R> {
             key: self.key.clone(),
             on_rejected: self.on_rejected.clone(),
             config: self.config.clone(),
+            #[cfg(feature = "macros")]
+            any: self.any.clone(),
         }
     }
 }
@@ -318,7 +330,7 @@ impl<S, B: Backend, K: MakeKey, R: Clone> Layer<S> for LockLayer<B, K, R> {
             on_rejected: self.on_rejected.clone(),
             config: self.config.clone(),
             #[cfg(feature = "macros")]
-            any: self.locks.clone().into(),
+            any: self.any.clone(),
         }
     }
 }
