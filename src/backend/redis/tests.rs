@@ -176,6 +176,98 @@ async fn a_single_hold_is_freed_by_its_holder_only() {
     assert_eq!(reply, ReleaseReply::NotHeld);
 }
 
+/// A renewal, alone or in a batch, extends a lock's lease to the one it asks for and never
+/// shortens a longer one, in either of the lock's forms (a single hold, a hash), and renews
+/// nothing of another holder's.
+#[tokio::test]
+async fn a_renewal_extends_a_lease_and_never_shortens_it() {
+    use super::{calls, run_call, scripts::SCRIPTS};
+    use crate::backend::Renew;
+
+    let server = support::RedisServer::start();
+    let backend = connect(&server).await;
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let pttl = async |conn: &mut redis::aio::MultiplexedConnection, key: &LockKey| -> i64 {
+        redis::cmd("PTTL")
+            .arg(key.as_str())
+            .query_async(conn)
+            .await
+            .unwrap()
+    };
+    let single = LockKey::new("tl:", b"renew-single", 512).unwrap();
+    let hash = LockKey::new("tl:", b"renew-hash", 512).unwrap();
+    for key in [&single, &hash] {
+        let acquired = backend
+            .acquire(grant(key, LockKind::Exclusive, "h1#1", None))
+            .await
+            .unwrap();
+        assert_eq!(count(acquired), 1);
+    }
+    // A re-entry makes the second lock a hash.
+    let reentered = backend
+        .acquire(grant(&hash, LockKind::Exclusive, "h1#2", None))
+        .await
+        .unwrap();
+    assert_eq!(count(reentered), 2);
+
+    let renew = |key, holder, secs| Renew {
+        key,
+        holder,
+        lease: Lease::watchdog(Duration::from_secs(secs)),
+        kind: LockKind::Exclusive,
+        queued: false,
+    };
+    for key in [&single, &hash] {
+        for batched in [false, true] {
+            let run = async |conn: &mut redis::aio::MultiplexedConnection, r: &Renew<'_>| {
+                if batched {
+                    let call = calls::renew_many(&SCRIPTS, [r].into_iter());
+                    let replies: Vec<i64> = run_call(&call, conn).await.unwrap();
+                    replies[0]
+                } else {
+                    run_call(&calls::renew(&SCRIPTS, r), conn).await.unwrap()
+                }
+            };
+            let _: () = redis::cmd("PEXPIRE")
+                .arg(key.as_str())
+                .arg(2_000)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(run(&mut conn, &renew(key, "h1", 20)).await, 1, "{key:?}");
+            let left = pttl(&mut conn, key).await;
+            assert!(
+                left > 15_000,
+                "{key:?} batched {batched}: extended to {left} ms"
+            );
+
+            let _: () = redis::cmd("PEXPIRE")
+                .arg(key.as_str())
+                .arg(60_000)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(run(&mut conn, &renew(key, "h1", 20)).await, 1, "{key:?}");
+            let left = pttl(&mut conn, key).await;
+            assert!(
+                left > 50_000,
+                "{key:?} batched {batched}: shortened to {left} ms"
+            );
+
+            assert_eq!(run(&mut conn, &renew(key, "h2", 90)).await, 0, "{key:?}");
+            let left = pttl(&mut conn, key).await;
+            assert!(
+                left <= 60_000,
+                "{key:?} batched {batched}: another's renewal"
+            );
+        }
+    }
+}
+
 /// A renewal that arrives after a reader's (or a semaphore permit's) lease ended, while the
 /// lock itself lives on for another holder, does not bring the hold back.
 #[tokio::test]

@@ -20,6 +20,16 @@ local function extend(key, ms)
   end
 end
 
+-- The same for a lock, which always has a lease: one command from Redis 7 on (PEXPIRE's GT
+-- option, which leaves a key without a lease as it is), two before.
+local function extend_lease(lock, ms)
+  if (redis.REDIS_VERSION_NUM or 0) >= 0x070000 then
+    redis.call('PEXPIRE', lock, ms, 'GT')
+  else
+    extend(lock, ms)
+  end
+end
+
 -- How long a lock's fencing record outlives the lock's last grant, in milliseconds.
 local FENCE_RECORD_MS = 5000
 

@@ -14,7 +14,7 @@ else
   held = single and redis.call('HEXISTS', KEYS[1], holder_in(ARGV[1])) == 1
 end
 if held then
-  extend(KEYS[1], ARGV[2])
+  extend_lease(KEYS[1], ARGV[2])
   return 1
 end
 return 0

@@ -22,7 +22,7 @@ for i, lock in ipairs(KEYS) do
   if type(held) == 'table' then
     replies[i] = -1
   elseif held == 1 then
-    extend(lock, ARGV[2 * i])
+    extend_lease(lock, ARGV[2 * i])
     replies[i] = 1
   else
     replies[i] = 0
