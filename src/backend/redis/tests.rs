@@ -268,6 +268,65 @@ async fn a_renewal_extends_a_lease_and_never_shortens_it() {
     }
 }
 
+/// A refused acquire turns a single hold into a hash with the hold's lease; a hold read in its
+/// last millisecond (no time left) is over, not turned into a hash without a lease, which would
+/// never expire. Many holds of 2 ms, each tried again and again by another holder while it
+/// runs out: afterwards, every lock key left has a lease.
+#[tokio::test]
+async fn a_hold_in_its_last_millisecond_never_becomes_a_lock_without_a_lease() {
+    use super::{calls, run_call, scripts::SCRIPTS};
+
+    let server = support::RedisServer::start();
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let keys: Vec<LockKey> = (0..500)
+        .map(|i| LockKey::new("tl:", format!("last-ms-{i}").as_bytes(), 512).unwrap())
+        .collect();
+    for round in 0..6 {
+        let mut holds = redis::pipe();
+        for key in &keys {
+            // A single hold of h1 (see acquire.lua), about to run out.
+            holds
+                .cmd("SET")
+                .arg(key.as_str())
+                .arg("2:h1h1#1")
+                .arg("PX")
+                .arg(2)
+                .ignore();
+        }
+        let () = holds.query_async(&mut conn).await.unwrap();
+        let attempt = format!("h2#{round}");
+        for _ in 0..3 {
+            for key in &keys {
+                let call = calls::acquire(
+                    &SCRIPTS,
+                    &Grant {
+                        holder: "h2",
+                        ..grant(key, LockKind::Exclusive, &attempt, None)
+                    },
+                    "",
+                );
+                let _: redis::Value = run_call(&call, &mut conn).await.unwrap();
+            }
+        }
+        let mut leases = redis::pipe();
+        for key in &keys {
+            leases.cmd("PTTL").arg(key.as_str());
+        }
+        let leases: Vec<i64> = leases.query_async(&mut conn).await.unwrap();
+        let without = leases.iter().filter(|&&ttl| ttl == -1).count();
+        assert_eq!(without, 0, "round {round}: lock keys without a lease");
+        let mut clear = redis::pipe();
+        for key in &keys {
+            clear.cmd("DEL").arg(key.as_str()).ignore();
+        }
+        let () = clear.query_async(&mut conn).await.unwrap();
+    }
+}
+
 /// A renewal that arrives after a reader's (or a semaphore permit's) lease ended, while the
 /// lock itself lives on for another holder, does not bring the hold back.
 #[tokio::test]

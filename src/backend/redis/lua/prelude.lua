@@ -21,12 +21,13 @@ local function extend(key, ms)
 end
 
 -- The same for a lock, which always has a lease: one command from Redis 7 on (PEXPIRE's GT
--- option, which leaves a key without a lease as it is), two before.
+-- option), two before. GT leaves a key without a lease as it is: should a lock ever lack one,
+-- it gets one here (a second command only when GT changed nothing).
 local function extend_lease(lock, ms)
-  if (redis.REDIS_VERSION_NUM or 0) >= 0x070000 then
-    redis.call('PEXPIRE', lock, ms, 'GT')
-  else
+  if (redis.REDIS_VERSION_NUM or 0) < 0x070000 then
     extend(lock, ms)
+  elseif redis.call('PEXPIRE', lock, ms, 'GT') == 0 and redis.call('PTTL', lock) == -1 then
+    redis.call('PEXPIRE', lock, ms)
   end
 end
 
@@ -139,11 +140,11 @@ local function as_hash(lock, void)
   end
   local ttl = redis.call('PTTL', lock)
   redis.call('DEL', lock)
-  if redis.call('SISMEMBER', void, attempt) == 0 then
+  -- A hold with no time left (the key is read in its last millisecond) is over: every lock
+  -- key has a lease, and one written without it would never expire.
+  if ttl > 0 and redis.call('SISMEMBER', void, attempt) == 0 then
     redis.call('HSET', lock, owner, 1, '~a', attempt)
-    if ttl > 0 then
-      redis.call('PEXPIRE', lock, ttl)
-    end
+    redis.call('PEXPIRE', lock, ttl)
   end
   return true
 end
