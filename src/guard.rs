@@ -206,31 +206,44 @@ impl Drop for FinishOnDrop {
 /// Resolves when a held lock is lost. Made by [`LockGuard::lost`]; for a set of locks
 /// ([`MultiGuard::lost`](crate::MultiGuard::lost)), when any of them is lost. Once resolved, it
 /// stays resolved: polled again, it is ready again.
-pub struct Lost {
-    helds: Vec<Arc<Held>>,
-    /// One boxed wait per lock (it borrows the lock's entry, which it owns too). A wait ends
-    /// only once its lock is marked lost, which `poll` checks first: an ended one is never
-    /// polled again.
-    waits: Vec<Pin<Box<dyn Future<Output = ()> + Send + Sync>>>,
+pub struct Lost(Watching);
+
+enum Watching {
+    One(Watch),
+    Any(Vec<Watch>),
+}
+
+/// One lock's wait for its loss: boxed, since it borrows the lock's entry, which it owns too.
+/// A wait ends only once its lock is marked lost, which [`Watch::poll`] checks first: an ended
+/// wait is never resumed.
+struct Watch {
+    held: Arc<Held>,
+    wait: Pin<Box<dyn Future<Output = ()> + Send + Sync>>,
+}
+
+impl Watch {
+    fn new(held: Arc<Held>) -> Self {
+        let watched = held.clone();
+        Self {
+            held,
+            wait: Box::pin(async move { watched.until_lost().await }),
+        }
+    }
+
+    fn poll(&mut self, cx: &mut Context<'_>) -> bool {
+        self.held.is_marked_lost() || self.wait.as_mut().poll(cx).is_ready()
+    }
 }
 
 impl Lost {
     /// Resolves when `held` is lost.
     pub(crate) fn new(held: Arc<Held>) -> Self {
-        Self::any([held])
+        Self(Watching::One(Watch::new(held)))
     }
 
     /// Resolves when any of `helds` is lost.
     pub(crate) fn any(helds: impl IntoIterator<Item = Arc<Held>>) -> Self {
-        let helds: Vec<Arc<Held>> = helds.into_iter().collect();
-        let waits = helds
-            .iter()
-            .map(|held| -> Pin<Box<dyn Future<Output = ()> + Send + Sync>> {
-                let held = held.clone();
-                Box::pin(async move { held.until_lost().await })
-            })
-            .collect();
-        Self { helds, waits }
+        Self(Watching::Any(helds.into_iter().map(Watch::new).collect()))
     }
 }
 
@@ -238,14 +251,11 @@ impl Future for Lost {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.helds.iter().any(|held| held.is_marked_lost()) {
-            return Poll::Ready(());
-        }
-        // Every one is polled, so each has registered the waker.
-        let mut lost = false;
-        for wait in &mut self.waits {
-            lost |= wait.as_mut().poll(cx).is_ready();
-        }
+        let lost = match &mut self.0 {
+            Watching::One(watch) => watch.poll(cx),
+            // Every one is polled (until one is found lost), so each has registered the waker.
+            Watching::Any(watches) => watches.iter_mut().any(|watch| watch.poll(cx)),
+        };
         if lost { Poll::Ready(()) } else { Poll::Pending }
     }
 }
