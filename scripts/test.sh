@@ -76,8 +76,9 @@ echo "==> cargo test --workspace --features $features $*"
 cargo test --workspace --features "$features" "$@"
 
 # With test-util: the tests on tokio's paused clock (the interleavings, the testing guide's).
-echo "==> cargo test --all-features --test interleavings --doc"
+echo "==> cargo test --all-features --test interleavings"
 cargo test --all-features --test interleavings
+echo "==> cargo test --all-features --doc -- guide::testing"
 cargo test --all-features --doc -- guide::testing
 
 # Second pass, same binaries: the Redis tests again, with every client logged in as
