@@ -100,21 +100,17 @@ pub(crate) fn numbered(head: &str, separator: u8, n: u64) -> Arc<str> {
     let digits = digits.as_bytes();
     let len = head.len() + 1 + digits.len();
     let mut buffer = [0; 128];
-    if let Some(id) = buffer.get_mut(..len) {
+    let short = buffer.get_mut(..len).and_then(|id| {
         let (start, rest) = id.split_at_mut(head.len());
         start.copy_from_slice(head.as_bytes());
         rest[0] = separator;
         rest[1..].copy_from_slice(digits);
-    }
-    match buffer.get(..len).map(std::str::from_utf8) {
-        Some(Ok(id)) => Arc::from(id),
-        _ => {
-            let mut id = String::with_capacity(len);
-            id.push_str(head);
-            id.push(char::from(separator));
-            id.extend(digits.iter().map(|&digit| char::from(digit)));
-            Arc::from(id)
-        }
+        std::str::from_utf8(id).ok()
+    });
+    match short {
+        Some(id) => Arc::from(id),
+        // A long head (a client id the application chose): the formatting machinery will do.
+        None => Arc::from(format!("{head}{}{n}", char::from(separator))),
     }
 }
 

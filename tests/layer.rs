@@ -1155,14 +1155,10 @@ async fn a_set_hold_time_leaves_out_the_wait_for_its_members() {
         .acquire()
         .await
         .unwrap();
-    let response = http()
-        .request(http::Request::post(&url).body(Empty::new()).unwrap())
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::LOCKED);
-    let retry = response.headers().get("retry-after").cloned();
+    let (status, retry, _) = send(&http(), "POST", &url).await;
+    assert_eq!(status, StatusCode::LOCKED);
     assert_eq!(
-        retry.as_ref().and_then(|v| v.to_str().ok()),
+        retry.as_deref(),
         Some("1"),
         "the typical hold is the moment the set was held, not the wait for its second lock"
     );

@@ -39,7 +39,7 @@ impl<B: Backend> Engine<B> {
     /// the backend if it is still there for this very entry.
     pub(crate) fn lose(self: &Arc<Self>, held: &Arc<Held>, loss: Loss) {
         // A released entry has ended: a late reply about it is no loss.
-        if held.is_marked_lost() || held.is_released() || !held.mark_lost() {
+        if held.is_released() || !held.mark_lost() {
             return;
         }
         self.table.remove_held(held);

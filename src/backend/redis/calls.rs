@@ -59,6 +59,16 @@ pub(super) struct SingleHold<'a> {
     pub(super) attempt: &'a str,
 }
 
+impl<'a> SingleHold<'a> {
+    /// How every single hold of `holder` starts: the owner prefix the scripts match.
+    pub(super) fn owner(holder: &'a str) -> Self {
+        Self {
+            holder,
+            attempt: "",
+        }
+    }
+}
+
 impl ToRedisArgs for SingleHold<'_> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
         let mut arg = out.writer_for_next_arg();
@@ -183,10 +193,8 @@ pub(super) fn release(
         // One hold, no hand-off, no attempt check: the common call, in the compact form.
         _ if handoff.is_none() && !release.all && attempt.is_empty() => {
             let mut call = scripts.release.prepare_invoke(1);
-            call.key(key.as_str()).arg(SingleHold {
-                holder: release.holder,
-                attempt: "",
-            });
+            call.key(key.as_str())
+                .arg(SingleHold::owner(release.holder));
             call
         }
         // Without a hand-off the script needs the lock's key alone.
@@ -202,10 +210,7 @@ pub(super) fn release(
                 .arg(Derived(key, CHANNEL))
                 .arg(flag(release.all))
                 .arg(attempt)
-                .arg(SingleHold {
-                    holder: release.holder,
-                    attempt: "",
-                });
+                .arg(SingleHold::owner(release.holder));
             if let Some(next) = handoff {
                 call.arg(next.holder)
                     .arg(next.lease.millis())
@@ -342,11 +347,8 @@ pub(super) fn renew_many<'a>(
         call.key(renew.key.as_str());
     }
     for renew in renewals {
-        call.arg(SingleHold {
-            holder: renew.holder,
-            attempt: "",
-        })
-        .arg(renew.lease.millis());
+        call.arg(SingleHold::owner(renew.holder))
+            .arg(renew.lease.millis());
     }
     call
 }
@@ -388,10 +390,7 @@ pub(super) fn renew(scripts: &'static Scripts, renew: &Renew<'_>) -> Call {
         _ => {
             let mut call = scripts.renew.prepare_invoke(1);
             call.key(key.as_str())
-                .arg(SingleHold {
-                    holder: renew.holder,
-                    attempt: "",
-                })
+                .arg(SingleHold::owner(renew.holder))
                 .arg(millis);
             call
         }

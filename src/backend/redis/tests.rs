@@ -41,6 +41,15 @@ async fn connect(server: &support::RedisServer) -> super::RedisBackend {
         .unwrap()
 }
 
+/// A plain connection to `server`, to read and write keys beside the backend.
+async fn direct(server: &support::RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
 fn count(reply: AcquireReply) -> u64 {
     match reply {
         AcquireReply::Acquired { count, .. } => count,
@@ -122,11 +131,7 @@ async fn a_single_hold_is_freed_by_its_holder_only() {
         .await
         .unwrap();
     assert_eq!(count(acquired), 1);
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = direct(&server).await;
     let stored: String = redis::cmd("GET")
         .arg(key.as_str())
         .query_async(&mut conn)
@@ -186,11 +191,7 @@ async fn a_renewal_extends_a_lease_and_never_shortens_it() {
 
     let server = support::RedisServer::start();
     let backend = connect(&server).await;
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = direct(&server).await;
     let pttl = async |conn: &mut redis::aio::MultiplexedConnection, key: &LockKey| -> i64 {
         redis::cmd("PTTL")
             .arg(key.as_str())
@@ -267,11 +268,7 @@ async fn a_hold_in_its_last_millisecond_never_becomes_a_lock_without_a_lease() {
     use super::{calls, run_call, scripts::SCRIPTS};
 
     let server = support::RedisServer::start();
-    let mut conn = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = direct(&server).await;
     let keys: Vec<LockKey> = (0..500)
         .map(|i| LockKey::new("tl:", format!("last-ms-{i}").as_bytes(), 512).unwrap())
         .collect();
