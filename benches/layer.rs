@@ -7,6 +7,7 @@
 //! ```text
 //! cargo bench --bench layer --features axum
 //! BENCH_REQUESTS=50000 BENCH_REPS=3 cargo bench --bench layer --features axum
+//! BENCH_ONLY=layer cargo bench --bench layer --features axum   # one variant, for a profiler
 //! ```
 
 use std::{
@@ -38,6 +39,15 @@ enum Variant {
 
 impl Variant {
     const ALL: [Self; 3] = [Self::NoLock, Self::Layer, Self::Mutexes];
+
+    /// Its tag in `BENCH_ONLY`.
+    fn tag(self) -> &'static str {
+        match self {
+            Self::NoLock => "none",
+            Self::Layer => "layer",
+            Self::Mutexes => "mutex",
+        }
+    }
 
     fn name(self) -> &'static str {
         match self {
@@ -89,7 +99,9 @@ fn app(variant: Variant) -> Router {
 
 /// Nanoseconds per request over `requests` sequential requests, after a warm-up.
 async fn run(variant: Variant, requests: usize) -> Result<f64, String> {
-    let mut service = app(variant).into_service::<Body>();
+    // `with_state` turns each handler into its route once, as `axum::serve` does: without it,
+    // every request would build its route (and the middleware's service) anew.
+    let mut service = app(variant).with_state(()).into_service::<Body>();
     let uris: Vec<String> = (0..requests)
         .map(|i| format!("/accounts/{}/deposit", i % ACCOUNTS))
         .collect();
@@ -130,6 +142,11 @@ fn median(values: &mut [f64]) -> f64 {
 fn main() {
     let requests = env_number("BENCH_REQUESTS", 200_000);
     let reps = env_number("BENCH_REPS", 5);
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    let variants: Vec<Variant> = Variant::ALL
+        .into_iter()
+        .filter(|v| only.is_empty() || only.split(',').any(|tag| tag.trim() == v.tag()))
+        .collect();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -138,8 +155,9 @@ fn main() {
     let mut times: HashMap<&str, Vec<f64>> = HashMap::new();
     runtime.block_on(async {
         for rep in 0..reps {
-            let mut order = Variant::ALL.to_vec();
-            order.rotate_left(rep % Variant::ALL.len());
+            let mut order = variants.clone();
+            let turn = rep % order.len().max(1);
+            order.rotate_left(turn);
             for variant in order {
                 match run(variant, requests).await {
                     Ok(ns) => times.entry(variant.name()).or_default().push(ns),

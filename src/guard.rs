@@ -51,15 +51,28 @@ pub struct LockGuard<B: Backend> {
     client: Arc<EngineRef<B>>,
     held: Option<Arc<Held>>,
     count: u64,
+    /// When the acquire heard of the grant.
+    acquired_at: BootInstant,
 }
 
 impl<B: Backend> LockGuard<B> {
-    pub(crate) fn new(client: Arc<EngineRef<B>>, held: Arc<Held>, count: u64) -> Self {
+    pub(crate) fn new(
+        client: Arc<EngineRef<B>>,
+        held: Arc<Held>,
+        count: u64,
+        acquired_at: BootInstant,
+    ) -> Self {
         Self {
             client,
             held: Some(held),
             count,
+            acquired_at,
         }
+    }
+
+    /// When the acquire heard of the grant: this hold's time counts from here.
+    pub(crate) fn acquired_at(&self) -> BootInstant {
+        self.acquired_at
     }
 
     fn held(&self) -> &Held {

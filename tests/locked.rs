@@ -226,6 +226,27 @@ async fn wait_timeout_is_423() {
     assert_eq!((status, body.as_str()), (StatusCode::OK, "slow 1"));
 }
 
+/// Under a `LockLayer`, a handler with no client of its own (no state, no extension) takes
+/// its lock from the layer's client: the lock held through that client makes it answer 423,
+/// and once released the handler runs. (The layer's own lock is another one.)
+#[tokio::test]
+async fn a_handler_under_a_layer_locks_with_the_layers_client() {
+    let locks = LockClient::in_memory();
+    let router = Router::new().route("/slow/{id}", post(slow)).route_layer(
+        LockLayer::new(locks.clone())
+            .key(key::path_param("id"))
+            .name("requests"),
+    );
+    let base = serve(router).await;
+    let url = format!("{base}/slow/3");
+    let held = locks.lock("slow:3").acquire().await.unwrap();
+    let (status, _, _) = send(&http(), "POST", &url).await;
+    assert_eq!(status, StatusCode::LOCKED);
+    held.release().await.unwrap();
+    let (status, _, body) = send(&http(), "POST", &url).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "slow 3"));
+}
+
 /// State providing the type-erased client.
 #[derive(Clone, FromRef)]
 struct AnyApp {

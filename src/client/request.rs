@@ -7,7 +7,7 @@ use tracing::Instrument;
 use super::LockClient;
 use crate::{
     backend::{Backend, LockKind},
-    engine::{MIN_LEASE, Request, Want, watchdog},
+    engine::{Acquired, MIN_LEASE, Request, Want, watchdog},
     error::{BackendError, BackendErrorKind, LockError},
     guard::LockGuard,
     holder::Holder,
@@ -244,7 +244,7 @@ impl<B: Backend> LockRequest<'_, B> {
         let waited = started.map_or(Duration::ZERO, |started| started.elapsed());
         crate::metrics::acquire_finished(kind, result.as_ref().map(|_| ()), waited);
         match result {
-            Ok((held, _)) if shared.stop.is_cancelled() => {
+            Ok(Acquired { held, .. }) if shared.stop.is_cancelled() => {
                 // The client shut down while this acquire was on its way, perhaps after its
                 // held locks were released: a guard now would have no watchdog to tell it of a
                 // loss. The hold is given back as a dropped guard's is.
@@ -252,7 +252,7 @@ impl<B: Backend> LockRequest<'_, B> {
                 shared.release_detached(held);
                 Err(LockError::ShutDown)
             }
-            Ok((held, count)) => {
+            Ok(Acquired { held, count, at }) => {
                 tracing::debug!(
                     key = %held.key,
                     count,
@@ -260,7 +260,7 @@ impl<B: Backend> LockRequest<'_, B> {
                     token = held.token,
                     "lock acquired"
                 );
-                Ok(LockGuard::new(inner.clone(), held, count))
+                Ok(LockGuard::new(inner.clone(), held, count, at))
             }
             Err(error) => {
                 tracing::debug!(

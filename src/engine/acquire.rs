@@ -20,6 +20,26 @@ use crate::{
     lock_key::LockKey,
 };
 
+/// A granted acquire: the hold, how many holds its holder now has, and when the grant was
+/// heard of (where a hold's own time starts).
+pub(crate) struct Acquired {
+    pub(crate) held: Arc<Held>,
+    pub(crate) count: u64,
+    pub(crate) at: BootInstant,
+}
+
+/// Why a waiter woke up.
+enum Woke {
+    /// Something changed: look at the lock again.
+    Again,
+    /// The client is shutting down.
+    Stopped,
+    /// A releasing holder here handed the lock over.
+    HandedOff(Arc<Held>),
+    /// The wait ran out.
+    TimedOut,
+}
+
 /// A validated acquire.
 pub(crate) struct Request {
     pub(crate) key: LockKey,
@@ -187,10 +207,7 @@ impl<B: Backend> Engine<B> {
     /// Acquires for `request`: re-enters when its holder holds the lock here, and otherwise
     /// (or when the re-entry lost a race with the release of the holder's last guard) waits
     /// for it.
-    pub(crate) async fn acquire(
-        self: &Arc<Self>,
-        request: Request,
-    ) -> Result<(Arc<Held>, u64), LockError> {
+    pub(crate) async fn acquire(self: &Arc<Self>, request: Request) -> Result<Acquired, LockError> {
         let want = &request.want;
         if let Some(held) = self.table.reenter(&request.key, &want.holder, want.kind) {
             // A cancelled re-entry of this entry is being resolved: wait for it first.
@@ -220,7 +237,7 @@ impl<B: Backend> Engine<B> {
         self: &Arc<Self>,
         request: &Request,
         held: Arc<Held>,
-    ) -> Result<Option<(Arc<Held>, u64)>, LockError> {
+    ) -> Result<Option<Acquired>, LockError> {
         let grant = Grant {
             reentry: Reentry::Only,
             ..request.want.grant(&request.key, None)
@@ -232,11 +249,15 @@ impl<B: Backend> Engine<B> {
             Ok(AcquireReply::Acquired { count, .. }) => {
                 in_flight.settle();
                 held.reentered(request.want.lease, sent_at);
-                return Ok(Some((held, count)));
+                return Ok(Some(Acquired {
+                    held,
+                    count,
+                    at: BootInstant::now(),
+                }));
             }
             Ok(AcquireReply::Held { .. }) => Ok(None),
             Ok(AcquireReply::WouldDeadlock) => Err(LockError::UpgradeRefused),
-            Err(error) => Err(self.unknown_outcome(grant, error).await),
+            Err(error) => Err(Box::pin(self.unknown_outcome(grant, error)).await),
         };
         in_flight.settle();
         let last = self.table.drop_pending(&held);
@@ -253,10 +274,7 @@ impl<B: Backend> Engine<B> {
 
     /// Queues behind local waiters, contends in the backend when first, and waits for a
     /// release notification, a hand-off or the holder's lease to run out.
-    async fn wait_and_acquire(
-        self: &Arc<Self>,
-        request: &Request,
-    ) -> Result<(Arc<Held>, u64), LockError> {
+    async fn wait_and_acquire(self: &Arc<Self>, request: &Request) -> Result<Acquired, LockError> {
         let _waiting = Waiting::admit(self)?;
         let mut want = request.want.clone();
         let id = self.next_id();
@@ -308,8 +326,9 @@ impl<B: Backend> Engine<B> {
                     wait.started.get_or_insert(sent_at);
                     let mut in_flight = InFlight::new(self, &request.key, &want, None);
                     let reply = self.backend.acquire(grant).await;
+                    let replied_at = BootInstant::now();
                     let late = matches!(reply, Ok(AcquireReply::Acquired { .. }))
-                        && want.lease.valid_until(sent_at) <= BootInstant::now();
+                        && want.lease.valid_until(sent_at) <= replied_at;
                     // Settled now unless something is still to be undone below.
                     if !late && !matches!(&reply, Err(error) if error.outcome_unknown()) {
                         in_flight.settle();
@@ -321,7 +340,7 @@ impl<B: Backend> Engine<B> {
                             if late {
                                 // Granted, but the reply came after the lease ran out: the
                                 // lock may be someone else's already. Undo it and say so.
-                                self.resolve_attempt(grant).await;
+                                Box::pin(self.resolve_attempt(grant)).await;
                                 in_flight.settle();
                                 let error = BackendError::new(
                                     BackendErrorKind::Timeout,
@@ -343,7 +362,11 @@ impl<B: Backend> Engine<B> {
                             self.table
                                 .acquired(&request.key, id, held.clone(), after_try);
                             self.watch(held.next_event());
-                            return Ok((held, count));
+                            return Ok(Acquired {
+                                held,
+                                count,
+                                at: replied_at,
+                            });
                         }
                         Ok(AcquireReply::Held { ttl }) => {
                             retry_after = ttl;
@@ -363,7 +386,7 @@ impl<B: Backend> Engine<B> {
                             }
                             if listener.is_none() {
                                 let (shared_listener, fresh) =
-                                    self.listen(&request.key, &want).await?;
+                                    Box::pin(self.listen(&request.key, &want)).await?;
                                 listener = Some(shared_listener);
                                 if fresh {
                                     // Check again now that releases can no longer be missed.
@@ -375,7 +398,7 @@ impl<B: Backend> Engine<B> {
                         Ok(AcquireReply::WouldDeadlock) => return Err(LockError::UpgradeRefused),
                         Err(error) => {
                             let unknown = error.outcome_unknown();
-                            let error = self.unknown_outcome(grant, error).await;
+                            let error = Box::pin(self.unknown_outcome(grant, error)).await;
                             in_flight.settle();
                             // A connection that broke (a restarting backend) is tried again
                             // while the wait lasts. A timeout is not: it already took its time.
@@ -421,20 +444,36 @@ impl<B: Backend> Engine<B> {
                 None => ticket.insert(queued.join(&want, queue)?),
             };
             let listening = listener.clone();
-            tokio::select! {
-                biased;
-                () = self.stop.cancelled() => return Err(LockError::ShutDown),
-                handed = &mut ticket.handoff => match handed {
-                    Ok(handoff) => return Ok((handoff.take(), 1)),
-                    // Only a dropped table could drop the sender; contend again.
-                    Err(_) => return Err(LockError::ShutDown),
-                },
-                () = ticket.wake.notified() => {}
-                () = notified(listening.as_deref()) => {}
-                () = sleep_opt(retry_in) => {}
-                () = tokio::time::sleep_until(wait.deadline()) => {
-                    return Err(LockError::WaitTimeout { retry_after });
+            let deadline = wait.deadline();
+            // Boxed, like every step the uncontended path skips: the acquire future stays small
+            // for the common case, which moves it into place on every request.
+            let woke = Box::pin(async {
+                tokio::select! {
+                    biased;
+                    () = self.stop.cancelled() => Woke::Stopped,
+                    handed = &mut ticket.handoff => match handed {
+                        Ok(handoff) => Woke::HandedOff(handoff.take()),
+                        // Only a dropped table could drop the sender.
+                        Err(_) => Woke::Stopped,
+                    },
+                    () = ticket.wake.notified() => Woke::Again,
+                    () = notified(listening.as_deref()) => Woke::Again,
+                    () = sleep_opt(retry_in) => Woke::Again,
+                    () = tokio::time::sleep_until(deadline) => Woke::TimedOut,
                 }
+            })
+            .await;
+            match woke {
+                Woke::Again => {}
+                Woke::Stopped => return Err(LockError::ShutDown),
+                Woke::HandedOff(held) => {
+                    return Ok(Acquired {
+                        held,
+                        count: 1,
+                        at: BootInstant::now(),
+                    });
+                }
+                Woke::TimedOut => return Err(LockError::WaitTimeout { retry_after }),
             }
         }
     }

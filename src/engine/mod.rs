@@ -19,7 +19,7 @@
 use std::{
     sync::{
         Arc, OnceLock,
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -36,7 +36,7 @@ pub(crate) mod release;
 pub(crate) mod table;
 pub(crate) mod watchdog;
 
-pub(crate) use acquire::Request;
+pub(crate) use acquire::{Acquired, Request};
 pub(crate) use held::Held;
 pub(crate) use release::Loss;
 pub(crate) use table::{Table, Want};
@@ -90,6 +90,30 @@ impl<B: Backend> Drop for EngineRef<B> {
     }
 }
 
+/// The engine's stop signal. Checked on every acquire and release, so the check is one atomic
+/// load: a cancellation token's takes a mutex shared by every thread.
+#[derive(Default)]
+pub(crate) struct Stop {
+    stopped: AtomicBool,
+    token: CancellationToken,
+}
+
+impl Stop {
+    pub(crate) fn cancel(&self) {
+        self.stopped.store(true, Ordering::Release);
+        self.token.cancel();
+    }
+
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+
+    /// Resolves once stopped.
+    pub(crate) fn cancelled(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+        self.token.cancelled()
+    }
+}
+
 /// State shared by the client, its guards and its watchdog task.
 pub(crate) struct Engine<B: Backend> {
     pub(crate) backend: B,
@@ -99,7 +123,7 @@ pub(crate) struct Engine<B: Backend> {
     pub(crate) sequence: AtomicU64,
     /// Acquires waiting right now, for the `max_waiters` cap.
     pub(crate) waiting: AtomicUsize,
-    pub(crate) stop: CancellationToken,
+    pub(crate) stop: Stop,
     pub(crate) watchdog_wake: Notify,
     /// When the watchdog plans to wake next (boot-clock nanoseconds).
     pub(crate) watchdog_due: AtomicU64,
@@ -126,7 +150,7 @@ impl<B: Backend> Engine<B> {
             id: uuid::Uuid::new_v4().simple().to_string(),
             sequence: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
-            stop: CancellationToken::new(),
+            stop: Stop::default(),
             watchdog_wake: Notify::new(),
             watchdog_due: AtomicU64::new(0),
             watch_earliest: AtomicU64::new(u64::MAX),

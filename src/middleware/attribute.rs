@@ -99,9 +99,15 @@ where
     type Rejection = Infallible;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        // Under a `LockLayer`: its holder re-enters what it holds, with its client by default.
+        let context = parts.extensions.get::<LockContext>();
         Ok(Self {
-            client: parts.extensions.get::<AnyLockClient>().cloned(),
-            holder: parts.extensions.get::<Holder>().cloned(),
+            client: parts
+                .extensions
+                .get::<AnyLockClient>()
+                .or_else(|| context.and_then(|c| c.client.as_ref()))
+                .cloned(),
+            holder: context.map(|c| c.holder.clone()),
             route: super::service::route(parts).to_owned(),
             state: P::from_state(state),
         })

@@ -30,6 +30,9 @@ pub struct LockContext {
     pub(crate) held: Arc<Held>,
     /// Every lock of a set, in the canonical order; `None` for one lock.
     pub(crate) set: Option<Arc<[SetMember]>>,
+    /// The layer's client, for `#[locked]` handlers under it.
+    #[cfg(feature = "macros")]
+    pub(crate) client: Option<super::AnyLockClient>,
 }
 
 /// One lock of a set, as a handler sees it.
@@ -49,6 +52,8 @@ impl LockContext {
             fencing_token: held.token,
             held: held.clone(),
             set: None,
+            #[cfg(feature = "macros")]
+            client: None,
         }
     }
 
@@ -70,6 +75,8 @@ impl LockContext {
             fencing_token: first.token,
             held: first.clone(),
             set: Some(members),
+            #[cfg(feature = "macros")]
+            client: None,
         }
     }
 

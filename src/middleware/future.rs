@@ -143,6 +143,8 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         let _entered = this.span.enter();
+        // A clock reading taken in this poll, still good for the check that follows it.
+        let mut fresh = None;
         loop {
             let next = match this.state.as_mut().project() {
                 StateProj::Acquiring {
@@ -151,14 +153,21 @@ where
                     request,
                 } => match ready!(acquire.as_mut().poll(cx)) {
                     Ok(guard) => {
-                        let now = BootInstant::now();
+                        let now = guard.acquired_at();
                         *this.acquired = Some(now);
+                        fresh = Some(now);
                         if let Some(started) = *this.started {
                             this.span
                                 .record("waited_ms", millis(now.duration_since(started)));
                         }
                         let mut request = request.take().expect("polled after completion");
-                        request.extensions_mut().insert(guard.context());
+                        #[cfg_attr(not(feature = "macros"), allow(unused_mut))]
+                        let mut context = guard.context();
+                        #[cfg(feature = "macros")]
+                        {
+                            context.client = this.config.as_ref().and_then(|c| c.client.clone());
+                        }
+                        request.extensions_mut().insert(context);
                         let mut inner = inner.take().expect("polled after completion");
                         let holder = guard.holder().clone();
                         // `call` runs synchronously now; the future runs at every poll.
@@ -188,9 +197,9 @@ where
                     // a stall past the lease must not run on before the watchdog notices.
                     let lost_now = lost.as_mut().is_some_and(|lost| {
                         Pin::new(lost).poll(cx).is_ready()
-                            || guard
-                                .as_ref()
-                                .is_some_and(|guard| guard.is_lost_at(BootInstant::now()))
+                            || guard.as_ref().is_some_and(|guard| {
+                                guard.is_lost_at(fresh.take().unwrap_or_else(BootInstant::now))
+                            })
                     });
                     if lost_now {
                         // The inner future is dropped with this state: the handler stops.

@@ -29,6 +29,14 @@ impl<B: Backend> Hold<B> {
         }
     }
 
+    /// When the hold began: one lock's grant, or now for a set (its last member's grant).
+    pub(crate) fn acquired_at(&self) -> BootInstant {
+        match self {
+            Self::One(guard) => guard.acquired_at(),
+            Self::Set(_) => BootInstant::now(),
+        }
+    }
+
     /// Whether a lock is known to be lost, or its deadline has passed by `now`.
     pub(crate) fn is_lost_at(&self, now: BootInstant) -> bool {
         match self {

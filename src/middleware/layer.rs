@@ -33,6 +33,11 @@ pub(crate) struct LayerConfig {
     pub(crate) release_in_background: bool,
     /// How long this layer's requests hold their locks, for `Retry-After`.
     pub(crate) holds: Arc<HoldTimes>,
+    /// The layer's client for `#[locked]` handlers (through their [`LockContext`]), made once.
+    ///
+    /// [`LockContext`]: super::LockContext
+    #[cfg(feature = "macros")]
+    pub(crate) client: Option<super::AnyLockClient>,
 }
 
 /// A running average of how long requests held their locks: the likely wait for a lock that
@@ -105,6 +110,8 @@ impl Default for LayerConfig {
             continue_on_lost: false,
             release_in_background: false,
             holds: Arc::default(),
+            #[cfg(feature = "macros")]
+            client: None,
         }
     }
 }
@@ -144,10 +151,6 @@ pub struct LockLayer<B: Backend, K = MakeKeyUnset, R = DefaultRejection> {
     pub(crate) key: K,
     pub(crate) on_rejected: R,
     pub(crate) config: Arc<LayerConfig>,
-    /// The same client for `#[locked]` handlers, made once: a router may build the layer's
-    /// service for every request.
-    #[cfg(feature = "macros")]
-    any: super::AnyLockClient,
 }
 
 impl<B: Backend> LockLayer<B> {
@@ -168,13 +171,16 @@ impl<B: Backend> LockLayer<B> {
     /// # let _ = layer;
     /// ```
     pub fn new(locks: LockClient<B>) -> Self {
-        Self {
+        let config = LayerConfig {
             #[cfg(feature = "macros")]
-            any: locks.clone().into(),
+            client: Some(locks.clone().into()),
+            ..LayerConfig::default()
+        };
+        Self {
             locks,
             key: MakeKeyUnset::default(),
             on_rejected: DefaultRejection,
-            config: Arc::new(LayerConfig::default()),
+            config: Arc::new(config),
         }
     }
 }
@@ -192,8 +198,6 @@ impl<B: Backend, K, R> LockLayer<B, K, R> {
             key,
             on_rejected: self.on_rejected,
             config: self.config,
-            #[cfg(feature = "macros")]
-            any: self.any,
         }
     }
 
@@ -205,8 +209,6 @@ impl<B: Backend, K, R> LockLayer<B, K, R> {
             key: self.key,
             on_rejected,
             config: self.config,
-            #[cfg(feature = "macros")]
-            any: self.any,
         }
     }
 
@@ -304,8 +306,6 @@ impl<B: Backend, K: Clone, R: Clone> Clone for LockLayer<B, K, R> {
             key: self.key.clone(),
             on_rejected: self.on_rejected.clone(),
             config: self.config.clone(),
-            #[cfg(feature = "macros")]
-            any: self.any.clone(),
         }
     }
 }
@@ -329,8 +329,6 @@ impl<S, B: Backend, K: MakeKey, R: Clone> Layer<S> for LockLayer<B, K, R> {
             key: self.key.clone(),
             on_rejected: self.on_rejected.clone(),
             config: self.config.clone(),
-            #[cfg(feature = "macros")]
-            any: self.any.clone(),
         }
     }
 }

@@ -10,14 +10,13 @@ use http::{Method, Request, Response};
 use tower_service::Service;
 
 use super::{
-    LockRejection, OnRejected,
+    LockContext, LockRejection, OnRejected,
     future::{Acquire, ResponseFuture},
     hold::Hold,
     layer::{LayerConfig, Mode},
 };
 use crate::{
     Backend, LockClient, LockKind,
-    holder::Holder,
     key::{Keys, MakeKey},
 };
 
@@ -28,9 +27,6 @@ pub struct LockService<S, B: Backend, K, R> {
     pub(crate) key: K,
     pub(crate) on_rejected: R,
     pub(crate) config: Arc<LayerConfig>,
-    /// The same client, handed to `#[locked]` handlers through the request's extensions.
-    #[cfg(feature = "macros")]
-    pub(crate) any: super::AnyLockClient,
 }
 
 /// No `Send` or `'static` bounds on the inner service, its future or the bodies: nothing of
@@ -100,15 +96,12 @@ where
                 );
             }
         };
-        // One holder per request: a nested layer (or handler code) re-enters its locks.
+        // One holder per request: a nested layer (or a `#[locked]` handler) re-enters the
+        // locks of the layer whose context the request carries.
         let holder = parts
             .extensions
-            .get::<Holder>()
-            .cloned()
-            .unwrap_or_else(|| self.locks.holder());
-        parts.extensions.insert(holder.clone());
-        #[cfg(feature = "macros")]
-        parts.extensions.insert(self.any.clone());
+            .get::<LockContext>()
+            .map_or_else(|| self.locks.holder(), |context| context.holder.clone());
         let locks = self.locks.clone();
         let (wait, lease, fencing) = (config.wait, config.lease, config.fencing);
         let permits = match config.mode {
@@ -188,8 +181,6 @@ impl<S: Clone, B: Backend, K: Clone, R: Clone> Clone for LockService<S, B, K, R>
             key: self.key.clone(),
             on_rejected: self.on_rejected.clone(),
             config: self.config.clone(),
-            #[cfg(feature = "macros")]
-            any: self.any.clone(),
         }
     }
 }
