@@ -1,13 +1,18 @@
-//! The layer's own cost per request, in one process and on one thread: an axum deposit route
-//! called through `tower::ServiceExt` (no sockets, no Redis), with no lock, with `LockLayer` on
-//! the in-memory backend, and with the middleware one writes for a single process instead: a
-//! `from_fn` taking a per-account `tokio::sync::Mutex` from a map. Nanoseconds per request,
-//! each variant run once per repetition in a rotating order.
+//! The layer's own cost per request, in one process: an axum deposit route called through
+//! `tower::ServiceExt` (no sockets, no Redis), with no lock, with `LockLayer` on the in-memory
+//! backend, and with the middleware one writes for a single process instead: a `from_fn`
+//! taking a per-account `tokio::sync::Mutex` from a map. Nanoseconds per request, each variant
+//! run once per repetition in a rotating order. On one thread by default; with
+//! `BENCH_THREADS=n`, n threads (each with a runtime of its own, sharing the router and its
+//! lock client) send their own shares of the requests at once, on accounts apart so that no
+//! request waits for another: what the threads share then shows. The figure is CPU time per
+//! request (wall time × threads / requests).
 //!
 //! ```text
 //! cargo bench --bench layer --features axum
 //! BENCH_REQUESTS=50000 BENCH_REPS=3 cargo bench --bench layer --features axum
 //! BENCH_ONLY=layer cargo bench --bench layer --features axum   # one variant, for a profiler
+//! BENCH_THREADS=2 cargo bench --bench layer --features axum     # two threads at once
 //! ```
 
 use std::{
@@ -97,14 +102,57 @@ fn app(variant: Variant) -> Router {
     }
 }
 
-/// Nanoseconds per request over `requests` sequential requests, after a warm-up.
-async fn run(variant: Variant, requests: usize) -> Result<f64, String> {
+/// CPU nanoseconds per request over `requests` requests: `threads` OS threads, each with a
+/// runtime of its own, send their shares at once, after a warm-up.
+fn run(variant: Variant, requests: usize, threads: usize) -> Result<f64, String> {
     // `with_state` turns each handler into its route once, as `axum::serve` does: without it,
     // every request would build its route (and the middleware's service) anew.
-    let mut service = app(variant).with_state(()).into_service::<Body>();
-    let uris: Vec<String> = (0..requests)
-        .map(|i| format!("/accounts/{}/deposit", i % ACCOUNTS))
-        .collect();
+    let service = app(variant).with_state(()).into_service::<Body>();
+    let share = requests / threads;
+    let start = std::sync::Barrier::new(threads);
+    let windows: Vec<Result<(Instant, Instant), String>> = std::thread::scope(|scope| {
+        let senders: Vec<_> = (0..threads)
+            .map(|thread| {
+                let (service, start) = (service.clone(), &start);
+                // Accounts `thread`, `thread + threads`, ...: no two threads share one.
+                let uris: Vec<String> = (0..share)
+                    .map(|i| format!("/accounts/{}/deposit", (i * threads + thread) % ACCOUNTS))
+                    .collect();
+                scope.spawn(move || {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .map_err(|e| e.to_string())?;
+                    runtime.block_on(send_all(service, uris, start))
+                })
+            })
+            .collect();
+        senders
+            .into_iter()
+            .map(|sender| {
+                sender
+                    .join()
+                    .unwrap_or_else(|_| Err("a sender panicked".into()))
+            })
+            .collect()
+    });
+    // From the first sender's start to the last one's end.
+    let mut window: Option<(Instant, Instant)> = None;
+    for sent in windows {
+        let (began, ended) = sent?;
+        window = Some(window.map_or((began, ended), |(b, e)| (b.min(began), e.max(ended))));
+    }
+    let (began, ended) = window.ok_or("no sender")?;
+    let elapsed = ended.duration_since(began).as_nanos() as f64;
+    Ok(elapsed * threads as f64 / (share * threads) as f64)
+}
+
+/// Sends `uris` one after another, after a warm-up and once every sender is ready.
+async fn send_all(
+    mut service: axum::routing::RouterIntoService<Body>,
+    uris: Vec<String>,
+    start: &std::sync::Barrier,
+) -> Result<(Instant, Instant), String> {
     let mut call = async |uri: &str| -> Result<(), String> {
         let request = axum::http::Request::post(uri)
             .body(Body::empty())
@@ -119,11 +167,13 @@ async fn run(variant: Variant, requests: usize) -> Result<f64, String> {
     for uri in uris.iter().take(ACCOUNTS) {
         call(uri).await?;
     }
-    let started = Instant::now();
+    // Every thread is warm before any starts: a plain barrier, as nothing else runs here.
+    start.wait();
+    let began = Instant::now();
     for uri in &uris {
         call(uri).await?;
     }
-    Ok(started.elapsed().as_nanos() as f64 / requests as f64)
+    Ok((began, Instant::now()))
 }
 
 fn env_number(name: &str, default: usize) -> usize {
@@ -147,25 +197,20 @@ fn main() {
         .into_iter()
         .filter(|v| only.is_empty() || only.split(',').any(|tag| tag.trim() == v.tag()))
         .collect();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    println!("{requests} requests per run, {reps} repetitions, one thread");
+    let threads = env_number("BENCH_THREADS", 1);
+    println!("{requests} requests per run, {reps} repetitions, {threads} thread(s)");
     let mut times: HashMap<&str, Vec<f64>> = HashMap::new();
-    runtime.block_on(async {
-        for rep in 0..reps {
-            let mut order = variants.clone();
-            let turn = rep % order.len().max(1);
-            order.rotate_left(turn);
-            for variant in order {
-                match run(variant, requests).await {
-                    Ok(ns) => times.entry(variant.name()).or_default().push(ns),
-                    Err(error) => println!("  {} rep {rep}: {error}", variant.name()),
-                }
+    for rep in 0..reps {
+        let mut order = variants.clone();
+        let turn = rep % order.len().max(1);
+        order.rotate_left(turn);
+        for variant in order {
+            match run(variant, requests, threads) {
+                Ok(ns) => times.entry(variant.name()).or_default().push(ns),
+                Err(error) => println!("  {} rep {rep}: {error}", variant.name()),
             }
         }
-    });
+    }
     let none = times
         .get(Variant::NoLock.name())
         .map(|t| median(&mut t.clone()));

@@ -247,6 +247,29 @@ async fn a_handler_under_a_layer_locks_with_the_layers_client() {
     assert_eq!((status, body.as_str()), (StatusCode::OK, "slow 3"));
 }
 
+#[locked(key = "{id}", wait = "0ms")]
+async fn reenter_stateless(Path(id): Path<String>) -> String {
+    id
+}
+
+/// A client in the extensions does not take the place of the layer's: the handler re-enters
+/// the layer's lock with the layer's client and holder, even when the extension's client
+/// shares the layer's backend (where it would be another owner).
+#[tokio::test]
+async fn under_a_layer_its_client_comes_before_an_extensions() {
+    let backend = MemoryBackend::new();
+    let layers = LockClient::builder(backend.clone()).build().unwrap();
+    let other = LockClient::builder(backend).build().unwrap();
+    let router = Router::new()
+        .route("/docs/{id}", post(reenter_stateless))
+        .route_layer(LockLayer::new(layers.clone()).key(key::path_param("id")))
+        .layer(Extension(AnyLockClient::from(other)));
+    let base = serve(router).await;
+    let (status, _, body) = send(&http(), "POST", &format!("{base}/docs/4")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "4"));
+    assert!(is_free(&layers, "/docs/{id}", "4").await, "a hold leaked");
+}
+
 /// State providing the type-erased client.
 #[derive(Clone, FromRef)]
 struct AnyApp {

@@ -28,8 +28,9 @@ use proc_macro::TokenStream;
 /// | `on_lost = "abort"` / `"continue"` | lock lost mid-handler: cancel it with 503, or let it finish | `"abort"` |
 /// | `name = "..."` | namespace of the key | a key with text of its own (`account:{id}`): none; a lone path parameter (`{id}`): the route up to it (`/accounts/:id`), as `key::path_param("id")` on a layer; else the route |
 ///
-/// The lock client comes from the request's extensions (every `LockLayer` puts one there; or
-/// add `Extension(AnyLockClient::from(locks))`), else from the handler's `State<T>` when
+/// The lock client is the `LockLayer`'s the handler runs under, else an `AnyLockClient` in the
+/// request's extensions (add `Extension(AnyLockClient::from(locks))`), else from the handler's
+/// `State<T>` when
 /// `AnyLockClient`, `LockClient<MemoryBackend>` or `LockClient<RedisBackend>` implements
 /// `FromRef<T>`. Without one the handler answers 500 and logs how to provide it.
 ///

@@ -99,15 +99,16 @@ where
     type Rejection = Infallible;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        // Under a `LockLayer`: its holder re-enters what it holds, with its client by default.
-        let context = parts.extensions.get::<LockContext>();
+        // Under a `LockLayer`, its client: the one whose locks the request's holder holds.
+        let layers = parts
+            .extensions
+            .get::<LockContext>()
+            .and_then(|context| context.client.as_ref());
         Ok(Self {
-            client: parts
-                .extensions
-                .get::<AnyLockClient>()
-                .or_else(|| context.and_then(|c| c.client.as_ref()))
+            client: layers
+                .or_else(|| parts.extensions.get::<AnyLockClient>())
                 .cloned(),
-            holder: context.map(|c| c.holder.clone()),
+            holder: parts.extensions.get::<Holder>().cloned(),
             route: super::service::route(parts).to_owned(),
             state: P::from_state(state),
         })

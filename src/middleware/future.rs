@@ -143,8 +143,6 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         let _entered = this.span.enter();
-        // A clock reading taken in this poll, still good for the check that follows it.
-        let mut fresh = None;
         loop {
             let next = match this.state.as_mut().project() {
                 StateProj::Acquiring {
@@ -155,7 +153,6 @@ where
                     Ok(guard) => {
                         let now = guard.acquired_at();
                         *this.acquired = Some(now);
-                        fresh = Some(now);
                         if let Some(started) = *this.started {
                             this.span
                                 .record("waited_ms", millis(now.duration_since(started)));
@@ -197,9 +194,9 @@ where
                     // a stall past the lease must not run on before the watchdog notices.
                     let lost_now = lost.as_mut().is_some_and(|lost| {
                         Pin::new(lost).poll(cx).is_ready()
-                            || guard.as_ref().is_some_and(|guard| {
-                                guard.is_lost_at(fresh.take().unwrap_or_else(BootInstant::now))
-                            })
+                            || guard
+                                .as_ref()
+                                .is_some_and(|guard| guard.is_lost_at(BootInstant::now()))
                     });
                     if lost_now {
                         // The inner future is dropped with this state: the handler stops.

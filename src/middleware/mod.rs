@@ -56,8 +56,8 @@
 //! prefix locks per matched route, so two resources never share a lock by accident. Each request has one [`Holder`](crate::Holder), stored in
 //! its extensions and current while the inner service runs, so a nested layer or a direct
 //! [`LockClient`](crate::LockClient) call on the same lock re-enters it. With feature `macros`
-//! the layer also puts its client into the extensions as an `AnyLockClient`, where a
-//! `#[locked]` handler under it finds it, and re-enters the layer's lock when it names the same.
+//! the request's [`LockContext`] also carries the layer's client, which a `#[locked]` handler
+//! under it uses, re-entering the layer's lock when it names the same.
 
 #[cfg(feature = "macros")]
 pub(crate) mod attribute;

@@ -10,13 +10,14 @@ use http::{Method, Request, Response};
 use tower_service::Service;
 
 use super::{
-    LockContext, LockRejection, OnRejected,
+    LockRejection, OnRejected,
     future::{Acquire, ResponseFuture},
     hold::Hold,
     layer::{LayerConfig, Mode},
 };
 use crate::{
     Backend, LockClient, LockKind,
+    holder::Holder,
     key::{Keys, MakeKey},
 };
 
@@ -96,12 +97,13 @@ where
                 );
             }
         };
-        // One holder per request: a nested layer (or a `#[locked]` handler) re-enters the
-        // locks of the layer whose context the request carries.
+        // One holder per request: a nested layer (or handler code) re-enters its locks.
         let holder = parts
             .extensions
-            .get::<LockContext>()
-            .map_or_else(|| self.locks.holder(), |context| context.holder.clone());
+            .get::<Holder>()
+            .cloned()
+            .unwrap_or_else(|| self.locks.holder());
+        parts.extensions.insert(holder.clone());
         let locks = self.locks.clone();
         let (wait, lease, fencing) = (config.wait, config.lease, config.fencing);
         let permits = match config.mode {
