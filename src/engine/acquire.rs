@@ -137,25 +137,26 @@ impl<B: Backend> Drop for QueueGuard<'_, B> {
 /// timeout fired), it is resolved in the background exactly like an attempt whose reply was
 /// lost: undone if it took the lock, voided if it has not arrived yet. A re-entry's pending
 /// reference is given back at once.
-struct InFlight<B: Backend> {
-    shared: Arc<Engine<B>>,
-    key: LockKey,
-    want: Arc<Want>,
+// Borrowed: what it needs is cloned only for a resolution in the background.
+struct InFlight<'a, B: Backend> {
+    shared: &'a Arc<Engine<B>>,
+    key: &'a LockKey,
+    want: &'a Arc<Want>,
     reentering: Option<Arc<Held>>,
     settled: bool,
 }
 
-impl<B: Backend> InFlight<B> {
+impl<'a, B: Backend> InFlight<'a, B> {
     fn new(
-        shared: &Arc<Engine<B>>,
-        key: &LockKey,
-        want: &Arc<Want>,
+        shared: &'a Arc<Engine<B>>,
+        key: &'a LockKey,
+        want: &'a Arc<Want>,
         reentering: Option<Arc<Held>>,
     ) -> Self {
         Self {
-            shared: shared.clone(),
-            key: key.clone(),
-            want: want.clone(),
+            shared,
+            key,
+            want,
             reentering,
             settled: false,
         }
@@ -167,7 +168,7 @@ impl<B: Backend> InFlight<B> {
     }
 }
 
-impl<B: Backend> Drop for InFlight<B> {
+impl<B: Backend> Drop for InFlight<'_, B> {
     fn drop(&mut self) {
         if self.settled {
             return;
@@ -400,6 +401,7 @@ impl<B: Backend> Engine<B> {
                             let unknown = error.outcome_unknown();
                             let error = Box::pin(self.unknown_outcome(grant, error)).await;
                             in_flight.settle();
+                            drop(in_flight);
                             // A connection that broke (a restarting backend) is tried again
                             // while the wait lasts. A timeout is not: it already took its time.
                             // An attempt that could not end before the deadline is not started:

@@ -162,14 +162,29 @@ impl LockKey {
 
     /// `prefix` + escaped namespace + `{tag}`; `tag` must be non-empty and free of braces.
     fn with_tag<'t>(prefix: &str, namespace: &str, tag: impl Iterator<Item = &'t str>) -> Self {
+        thread_local! {
+            // Names are written here first, so that the shared name is the one allocation.
+            static NAME: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+        }
         let namespace = readable(namespace);
-        let mut name = String::with_capacity(prefix.len() + namespace.len() + 32);
-        name.push_str(prefix);
-        name.extend(percent_encode(namespace.as_bytes(), ESCAPED));
-        name.push('{');
-        name.extend(tag);
-        name.push('}');
-        Self::named(name)
+        let write = |name: &mut String| {
+            name.clear();
+            name.push_str(prefix);
+            name.extend(percent_encode(namespace.as_bytes(), ESCAPED));
+            name.push('{');
+            name.extend(tag);
+            name.push('}');
+            Self::shared(name)
+        };
+        NAME.with(|buffer| match buffer.try_borrow_mut() {
+            Ok(mut name) => {
+                let key = write(&mut name);
+                // A very long name does not stay allocated for the thread's lifetime.
+                name.shrink_to(256);
+                key
+            }
+            Err(_) => write(&mut String::new()),
+        })
     }
 
     /// The same lock name with `suffix` appended: another lock with the same hash slot.
@@ -178,8 +193,12 @@ impl LockKey {
     }
 
     fn named(name: String) -> Self {
+        Self::shared(&name)
+    }
+
+    fn shared(name: &str) -> Self {
         Self {
-            hash: NAME_HASHER.hash_one(name.as_str()),
+            hash: NAME_HASHER.hash_one(name),
             name: name.into(),
         }
     }
