@@ -93,25 +93,18 @@ impl fmt::Display for Holder {
 }
 
 /// `head`, `separator` and `n` in decimal: the ids of holders and attempts, made for every
-/// acquire, so without the formatting machinery, and in one allocation (the shared string's)
-/// when the id is short, as ids made from a client's id are.
+/// acquire, so without the formatting machinery, and in one allocation.
 pub(crate) fn numbered(head: &str, separator: u8, n: u64) -> Arc<str> {
-    let digits = Decimal::new(n);
-    let digits = digits.as_bytes();
-    let len = head.len() + 1 + digits.len();
-    let mut buffer = [0; 128];
-    let short = buffer.get_mut(..len).and_then(|id| {
-        let (start, rest) = id.split_at_mut(head.len());
-        start.copy_from_slice(head.as_bytes());
-        rest[0] = separator;
-        rest[1..].copy_from_slice(digits);
-        std::str::from_utf8(id).ok()
-    });
-    match short {
-        Some(id) => Arc::from(id),
-        // A long head (a client id the application chose): the formatting machinery will do.
-        None => Arc::from(format!("{head}{}{n}", char::from(separator))),
-    }
+    crate::scratch::shared(|id| {
+        id.push_str(head);
+        id.push(char::from(separator));
+        id.extend(
+            Decimal::new(n)
+                .as_bytes()
+                .iter()
+                .map(|&digit| char::from(digit)),
+        );
+    })
 }
 
 /// A number's decimal digits, written without allocating.

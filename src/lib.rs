@@ -162,6 +162,7 @@ mod lock_key;
 pub mod metrics;
 pub mod middleware;
 mod multi_guard;
+mod scratch;
 
 #[cfg(feature = "redis")]
 pub use backend::redis::{RedisBackend, RedisBackendBuilder};

@@ -162,29 +162,14 @@ impl LockKey {
 
     /// `prefix` + escaped namespace + `{tag}`; `tag` must be non-empty and free of braces.
     fn with_tag<'t>(prefix: &str, namespace: &str, tag: impl Iterator<Item = &'t str>) -> Self {
-        thread_local! {
-            // Names are written here first, so that the shared name is the one allocation.
-            static NAME: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
-        }
         let namespace = readable(namespace);
-        let write = |name: &mut String| {
-            name.clear();
+        Self::shared(crate::scratch::shared(|name| {
             name.push_str(prefix);
             name.extend(percent_encode(namespace.as_bytes(), ESCAPED));
             name.push('{');
             name.extend(tag);
             name.push('}');
-            Self::shared(name)
-        };
-        NAME.with(|buffer| match buffer.try_borrow_mut() {
-            Ok(mut name) => {
-                let key = write(&mut name);
-                // A very long name does not stay allocated for the thread's lifetime.
-                name.shrink_to(256);
-                key
-            }
-            Err(_) => write(&mut String::new()),
-        })
+        }))
     }
 
     /// The same lock name with `suffix` appended: another lock with the same hash slot.
@@ -193,13 +178,13 @@ impl LockKey {
     }
 
     fn named(name: String) -> Self {
-        Self::shared(&name)
+        Self::shared(name.into())
     }
 
-    fn shared(name: &str) -> Self {
+    fn shared(name: Arc<str>) -> Self {
         Self {
-            hash: NAME_HASHER.hash_one(name),
-            name: name.into(),
+            hash: NAME_HASHER.hash_one(&*name),
+            name,
         }
     }
 
