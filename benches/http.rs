@@ -985,4 +985,47 @@ fn print_summary(figures: &[Figure]) {
             _ => println!(" {:>7} {:>18}", "-", "-"),
         }
     }
+    print_layer_cost(&rows);
+}
+
+/// (b) / (a): what `LockLayer` on the in-memory backend costs against no lock, of the medians
+/// and within each repetition (the machine's noise moves both variants of one repetition
+/// together).
+fn print_layer_cost(rows: &[Figure]) {
+    let pairs: Vec<(&str, &[f64], &[f64])> = rows
+        .iter()
+        .filter(|row| !row.summed)
+        .filter_map(|row| {
+            let cell = |v: Variant| {
+                row.cells
+                    .iter()
+                    .find(|(w, _)| *w == v)
+                    .map(|(_, x)| x.as_slice())
+            };
+            Some((
+                row.label.as_str(),
+                cell(Variant::Memory)?,
+                cell(Variant::NoLock)?,
+            ))
+        })
+        .collect();
+    if pairs.is_empty() {
+        return;
+    }
+    println!();
+    println!("(b) LockLayer memory / (a) no lock: of the medians, then per repetition.");
+    for (label, b, a) in pairs {
+        let median = |v: &[f64]| Spread::of(v.iter().copied()).median;
+        let per_rep = Spread::of(
+            a.iter()
+                .zip(b)
+                .map(|(a, b)| b / a)
+                .filter(|r| r.is_finite()),
+        );
+        println!(
+            "  {label:<30} {:>7.2} {:>18}",
+            median(b) / median(a),
+            per_rep.show(2)
+        );
+    }
 }

@@ -9,7 +9,10 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicUsize, Ordering},
+    },
 };
 
 use tokio::sync::{Notify, mpsc};
@@ -23,6 +26,8 @@ type Channels = HashMap<String, Vec<(u64, Option<String>, Arc<Notify>)>>;
 #[derive(Debug, Default)]
 pub(crate) struct Listeners {
     channels: Mutex<Channels>,
+    /// How many channels have listeners: read by every release without the lock.
+    listened: AtomicUsize,
     next_id: std::sync::atomic::AtomicU64,
     emptied: Option<mpsc::UnboundedSender<String>>,
 }
@@ -48,6 +53,9 @@ impl Listeners {
         let entry = channels.entry(channel.clone()).or_default();
         let first = entry.is_empty();
         entry.push((id, tag.map(str::to_owned), notify.clone()));
+        // SeqCst with the load in `is_empty`: a release that reads no channel here happened
+        // before this listener existed, and the waiter's check after listening sees it.
+        self.listened.store(channels.len(), Ordering::SeqCst);
         drop(channels);
         let listener = Listener {
             listeners: self.clone(),
@@ -60,7 +68,7 @@ impl Listeners {
 
     /// Whether no channel has a listener.
     pub(crate) fn is_empty(&self) -> bool {
-        self.lock().is_empty()
+        self.listened.load(Ordering::SeqCst) == 0
     }
 
     /// Wakes the listeners of `channel` that `payload` concerns: untagged ones, and the one
@@ -123,6 +131,7 @@ impl Listeners {
         entry.retain(|(other, _, _)| *other != id);
         if entry.is_empty() {
             channels.remove(channel);
+            self.listened.store(channels.len(), Ordering::SeqCst);
             if let Some(emptied) = &self.emptied {
                 // The receiver is gone only when the backend shut down; nothing to unsubscribe.
                 let _ = emptied.send(channel.to_owned());

@@ -90,6 +90,19 @@ impl<B: Backend> Drop for EngineRef<B> {
     }
 }
 
+/// A value alone on its cache line (two, for CPUs that fetch lines in pairs), so that writing
+/// it does not make other threads fetch its neighbours again.
+#[repr(align(128))]
+pub(crate) struct OwnLine<T>(pub(crate) T);
+
+impl<T> std::ops::Deref for OwnLine<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// The engine's stop signal. Checked on every acquire and release, so the check is one atomic
 /// load: a cancellation token's takes a mutex shared by every thread.
 #[derive(Default)]
@@ -120,9 +133,14 @@ pub(crate) struct Engine<B: Backend> {
     pub(crate) config: Config,
     pub(crate) table: Table<B::Listener>,
     pub(crate) id: String,
+    /// Numbers handed out in blocks by [`next_id`](Self::next_id).
     pub(crate) sequence: AtomicU64,
-    /// Acquires waiting right now, for the `max_waiters` cap.
-    pub(crate) waiting: AtomicUsize,
+    /// This engine among the process's: tells a thread's block of numbers apart from another
+    /// engine's (an address could be reused).
+    pub(crate) serial: u64,
+    /// Acquires waiting right now, for the `max_waiters` cap. Written twice by every acquire:
+    /// on a cache line of its own, away from what every acquire only reads.
+    pub(crate) waiting: OwnLine<AtomicUsize>,
     pub(crate) stop: Stop,
     pub(crate) watchdog_wake: Notify,
     /// When the watchdog plans to wake next (boot-clock nanoseconds).
@@ -149,7 +167,11 @@ impl<B: Backend> Engine<B> {
             table: Table::default(),
             id: uuid::Uuid::new_v4().simple().to_string(),
             sequence: AtomicU64::new(0),
-            waiting: AtomicUsize::new(0),
+            serial: {
+                static ENGINES: AtomicU64 = AtomicU64::new(1);
+                ENGINES.fetch_add(1, Ordering::Relaxed)
+            },
+            waiting: OwnLine(AtomicUsize::new(0)),
             stop: Stop::default(),
             watchdog_wake: Notify::new(),
             watchdog_due: AtomicU64::new(0),
@@ -163,21 +185,42 @@ impl<B: Backend> Engine<B> {
     }
 
     pub(crate) fn new_holder(&self) -> Holder {
-        Holder::new(&self.id, self.sequence.fetch_add(1, Ordering::Relaxed))
+        Holder::new(&self.id, self.next_id())
     }
 
     /// Wakes the watchdog if it must act at `at`, before it planned to wake (or while it
     /// scans). Called after the entry is in the table.
     pub(crate) fn watch(&self, at: BootInstant) {
-        self.watch_earliest
-            .fetch_min(at.as_nanos(), Ordering::SeqCst);
+        // Written only when earlier: every acquire calls this, usually with a later time. A
+        // scan that begins after the load below sees the entry in the table; one that began
+        // before it left the value the load read, no later than `at`, to wake the watchdog.
+        if at.as_nanos() < self.watch_earliest.load(Ordering::SeqCst) {
+            self.watch_earliest
+                .fetch_min(at.as_nanos(), Ordering::SeqCst);
+        }
         if at.as_nanos() < self.watchdog_due.load(Ordering::SeqCst) {
             self.watchdog_wake.notify_one();
         }
     }
 
+    /// A number no other call of this engine returns. Each thread takes a block of them at a
+    /// time, so that acquires on different threads do not write one shared counter.
     pub(crate) fn next_id(&self) -> u64 {
-        self.sequence.fetch_add(1, Ordering::Relaxed)
+        const BLOCK: u64 = 1024;
+        thread_local! {
+            // The engine's serial, the next number and the end of the block.
+            static IDS: std::cell::Cell<(u64, u64, u64)> = const { std::cell::Cell::new((0, 0, 0)) };
+        }
+        IDS.with(|ids| {
+            let (engine, next, end) = ids.get();
+            if engine == self.serial && next < end {
+                ids.set((engine, next + 1, end));
+                return next;
+            }
+            let start = self.sequence.fetch_add(BLOCK, Ordering::Relaxed);
+            ids.set((self.serial, start + 1, start + BLOCK));
+            start
+        })
     }
 
     /// A new attempt id of `holder`.
@@ -190,5 +233,45 @@ impl<B: Backend> Engine<B> {
         Handle::try_current()
             .ok()
             .or_else(|| self.runtime.get().cloned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+    use crate::MemoryBackend;
+
+    /// Numbers from one engine are never repeated, whichever threads take them and however
+    /// they switch between engines (each switch starts a new block).
+    #[test]
+    fn ids_are_unique_per_engine_across_threads() {
+        let engines = [
+            Engine::new(MemoryBackend::new(), Config::default()),
+            Engine::new(MemoryBackend::new(), Config::default()),
+        ];
+        let taken: Vec<[Vec<u64>; 2]> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..4)
+                .map(|thread| {
+                    let engines = &engines;
+                    scope.spawn(move || {
+                        let mut ids = [Vec::new(), Vec::new()];
+                        for i in 0..3000 {
+                            // Switches engines now and then, differently on each thread.
+                            let which = (i / (7 + thread)) % 2;
+                            ids[which].push(engines[which].next_id());
+                        }
+                        ids
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        for engine in 0..2 {
+            let all: Vec<u64> = taken.iter().flat_map(|ids| ids[engine].clone()).collect();
+            let unique: HashSet<u64> = all.iter().copied().collect();
+            assert_eq!(unique.len(), all.len(), "engine {engine} repeated an id");
+        }
     }
 }

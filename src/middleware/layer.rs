@@ -65,13 +65,15 @@ impl HoldTimes {
     pub(crate) fn record(&self, held: Duration) {
         use std::sync::atomic::Ordering;
         let sample = u64::try_from(held.as_millis()).unwrap_or(u64::MAX).max(1);
+        // Written only when it changes: every request of the layer, on every thread, reads it.
         let _ = self
             .average_ms
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |average| {
-                Some(match average {
+                let next = match average {
                     0 => sample,
                     average => average - average / 8 + sample / 8,
-                })
+                };
+                (next != average).then_some(next)
             });
     }
 

@@ -9,7 +9,10 @@
 
 use std::{
     collections::{HashMap, VecDeque},
-    sync::{Arc, Mutex, PoisonError},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -42,17 +45,41 @@ mod semaphore;
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct MemoryBackend {
-    state: Arc<Mutex<State>>,
+    /// The locks, spread over shards by name, so that threads working on different locks do
+    /// not wait for one another (and do not share the cache lines of one map).
+    shards: Arc<[Mutex<State>]>,
     listeners: Arc<Listeners>,
 }
 
+/// How many shards the locks are spread over.
+const SHARDS: usize = 16;
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        let tokens = Arc::new(AtomicU64::new(0));
+        Self {
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(State {
+                        tokens: tokens.clone(),
+                        ..State::default()
+                    })
+                })
+                .collect(),
+            listeners: Arc::default(),
+        }
+    }
+}
+
+/// One shard of the locks.
 #[derive(Debug, Default)]
 struct State {
     locks: KeyMap<Entry>,
-    /// The last fencing token issued, for any lock: one number, whatever the lock names.
-    last_token: u64,
+    /// The last fencing token issued, for any lock: one number for every shard, whatever the
+    /// lock names.
+    tokens: Arc<AtomicU64>,
     /// Fair locks' waiter queues.
     queues: HashMap<String, FairQueue>,
     /// Read-write locks.
@@ -108,19 +135,27 @@ impl MemoryBackend {
     /// How many locks are currently held (expired ones not counted).
     pub fn held_count(&self) -> usize {
         let now = Instant::now();
-        let state = self.lock();
-        state.locks.values().filter(|e| e.expires > now).count()
-            + state.rw.values().filter(|l| l.is_live(now)).count()
-            + state
-                .semaphores
-                .values()
-                .filter(|s| s.holders().values().any(|permit| permit.until > now))
-                .count()
+        self.shards
+            .iter()
+            .map(|shard| {
+                let state = shard.lock().unwrap_or_else(PoisonError::into_inner);
+                state.locks.values().filter(|e| e.expires > now).count()
+                    + state.rw.values().filter(|l| l.is_live(now)).count()
+                    + state
+                        .semaphores
+                        .values()
+                        .filter(|s| s.holders().values().any(|permit| permit.until > now))
+                        .count()
+            })
+            .sum()
     }
 
-    // A std mutex: every critical section is a few map operations, never an await.
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The shard that keeps the lock `key`. A std mutex: every critical section is a few map
+    /// operations, never an await.
+    fn lock(&self, key: &LockKey) -> std::sync::MutexGuard<'_, State> {
+        // The remainder is below SHARDS: the cast cannot truncate.
+        let shard = &self.shards[(key.name_hash() % SHARDS as u64) as usize];
+        shard.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn publish(&self, publish: Publish) -> Option<u64> {
@@ -159,8 +194,13 @@ impl State {
             .map_or(0, |since| {
                 u64::try_from(since.as_millis()).unwrap_or(u64::MAX / 1000)
             });
-        self.last_token = (now * 1000).max(self.last_token + 1);
-        self.last_token
+        let next = |last: u64| (now * 1000).max(last + 1);
+        // The closure always gives a value: the update cannot fail.
+        let last = self
+            .tokens
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |last| Some(next(last)))
+            .unwrap_or_else(|last| last);
+        next(last)
     }
 
     fn grant(&mut self, grant: Grant<'_>, now: Instant) -> Option<u64> {
@@ -345,7 +385,7 @@ impl Backend for MemoryBackend {
 
     async fn acquire(&self, grant: Grant<'_>) -> Result<AcquireReply, BackendError> {
         let now = Instant::now();
-        let mut state = self.lock();
+        let mut state = self.lock(grant.key);
         Ok(match grant.kind {
             LockKind::Fair => state.acquire_fair(grant, now),
             LockKind::Read | LockKind::Write => state.rw_acquire(grant, now),
@@ -357,7 +397,7 @@ impl Backend for MemoryBackend {
     async fn release(&self, release: Release<'_>) -> Result<ReleaseReply, BackendError> {
         let now = Instant::now();
         let (reply, publish) = {
-            let mut state = self.lock();
+            let mut state = self.lock(release.key);
             match release.kind {
                 LockKind::Read | LockKind::Write => state.rw_release(
                     release.key,
@@ -388,10 +428,10 @@ impl Backend for MemoryBackend {
         let now = Instant::now();
         let mut publish = Vec::new();
         let replies = {
-            let mut state = self.lock();
             renewals
                 .iter()
-                .map(|renew| match (renew.kind, renew.queued) {
+                .map(|renew| (self.lock(renew.key), renew))
+                .map(|(mut state, renew)| match (renew.kind, renew.queued) {
                     (LockKind::Fair, true) => {
                         let (reply, announce) = state.fair_wait(
                             renew.key,
@@ -428,7 +468,7 @@ impl Backend for MemoryBackend {
     async fn abandon(&self, grant: Grant<'_>) -> Result<bool, BackendError> {
         let now = Instant::now();
         let (undone, publish) = {
-            let mut state = self.lock();
+            let mut state = self.lock(grant.key);
             if matches!(grant.kind, LockKind::Read | LockKind::Write) {
                 let (reply, publish) = state.rw_release(
                     grant.key,
@@ -474,7 +514,7 @@ impl Backend for MemoryBackend {
     async fn leave(&self, key: &LockKey, holder: &str, kind: LockKind) -> Result<(), BackendError> {
         let now = Instant::now();
         let publish = {
-            let mut state = self.lock();
+            let mut state = self.lock(key);
             match kind {
                 LockKind::Fair => state.fair_wait(key, holder, None, now).1,
                 LockKind::Write => state.rw_wait(key, holder, None, now).1,
@@ -494,11 +534,11 @@ impl Backend for MemoryBackend {
     }
 
     async fn inspect(&self, key: &LockKey, kind: LockKind) -> Result<LockInfo, BackendError> {
-        Ok(self.lock().inspect(key, kind, Instant::now()))
+        Ok(self.lock(key).inspect(key, kind, Instant::now()))
     }
 
     async fn force_unlock(&self, key: &LockKey, kind: LockKind) -> Result<LockInfo, BackendError> {
-        let (before, publish) = self.lock().force_unlock(key, kind, Instant::now());
+        let (before, publish) = self.lock(key).force_unlock(key, kind, Instant::now());
         self.publish(publish);
         Ok(before)
     }
