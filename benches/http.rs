@@ -1008,6 +1008,11 @@ fn print_layer_cost(rows: &[Figure]) {
                 cell(Variant::NoLock)?,
             ))
         })
+        // Only the figures both variants measured.
+        .filter(|(_, b, a)| {
+            let median = |v: &[f64]| Spread::of(v.iter().copied()).median;
+            median(b).is_finite() && median(a).is_finite()
+        })
         .collect();
     if pairs.is_empty() {
         return;

@@ -10,20 +10,28 @@ thread_local! {
 
 /// The text `write` appends to an empty string, shared.
 pub(crate) fn shared(write: impl FnOnce(&mut String)) -> Arc<str> {
-    let build = |text: &mut String| {
-        text.clear();
-        write(text);
-        Arc::from(text.as_str())
-    };
-    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
-        Ok(mut text) => {
-            let shared = build(&mut text);
+    let mut write = Some(write);
+    let built = SCRATCH
+        .try_with(|scratch| {
+            // Busy only for a `write` that itself builds a shared string.
+            let mut text = scratch.try_borrow_mut().ok()?;
+            text.clear();
+            (write.take()?)(&mut text);
+            let shared = Arc::from(text.as_str());
             // A very long text does not stay allocated for the thread's lifetime.
             text.shrink_to(256);
-            shared
+            Some(shared)
+        })
+        .ok()
+        .flatten();
+    // Nested, or the thread's locals are being torn down: a string of its own. (`write` is
+    // taken only on the way to a built text.)
+    built.unwrap_or_else(|| {
+        let mut text = String::new();
+        if let Some(write) = write {
+            write(&mut text);
         }
-        // Only a `write` that itself builds a shared string gets here.
-        Err(_) => build(&mut String::new()),
+        Arc::from(text)
     })
 }
 
