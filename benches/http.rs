@@ -973,19 +973,25 @@ fn print_summary(figures: &[Figure]) {
         }
         match (cell(Variant::Redis), cell(Variant::Rslock)) {
             (Some(c), Some(d)) if !summed => {
-                let median = |v: &[f64]| Spread::of(v.iter().copied()).median;
-                let per_rep = Spread::of(
-                    c.iter()
-                        .zip(d)
-                        .map(|(c, d)| c / d)
-                        .filter(|r| r.is_finite()),
-                );
-                println!(" {:>7.2} {:>18}", median(c) / median(d), per_rep.show(2));
+                let (of_medians, per_rep) = ratios(c, d);
+                println!(" {of_medians:>7.2} {:>18}", per_rep.show(2));
             }
             _ => println!(" {:>7} {:>18}", "-", "-"),
         }
     }
     print_layer_cost(&rows);
+}
+
+/// `x / y` of the medians, and the spread of `x / y` within each repetition.
+fn ratios(x: &[f64], y: &[f64]) -> (f64, Spread) {
+    let median = |v: &[f64]| Spread::of(v.iter().copied()).median;
+    let per_rep = Spread::of(
+        x.iter()
+            .zip(y)
+            .map(|(x, y)| x / y)
+            .filter(|r| r.is_finite()),
+    );
+    (median(x) / median(y), per_rep)
 }
 
 /// (b) / (a): what `LockLayer` on the in-memory backend costs against no lock, of the medians
@@ -1020,17 +1026,7 @@ fn print_layer_cost(rows: &[Figure]) {
     println!();
     println!("(b) LockLayer memory / (a) no lock: of the medians, then per repetition.");
     for (label, b, a) in pairs {
-        let median = |v: &[f64]| Spread::of(v.iter().copied()).median;
-        let per_rep = Spread::of(
-            a.iter()
-                .zip(b)
-                .map(|(a, b)| b / a)
-                .filter(|r| r.is_finite()),
-        );
-        println!(
-            "  {label:<30} {:>7.2} {:>18}",
-            median(b) / median(a),
-            per_rep.show(2)
-        );
+        let (of_medians, per_rep) = ratios(b, a);
+        println!("  {label:<30} {of_medians:>7.2} {:>18}", per_rep.show(2));
     }
 }
