@@ -335,17 +335,27 @@ async fn live_waiter(name: &'static str, stall: Duration, stalls: u32, runs: usi
         own.t_rel_ok = Some(clock::now_ns());
         own.result = Outcome::Ok;
         history.record(&own);
-        let Reply::Held { t_ok: live_ok, .. } = live.reply(Duration::from_secs(5)).await else {
-            panic!("run {run}: the live waiter did not get the lock");
+        let live_ok = match live.reply(Duration::from_secs(5)).await {
+            Reply::Held { t_ok, .. } => Some(t_ok),
+            // Stopped past its place's timeout, the waiter may have been stopped with a backend
+            // call in flight: the call times out on resume, and an acquire does not retry a
+            // timed-out call. Only the control's long stop allows this; its point is the purge
+            // and the turn of the waiter behind, checked by the caller.
+            Reply::Failed { error } if stall > WAITER_TIMEOUT && error.contains("timed out") => {
+                None
+            }
+            other => panic!("run {run}: the live waiter did not get the lock: {other:?}"),
         };
-        waited.push(clock::between(queued_at, live_ok));
-        live.send(&Command::Release);
-        let Reply::Released { result, .. } = live.reply(Duration::from_secs(5)).await else {
-            panic!("run {run}: the live waiter did not release");
-        };
-        assert_eq!(result, "ok", "run {run}: the live waiter's release");
+        if let Some(live_ok) = live_ok {
+            waited.push(clock::between(queued_at, live_ok));
+            live.send(&Command::Release);
+            let Reply::Released { result, .. } = live.reply(Duration::from_secs(5)).await else {
+                panic!("run {run}: the live waiter did not release");
+            };
+            assert_eq!(result, "ok", "run {run}: the live waiter's release");
+        }
         let later_ok = later.await.expect("waiter task");
-        inversions += usize::from(later_ok < live_ok);
+        inversions += usize::from(live_ok.is_none_or(|live_ok| later_ok < live_ok));
         purged += usize::from(watch.least < 0);
         least = least.min(watch.least);
     }
