@@ -13,7 +13,7 @@
 
 use std::{
     collections::VecDeque,
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    sync::{Arc, MutexGuard},
     time::Duration,
 };
 
@@ -28,7 +28,7 @@ use crate::{
     error::LockError,
     holder::Holder,
     lease::Lease,
-    lock_key::{KeyMap, LockKey},
+    lock_key::{KeyMap, LockKey, Shards},
 };
 
 use super::{
@@ -39,16 +39,12 @@ use super::{
 /// The per-key state of one client.
 #[derive(Debug)]
 pub(crate) struct Table<L> {
-    /// The keys' states, spread over shards by name so that tasks working on different keys
-    /// rarely wait for one another's lock.
-    shards: Box<[Mutex<Keys<L>>]>,
+    /// The keys' states, spread over shards by name.
+    shards: Shards<Keys<L>>,
 }
 
 /// One shard of the table.
 type Keys<L> = KeyMap<KeyState<L>>;
-
-/// How many shards the table has.
-const SHARDS: usize = 16;
 
 #[derive(Debug)]
 struct KeyState<L> {
@@ -215,24 +211,20 @@ pub(crate) enum Turn {
 impl<L> Default for Table<L> {
     fn default() -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            shards: Shards::default(),
         }
     }
 }
 
 impl<L> Table<L> {
-    // A std mutex: every critical section is a few queue operations, never an await.
     /// The shard that keeps the state of the lock `key`.
     fn keys(&self, key: &LockKey) -> MutexGuard<'_, Keys<L>> {
-        let shard = &self.shards[(key.name_hash() % SHARDS as u64) as usize];
-        shard.lock().unwrap_or_else(PoisonError::into_inner)
+        self.shards.of(key)
     }
 
     /// Every shard in turn, for what looks at all keys.
     fn all_keys(&self) -> impl Iterator<Item = MutexGuard<'_, Keys<L>>> {
-        self.shards
-            .iter()
-            .map(|shard| shard.lock().unwrap_or_else(PoisonError::into_inner))
+        self.shards.each()
     }
 
     /// The live entry of `holder` for `key` of `kind`, if it holds it here, with one more

@@ -20,7 +20,7 @@
 use std::{
     fmt,
     hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState},
-    sync::{Arc, LazyLock},
+    sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError},
 };
 
 use std::borrow::Cow;
@@ -108,6 +108,43 @@ impl Hash for LockKey {
 /// A map keyed by lock names that hashes each by the hash it carries (computed once, when the
 /// key was made).
 pub(crate) type KeyMap<V> = std::collections::HashMap<LockKey, V, BuildHasherDefault<NameHash>>;
+
+/// Values spread over a fixed number of mutexes by lock name, so that threads working on
+/// different locks rarely wait for one another (or share the cache lines of one map). Each
+/// critical section is a few map operations, never an await: std mutexes.
+#[derive(Debug)]
+pub(crate) struct Shards<T>(Box<[Mutex<T>]>);
+
+impl<T> Shards<T> {
+    /// How many shards there are.
+    const COUNT: usize = 16;
+
+    /// Shards made by `make`.
+    pub(crate) fn new(make: impl FnMut() -> T) -> Self {
+        let mut make = make;
+        Self((0..Self::COUNT).map(|_| Mutex::new(make())).collect())
+    }
+
+    /// The shard that keeps what concerns the lock `key`.
+    pub(crate) fn of(&self, key: &LockKey) -> MutexGuard<'_, T> {
+        // The remainder is below COUNT: the cast cannot truncate.
+        let shard = &self.0[(key.name_hash() % Self::COUNT as u64) as usize];
+        shard.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Every shard in turn, for what looks at all locks.
+    pub(crate) fn each(&self) -> impl Iterator<Item = MutexGuard<'_, T>> {
+        self.0
+            .iter()
+            .map(|shard| shard.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+impl<T: Default> Default for Shards<T> {
+    fn default() -> Self {
+        Self::new(T::default)
+    }
+}
 
 /// Hashes a [`LockKey`] by the hash it carries.
 #[derive(Default)]

@@ -80,6 +80,21 @@ impl LockContext {
         }
     }
 
+    /// The context as the layer configured by `config` hands it on: with the layer's client,
+    /// for `#[locked]` handlers under it.
+    pub(crate) fn under(self, config: Option<&super::layer::LayerConfig>) -> Self {
+        #[cfg(feature = "macros")]
+        return Self {
+            client: config.and_then(|config| config.client.clone()),
+            ..self
+        };
+        #[cfg(not(feature = "macros"))]
+        {
+            let _ = config;
+            self
+        }
+    }
+
     /// The lock names the request holds: the one lock's, or each lock's of a set, in the
     /// canonical order.
     pub fn keys(&self) -> impl Iterator<Item = &LockKey> {

@@ -158,12 +158,7 @@ where
                                 .record("waited_ms", millis(now.duration_since(started)));
                         }
                         let mut request = request.take().expect("polled after completion");
-                        #[cfg_attr(not(feature = "macros"), allow(unused_mut))]
-                        let mut context = guard.context();
-                        #[cfg(feature = "macros")]
-                        {
-                            context.client = this.config.as_ref().and_then(|c| c.client.clone());
-                        }
+                        let context = guard.context().under(this.config.as_deref());
                         request.extensions_mut().insert(context);
                         let mut inner = inner.take().expect("polled after completion");
                         let holder = guard.holder().clone();

@@ -10,7 +10,7 @@
 use std::{
     collections::{HashMap, VecDeque},
     sync::{
-        Arc, Mutex, PoisonError,
+        Arc,
         atomic::{AtomicU64, Ordering},
     },
     time::Duration,
@@ -25,7 +25,7 @@ use super::{
 use crate::{
     error::BackendError,
     inspect::LockInfo,
-    lock_key::{KeyMap, LockKey},
+    lock_key::{KeyMap, LockKey, Shards},
 };
 
 mod inspect;
@@ -47,27 +47,20 @@ mod semaphore;
 /// ```
 #[derive(Clone, Debug)]
 pub struct MemoryBackend {
-    /// The locks, spread over shards by name, so that threads working on different locks do
-    /// not wait for one another (and do not share the cache lines of one map).
-    shards: Arc<[Mutex<State>]>,
+    /// The locks, spread over shards by name.
+    shards: Arc<Shards<State>>,
     listeners: Arc<Listeners>,
 }
-
-/// How many shards the locks are spread over.
-const SHARDS: usize = 16;
 
 impl Default for MemoryBackend {
     fn default() -> Self {
         let tokens = Arc::new(AtomicU64::new(0));
+        let shard = || State {
+            tokens: tokens.clone(),
+            ..State::default()
+        };
         Self {
-            shards: (0..SHARDS)
-                .map(|_| {
-                    Mutex::new(State {
-                        tokens: tokens.clone(),
-                        ..State::default()
-                    })
-                })
-                .collect(),
+            shards: Arc::new(Shards::new(shard)),
             listeners: Arc::default(),
         }
     }
@@ -136,9 +129,8 @@ impl MemoryBackend {
     pub fn held_count(&self) -> usize {
         let now = Instant::now();
         self.shards
-            .iter()
-            .map(|shard| {
-                let state = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            .each()
+            .map(|state| {
                 state.locks.values().filter(|e| e.expires > now).count()
                     + state.rw.values().filter(|l| l.is_live(now)).count()
                     + state
@@ -150,12 +142,9 @@ impl MemoryBackend {
             .sum()
     }
 
-    /// The shard that keeps the lock `key`. A std mutex: every critical section is a few map
-    /// operations, never an await.
+    /// The shard that keeps the lock `key`.
     fn lock(&self, key: &LockKey) -> std::sync::MutexGuard<'_, State> {
-        // The remainder is below SHARDS: the cast cannot truncate.
-        let shard = &self.shards[(key.name_hash() % SHARDS as u64) as usize];
-        shard.lock().unwrap_or_else(PoisonError::into_inner)
+        self.shards.of(key)
     }
 
     fn publish(&self, publish: Publish) -> Option<u64> {
@@ -380,6 +369,33 @@ impl State {
     }
 }
 
+impl State {
+    /// Renews one hold or waiter place; what it must announce goes to `publish`.
+    fn renew(&mut self, renew: &Renew<'_>, now: Instant, publish: &mut Vec<Publish>) -> RenewReply {
+        match (renew.kind, renew.queued) {
+            (LockKind::Fair, true) => {
+                let (reply, announce) =
+                    self.fair_wait(renew.key, renew.holder, Some(renew.lease.duration()), now);
+                publish.push(announce);
+                reply
+            }
+            (LockKind::Write, true) => {
+                self.rw_wait(renew.key, renew.holder, Some(renew.lease.duration()), now)
+                    .0
+            }
+            (LockKind::Read | LockKind::Write, false) => self.rw_renew(renew, now),
+            (LockKind::Semaphore, _) => self.sem_renew(renew, now),
+            _ => match self.live(renew.key, now) {
+                Some(entry) if entry.owner == renew.holder => {
+                    entry.expires = entry.expires.max(now + renew.lease.duration());
+                    RenewReply::Renewed
+                }
+                _ => RenewReply::NotHeld,
+            },
+        }
+    }
+}
+
 impl Backend for MemoryBackend {
     type Listener = Listener;
 
@@ -427,38 +443,11 @@ impl Backend for MemoryBackend {
     async fn renew(&self, renewals: &[Renew<'_>]) -> Result<Vec<RenewReply>, BackendError> {
         let now = Instant::now();
         let mut publish = Vec::new();
-        let replies = {
-            renewals
-                .iter()
-                .map(|renew| (self.lock(renew.key), renew))
-                .map(|(mut state, renew)| match (renew.kind, renew.queued) {
-                    (LockKind::Fair, true) => {
-                        let (reply, announce) = state.fair_wait(
-                            renew.key,
-                            renew.holder,
-                            Some(renew.lease.duration()),
-                            now,
-                        );
-                        publish.push(announce);
-                        reply
-                    }
-                    (LockKind::Write, true) => {
-                        state
-                            .rw_wait(renew.key, renew.holder, Some(renew.lease.duration()), now)
-                            .0
-                    }
-                    (LockKind::Read | LockKind::Write, false) => state.rw_renew(renew, now),
-                    (LockKind::Semaphore, _) => state.sem_renew(renew, now),
-                    _ => match state.live(renew.key, now) {
-                        Some(entry) if entry.owner == renew.holder => {
-                            entry.expires = entry.expires.max(now + renew.lease.duration());
-                            RenewReply::Renewed
-                        }
-                        _ => RenewReply::NotHeld,
-                    },
-                })
-                .collect()
-        };
+        // One shard at a time, each for one renewal.
+        let replies = renewals
+            .iter()
+            .map(|renew| self.lock(renew.key).renew(renew, now, &mut publish))
+            .collect();
         for announce in publish {
             self.publish(announce);
         }
