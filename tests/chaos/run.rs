@@ -6,7 +6,9 @@ use std::{
     fs,
     io::Write as _,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError},
+    sync::{
+        Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
+    },
     time::Duration,
 };
 
@@ -232,6 +234,18 @@ fn trace_if_asked() {
     }
 }
 
+/// The machine, shared by the scenarios that run side by side and taken whole by one that
+/// asserts a latency bound: a bound on hand-off time measures this crate only when no other
+/// scenario's processes compete for the cores.
+static MACHINE: RwLock<()> = RwLock::new(());
+
+/// A scenario's turn on the [`MACHINE`]: shared, or alone.
+#[derive(Debug)]
+enum Turn {
+    Shared(#[allow(dead_code)] RwLockReadGuard<'static, ()>),
+    Alone(#[allow(dead_code)] RwLockWriteGuard<'static, ()>),
+}
+
 /// One run of a scenario: see the [module docs](self).
 #[derive(Debug)]
 pub(crate) struct Scenario {
@@ -241,11 +255,25 @@ pub(crate) struct Scenario {
     nodes: Vec<Node>,
     figures: String,
     finished: bool,
+    /// Declared last so it is let go after the nodes are stopped.
+    _turn: Turn,
 }
 
 impl Scenario {
-    /// Starts a scenario named `name` (`"F1"`, `"F9-control"`, ...).
+    /// Starts a scenario named `name` (`"F1"`, `"F9-control"`, ...), side by side with others.
     pub(crate) fn new(name: &'static str) -> Self {
+        let turn = Turn::Shared(MACHINE.read().unwrap_or_else(PoisonError::into_inner));
+        Self::with_turn(name, turn)
+    }
+
+    /// Starts a scenario that asserts a latency bound: it waits until the scenarios running
+    /// finish, and those that start later wait for it (the lock prefers the writer waiting).
+    pub(crate) fn alone(name: &'static str) -> Self {
+        let turn = Turn::Alone(MACHINE.write().unwrap_or_else(PoisonError::into_inner));
+        Self::with_turn(name, turn)
+    }
+
+    fn with_turn(name: &'static str, turn: Turn) -> Self {
         trace_if_asked();
         let seed = base_seed();
         let scratch = std::env::temp_dir().join(format!(
@@ -261,6 +289,7 @@ impl Scenario {
             nodes: Vec::new(),
             figures: String::new(),
             finished: false,
+            _turn: turn,
         }
     }
 

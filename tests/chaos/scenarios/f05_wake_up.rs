@@ -25,7 +25,7 @@ const EVALSHA_PER_HANDOFF: f64 = 2.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f05_waiters_woken_one_at_a_time() {
-    let mut bed = Bed::new("F5", Topology::Single).await;
+    let mut bed = Bed::alone("F5", Topology::Single).await;
     let per_task = run::count(4, 40);
     let mut rng = bed.scenario.rng();
     let mut holders = Vec::new();

@@ -79,7 +79,16 @@ pub(crate) struct Bed {
 
 impl Bed {
     pub(crate) async fn new(name: &'static str, topology: Topology) -> Self {
-        let mut scenario = Scenario::new(name);
+        Self::on(Scenario::new(name), topology).await
+    }
+
+    /// A bed for a scenario that asserts a latency bound: it runs alone ([`Scenario::alone`]).
+    pub(crate) async fn alone(name: &'static str, topology: Topology) -> Self {
+        Self::on(Scenario::alone(name), topology).await
+    }
+
+    async fn on(mut scenario: Scenario, topology: Topology) -> Self {
+        let name = scenario.name();
         let nodes = match topology {
             Topology::Single => vec![scenario.redis("redis")],
             Topology::Redlock => {
