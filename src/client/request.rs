@@ -2,6 +2,8 @@
 
 use std::{fmt, sync::Arc, time::Duration};
 
+use futures_util::future::{self, Either};
+
 use tracing::Instrument;
 
 use super::LockClient;
@@ -151,12 +153,18 @@ impl<B: Backend> LockRequest<'_, B> {
 
     /// Acquire as `holder` instead of the current [`Holder::scope`] (or a fresh holder). Unlike
     /// a scope, an explicit holder is used even when another client made it.
-    pub fn holder(mut self, holder: &Holder) -> Self {
-        self.holder = Some(holder.clone());
+    pub fn holder(self, holder: &Holder) -> Self {
+        self.with_holder(holder.clone())
+    }
+
+    /// [`holder`](Self::holder), given the holder.
+    pub(crate) fn with_holder(mut self, holder: Holder) -> Self {
+        self.holder = Some(holder);
         self
     }
 
-    /// Acquires the lock, waiting up to the request's `wait` for it.
+    /// Acquires the lock, waiting up to the request's `wait` for it. The future owns what it
+    /// needs (the request is checked when it is made), so it may outlive the client handle.
     ///
     /// # Errors
     /// [`LockError::WaitTimeout`] when another holder kept it for the whole wait,
@@ -180,98 +188,127 @@ impl<B: Backend> LockRequest<'_, B> {
     /// let waited = locks.lock("order:42").wait(Duration::from_millis(10)).acquire().await;
     /// assert!(matches!(waited, Err(LockError::WaitTimeout { .. })));
     ///
-    /// guard.release().await
+    /// // The future borrows nothing: it can be spawned.
+    /// let next = tokio::spawn(locks.lock("order:42").acquire());
+    /// guard.release().await?;
+    /// next.await.expect("not cancelled")?.release().await
     /// # }
     /// ```
-    pub async fn acquire(self) -> Result<LockGuard<B>, LockError> {
-        let kind = self.kind;
-        let checked = self.key.map_err(LockError::from).and_then(|key| {
-            if self.lease.duration() < MIN_LEASE {
-                return Err(LockError::InvalidLease(self.lease.duration()));
-            }
-            if kind == LockKind::Semaphore && self.permits == 0 {
-                return Err(LockError::InvalidPermits);
-            }
-            if kind == LockKind::Semaphore && self.fencing {
-                // Permits are shared: a token would not say who wrote last.
-                let feature = "fencing tokens on semaphore permits";
-                let error = BackendError::from_kind(BackendErrorKind::Unsupported { feature });
-                return Err(LockError::Backend(error.with_key(key.as_str())));
-            }
-            Ok(key)
-        });
-        let key = match checked {
+    // Not an `async fn`: the request's checks run here, and the future owns what the wait needs
+    // (a handle on the client, the checked key and settings) rather than the request, so it is
+    // smaller and outlives the borrowed client (a layer boxes it as it is).
+    pub fn acquire(
+        self,
+    ) -> impl Future<Output = Result<LockGuard<B>, LockError>> + Send + 'static + use<B> {
+        let Self {
+            client,
+            key,
+            kind,
+            wait,
+            lease,
+            fencing,
+            holder,
+            permits,
+        } = self;
+        let key = match Self::checked(key, kind, lease, fencing, permits) {
             Ok(key) => key,
             Err(error) => {
                 crate::metrics::acquire_finished(kind, Err(&error), Duration::ZERO);
-                return Err(error);
+                return Either::Left(future::ready(Err(error)));
             }
         };
-        let inner = &self.client.inner;
-        let shared = &inner.engine;
-        if shared.stop.is_cancelled() {
-            return Err(LockError::ShutDown);
-        }
-        watchdog::start(shared);
-        let holder = self
-            .holder
-            .or_else(|| Holder::current().filter(|holder| holder.is_from(&shared.id)))
-            .unwrap_or_else(|| shared.new_holder());
-        let request = Request {
-            key,
-            want: Arc::new(Want {
-                attempt: shared.attempt_id(&holder),
-                holder,
-                kind: self.kind,
-                lease: self.lease,
-                fencing: self.fencing,
-                supersedes: None,
-                permits: self.permits,
-            }),
-            wait: self.wait,
-        };
-        // The wait is timed for the metrics and the debug events only: a clock read apiece.
-        let timed = cfg!(feature = "metrics") || tracing::enabled!(tracing::Level::DEBUG);
-        let started = timed.then(tokio::time::Instant::now);
-        let key_name = request.key.clone();
-        let span = tracing::debug_span!(
-            "lock_acquire",
-            key = %request.key,
-            kind = ?request.want.kind,
-            holder = %request.want.holder
-        );
-        let result = shared.acquire(request).instrument(span).await;
-        let waited = started.map_or(Duration::ZERO, |started| started.elapsed());
-        crate::metrics::acquire_finished(kind, result.as_ref().map(|_| ()), waited);
-        match result {
-            Ok(Acquired { held, .. }) if shared.stop.is_cancelled() => {
-                // The client shut down while this acquire was on its way, perhaps after its
-                // held locks were released: a guard now would have no watchdog to tell it of a
-                // loss. The hold is given back as a dropped guard's is.
-                tracing::debug!(key = %held.key, "lock acquired as the client shut down; giving it back");
-                shared.release_detached(held);
-                Err(LockError::ShutDown)
+        let inner = client.inner.clone();
+        Either::Right(async move {
+            let shared = &inner.engine;
+            if shared.stop.is_cancelled() {
+                return Err(LockError::ShutDown);
             }
-            Ok(Acquired { held, count, at }) => {
-                tracing::debug!(
-                    key = %held.key,
-                    count,
-                    waited_ms = waited.as_millis() as u64,
-                    token = held.token,
-                    "lock acquired"
+            watchdog::start(shared);
+            // The wait is timed for the metrics and the debug events only: a clock read apiece.
+            let timed = cfg!(feature = "metrics") || tracing::enabled!(tracing::Level::DEBUG);
+            let key_name = key.clone();
+            // What the engine's acquire is made of is built in a block that ends before the
+            // wait, so that none of it stays in this future beside the engine's.
+            let started;
+            let result = {
+                let holder = holder
+                    .or_else(|| Holder::current().filter(|holder| holder.is_from(&shared.id)))
+                    .unwrap_or_else(|| shared.new_holder());
+                let span = tracing::debug_span!(
+                    "lock_acquire",
+                    key = %key,
+                    kind = ?kind,
+                    holder = %holder
                 );
-                Ok(LockGuard::new(inner.clone(), held, count, at))
+                let want = Arc::new(Want {
+                    attempt: shared.attempt_id(&holder),
+                    holder,
+                    kind,
+                    lease,
+                    fencing,
+                    supersedes: None,
+                    permits,
+                });
+                started = timed.then(tokio::time::Instant::now);
+                shared.acquire(Request { key, want, wait }).instrument(span)
             }
-            Err(error) => {
-                tracing::debug!(
-                    key = %key_name,
-                    waited_ms = waited.as_millis() as u64,
-                    error = %format_args!("{error:#}"),
-                    "lock not acquired"
-                );
-                Err(error)
+            .await;
+            let waited = started.map_or(Duration::ZERO, |started| started.elapsed());
+            crate::metrics::acquire_finished(kind, result.as_ref().map(|_| ()), waited);
+            match result {
+                Ok(Acquired { held, .. }) if shared.stop.is_cancelled() => {
+                    // The client shut down while this acquire was on its way, perhaps after its
+                    // held locks were released: a guard now would have no watchdog to tell it
+                    // of a loss. The hold is given back as a dropped guard's is.
+                    tracing::debug!(key = %held.key, "lock acquired as the client shut down; giving it back");
+                    shared.release_detached(held);
+                    Err(LockError::ShutDown)
+                }
+                Ok(Acquired { held, count, at }) => {
+                    tracing::debug!(
+                        key = %held.key,
+                        count,
+                        waited_ms = waited.as_millis() as u64,
+                        token = held.token,
+                        "lock acquired"
+                    );
+                    Ok(LockGuard::new(inner, held, count, at))
+                }
+                Err(error) => {
+                    tracing::debug!(
+                        key = %key_name,
+                        waited_ms = waited.as_millis() as u64,
+                        error = %format_args!("{error:#}"),
+                        "lock not acquired"
+                    );
+                    Err(error)
+                }
             }
+        })
+    }
+
+    /// The request's key, unless the request is invalid.
+    fn checked(
+        key: Result<LockKey, KeyError>,
+        kind: LockKind,
+        lease: Lease,
+        fencing: bool,
+        permits: u32,
+    ) -> Result<LockKey, LockError> {
+        let key = key?;
+        if lease.duration() < MIN_LEASE {
+            return Err(LockError::InvalidLease(lease.duration()));
         }
+        if kind == LockKind::Semaphore && permits == 0 {
+            return Err(LockError::InvalidPermits);
+        }
+        if kind == LockKind::Semaphore && fencing {
+            // Permits are shared: a token would not say who wrote last.
+            let feature = "fencing tokens on semaphore permits";
+            let error = BackendError::from_kind(BackendErrorKind::Unsupported { feature });
+            return Err(LockError::Backend(error.with_key(key.as_str())));
+        }
+        Ok(key)
     }
 
     /// Tries once, without waiting. Same as `.wait(Duration::ZERO).acquire()`.

@@ -6,6 +6,7 @@ use std::{
     task::{Context, Poll},
 };
 
+use futures_util::FutureExt as _;
 use http::{Method, Request, Response};
 use tower_service::Service;
 
@@ -104,7 +105,6 @@ where
             .cloned()
             .unwrap_or_else(|| self.locks.holder());
         parts.extensions.insert(holder.clone());
-        let locks = self.locks.clone();
         let (wait, lease, fencing) = (config.wait, config.lease, config.fencing);
         let permits = match config.mode {
             Mode::Permits(permits) => permits,
@@ -121,17 +121,19 @@ where
         let acquire: Acquire<B> = match named {
             Named::One(key) => {
                 span.record("key", tracing::field::display(&key));
-                Box::pin(async move {
-                    let request = locks
-                        .request_for(key, kind)
-                        .with_permits(permits)
-                        .holder(&holder);
-                    let guard = request.configured(wait, lease, fencing).acquire().await?;
-                    Ok(Hold::One(guard))
-                })
+                let acquire = self
+                    .locks
+                    .request_for(key, kind)
+                    .with_permits(permits)
+                    .with_holder(holder)
+                    .configured(wait, lease, fencing)
+                    .acquire();
+                // A combinator, not an async block, which would hold the future twice.
+                Box::pin(acquire.map(|guard| guard.map(Hold::One)))
             }
             Named::Set(keys) => {
                 span.record("keys", keys.len());
+                let locks = self.locks.clone();
                 Box::pin(async move {
                     let request = locks
                         .request_all_for(keys, kind)
