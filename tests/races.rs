@@ -589,10 +589,25 @@ async fn uncontended_pairs_cost_one_call_each() {
     );
 }
 
-/// A lock key overwritten with another type of value while held: the renewal batch that meets
-/// it reports that lock lost, and renews the others it carries as usual.
+/// A lock key overwritten with a string that is not a lock while held: the renewal batch that
+/// meets it reports that lock lost, and renews the others it carries as usual.
 #[tokio::test]
 async fn a_foreign_key_in_a_renewal_batch_loses_only_its_lock() {
+    foreign_key_in_a_renewal_batch("redis.call('SET', KEYS[1], 'foreign')").await;
+}
+
+/// The same with a value of another type (a list), which the batch's read of the single holds
+/// passes over: that lock alone is reported lost.
+#[tokio::test]
+async fn a_key_of_another_type_in_a_renewal_batch_loses_only_its_lock() {
+    foreign_key_in_a_renewal_batch("redis.call('DEL', KEYS[1]) redis.call('RPUSH', KEYS[1], 'x')")
+        .await;
+}
+
+/// Holds three locks in one client, overwrites the second's key with the script `overwrite`
+/// (its `KEYS[1]`: in one step, so no renewal sees the key missing), and checks that only that
+/// one is lost.
+async fn foreign_key_in_a_renewal_batch(overwrite: &str) {
     let server = RedisServer::start();
     let lease = Lease::watchdog(Duration::from_millis(300));
     let a = redis_client(&server, lease).await;
@@ -602,7 +617,7 @@ async fn a_foreign_key_in_a_renewal_batch_loses_only_its_lock() {
         guards.push(a.lock(key).acquire().await.unwrap());
     }
     let name = guards[1].key().as_str().to_owned();
-    server.cmd(&["SET", &name, "foreign"]);
+    server.cmd(&["EVAL", overwrite, "1", &name]);
     tokio::time::timeout(Duration::from_secs(2), guards[1].lost())
         .await
         .expect("the overwritten lock is reported lost");

@@ -8,14 +8,15 @@
 -- Returns one reply per key: 1 when renewed, 0 when the holder no longer holds the lock, -1
 -- when the key holds another type of value.
 local replies = {}
+-- One read for every single hold: MGET answers nil for a key that is missing or not a string,
+-- which then answers for itself.
+local singles = redis.call('MGET', unpack(KEYS))
 for i, lock in ipairs(KEYS) do
   local owner = ARGV[2 * i - 1]
-  local single = redis.pcall('GET', lock)
+  local single = singles[i]
   local held
-  if type(single) == 'string' then
+  if single then
     held = single_hold_by(single, owner) and 1 or 0
-  elseif not single then
-    held = 0
   else
     held = redis.pcall('HEXISTS', lock, holder_in(owner))
   end
