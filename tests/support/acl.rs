@@ -31,6 +31,7 @@ pub const COMMANDS: &[&str] = &[
     "+pttl",
     "+pexpire",
     "+get",
+    "+mget",
     "+set",
     "+hget",
     "+hmget",

@@ -67,7 +67,6 @@ pub(crate) const REDLOCK_NODES: usize = 5;
 /// A scenario with its lock store, its never-faulted witness and its key prefix.
 #[derive(Debug)]
 pub(crate) struct Bed {
-    pub(crate) scenario: Scenario,
     /// The lock store: the single node, or the first of `nodes`.
     pub(crate) redis: Node,
     /// Every node of the lock store.
@@ -75,6 +74,9 @@ pub(crate) struct Bed {
     pub(crate) witness: Witness,
     witness_url: String,
     pub(crate) prefix: String,
+    /// Declared last: its nodes are the last handles on the servers, which stop before it
+    /// gives up its turn on the machine.
+    pub(crate) scenario: Scenario,
 }
 
 impl Bed {

@@ -8,12 +8,20 @@
 -- Returns one reply per key: 1 when renewed, 0 when the holder no longer holds the lock, -1
 -- when the key holds another type of value.
 local replies = {}
--- One read for every single hold: MGET answers nil for a key that is missing or not a string,
--- which then answers for itself.
-local singles = redis.call('MGET', unpack(KEYS))
+-- One read for every single hold: MGET answers false for a key that is missing or not a
+-- string, which then answers for itself. A user whose ACL predates MGET here (it is refused)
+-- reads them one GET at a time instead.
+local singles = redis.pcall('MGET', unpack(KEYS))
+local one_by_one = singles.err ~= nil
 for i, lock in ipairs(KEYS) do
   local owner = ARGV[2 * i - 1]
-  local single = singles[i]
+  local single
+  if one_by_one then
+    single = redis.pcall('GET', lock)
+    single = type(single) == 'string' and single
+  else
+    single = singles[i]
+  end
   local held
   if single then
     held = single_hold_by(single, owner) and 1 or 0
