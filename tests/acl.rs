@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use support::{RedisServer, acl};
 use tokio::time::{Instant, timeout};
-use tower_lock::{BackendError, Lease, LockClient, LockError, RedisBackend};
+use tower_lock::{BackendError, Lease, LockClient, LockError, LockGuard, RedisBackend};
 
 async fn client_as(
     server: &RedisServer,
@@ -27,6 +27,21 @@ async fn client_as(
         .wait(Duration::from_secs(5))
         .build()
         .expect("valid configuration")
+}
+
+/// `guard`'s lock `key` taken once more by its holder, through `client`.
+async fn reenter(
+    client: &LockClient<RedisBackend>,
+    guard: &LockGuard<RedisBackend>,
+    key: &str,
+) -> LockGuard<RedisBackend> {
+    let acquire = client.lock(key).acquire();
+    guard
+        .holder()
+        .clone()
+        .scope(acquire)
+        .await
+        .expect("re-enter")
 }
 
 /// The password of the users made here.
@@ -69,12 +84,7 @@ async fn engine_runs_as_the_limited_acl_user() {
         .await
         .expect("acquire");
     let first_token = first.fencing_token().expect("a fencing token");
-    let again = first
-        .holder()
-        .clone()
-        .scope(a.lock("order:1").acquire())
-        .await
-        .expect("re-enter");
+    let again = reenter(&a, &first, "order:1").await;
     let waiter = {
         let b = b.clone();
         tokio::spawn(async move { b.lock("order:1").fencing().acquire().await })
@@ -198,12 +208,7 @@ async fn renewals_work_without_the_mget_grant() {
     let b = client_as(&server, "older", Duration::from_secs(1)).await;
     // One re-entered (a hash in Redis) and one single hold, renewed in one batch.
     let first = a.lock("order:1").acquire().await.expect("acquire");
-    let again = first
-        .holder()
-        .clone()
-        .scope(a.lock("order:1").acquire())
-        .await
-        .expect("re-enter");
+    let again = reenter(&a, &first, "order:1").await;
     let second = a.lock("order:2").acquire().await.expect("acquire");
     // Several 300 ms leases pass: only renewals keep the locks.
     tokio::time::sleep(Duration::from_millis(1000)).await;
