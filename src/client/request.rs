@@ -319,3 +319,40 @@ impl<B: Backend> LockRequest<'_, B> {
         self.wait(Duration::ZERO).acquire().await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::LockClient;
+
+    /// An acquire future needs no runtime to be made and borrows nothing: it runs on a runtime
+    /// made later, after the client handle it came from is gone.
+    #[test]
+    fn an_acquire_future_owns_what_it_needs() {
+        let locks = LockClient::in_memory();
+        let acquire = locks.lock("k").acquire();
+        let again = locks.lock("k").wait(Duration::ZERO).acquire();
+        drop(locks);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let guard = runtime.block_on(acquire).expect("acquired");
+        // Another holder (none in scope): refused while the lock is held.
+        assert!(runtime.block_on(again).is_err(), "held by another holder");
+        runtime.block_on(guard.release()).expect("released");
+    }
+
+    /// The holder is looked up when the future first runs, not when it is made: a future made
+    /// outside a holder's scope and run inside it re-enters that holder's lock.
+    #[tokio::test]
+    async fn the_holder_is_the_scope_the_future_runs_in() {
+        let locks = LockClient::in_memory();
+        let first = locks.lock("k").acquire().await.expect("acquired");
+        let again = locks.lock("k").wait(Duration::ZERO).acquire();
+        let again = first.holder().clone().scope(again).await.expect("re-entered");
+        again.release().await.expect("released");
+        first.release().await.expect("released");
+    }
+}
