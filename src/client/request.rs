@@ -351,7 +351,12 @@ mod tests {
         let locks = LockClient::in_memory();
         let first = locks.lock("k").acquire().await.expect("acquired");
         let again = locks.lock("k").wait(Duration::ZERO).acquire();
-        let again = first.holder().clone().scope(again).await.expect("re-entered");
+        let again = first
+            .holder()
+            .clone()
+            .scope(again)
+            .await
+            .expect("re-entered");
         again.release().await.expect("released");
         first.release().await.expect("released");
     }

@@ -24,9 +24,7 @@ use crate::{Backend, LockGuard, LockKey, MultiGuard, engine::Held, guard::Lost, 
 /// ```
 #[derive(Clone, Debug)]
 pub struct LockContext {
-    pub(crate) key: LockKey,
-    pub(crate) holder: Holder,
-    pub(crate) fencing_token: Option<u64>,
+    /// The lock's entry (a set's first lock's), which names its key, holder and token.
     pub(crate) held: Arc<Held>,
     /// Every lock of a set, in the canonical order; `None` for one lock.
     pub(crate) set: Option<Arc<[SetMember]>>,
@@ -45,12 +43,8 @@ pub(crate) struct SetMember {
 impl LockContext {
     /// What a request handler may know of the lock `guard` holds.
     pub(crate) fn of<B: Backend>(guard: &LockGuard<B>) -> Self {
-        let held = guard.entry();
         Self {
-            key: held.key.clone(),
-            holder: held.holder.clone(),
-            fencing_token: held.token,
-            held: held.clone(),
+            held: guard.entry().clone(),
             set: None,
             #[cfg(feature = "macros")]
             client: None,
@@ -68,12 +62,8 @@ impl LockContext {
                 held: member.guard.entry().clone(),
             })
             .collect();
-        let first = &members[0].held;
         Self {
-            key: first.key.clone(),
-            holder: first.holder.clone(),
-            fencing_token: first.token,
-            held: first.clone(),
+            held: members[0].held.clone(),
             set: Some(members),
             #[cfg(feature = "macros")]
             client: None,
@@ -98,7 +88,7 @@ impl LockContext {
     /// The lock names the request holds: the one lock's, or each lock's of a set, in the
     /// canonical order.
     pub fn keys(&self) -> impl Iterator<Item = &LockKey> {
-        let one = self.set.is_none().then_some(&self.key);
+        let one = self.set.is_none().then_some(&self.held.key);
         let set = self
             .set
             .iter()
@@ -111,7 +101,7 @@ impl LockContext {
     /// asked for. For one lock, its token whatever `key` is.
     pub fn fencing_token_of(&self, key: impl AsRef<[u8]>) -> Option<u64> {
         match &self.set {
-            None => self.fencing_token,
+            None => self.held.token,
             Some(set) => set
                 .iter()
                 .find(|member| member.user_key == key.as_ref())
@@ -122,12 +112,12 @@ impl LockContext {
     /// The lock's name in the backend (of a set's first lock in the canonical order: see
     /// [`keys`](Self::keys)).
     pub fn key(&self) -> &LockKey {
-        &self.key
+        &self.held.key
     }
 
     /// The request's holder.
     pub fn holder(&self) -> &Holder {
-        &self.holder
+        &self.held.holder
     }
 
     /// The fencing token, when the layer was configured with `fencing()`: send it with every
@@ -135,7 +125,7 @@ impl LockContext {
     /// set of locks, the first lock's: ask [`fencing_token_of`](Self::fencing_token_of) for
     /// each resource's.
     pub fn fencing_token(&self) -> Option<u64> {
-        self.fencing_token
+        self.held.token
     }
 
     /// Resolves if the lock (any lock of a set) is lost while the request runs (useful with
