@@ -120,8 +120,7 @@ impl<T> Shards<T> {
     const COUNT: usize = 16;
 
     /// Shards made by `make`.
-    pub(crate) fn new(make: impl FnMut() -> T) -> Self {
-        let mut make = make;
+    pub(crate) fn new(mut make: impl FnMut() -> T) -> Self {
         Self((0..Self::COUNT).map(|_| Mutex::new(make())).collect())
     }
 

@@ -104,7 +104,7 @@ impl AnyGuard {
     }
 
     pub(crate) fn holder(&self) -> Holder {
-        self.0.context().held.holder.clone()
+        self.0.context().holder().clone()
     }
 
     pub(crate) async fn release(self) -> Result<(), LockError> {

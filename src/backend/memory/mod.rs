@@ -367,9 +367,7 @@ impl State {
         }
         (reply, publish)
     }
-}
 
-impl State {
     /// Renews one hold or waiter place; what it must announce goes to `publish`.
     fn renew(&mut self, renew: &Renew<'_>, now: Instant, publish: &mut Vec<Publish>) -> RenewReply {
         match (renew.kind, renew.queued) {
