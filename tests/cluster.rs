@@ -67,15 +67,6 @@ fn key_on(cluster: &RedisCluster, prefix: &str, node: usize) -> String {
         .expect("some key hashes to every master")
 }
 
-/// Polls `check` every 10 ms until it holds; fails the test after `within`.
-async fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !check() {
-        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Starts waiting for `key` on `client`; the task returns the guard and when it was granted.
 fn spawn_waiter(
     client: &LockClient<RedisBackend>,
@@ -160,7 +151,7 @@ async fn waiters_listen_on_the_owning_shard() {
         let guard = a.lock(&key).acquire().await.expect("acquire");
         let waiter = spawn_waiter(&b, &key);
         let channel = channel("sh:", &key);
-        eventually(Duration::from_secs(5), "the waiter subscribed", || {
+        support::eventually(Duration::from_secs(5), "the waiter subscribed", || {
             shard_subscribers(cluster.node(node), &channel) == 1
         })
         .await;
@@ -213,7 +204,7 @@ async fn fair_and_read_write_locks() {
             guard.release().await.expect("fair release");
         }));
         let queued = waiters.len() as i64;
-        eventually(Duration::from_secs(5), "the waiter queued", || {
+        support::eventually(Duration::from_secs(5), "the waiter queued", || {
             cluster.node(owner).cmd(&["LLEN", &queue]).as_int() == queued
         })
         .await;
@@ -303,7 +294,7 @@ async fn semaphores_on_every_master() {
                 (permit, Instant::now())
             })
         };
-        eventually(Duration::from_secs(5), "the waiter subscribed", || {
+        support::eventually(Duration::from_secs(5), "the waiter subscribed", || {
             shard_subscribers(cluster.node(node), &channel) == 1
         })
         .await;
@@ -333,14 +324,14 @@ async fn slot_migrated_while_held() {
     let channel = channel("mig:", &key);
     let guard = a.lock(&key).lease(lease).acquire().await.expect("acquire");
     let waiter = spawn_waiter(&b, &key);
-    eventually(Duration::from_secs(5), "the waiter subscribed", || {
+    support::eventually(Duration::from_secs(5), "the waiter subscribed", || {
         shard_subscribers(cluster.node(0), &channel) == 1
     })
     .await;
 
     cluster.migrate_slot(cluster.slot_of(&name), 1);
     assert_eq!(cluster.owner_of(&name), 1);
-    eventually(
+    support::eventually(
         Duration::from_secs(3),
         "the waiter resubscribed on the new owner",
         || shard_subscribers(cluster.node(1), &channel) == 1,
@@ -406,7 +397,7 @@ async fn master_failover_while_held_and_waited() {
     let doomed_waiter = spawn_waiter(&b, &doomed);
     let surviving_waiter = spawn_waiter(&b, &surviving);
     for (node, key) in [(0, &doomed), (1, &surviving)] {
-        eventually(Duration::from_secs(5), "the waiter subscribed", || {
+        support::eventually(Duration::from_secs(5), "the waiter subscribed", || {
             shard_subscribers(cluster.node(node), &channel("fo:", key)) == 1
         })
         .await;
@@ -435,7 +426,7 @@ async fn master_failover_while_held_and_waited() {
         "only {outage_rounds} rounds during the failover"
     );
     let recovery = Duration::from_millis(NODE_TIMEOUT_MS) + Duration::from_secs(2);
-    eventually(
+    support::eventually(
         recovery,
         "the waiter resubscribed on the promoted replica",
         || shard_subscribers(cluster.node(promoted), &channel("fo:", &doomed)) == 1,

@@ -88,23 +88,6 @@ async fn redis_env() -> Env<RedisBackend> {
     }
 }
 
-/// Polls `check` every 5 ms until it holds; fails the test after `within`.
-async fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !check() {
-        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// `PUBSUB NUMSUB channel`: how many connections the server has subscribed to `channel`.
-fn numsub(server: &RedisServer, channel: &str) -> i64 {
-    match server.cmd(&["PUBSUB", "NUMSUB", channel]) {
-        RespValue::Array(Some(items)) if items.len() == 2 => items[1].as_int(),
-        other => panic!("unexpected PUBSUB NUMSUB reply: {other:?}"),
-    }
-}
-
 /// Every key in the server (`KEYS *`), sorted.
 fn keys(server: &RedisServer) -> Vec<String> {
     match server.cmd(&["KEYS", "*"]) {
@@ -130,12 +113,12 @@ impl<B: Probe> Env<B> {
     /// subscriber on the release channel of `lock`: the waiter is parked on a notification.
     async fn until_waiting(&self, client: &LockClient<B>, lock: &str, n: usize) {
         let channel = channel(lock);
-        eventually(Duration::from_secs(2), "the waiter is parked", || {
+        support::eventually(Duration::from_secs(2), "the waiter is parked", || {
             client.waiters() == n
                 && self
                     .server
                     .as_ref()
-                    .is_none_or(|server| numsub(server, &channel) > 0)
+                    .is_none_or(|server| support::numsub(server, &channel) > 0)
         })
         .await;
     }
@@ -144,12 +127,12 @@ impl<B: Probe> Env<B> {
     /// `client` and, on Redis, on the server.
     async fn until_unsubscribed(&self, client: &LockClient<B>, lock: &str) {
         let channel = channel(lock);
-        eventually(Duration::from_secs(2), "the subscription is gone", || {
+        support::eventually(Duration::from_secs(2), "the subscription is gone", || {
             client.backend().subscriptions().is_none_or(|n| n == 0)
                 && self
                     .server
                     .as_ref()
-                    .is_none_or(|server| numsub(server, &channel) == 0)
+                    .is_none_or(|server| support::numsub(server, &channel) == 0)
         })
         .await;
     }

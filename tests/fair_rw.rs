@@ -13,15 +13,6 @@ use std::{
 
 use tower_lock::{Backend, Lease, LockClient, LockError};
 
-/// Polls `condition` until it holds, failing the test after `within`.
-async fn eventually(within: Duration, what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
-
 /// Starts a fair acquire on `client` and returns once its waiter holds a place in the queue.
 async fn join_queue<B: Backend>(
     client: &LockClient<B>,
@@ -41,7 +32,7 @@ async fn join_queue<B: Backend>(
         order.lock().unwrap().push(index);
         guard.release().await.expect("release");
     });
-    eventually(Duration::from_secs(5), "the waiter is queued", || {
+    support::eventually(Duration::from_secs(5), "the waiter is queued", || {
         client.queued() > before
     })
     .await;
@@ -90,7 +81,7 @@ macro_rules! fair_rw_semantics {
                 );
                 tokio::select! {
                     _ = &mut waiter => panic!("the lock is held"),
-                    () = eventually(Duration::from_secs(5), "queued", || frozen.queued() == 1) => {}
+                    () = support::eventually(Duration::from_secs(5), "queued", || frozen.queued() == 1) => {}
                 }
                 holder.release().await.unwrap();
                 let newcomer = env.b.fair_lock("q").try_acquire().await;
@@ -118,7 +109,7 @@ macro_rules! fair_rw_semantics {
                 );
                 tokio::select! {
                     _ = &mut dead => panic!("the lock is held"),
-                    () = eventually(Duration::from_secs(5), "queued", || doomed.queued() == 1) => {}
+                    () = support::eventually(Duration::from_secs(5), "queued", || doomed.queued() == 1) => {}
                 }
                 // The process "dies": its watchdog stops, nothing leaves the queue.
                 doomed.shutdown().await;
@@ -424,7 +415,7 @@ macro_rules! fair_rw_semantics {
                     guard.release().await.unwrap();
                     token
                 });
-                eventually(Duration::from_secs(5), "the writer is queued", || {
+                support::eventually(Duration::from_secs(5), "the writer is queued", || {
                     env.b.queued() == 1
                 })
                 .await;

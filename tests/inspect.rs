@@ -55,15 +55,6 @@ async fn with_operator<B: Backend>(store: support::stores::Env<B>) -> Env<B> {
     }
 }
 
-/// Polls `check` every 5 ms until it holds; fails the test after `within`.
-async fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !check() {
-        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 /// The one holder of `info`, as (id, kind, count).
 fn only_holder(info: &LockInfo) -> (&str, LockKind, u64) {
     assert_eq!(info.holders.len(), 1, "one holder: {info:?}");
@@ -83,7 +74,7 @@ impl<B: Backend> Env<B> {
     /// and, on Redis, subscribed to the lock's release channel.
     async fn until_waiting(&self, client: &LockClient<B>, name: &str) {
         let channel = format!("{name}:released");
-        eventually(Duration::from_secs(2), "the waiter is parked", || {
+        support::eventually(Duration::from_secs(2), "the waiter is parked", || {
             client.waiters() == 1
                 && self.server.as_ref().is_none_or(|server| {
                     matches!(
@@ -151,7 +142,7 @@ async fn fair_with_queue<B: Backend>(env: Env<B>) {
         let wait = Duration::from_secs(10);
         b.fair_lock("fifo").wait(wait).acquire().await
     });
-    eventually(Duration::from_secs(2), "the waiter is queued", || {
+    support::eventually(Duration::from_secs(2), "the waiter is queued", || {
         env.b.queued() == 1
     })
     .await;
@@ -190,7 +181,7 @@ async fn read_write_two_readers<B: Backend>(env: Env<B>) {
             .acquire()
             .await
     });
-    eventually(Duration::from_secs(2), "the writer is queued", || {
+    support::eventually(Duration::from_secs(2), "the writer is queued", || {
         env.operator.queued() == 1
     })
     .await;
@@ -509,7 +500,7 @@ async fn cluster_inspect_and_force_unlock() {
                 .await
         }
     });
-    eventually(Duration::from_secs(2), "the waiter waits", || {
+    support::eventually(Duration::from_secs(2), "the waiter waits", || {
         b.waiters() == 1
     })
     .await;

@@ -32,23 +32,6 @@ async fn client(url: &str, prefix: &str) -> LockClient<RedisBackend> {
         .expect("valid configuration")
 }
 
-/// Polls `check` every 10 ms until it holds; fails the test after `within`.
-async fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !check() {
-        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// `PUBSUB NUMSUB channel`: how many connections the server has subscribed to `channel`.
-fn numsub(server: &RedisServer, channel: &str) -> i64 {
-    match server.cmd(&["PUBSUB", "NUMSUB", channel]) {
-        RespValue::Array(Some(items)) if items.len() == 2 => items[1].as_int(),
-        other => panic!("unexpected PUBSUB NUMSUB reply: {other:?}"),
-    }
-}
-
 /// The fields of the hash at `key`, as `field=value` pairs, for failure messages.
 fn hash_fields(server: &RedisServer, key: &str) -> String {
     match server.cmd(&["HGETALL", key]) {
@@ -419,8 +402,8 @@ async fn restarted_server_recovers() {
             (Instant::now(), acquired)
         })
     };
-    eventually(Duration::from_secs(2), "B waits", || {
-        b.waiters() == 1 && numsub(&server, &channel) == 1
+    support::eventually(Duration::from_secs(2), "B waits", || {
+        b.waiters() == 1 && support::numsub(&server, &channel) == 1
     })
     .await;
 
@@ -463,7 +446,7 @@ async fn restarted_server_recovers() {
         Err(LockError::Backend(_)) => {}
         Err(error) => panic!("the waiter ended with {error:?}"),
     }
-    eventually(Duration::from_secs(3), "B's pub/sub reconnects", || {
+    support::eventually(Duration::from_secs(3), "B's pub/sub reconnects", || {
         b.backend().pubsub_reconnects() >= 1
     })
     .await;

@@ -679,3 +679,24 @@ pub fn hold_count(cmd: impl Fn(&[&str]) -> RespValue, name: &str, holder: &str) 
         }
     }
 }
+
+/// Polls `check` every 5 ms until it holds; fails the test after `within`, saying `what` was
+/// awaited.
+pub async fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + within;
+    while !check() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not within {within:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// `PUBSUB NUMSUB channel` on `server`: how many connections it has subscribed to `channel`.
+pub fn numsub(server: &RedisServer, channel: &str) -> i64 {
+    match server.cmd(&["PUBSUB", "NUMSUB", channel]) {
+        RespValue::Array(Some(items)) if items.len() == 2 => items[1].as_int(),
+        other => panic!("unexpected PUBSUB NUMSUB reply: {other:?}"),
+    }
+}
