@@ -50,7 +50,7 @@ use lockers::{Held, Impl, Locker};
 use measure::{Errors, Spread, ms, quantile, redis_counters, rotated, selected, us};
 use support::RedisServer;
 use tower_lock::{
-    Lease, LockKind,
+    Lease, LockGuard,
     backend::{Backend, Renew, RenewReply},
 };
 
@@ -113,7 +113,8 @@ fn main() {
             println!("    (the hand-written lock and rslock have no fair lock: no baseline for W3f)");
         }
         if selected("W4") {
-            bench.w4(&redis, &mut table).await;
+            let w4 = [Impl::Tower, Impl::TowerLease, Impl::Hand, Impl::Rslock];
+            bench.w4(&lockers::chosen(&w4), &mut table).await;
         }
         table.print();
     });
@@ -552,14 +553,14 @@ impl Bench<'_> {
             let mine: Vec<&TickRun> = runs.iter().filter(|r| r.0 == which).map(|r| &r.2).collect();
             let of = |f: fn(&TickRun) -> f64| by_rep(&runs, self.reps, which, f);
             let p50 = of(|r| ms(r.p50));
-            let script = of(|r| r.redis_script_ms);
+            let cpu = of(|r| r.redis_cpu_ms);
             println!(
                 "  {:<18} {:>18} {:>18} {:>20} {:>20} {:>16}",
                 which.name(),
                 show(&p50, 2),
                 show(&of(|r| ms(r.p99)), 2),
-                show(&script, 2),
-                show(&of(|r| r.redis_cpu_ms), 2),
+                show(&of(|r| r.redis_script_ms), 2),
+                show(&cpu, 2),
                 show(&of(|r| r.calls), 0)
             );
             let mut errors = Errors::default();
@@ -574,8 +575,21 @@ impl Bench<'_> {
                     errors.describe()
                 );
             }
-            table.add("W4 tick p50 ms", false, which, p50);
-            table.add("W4 Redis script ms/tick", false, which, script);
+            // The client lease's figures in rows of their own, beside the same baselines.
+            let rows: &[&str] = match which {
+                Impl::TowerLease => &[", client lease"],
+                _ if which.is_peer() => &["", ", client lease"],
+                _ => &[""],
+            };
+            for lease in rows {
+                table.add(&format!("W4 tick p50 ms{lease}"), false, which, p50.clone());
+                table.add(
+                    &format!("W4 Redis CPU ms/tick{lease}"),
+                    false,
+                    which,
+                    cpu.clone(),
+                );
+            }
             table.add_errors("W4 errors", which, errors.total() + not_renewed);
         }
     }
@@ -587,21 +601,13 @@ impl Bench<'_> {
         let lease = Duration::from_secs(60);
         let measured = match Locker::connect(which, self.url).await? {
             Locker::Tower(client, _) => {
+                // Watchdog leases, renewed as the watchdog renews them (its own tick, 20 s
+                // away, never comes within the window).
                 let guards = acquire_all(&keys, &mut run.errors, |k| {
-                    client.lock(k).lease(Lease::fixed(lease)).acquire()
+                    client.lock(k).lease(Lease::watchdog(lease)).acquire()
                 })
                 .await;
-                let renewals: Vec<Renew<'_>> = guards
-                    .iter()
-                    .map(|g| {
-                        Renew::hold(
-                            g.key(),
-                            g.holder().id(),
-                            Lease::fixed(lease),
-                            LockKind::Exclusive,
-                        )
-                    })
-                    .collect();
+                let renewals: Vec<Renew<'_>> = guards.iter().map(LockGuard::renewal).collect();
                 let counted = self
                     .ticks(&mut ticks, &mut run, async || {
                         let replies = client
@@ -770,6 +776,7 @@ impl Table {
         let columns = [
             Impl::Tower,
             Impl::TowerFair,
+            Impl::TowerLease,
             Impl::Memory,
             Impl::Hand,
             Impl::Rslock,
@@ -808,7 +815,7 @@ impl Table {
             let ours = row
                 .cells
                 .iter()
-                .find(|(w, _)| matches!(w, Impl::Tower | Impl::TowerFair))
+                .find(|(w, _)| matches!(w, Impl::Tower | Impl::TowerFair | Impl::TowerLease))
                 .map(|(_, v)| v.as_slice());
             let peers: Vec<&[f64]> = row
                 .cells

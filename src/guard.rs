@@ -10,7 +10,7 @@ use std::{
 };
 
 use crate::{
-    backend::Backend,
+    backend::{Backend, Renew},
     clock::BootInstant,
     engine::{EngineRef, Held},
     error::LockError,
@@ -102,6 +102,25 @@ impl<B: Backend> LockGuard<B> {
     /// against a holder that paused past its lease. Re-entries share their hold's token.
     pub fn fencing_token(&self) -> Option<u64> {
         self.held().token
+    }
+
+    /// The renewal the watchdog sends for this hold: for a scheduler of one's own, or to
+    /// measure what one watchdog tick costs the backend.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_lock::{Backend, LockClient, MemoryBackend, backend::RenewReply};
+    ///
+    /// let locks = LockClient::builder(MemoryBackend::new()).build()?;
+    /// let guard = locks.lock("report").acquire().await?;
+    /// let replies = locks.backend().renew(&[guard.renewal()]).await?;
+    /// assert_eq!(replies, [RenewReply::Renewed]);
+    /// # Ok(()) }
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    /// #     .block_on(demo()).unwrap();
+    /// ```
+    pub fn renewal(&self) -> Renew<'_> {
+        self.held().renewal()
     }
 
     /// Whether the lock is lost: the backend gave it to someone else, or the lease deadline

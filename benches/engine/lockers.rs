@@ -1,5 +1,5 @@
 //! The locks the engine bench compares, behind one enum so every workload runs the very same
-//! code on each: tower-lock on Redis (plain or fair), tower-lock in memory (a floor), the
+//! code on each: tower-lock on Redis (plain, fair, or with the client lease), tower-lock in memory (a floor), the
 //! hand-written lock, and rslock.
 
 use std::time::Duration;
@@ -32,6 +32,8 @@ pub(crate) fn rslock_retry_delay() -> Duration {
 pub(crate) enum Impl {
     Tower,
     TowerFair,
+    /// tower-lock on Redis with the client lease (W4).
+    TowerLease,
     Memory,
     Hand,
     Rslock,
@@ -43,6 +45,7 @@ impl Impl {
         match self {
             Self::Tower => "tower-lock",
             Self::TowerFair => "tower-lock fair",
+            Self::TowerLease => "tower-lock lease",
             Self::Memory => "tower-lock memory",
             Self::Hand => "hand-written",
             Self::Rslock => "rslock",
@@ -54,6 +57,7 @@ impl Impl {
         match self {
             Self::Tower => "tower",
             Self::TowerFair => "fair",
+            Self::TowerLease => "lease",
             Self::Memory => "memory",
             Self::Hand => "hand",
             Self::Rslock => "rslock",
@@ -65,6 +69,7 @@ impl Impl {
         [
             Self::Tower,
             Self::TowerFair,
+            Self::TowerLease,
             Self::Memory,
             Self::Hand,
             Self::Rslock,
@@ -125,8 +130,9 @@ impl Locker {
     /// A fresh client of `which` on the server at `url` (memory: a fresh in-process table).
     pub(crate) async fn connect(which: Impl, url: &str) -> Result<Self, String> {
         Ok(match which {
-            Impl::Tower | Impl::TowerFair => {
+            Impl::Tower | Impl::TowerFair | Impl::TowerLease => {
                 let backend = support::redis_backend(url)
+                    .client_lease(which == Impl::TowerLease)
                     .connect()
                     .await
                     .map_err(|e| format!("tower-lock connect: {e:#}"))?;

@@ -126,6 +126,11 @@ pub enum AcquireReply {
         count: u64,
         /// The fencing token, when one was asked for.
         token: Option<u64>,
+        /// The shared lease the hold lives on, handed back in [`Renew::session`]; `0` for a
+        /// hold with a lease of its own. The Redis backend with a client lease
+        /// (`RedisBackendBuilder::client_lease`) keeps every watchdog hold of one client alive
+        /// with one command per renewal.
+        session: u64,
     },
     /// Another holder has the lock.
     Held {
@@ -196,6 +201,9 @@ pub struct Renew<'a> {
     pub kind: LockKind,
     /// Keep the holder's place in the wait queue instead of extending a hold.
     pub queued: bool,
+    /// The shared lease the hold lives on, from [`AcquireReply::Acquired`]; `0` for a hold
+    /// with a lease of its own.
+    pub session: u64,
 }
 
 impl<'a> Renew<'a> {
@@ -226,7 +234,15 @@ impl<'a> Renew<'a> {
             lease,
             kind,
             queued: false,
+            session: 0,
         }
+    }
+
+    /// The same renewal, for a hold that lives on the shared lease `session` (from
+    /// [`AcquireReply::Acquired`]).
+    #[must_use]
+    pub fn in_session(self, session: u64) -> Self {
+        Self { session, ..self }
     }
 
     /// Keeps `holder`'s place in the wait queue of the `kind` lock `key` for `timeout` from
@@ -238,6 +254,7 @@ impl<'a> Renew<'a> {
             lease: Lease::fixed(timeout),
             kind,
             queued: true,
+            session: 0,
         }
     }
 }

@@ -152,7 +152,9 @@ impl<B: Backend> LockRequest<'_, B> {
     }
 
     /// Acquire as `holder` instead of the current [`Holder::scope`] (or a fresh holder). Unlike
-    /// a scope, an explicit holder is used even when another client made it.
+    /// a scope, an explicit holder is used even when another client made it. (A hold on
+    /// another client's lease, `RedisBackendBuilder::client_lease`, is not joined this way: it
+    /// ends with a lease this client does not keep, so the lock counts as another owner's.)
     pub fn holder(self, holder: &Holder) -> Self {
         self.with_holder(holder.clone())
     }

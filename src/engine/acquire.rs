@@ -247,9 +247,9 @@ impl<B: Backend> Engine<B> {
         let sent_at = BootInstant::now();
         let reply = self.backend.acquire(grant).await;
         let outcome = match reply {
-            Ok(AcquireReply::Acquired { count, .. }) => {
+            Ok(AcquireReply::Acquired { count, session, .. }) => {
                 in_flight.settle();
-                held.reentered(request.want.lease, sent_at);
+                held.reentered(request.want.lease, session, sent_at);
                 return Ok(Some(Acquired {
                     held,
                     count,
@@ -335,7 +335,11 @@ impl<B: Backend> Engine<B> {
                         in_flight.settle();
                     }
                     match reply {
-                        Ok(AcquireReply::Acquired { count, token }) => {
+                        Ok(AcquireReply::Acquired {
+                            count,
+                            token,
+                            session,
+                        }) => {
                             // The backend took it out of its queue in the same step.
                             queued.in_backend = false;
                             if late {
@@ -356,6 +360,7 @@ impl<B: Backend> Engine<B> {
                                 want.holder.clone(),
                                 want.kind,
                                 (want.lease, token, &want.attempt),
+                                session,
                                 sent_at,
                                 self.config.max_hold,
                             );

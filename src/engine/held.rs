@@ -16,7 +16,7 @@ use std::{
 use tokio::sync::Notify;
 
 use crate::{
-    backend::{LockKind, Release},
+    backend::{LockKind, Release, Renew},
     clock::BootInstant,
     holder::Holder,
     lease::Lease,
@@ -31,6 +31,9 @@ pub(crate) struct Held {
     pub(crate) kind: LockKind,
     pub(crate) lease: Lease,
     pub(crate) token: Option<u64>,
+    /// The backend's shared lease the hold lives on (`0`: a lease of its own); see
+    /// [`AcquireReply::Acquired`](crate::backend::AcquireReply::Acquired).
+    pub(crate) session: u64,
     /// Set when the lock is lost (see [`mark_lost`](Self::mark_lost)).
     marked_lost: AtomicBool,
     /// Wakes what waits for the loss ([`until_lost`](Self::until_lost)).
@@ -69,12 +72,19 @@ struct HeldState {
 }
 
 impl Held {
-    /// A new entry for a lock acquired by a request sent at `sent_at`.
+    /// The renewal that extends this hold's lease.
+    pub(crate) fn renewal(&self) -> Renew<'_> {
+        Renew::hold(&self.key, self.holder.id(), self.lease, self.kind).in_session(self.session)
+    }
+
+    /// A new entry for a lock acquired by a request sent at `sent_at`, on the backend's shared
+    /// lease `session` (0: a lease of its own).
     pub(crate) fn new(
         key: LockKey,
         holder: Holder,
         kind: LockKind,
         (lease, token, attempt): (Lease, Option<u64>, &Arc<str>),
+        session: u64,
         sent_at: BootInstant,
         max_hold: Option<Duration>,
     ) -> Arc<Self> {
@@ -84,6 +94,7 @@ impl Held {
             kind,
             lease,
             token,
+            session,
             marked_lost: AtomicBool::new(false),
             lost_wake: Notify::new(),
             deadline: AtomicU64::new(lease.valid_until(sent_at).as_nanos()),
@@ -226,10 +237,16 @@ impl Held {
         self.state().refs += 1;
     }
 
-    /// A re-entry sent at `sent_at` with `lease` was granted: the backend keeps the lock at
-    /// least that long (a re-entry never shortens a lease).
-    pub(crate) fn reentered(&self, lease: Lease, sent_at: BootInstant) {
-        self.extend_deadline(lease.valid_until(sent_at));
+    /// A re-entry sent at `sent_at` with `lease` was granted, on the backend's shared lease
+    /// `session` (0: none): the backend keeps the lock at least that long (a re-entry never
+    /// shortens a lease). A hold that lives on a shared lease lives as long as that lease, whose
+    /// length is the hold's own, and only a re-entry on the same one extended it.
+    pub(crate) fn reentered(&self, lease: Lease, session: u64, sent_at: BootInstant) {
+        if self.session == 0 {
+            self.extend_deadline(lease.valid_until(sent_at));
+        } else if session == self.session {
+            self.extend_deadline(self.lease.valid_until(sent_at));
+        }
     }
 
     /// One guard fewer; returns how many remain. The last one marks the entry released.

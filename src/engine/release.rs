@@ -131,6 +131,8 @@ impl<B: Backend> Engine<B> {
                     slot.want.holder.clone(),
                     slot.want.kind,
                     (slot.want.lease, token, &slot.want.attempt),
+                    // A hand-off is a hold with a lease of its own.
+                    0,
                     sent_at.unwrap_or_else(BootInstant::now),
                     self.config.max_hold,
                 );

@@ -95,9 +95,7 @@ async fn renew<B: Backend>(
     waits: Vec<Arc<Queued>>,
     sent_at: BootInstant,
 ) {
-    let holds = due
-        .iter()
-        .map(|held| Renew::hold(&held.key, held.holder.id(), held.lease, held.kind));
+    let holds = due.iter().map(|held| held.renewal());
     let places = waits
         .iter()
         .map(|wait| Renew::place(&wait.key, wait.holder.id(), wait.timeout, wait.kind));

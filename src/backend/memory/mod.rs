@@ -233,14 +233,22 @@ impl State {
                 Some(token)
             }
         };
-        Some(AcquireReply::Acquired { count, token })
+        Some(AcquireReply::Acquired {
+            count,
+            token,
+            session: 0,
+        })
     }
 
     fn acquire_exclusive(&mut self, grant: Grant<'_>, now: Instant) -> AcquireReply {
         // A lock nobody holds (the common case): granted after one lookup.
         if grant.reentry != Reentry::Only && !self.locks.contains_key(grant.key) {
             let token = self.grant(grant, now);
-            return AcquireReply::Acquired { count: 1, token };
+            return AcquireReply::Acquired {
+                count: 1,
+                token,
+                session: 0,
+            };
         }
         if let Some(reply) = self.reenter(grant, now) {
             return reply;
@@ -252,7 +260,11 @@ impl State {
             None if grant.reentry == Reentry::Only => AcquireReply::Held { ttl: None },
             None => {
                 let token = self.grant(grant, now);
-                AcquireReply::Acquired { count: 1, token }
+                AcquireReply::Acquired {
+                    count: 1,
+                    token,
+                    session: 0,
+                }
             }
         }
     }
@@ -280,7 +292,11 @@ impl State {
         if held.is_none() && first {
             queue.remove(grant.holder);
             let token = self.grant(grant, now);
-            return AcquireReply::Acquired { count: 1, token };
+            return AcquireReply::Acquired {
+                count: 1,
+                token,
+                session: 0,
+            };
         }
         if let Some(timeout) = grant.queue {
             if !queue.timeouts.contains_key(grant.holder) {

@@ -169,7 +169,11 @@ impl State {
             }
             _ => None,
         };
-        AcquireReply::Acquired { count, token }
+        AcquireReply::Acquired {
+            count,
+            token,
+            session: 0,
+        }
     }
 
     pub(super) fn rw_release(

@@ -99,6 +99,7 @@ impl State {
         AcquireReply::Acquired {
             count: permit.count,
             token: None,
+            session: 0,
         }
     }
 

@@ -29,6 +29,7 @@ pub struct RedisBackendBuilder {
     command_timeout: Duration,
     acknowledgement: Acknowledgement,
     quarantine: Option<Duration>,
+    client_lease: bool,
     /// The application's pool, when the lock commands go through it.
     shared: Option<bb8::Pool<bb8_redis::RedisConnectionManager>>,
     #[cfg(feature = "tls")]
@@ -122,6 +123,7 @@ impl RedisBackendBuilder {
             command_timeout: Duration::from_secs(1),
             acknowledgement: Acknowledgement::default(),
             quarantine: None,
+            client_lease: false,
             shared: None,
             #[cfg(feature = "tls")]
             tls: None,
@@ -285,6 +287,44 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// Keeps every watchdog hold of an exclusive lock alive with one key per client: a
+    /// watchdog tick then renews all of them with one `PEXPIRE`, however many there are,
+    /// instead of one owner-checked renewal per lock. For a service that holds thousands of
+    /// locks for long.
+    ///
+    /// What changes with it:
+    /// - each held lock names the client's lease key; a lock whose client lease ran out (the
+    ///   process died or stalled for a whole lease) is free, exactly as a lock whose own lease
+    ///   ran out would be;
+    /// - a lock's own key then lives 20 leases, and is refreshed (owner-checked) about once
+    ///   every ten leases, so a hold's key deleted behind its back (by an operator, or by
+    ///   eviction) is noticed at that refresh or at the release rather than at the next
+    ///   renewal;
+    /// - holds of fair, read-write and semaphore locks, fixed leases, and watchdog leases of
+    ///   another length than the first one served keep leases of their own.
+    ///
+    /// A client lease that ran out is never brought back: its holds are all lost, and the
+    /// next acquire starts a new one. Another client cannot join a hold on this lease through
+    /// its holder's id. Not for a Redis Cluster ([`connect`](Self::connect) fails with
+    /// [`BackendErrorKind::Unsupported`]), whose locks live on many nodes, nor as a Redlock
+    /// node (the Redlock builder refuses it). The `backends` guide has the details.
+    ///
+    /// ```no_run
+    /// use tower_lock::{LockClient, RedisBackend};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = RedisBackend::builder("redis://127.0.0.1:6379")
+    ///     .client_lease(true)
+    ///     .connect()
+    ///     .await?;
+    /// let locks = LockClient::builder(backend).build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn client_lease(mut self, on: bool) -> Self {
+        self.client_lease = on;
+        self
+    }
+
     /// Trusts `certificates.root_cert` (PEM) instead of the system's roots for a `rediss://`
     /// URL, and presents `certificates.client_tls` when the server asks for a client
     /// certificate. A server whose certificate does not chain to the trusted roots fails the
@@ -323,6 +363,7 @@ impl RedisBackendBuilder {
                     replicas: Some(_), ..
                 } => Some("min_replicas on a Redis Cluster"),
                 Acknowledgement { aof: Some(_), .. } => Some("wait_aof on a Redis Cluster"),
+                _ if self.client_lease => Some("client_lease on a Redis Cluster"),
                 _ => None,
             };
             if let Some(feature) = feature {
@@ -336,6 +377,7 @@ impl RedisBackendBuilder {
                 command_timeout,
                 Acknowledgement::default(),
                 Arc::new(Quarantine::new(Some(Duration::ZERO))),
+                false,
             ));
         }
         let backend = self.build_lazy()?;
@@ -423,6 +465,7 @@ impl RedisBackendBuilder {
                 self.command_timeout,
                 self.acknowledgement,
                 quarantine,
+                self.client_lease,
             ));
         }
         let waits = self.acknowledgement.is_wanted();
@@ -441,6 +484,7 @@ impl RedisBackendBuilder {
             self.command_timeout,
             self.acknowledgement,
             quarantine,
+            self.client_lease,
         ))
     }
 }

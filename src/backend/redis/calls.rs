@@ -52,11 +52,13 @@ fn queue_millis(grant: &Grant<'_>) -> u64 {
 }
 
 /// The value of a single hold (see `lua/acquire.lua`): the holder, prefixed by its length so
-/// that no holder's name can pass for another's, then the attempt; written straight into the
-/// command. With an empty attempt, how any single hold of the holder starts.
+/// that no holder's name can pass for another's, then the attempt, then a newline and the
+/// client lease the hold lives on, if any; written straight into the command. With an empty
+/// attempt and no lease, how any single hold of the holder starts.
 pub(super) struct SingleHold<'a> {
     pub(super) holder: &'a str,
     pub(super) attempt: &'a str,
+    pub(super) lease: Option<&'a str>,
 }
 
 impl<'a> SingleHold<'a> {
@@ -65,6 +67,7 @@ impl<'a> SingleHold<'a> {
         Self {
             holder,
             attempt: "",
+            lease: None,
         }
     }
 }
@@ -77,13 +80,24 @@ impl ToRedisArgs for SingleHold<'_> {
         let _ = arg.write_all(b":");
         let _ = arg.write_all(self.holder.as_bytes());
         let _ = arg.write_all(self.attempt.as_bytes());
+        if let Some(lease) = self.lease {
+            let _ = arg.write_all(b"\n");
+            let _ = arg.write_all(lease.as_bytes());
+        }
     }
 }
 
 /// `lua/acquire.lua`, `lua/fair_acquire.lua`, `lua/rw_acquire.lua` or `lua/sem_acquire.lua`,
 /// by the grant's kind;
-/// `marker` is the server's boot marker, or `''`.
-pub(super) fn acquire(scripts: &'static Scripts, grant: &Grant<'_>, marker: &str) -> Call {
+/// `marker` is the server's boot marker, or `''`; `lease` the client lease an exclusive hold is
+/// to live on, by name and length in milliseconds (the grant's lease is then how long the
+/// lock's key lives).
+pub(super) fn acquire(
+    scripts: &'static Scripts,
+    grant: &Grant<'_>,
+    marker: &str,
+    lease: Option<(&str, u64)>,
+) -> Call {
     let key = grant.key;
     let supersedes = grant.supersedes.unwrap_or("");
     match grant.kind {
@@ -137,17 +151,25 @@ pub(super) fn acquire(scripts: &'static Scripts, grant: &Grant<'_>, marker: &str
             call
         }
         _ => {
-            let mut call = scripts.acquire.prepare_invoke(3);
+            let mut call = scripts
+                .acquire
+                .prepare_invoke(3 + usize::from(lease.is_some()));
             call.key(key.as_str())
                 .key(Derived(key, FENCE))
-                .key(Derived(key, VOID))
-                .arg(grant.holder)
+                .key(Derived(key, VOID));
+            if let Some((name, _)) = lease {
+                call.key(name);
+            }
+            call.arg(grant.holder)
                 .arg(grant.lease.millis())
                 .arg(grant.attempt)
                 .arg(flag(grant.fencing))
                 .arg(supersedes)
                 .arg(grant.reentry.as_arg())
                 .arg(marker);
+            if let Some((_, millis)) = lease {
+                call.arg(millis);
+            }
             call
         }
     }

@@ -50,6 +50,7 @@ pub use redis;
 use self::{
     acknowledge::{Acknowledgement, Probed, wait_aof_probe},
     builder::Source,
+    client_lease::{ClientLease, Session},
     errors::{is_noscript, protocol_error, protocol_error_redis, redis_error, wrong_type},
     pool::Pool,
     pubsub::PubSub,
@@ -62,6 +63,7 @@ use super::{
     RenewReply,
 };
 use crate::{
+    clock::BootInstant,
     error::{BackendError, BackendErrorKind},
     inspect::LockInfo,
     lock_key::LockKey,
@@ -72,6 +74,7 @@ pub use self::builder::RedisBackendBuilder;
 mod acknowledge;
 mod builder;
 mod calls;
+mod client_lease;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod connection;
@@ -115,6 +118,9 @@ struct Inner {
     command_timeout: Duration,
     acknowledgement: Acknowledgement,
     quarantine: Arc<Quarantine>,
+    /// With [`RedisBackendBuilder::client_lease`]: the lease every watchdog hold of an
+    /// exclusive lock lives on.
+    client_lease: Option<ClientLease>,
     stop: CancellationToken,
     _stop_on_drop: DropGuard,
 }
@@ -252,6 +258,7 @@ impl RedisBackend {
         command_timeout: Duration,
         acknowledgement: Acknowledgement,
         quarantine: Arc<Quarantine>,
+        client_lease: bool,
     ) -> Self {
         let stop = CancellationToken::new();
         Self {
@@ -261,10 +268,17 @@ impl RedisBackend {
                 command_timeout,
                 acknowledgement,
                 quarantine,
+                client_lease: client_lease.then(ClientLease::new),
                 _stop_on_drop: stop.clone().drop_guard(),
                 stop,
             }),
         }
+    }
+
+    /// Whether the backend keeps its holds on a client lease
+    /// ([`RedisBackendBuilder::client_lease`]).
+    pub(crate) fn has_client_lease(&self) -> bool {
+        self.inner.client_lease.is_some()
     }
 
     /// How many lock channels the pub/sub connection is subscribed to (for dashboards and
@@ -360,6 +374,16 @@ impl RedisBackend {
                         // Refused: the script decides what the lock's state means.
                         granted.map_or_else(Vec::new, |()| vec![1, 1, -1])
                     }
+                    Attempt::Leased(pipe) => {
+                        let (granted, lease): (Option<()>, i64) = pipe.query_async(conn).await?;
+                        match (granted, lease) {
+                            (None, _) => Vec::new(),
+                            (Some(()), 1) => vec![1, 1, -1],
+                            // The lease had run out: the hold names it, so nobody holds the
+                            // lock (the script says so, as acquire.lua's {-3} does).
+                            (Some(()), _) => vec![-3],
+                        }
+                    }
                 };
                 let shortfall = if reply.first() == Some(&1) {
                     acknowledgement.shortfall(conn).await?
@@ -377,12 +401,14 @@ impl RedisBackend {
     /// not free (the acquire script then looks at what holds it), or when the acquire needs
     /// the script anyway: a fencing token, a boot marker to check, a re-entry, an earlier
     /// attempt to take over, or a lock an earlier attempt found held (a waiter's retry would
-    /// otherwise pay two round trips whenever someone got in first).
+    /// otherwise pay two round trips whenever someone got in first). On the client lease
+    /// `session`, the hold names its key, and the same round trip extends that key.
     async fn acquire_single(
         &self,
         grant: &Grant<'_>,
         marker: &str,
-    ) -> Result<Option<AcquireReply>, BackendError> {
+        session: Option<&Session>,
+    ) -> Result<Option<(Vec<i64>, Option<BackendErrorKind>)>, BackendError> {
         let plain = grant.kind == LockKind::Exclusive
             && !grant.fencing
             && marker.is_empty()
@@ -393,24 +419,103 @@ impl RedisBackend {
             return Ok(None);
         }
         // Sized once: the command is built for every uncontended acquire.
-        let size = grant.key.as_str().len() + grant.holder.len() + grant.attempt.len() + 48;
+        let lease = session.map(|session| &*session.key);
+        let size = grant.key.as_str().len()
+            + grant.holder.len()
+            + grant.attempt.len()
+            + lease.map_or(0, str::len)
+            + 48;
         let mut set = redis::Cmd::with_capacity(6, size);
         set.arg("SET")
             .arg(grant.key.as_str())
             .arg(calls::SingleHold {
                 holder: grant.holder,
                 attempt: grant.attempt,
+                lease,
             })
             .arg("NX")
             .arg("PX")
             .arg(grant.lease.millis());
-        let (reply, shortfall) = self
-            .invoke_acquire(&Attempt::Single(set), grant.key)
-            .await?;
-        if reply.is_empty() {
+        let attempt = match session {
+            None => Attempt::Single(set),
+            Some(session) => {
+                let mut pipe = redis::pipe();
+                pipe.add_command(set);
+                pipe.cmd("PEXPIRE").arg(&*session.key).arg(session.millis);
+                Attempt::Leased(pipe)
+            }
+        };
+        let (reply, shortfall) = self.invoke_acquire(&attempt, grant.key).await?;
+        Ok((!reply.is_empty()).then_some((reply, shortfall)))
+    }
+
+    /// An acquire, on the client lease `session` when one is given: `None` when that lease had
+    /// run out (nothing was granted).
+    async fn acquire_on(
+        &self,
+        grant: Grant<'_>,
+        marker: &str,
+        session: Option<&Session>,
+    ) -> Result<Option<AcquireReply>, BackendError> {
+        let key = grant.key;
+        // On the client lease, the lock's own key lives long: the lease key decides.
+        let grant = match session {
+            Some(session) => Grant {
+                lease: session.key_lease(),
+                ..grant
+            },
+            None => grant,
+        };
+        let (reply, shortfall) = match self.acquire_single(&grant, marker, session).await? {
+            Some(single) => single,
+            None => {
+                let lease = session.map(|session| (&*session.key, session.millis));
+                let invocation = calls::acquire(self.scripts(), &grant, marker, lease);
+                let attempt = Attempt::Script(&invocation);
+                let (mut reply, mut shortfall) = self.invoke_acquire(&attempt, key).await?;
+                if reply == [-2] {
+                    if let Some(left) = self.verify_boot(marker, key).await? {
+                        return Ok(Some(AcquireReply::Held { ttl: Some(left) }));
+                    }
+                    (reply, shortfall) = self.invoke_acquire(&attempt, key).await?;
+                }
+                (reply, shortfall)
+            }
+        };
+        if reply == [-3] {
             return Ok(None);
         }
-        self.acquire_reply(*grant, reply, shortfall).await.map(Some)
+        // A fourth element: the grant joined a hold with a lease of its own.
+        let on_lease = session.filter(|_| reply.len() == 3);
+        let reply = self.acquire_reply(grant, reply, shortfall).await?;
+        Ok(Some(match (on_lease, reply) {
+            (Some(on), AcquireReply::Acquired { count, token, .. }) => AcquireReply::Acquired {
+                count,
+                token,
+                session: on.number,
+            },
+            (_, reply) => reply,
+        }))
+    }
+
+    /// Creates the client lease key `name` for `millis` (a new session's).
+    async fn start_lease(
+        &self,
+        key: &LockKey,
+        name: &str,
+        millis: u64,
+    ) -> Result<(), BackendError> {
+        self.with_conn(Some(key), async |conn| {
+            redis::cmd("SET")
+                .arg(name)
+                .arg(1)
+                .arg("NX")
+                .arg("PX")
+                .arg(millis)
+                .query_async::<()>(conn)
+                .await
+        })
+        .await
     }
 
     /// What an acquire's reply means; a grant that was not acknowledged as configured is undone.
@@ -425,9 +530,10 @@ impl RedisBackend {
             return Err(self.unacknowledged(grant, shortfall).await);
         }
         match reply.as_slice() {
-            [1, count, raw_token] => Ok(AcquireReply::Acquired {
+            [1, count, raw_token] | [1, count, raw_token, 0] => Ok(AcquireReply::Acquired {
                 count: u64::try_from(*count).unwrap_or(1),
                 token: token(*raw_token),
+                session: 0,
             }),
             [0, retry] => Ok(AcquireReply::Held {
                 ttl: u64::try_from(*retry).ok().map(Duration::from_millis),
@@ -534,10 +640,14 @@ impl RedisBackend {
     /// pipeline, resent by body when it lost a script; in a cluster the entries live on
     /// different nodes, so each is its own call on the multiplexed cluster connection, all
     /// sent at once.
+    ///
+    /// With `lease` (a single node only), the pipeline first extends that client lease key
+    /// (by name, for milliseconds); its reply comes back too.
     async fn renew_replies(
         &self,
         renewals: &[Renew<'_>],
-    ) -> Result<Vec<Result<i64, RedisError>>, BackendError> {
+        lease: Option<(&str, u64)>,
+    ) -> Result<RenewReplies, BackendError> {
         #[cfg(feature = "cluster")]
         if let Some(cluster) = self.inner.transport.cluster() {
             let calls: Vec<Call> = renewals
@@ -551,13 +661,14 @@ impl RedisBackend {
             );
             return tokio::time::timeout(self.inner.command_timeout, replies)
                 .await
+                .map(|replies| (replies, None))
                 .map_err(|_| BackendError::from_kind(BackendErrorKind::Timeout));
         }
-        let (mut replies, noscript) = self.renew_pipeline(renewals, true).await?;
+        let (mut replies, noscript) = self.renew_pipeline(renewals, lease, true).await?;
         // A pipeline is not retried by redis-rs: when the server lost a script, resend the
         // batch by body. Renewal is idempotent, so entries that succeeded are safe to resend.
         if noscript {
-            replies = self.renew_pipeline(renewals, false).await?.0;
+            replies = self.renew_pipeline(renewals, lease, false).await?.0;
         }
         Ok(replies)
     }
@@ -568,13 +679,17 @@ impl RedisBackend {
     async fn renew_pipeline(
         &self,
         renewals: &[Renew<'_>],
+        lease: Option<(&str, u64)>,
         by_hash: bool,
-    ) -> Result<(Vec<Result<i64, RedisError>>, bool), BackendError> {
+    ) -> Result<(RenewReplies, bool), BackendError> {
         let (many, single): (Vec<usize>, Vec<usize>) =
             (0..renewals.len()).partition(|&i| calls::renews_with_many(&renewals[i]));
         let chunks: Vec<&[usize]> = many.chunks(RENEW_CHUNK).collect();
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
+        if let Some((name, millis)) = lease {
+            pipe.cmd("PEXPIRE").arg(name).arg(millis);
+        }
         for chunk in &chunks {
             let call = calls::renew_many(self.scripts(), chunk.iter().map(|&i| &renewals[i]));
             pipe.add_command(call.into_cmd(by_hash));
@@ -589,6 +704,11 @@ impl RedisBackend {
             (0..renewals.len()).map(|_| None).collect();
         let mut noscript = false;
         let mut values = values.into_iter();
+        let lease_reply = lease.map(|_| {
+            values
+                .next()
+                .map_or(Err(protocol_error_redis()), reply_of::<i64>)
+        });
         for chunk in &chunks {
             let value = values.next().unwrap_or(Value::Nil);
             match reply_of::<Vec<i64>>(value) {
@@ -625,9 +745,95 @@ impl RedisBackend {
             .into_iter()
             .map(|reply| reply.unwrap_or_else(|| Err(protocol_error_redis())))
             .collect();
-        Ok((replies, noscript))
+        Ok(((replies, lease_reply), noscript))
+    }
+
+    /// Renews a batch some of whose holds live on the client lease `lease`: one `PEXPIRE` of
+    /// the lease key answers for them, but for the few whose lock's own key is due for a
+    /// refresh (renewed one by one, owner-checked, for the key's long life), in the pipeline
+    /// of every renewal of a lease of its own.
+    async fn renew_on_lease(
+        &self,
+        lease: &ClientLease,
+        renewals: &[Renew<'_>],
+    ) -> Result<Vec<RenewReply>, BackendError> {
+        let sent_at = BootInstant::now();
+        let plan = lease.plan(renewals, sent_at);
+        let mut answers: Vec<Option<RenewReply>> = vec![None; renewals.len()];
+        for &i in &plan.ended {
+            answers[i] = Some(RenewReply::NotHeld);
+        }
+        let mut refreshing = vec![false; renewals.len()];
+        let mut sent: Vec<(usize, Renew<'_>)> = renewals
+            .iter()
+            .enumerate()
+            .filter(|(_, renew)| renew.session == 0 || renew.queued)
+            .map(|(i, renew)| (i, *renew))
+            .collect();
+        if let Some(session) = &plan.session {
+            let key_lease = session.key_lease();
+            for &i in &plan.refresh {
+                refreshing[i] = true;
+                sent.push((
+                    i,
+                    Renew {
+                        lease: key_lease,
+                        ..renewals[i]
+                    },
+                ));
+            }
+        }
+        let batch: Vec<Renew<'_>> = sent.iter().map(|(_, renew)| *renew).collect();
+        let command = plan
+            .session
+            .as_ref()
+            .map(|session| (&*session.key, session.millis));
+        let (replies, lease_reply) = if batch.is_empty() && command.is_none() {
+            (Vec::new(), None)
+        } else {
+            self.renew_replies(&batch, command).await?
+        };
+        let alive = match lease_reply {
+            None => false,
+            Some(reply) => reply.map_err(redis_error)? == 1,
+        };
+        if let Some(session) = &plan.session {
+            if alive {
+                lease.extended(session.number, sent_at);
+            } else {
+                lease.ended(session.number, sent_at);
+            }
+        }
+        let on_lease = if alive {
+            RenewReply::Renewed
+        } else {
+            RenewReply::NotHeld
+        };
+        for &i in &plan.on_lease {
+            answers[i] = Some(on_lease);
+        }
+        for ((i, renew), reply) in sent.iter().zip(replies) {
+            let answer = renew_answer(reply, renew)?;
+            answers[*i] = Some(if !refreshing[*i] {
+                answer
+            } else if alive && answer == RenewReply::Renewed {
+                let session = plan.session.as_ref().map_or(0, |session| session.number);
+                lease.refreshed(session, renew.key, sent_at);
+                RenewReply::Renewed
+            } else {
+                RenewReply::NotHeld
+            });
+        }
+        answers
+            .into_iter()
+            .map(|answer| answer.ok_or_else(|| protocol_error("renewal batch reply")))
+            .collect()
     }
 }
+
+/// How many sessions of the client lease one acquire starts at most, should each run out
+/// before the grant reaches it.
+const LEASE_STARTS: usize = 3;
 
 /// How many locks one renewal call renews at most, bounding the time one script holds the
 /// server.
@@ -640,10 +846,12 @@ fn reply_of<T: FromRedisValue>(value: Value) -> Result<T, RedisError> {
         .and_then(|reply| reply)
 }
 
-/// One try at acquiring: the acquire script of the lock's kind, or a single hold's `SET NX`.
+/// One try at acquiring: the acquire script of the lock's kind, or a single hold's `SET NX`
+/// (followed, for a hold on the client lease, by the `PEXPIRE` of the lease key).
 enum Attempt<'a> {
     Script(&'a Call),
     Single(redis::Cmd),
+    Leased(redis::Pipeline),
 }
 
 /// Runs one script call on `conn`: by hash, and by body when the server lost the script.
@@ -672,6 +880,35 @@ fn reply_pair(value: Value) -> Result<(i64, Option<i64>), BackendError> {
     }
 }
 
+/// The replies of a renewal pipeline, in order, and that of the client lease's `PEXPIRE` when
+/// it was sent.
+type RenewReplies = (
+    Vec<Result<i64, RedisError>>,
+    Option<Result<i64, RedisError>>,
+);
+
+/// What one renewal's reply means.
+fn renew_answer(
+    reply: Result<i64, RedisError>,
+    renew: &Renew<'_>,
+) -> Result<RenewReply, BackendError> {
+    match reply {
+        Ok(1) => Ok(RenewReply::Renewed),
+        Ok(2) => Ok(RenewReply::Ready),
+        Ok(_) => Ok(RenewReply::NotHeld),
+        Err(error) => {
+            let error = redis_error(error).with_key(renew.key.as_str());
+            if error.is_wrong_type() {
+                // Foreign data at the key: the lock is not ours any more.
+                tracing::warn!(key = %renew.key, error = %format_args!("{error:#}"), "renewal found foreign data");
+                Ok(RenewReply::NotHeld)
+            } else {
+                Err(error)
+            }
+        }
+    }
+}
+
 fn token(raw: i64) -> Option<u64> {
     u64::try_from(raw).ok()
 }
@@ -683,19 +920,35 @@ impl Backend for RedisBackend {
         let key = grant.key;
         self.inner.quarantine.note_lease(grant.lease.duration());
         let marker = self.boot_marker(key);
-        if let Some(reply) = self.acquire_single(&grant, &marker).await? {
-            return Ok(reply);
-        }
-        let invocation = calls::acquire(self.scripts(), &grant, &marker);
-        let attempt = Attempt::Script(&invocation);
-        let (mut reply, mut shortfall) = self.invoke_acquire(&attempt, key).await?;
-        if reply == [-2] {
-            if let Some(left) = self.verify_boot(&marker, key).await? {
-                return Ok(AcquireReply::Held { ttl: Some(left) });
+        let lease = self.inner.client_lease.as_ref();
+        let Some(lease) = lease.filter(|lease| lease.serves(&grant)) else {
+            return (self.acquire_on(grant, &marker, None).await?)
+                .ok_or_else(|| protocol_error("acquire reply").with_key(key.as_str()));
+        };
+        // A session whose lease ran out is over; the grant goes to a new one.
+        for _ in 0..LEASE_STARTS {
+            let session = lease
+                .session(key, async |name, millis| {
+                    self.start_lease(key, name, millis).await
+                })
+                .await?;
+            let sent_at = BootInstant::now();
+            match self.acquire_on(grant, &marker, Some(&session)).await? {
+                Some(reply) => {
+                    if matches!(reply, AcquireReply::Acquired { session: on, .. } if on == session.number)
+                    {
+                        lease.extended(session.number, sent_at);
+                    }
+                    return Ok(reply);
+                }
+                None => lease.ended(session.number, sent_at),
             }
-            (reply, shortfall) = self.invoke_acquire(&attempt, key).await?;
         }
-        self.acquire_reply(grant, reply, shortfall).await
+        Err(BackendError::new(
+            BackendErrorKind::Unavailable,
+            "the client lease ran out as soon as it was started",
+        )
+        .with_key(key.as_str()))
     }
 
     async fn release(&self, release: Release<'_>) -> Result<ReleaseReply, BackendError> {
@@ -727,30 +980,32 @@ impl Backend for RedisBackend {
         if renewals.is_empty() {
             return Ok(Vec::new());
         }
-        let replies = self.renew_replies(renewals).await?;
+        if let Some(lease) = &self.inner.client_lease
+            && renewals.iter().any(|renew| renew.session != 0)
+        {
+            return self.renew_on_lease(lease, renewals).await;
+        }
+        let (replies, _) = self.renew_replies(renewals, None).await?;
         replies
             .into_iter()
             .zip(renewals)
-            .map(|(reply, renew)| match reply {
-                Ok(1) => Ok(RenewReply::Renewed),
-                Ok(2) => Ok(RenewReply::Ready),
-                Ok(_) => Ok(RenewReply::NotHeld),
-                Err(error) => {
-                    let error = redis_error(error).with_key(renew.key.as_str());
-                    if error.is_wrong_type() {
-                        // Foreign data at the key: the lock is not ours any more.
-                        tracing::warn!(key = %renew.key, error = %format_args!("{error:#}"), "renewal found foreign data");
-                        Ok(RenewReply::NotHeld)
-                    } else {
-                        Err(error)
-                    }
-                }
-            })
+            .map(|(reply, renew)| renew_answer(reply, renew))
             .collect()
     }
 
     async fn abandon(&self, grant: Grant<'_>) -> Result<bool, BackendError> {
         let key = grant.key;
+        // On the client lease, the attempt's `SET` (should it arrive late) makes a key that
+        // lives the key lease: the attempt is remembered as long.
+        let key_lease = self
+            .inner
+            .client_lease
+            .as_ref()
+            .and_then(|lease| lease.serves(&grant).then(|| lease.key_lease()));
+        let grant = Grant {
+            lease: key_lease.unwrap_or(grant.lease),
+            ..grant
+        };
         let invocation = calls::abandon(self.scripts(), &grant);
         // The read-write release answers a pair, the others 1 or 0.
         let value: Value = self.invoke(&invocation, key).await?;

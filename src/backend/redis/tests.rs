@@ -41,6 +41,15 @@ async fn connect(server: &support::RedisServer) -> super::RedisBackend {
         .unwrap()
 }
 
+/// A backend on `server` whose exclusive watchdog holds live on a client lease.
+async fn connect_leased(server: &support::RedisServer) -> super::RedisBackend {
+    support::redis_backend(server.url())
+        .client_lease(true)
+        .connect()
+        .await
+        .unwrap()
+}
+
 /// A plain connection to `server`, to read and write keys beside the backend.
 async fn direct(server: &support::RedisServer) -> redis::aio::MultiplexedConnection {
     redis::Client::open(server.url())
@@ -221,6 +230,7 @@ async fn a_renewal_extends_a_lease_and_never_shortens_it() {
         lease: Lease::watchdog(Duration::from_secs(secs)),
         kind: LockKind::Exclusive,
         queued: false,
+        session: 0,
     };
     for key in [&single, &hash] {
         for batched in [false, true] {
@@ -295,6 +305,7 @@ async fn a_hold_in_its_last_millisecond_never_becomes_a_lock_without_a_lease() {
                         ..grant(key, LockKind::Exclusive, &attempt, None)
                     },
                     "",
+                    None,
                 );
                 let _: redis::Value = run_call(&call, &mut conn).await.unwrap();
             }
@@ -393,7 +404,7 @@ async fn every_script_round_trips_through_its_typed_call() {
 
         // A grant with a fencing token (not for readers or a semaphore's permits, which are
         // shared): {1, count, token}.
-        let call = calls::acquire(scripts, &grant("h1", "h1#1", None), "");
+        let call = calls::acquire(scripts, &grant("h1", "h1#1", None), "", None);
         let reply: Vec<i64> = run_call(&call, &mut conn).await.unwrap();
         assert_eq!(reply[..2], [1, 1], "{kind:?} acquire: {reply:?}");
         let fenced = !matches!(kind, LockKind::Read | LockKind::Semaphore);
@@ -402,7 +413,7 @@ async fn every_script_round_trips_through_its_typed_call() {
         // Another holder, queued where the kind queues: refused with the lease left.
         let queue = kind.queues().then_some(Duration::from_secs(5));
         if kind != LockKind::Read {
-            let call = calls::acquire(scripts, &grant("h2", "h2#1", queue), "");
+            let call = calls::acquire(scripts, &grant("h2", "h2#1", queue), "", None);
             let reply: Vec<i64> = run_call(&call, &mut conn).await.unwrap();
             assert_eq!(reply[0], 0, "{kind:?} refuses another holder: {reply:?}");
             assert!(reply[1] > 0, "{kind:?} tells the lease left: {reply:?}");
@@ -425,6 +436,7 @@ async fn every_script_round_trips_through_its_typed_call() {
             lease,
             kind,
             queued: false,
+            session: 0,
         };
         let renewed: i64 = run_call(&calls::renew(scripts, &hold), &mut conn)
             .await
@@ -488,7 +500,7 @@ async fn every_script_round_trips_through_its_typed_call() {
         contended: false,
         permits: 0,
     };
-    let _: Vec<i64> = run_call(&calls::acquire(scripts, &first, ""), &mut conn)
+    let _: Vec<i64> = run_call(&calls::acquire(scripts, &first, "", None), &mut conn)
         .await
         .unwrap();
     let next = Grant {
@@ -536,7 +548,7 @@ async fn every_script_round_trips_through_its_typed_call() {
             permits: 2,
             ..first
         };
-        let _: Vec<i64> = run_call(&calls::acquire(scripts, &grant, ""), &mut conn)
+        let _: Vec<i64> = run_call(&calls::acquire(scripts, &grant, "", None), &mut conn)
             .await
             .unwrap();
         let value: Value = run_call(&calls::inspect(scripts, &key, kind), &mut conn)
@@ -584,4 +596,196 @@ async fn every_script_round_trips_through_its_typed_call() {
             "{kind:?}"
         );
     }
+}
+
+/// What the key `key` holds, read with `command` (`GET`, `PTTL`, …) on `conn`.
+async fn read<T: redis::FromRedisValue>(
+    conn: &mut redis::aio::MultiplexedConnection,
+    command: &str,
+    key: &str,
+) -> T {
+    try_read(conn, command, key).await.unwrap()
+}
+
+/// The client lease key the lock `key` names, in either form.
+async fn lease_key_of(conn: &mut redis::aio::MultiplexedConnection, key: &LockKey) -> String {
+    match try_read::<String>(conn, "GET", key.as_str()).await {
+        Ok(value) => value.split_once('\n').expect("a lease").1.to_owned(),
+        Err(_) => redis::cmd("HGET")
+            .arg(key.as_str())
+            .arg("~s")
+            .query_async(conn)
+            .await
+            .unwrap(),
+    }
+}
+
+/// [`read`], for a command that may fail (a `GET` of a hash, say).
+async fn try_read<T: redis::FromRedisValue>(
+    conn: &mut redis::aio::MultiplexedConnection,
+    command: &str,
+    key: &str,
+) -> redis::RedisResult<T> {
+    redis::cmd(command).arg(key).query_async(conn).await
+}
+
+/// On the client lease, a hold is as alive as the lease key it names: both forms of a lock
+/// record it, renewals answer from it, and once it is gone the lock is free for anyone, its
+/// holder's release and renewals say it is not held, and the next grant starts a new lease key
+/// rather than bringing the old one back.
+#[tokio::test]
+async fn a_hold_on_the_client_lease_lives_and_ends_with_the_lease_key() {
+    let server = support::RedisServer::start();
+    let leased = connect_leased(&server).await;
+    let other = connect(&server).await;
+    let mut conn = direct(&server).await;
+    let lease = Lease::watchdog(Duration::from_secs(10));
+    let on_lease = |key, attempt, contended| Grant {
+        lease,
+        contended,
+        ..grant(key, LockKind::Exclusive, attempt, None)
+    };
+    let session = |reply| match reply {
+        AcquireReply::Acquired { session, .. } => session,
+        other => panic!("expected a grant, got {other:?}"),
+    };
+    // A single hold (`SET NX`) and, through the script, a hash.
+    let single = LockKey::new("tl:", b"leased-single", 512).unwrap();
+    let hash = LockKey::new("tl:", b"leased-hash", 512).unwrap();
+    let first = session(
+        leased
+            .acquire(on_lease(&single, "h1#1", false))
+            .await
+            .unwrap(),
+    );
+    let also = session(leased.acquire(on_lease(&hash, "h1#2", true)).await.unwrap());
+    assert!(first != 0 && also == first, "{first} {also}");
+    let lease_key = lease_key_of(&mut conn, &single).await;
+    assert!(lease_key.starts_with("tl:~lease:"), "{lease_key}");
+    assert_eq!(lease_key_of(&mut conn, &hash).await, lease_key);
+    let lease_ttl: i64 = read(&mut conn, "PTTL", &lease_key).await;
+    assert!(lease_ttl > 0 && lease_ttl <= 10_000, "{lease_ttl}");
+    for key in [&single, &hash] {
+        let ttl: i64 = read(&mut conn, "PTTL", key.as_str()).await;
+        assert!(ttl > 100_000, "the lock's own key lives long: {ttl}");
+    }
+    // A fixed lease keeps a lease of its own.
+    let fixed = LockKey::new("tl:", b"leased-fixed", 512).unwrap();
+    let own = session(
+        leased
+            .acquire(grant(&fixed, LockKind::Exclusive, "h1#3", None))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(own, 0);
+    let value: String = read(&mut conn, "GET", fixed.as_str()).await;
+    assert!(!value.contains('\n'), "{value:?}");
+
+    let renewals = [
+        crate::backend::Renew::hold(&single, "h1", lease, LockKind::Exclusive).in_session(first),
+        crate::backend::Renew::hold(&hash, "h1", lease, LockKind::Exclusive).in_session(first),
+    ];
+    let renewed = crate::backend::RenewReply::Renewed;
+    assert_eq!(leased.renew(&renewals).await.unwrap(), [renewed, renewed]);
+    let taken = other
+        .acquire(Grant {
+            holder: "h2",
+            ..grant(&single, LockKind::Exclusive, "h2#1", None)
+        })
+        .await
+        .unwrap();
+    assert!(matches!(taken, AcquireReply::Held { .. }), "{taken:?}");
+
+    // The lease key goes (the client stalled for a whole lease, say).
+    let deleted: i64 = read(&mut conn, "DEL", &lease_key).await;
+    assert_eq!(deleted, 1);
+    let taken = other
+        .acquire(Grant {
+            holder: "h2",
+            ..grant(&single, LockKind::Exclusive, "h2#2", None)
+        })
+        .await
+        .unwrap();
+    assert_eq!(count(taken), 1, "a lock whose lease key is gone is free");
+    let released = leased
+        .release(Release {
+            key: &hash,
+            holder: "h1",
+            all: false,
+            handoff: None,
+            kind: LockKind::Exclusive,
+            attempt: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(released, ReleaseReply::NotHeld);
+    let exists: bool = read(&mut conn, "EXISTS", hash.as_str()).await;
+    assert!(!exists, "the lapsed lock is deleted");
+    let not_held = crate::backend::RenewReply::NotHeld;
+    assert_eq!(leased.renew(&renewals).await.unwrap(), [not_held, not_held]);
+    let owner: Option<i64> = redis::cmd("HGET")
+        .arg(single.as_str())
+        .arg("h2")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(owner, Some(1), "the new owner's hold is untouched");
+
+    // The next grant starts a new lease key; the old one stays gone.
+    let next = session(
+        leased
+            .acquire(on_lease(&hash, "h1#4", false))
+            .await
+            .unwrap(),
+    );
+    assert!(next > first, "{next} {first}");
+    let exists: bool = read(&mut conn, "EXISTS", &lease_key).await;
+    assert!(!exists, "a lease key that ran out is never brought back");
+    assert_eq!(leased.renew(&renewals).await.unwrap(), [not_held, not_held]);
+
+    // A grant that finds its lease key gone, by `SET NX` or by the script, takes nothing on it
+    // and goes to a new one.
+    let mut current = lease_key_of(&mut conn, &hash).await;
+    let mut last = next;
+    for contended in [false, true] {
+        let deleted: i64 = read(&mut conn, "DEL", &current).await;
+        assert_eq!(deleted, 1);
+        let key = LockKey::new("tl:", format!("leased-{contended}").as_bytes(), 512).unwrap();
+        let grant = Grant {
+            lease,
+            contended,
+            ..grant(&key, LockKind::Exclusive, "h1#5", None)
+        };
+        let after = session(leased.acquire(grant).await.unwrap());
+        assert!(after > last, "{after} {last} (contended: {contended})");
+        let exists: bool = read(&mut conn, "EXISTS", &current).await;
+        assert!(!exists, "{current} came back");
+        current = lease_key_of(&mut conn, &key).await;
+        last = after;
+    }
+}
+
+/// An attempt on the client lease that is given up on before it arrived is remembered as long
+/// as the key its late `SET` would make lives (the key lease), not one lease: a late single
+/// hold that outlived the memory of its attempt would belong to nobody for that long.
+#[tokio::test]
+async fn an_attempt_given_up_on_the_client_lease_is_remembered_for_the_key_lease() {
+    let server = support::RedisServer::start();
+    let leased = connect_leased(&server).await;
+    let mut conn = direct(&server).await;
+    let key = LockKey::new("tl:", b"given-up", 512).unwrap();
+    let lease = Lease::watchdog(Duration::from_secs(1));
+    let given_up = Grant {
+        lease,
+        ..grant(&key, LockKind::Exclusive, "h1#9", None)
+    };
+    assert!(
+        !leased.abandon(given_up).await.unwrap(),
+        "nothing was taken"
+    );
+    let remembered: i64 = read(&mut conn, "PTTL", &key.derived(super::VOID)).await;
+    assert!(
+        remembered > 2 * 1000,
+        "remembered for {remembered} ms, no longer than a lease"
+    );
 }

@@ -265,6 +265,16 @@ impl RedlockBackendBuilder {
                 reason: "must be above zero",
             });
         }
+        let leased =
+            |node: &Node| matches!(node, Node::Backend(backend) if backend.has_client_lease());
+        if self.nodes.iter().any(leased) {
+            // A node's grant would live on its client lease, which Redlock's renewals (one
+            // lock at a time, on a majority) do not keep.
+            return Err(ConfigError::Invalid {
+                setting: "nodes",
+                reason: "a Redlock node cannot have a client lease: build it without `client_lease`",
+            });
+        }
         let nodes = self
             .nodes
             .into_iter()
@@ -661,7 +671,11 @@ impl Backend for RedlockBackend {
             AcquireVote::Won { count } if validity.is_some() => {
                 self.inner.won.fetch_add(1, Ordering::Relaxed);
                 stragglers.settle(false);
-                return Ok(AcquireReply::Acquired { count, token: None });
+                return Ok(AcquireReply::Acquired {
+                    count,
+                    token: None,
+                    session: 0,
+                });
             }
             AcquireVote::Won { .. } => {
                 tracing::warn!(key = %grant.key, ?elapsed, "Redlock majority came too late for the lease; giving it back");

@@ -189,7 +189,11 @@ mod tests {
     use super::*;
 
     fn acquired(count: u64) -> NodeResult<AcquireReply> {
-        Ok(AcquireReply::Acquired { count, token: None })
+        Ok(AcquireReply::Acquired {
+            count,
+            token: None,
+            session: 0,
+        })
     }
 
     fn held(ms: u64) -> NodeResult<AcquireReply> {

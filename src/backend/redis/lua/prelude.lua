@@ -105,14 +105,61 @@ local function reenter(lock, field, attempt, supersedes, grant, reentry)
   return count
 end
 
--- The holder and the attempt of a single hold (see acquire.lua), or nil when `value` is not one.
+-- The client lease a single hold lives on (see acquire.lua): what follows its first newline,
+-- or nil.
+local function single_lease(value)
+  local at = string.find(value, '\n', 1, true)
+  return at and string.sub(value, at + 1)
+end
+
+-- The holder and the attempt of a single hold (see acquire.lua), or nil when `value` is not
+-- one; then the client lease it lives on, or nil.
 local function single_hold(value)
   local length, rest = string.match(value, '^(%d+):(.*)$')
   if not length then
     return nil
   end
   length = tonumber(length)
-  return string.sub(rest, 1, length), string.sub(rest, length + 1)
+  local lease = single_lease(rest)
+  if lease then
+    rest = string.sub(rest, 1, #rest - #lease - 1)
+  end
+  return string.sub(rest, 1, length), string.sub(rest, length + 1), lease
+end
+
+-- Whether the client lease `lease` (nil or false: none) that a lock's holds live on has run
+-- out: then nobody holds the lock, and its key is deleted.
+local function lapsed(lock, lease)
+  if lease and redis.call('EXISTS', lease) == 0 then
+    redis.call('DEL', lock)
+    return true
+  end
+  return false
+end
+
+-- The client lease the holds of `lock` live on, a single hold's or a hash's, or nil.
+local function lock_lease(lock)
+  local single = redis.pcall('GET', lock)
+  if type(single) == 'string' then
+    return single_lease(single)
+  end
+  if not single then
+    return nil
+  end
+  local lease = redis.pcall('HGET', lock, '~s')
+  return type(lease) == 'string' and lease or nil
+end
+
+-- The time `lock` has left: its own, or its client lease's when that ends sooner.
+local function time_left(lock, lease)
+  local ttl = redis.call('PTTL', lock)
+  if lease then
+    local left = redis.call('PTTL', lease)
+    if left >= 0 and (ttl < 0 or left < ttl) then
+      return left
+    end
+  end
+  return ttl
 end
 
 -- Whether `value` is a single hold whose owner prefix (its holder id's length, ':', the id;
@@ -134,7 +181,7 @@ local function as_hash(lock, void)
   if type(single) ~= 'string' then
     return true
   end
-  local owner, attempt = single_hold(single)
+  local owner, attempt, lease = single_hold(single)
   if not owner then
     return false
   end
@@ -144,6 +191,9 @@ local function as_hash(lock, void)
   -- key has a lease, and one written without it would never expire.
   if ttl > 0 and redis.call('SISMEMBER', void, attempt) == 0 then
     redis.call('HSET', lock, owner, 1, '~a', attempt)
+    if lease then
+      redis.call('HSET', lock, '~s', lease)
+    end
     redis.call('PEXPIRE', lock, ttl)
   end
   return true

@@ -21,6 +21,9 @@
 -- channel is KEYS[1] .. ':released', ARGV[3] is '0' and ARGV[4] is ''. (Each argument costs
 -- the server a string; most releases are this call.)
 --
+-- A lock whose holds lived on a client lease that ran out (see acquire.lua) is nobody's: it is
+-- deleted, and the release answers {0}.
+--
 -- Returns {0} when the holder does not hold the lock (nothing changed), {1, remaining} when
 -- holds remain, {2} when the lock was freed and the release published, {3, token} when it was
 -- handed off (token -1 without fencing). {2, n} also says how many subscribers the release
@@ -37,8 +40,22 @@ end
 local waited
 local single = redis.pcall('GET', lock)
 if type(single) == 'string' then
-  if string.find(single, owner, 1, true) ~= 1
-    or (attempt ~= '' and string.sub(single, #owner + 1) ~= attempt) then
+  if string.find(single, owner, 1, true) ~= 1 then
+    return {0}
+  end
+  -- A hold on a client lease ends with it (see acquire.lua): prelude.lua's single_lease and
+  -- lapsed, which are defined only below.
+  local rest = string.sub(single, #owner + 1)
+  local at = string.find(rest, '\n', 1, true)
+  if at then
+    local lease = string.sub(rest, at + 1)
+    rest = string.sub(rest, 1, at - 1)
+    if redis.call('EXISTS', lease) == 0 then
+      redis.call('DEL', lock)
+      return {0}
+    end
+  end
+  if attempt ~= '' and rest ~= attempt then
     return {0}
   end
   redis.call('DEL', lock)
@@ -54,8 +71,17 @@ else
     -- prelude.lua's holder_in, which is defined only below.
     holder = string.sub(owner, string.find(owner, ':', 1, true) + 1)
   end
-  local found = redis.call('HMGET', lock, holder, '~a', '~q')
+  local found = redis.call('HMGET', lock, holder, '~a', '~q', '~s')
   local count = tonumber(found[1])
+  if found[4] and redis.call('EXISTS', found[4]) == 0 then
+    -- The client lease the holds lived on ran out: nobody holds the lock. Whoever waits for
+    -- it may take it now.
+    redis.call('DEL', lock)
+    if found[3] then
+      publish(ARGV[2] or (lock .. ':released'), 'released')
+    end
+    return {0}
+  end
   if not count or (attempt ~= '' and found[2] ~= attempt) then
     return {0}
   end

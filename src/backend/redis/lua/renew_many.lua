@@ -3,7 +3,8 @@
 --
 -- KEYS[i]        a lock: a single hold or a hash (see acquire.lua)
 -- ARGV[2i - 1]   its holder's owner prefix: the id's length, ':', the id (see acquire.lua)
--- ARGV[2i]       its lease in milliseconds
+-- ARGV[2i]       its lease in milliseconds (for a lock on a client lease: how long its key
+--                lives; a lock whose client lease ran out is nobody's, and is deleted)
 --
 -- Returns one reply per key: 1 when renewed, 0 when the holder no longer holds the lock, -1
 -- when the key holds another type of value.
@@ -22,14 +23,24 @@ for i, lock in ipairs(KEYS) do
   else
     single = singles[i]
   end
-  local held
+  local held, lease
   if single then
     held = single_hold_by(single, owner) and 1 or 0
+    lease = single_lease(single)
   else
-    held = redis.pcall('HEXISTS', lock, holder_in(owner))
+    -- A missing key answers {false, false}; foreign data, an error.
+    local found = redis.pcall('HMGET', lock, holder_in(owner), '~s')
+    if found.err then
+      held = found
+    else
+      held = found[1] and 1 or 0
+      lease = found[2]
+    end
   end
   if type(held) == 'table' then
     replies[i] = -1
+  elseif held == 1 and lapsed(lock, lease) then
+    replies[i] = 0
   elseif held == 1 then
     extend_lease(lock, ARGV[2 * i])
     replies[i] = 1

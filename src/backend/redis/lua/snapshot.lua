@@ -23,7 +23,9 @@
 -- layout.
 
 -- The fields of an exclusive or fair lock's hash that are not holders.
-local LOCK_FIELDS = {['~a'] = true, ['~r'] = true, ['~f'] = true, ['~q'] = true, ['~k'] = true}
+local LOCK_FIELDS = {
+  ['~a'] = true, ['~r'] = true, ['~f'] = true, ['~q'] = true, ['~k'] = true, ['~s'] = true,
+}
 
 -- Whether `value` is a hold count: a whole number above zero.
 local function is_count(value)
@@ -62,17 +64,26 @@ local function snapshot(layout, now)
       found[1] = 1
     end
     if held == 'string' then
-      local owner, attempt = single_hold(redis.call('GET', lock))
+      local owner, attempt, lease = single_hold(redis.call('GET', lock))
       if not owner then
         return nil
       end
-      if redis.call('SISMEMBER', KEYS[4], attempt) == 0 then
-        add(owner, 'x', 1, ttl)
+      -- A hold on a client lease that ran out is over (see acquire.lua).
+      if redis.call('SISMEMBER', KEYS[4], attempt) == 0
+        and not (lease and redis.call('EXISTS', lease) == 0) then
+        add(owner, 'x', 1, time_left(lock, lease))
       end
       return found
     end
     if held ~= 'hash' then
       return nil
+    end
+    local lease = redis.call('HGET', lock, '~s')
+    if lease then
+      if redis.call('EXISTS', lease) == 0 then
+        return found
+      end
+      ttl = time_left(lock, lease)
     end
     for _, field in ipairs(redis.call('HKEYS', lock)) do
       if field == '~k' then
