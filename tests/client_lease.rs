@@ -1461,8 +1461,45 @@ fn leases_ended(snapshotter: &metrics_util::debugging::Snapshotter) -> u64 {
         .sum()
 }
 
+/// A hold on the client lease that an operator clears with `force_unlock` is lost at its
+/// client's next renewal (the lease's set of revoked holds names it), as a hold with a lease of
+/// its own would be, not at its lock's next refresh; the client's other holds on the lease are
+/// kept, and the cleared lock is another client's to take at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_unlocked_hold_is_lost_at_the_next_renewal() {
+    let server = RedisServer::start();
+    let a = leased_client(&server.url(), LEASE).await;
+    let operator = plain_client(&server.url(), LEASE).await;
+    let cleared = a.lock("cleared").acquire().await.expect("acquire");
+    let kept = a.lock("kept").acquire().await.expect("acquire");
+    // Past the first renewals: both live on the lease alone.
+    hold_unlost(&[&cleared, &kept], LEASE, "before the unlock").await;
+    let unlocked_at = Instant::now();
+    assert!(
+        operator
+            .force_unlock("cleared")
+            .await
+            .expect("force_unlock"),
+        "the operator found a hold to clear"
+    );
+    timeout(LEASE / 3 + TOLERANCE, cleared.lost())
+        .await
+        .expect("the cleared hold is lost at the next renewal");
+    let noticed = unlocked_at.elapsed();
+    assert!(noticed < LEASE, "noticed after {noticed:?}");
+    let taken = operator
+        .lock("cleared")
+        .try_acquire()
+        .await
+        .expect("the cleared lock is free");
+    hold_unlost(&[&kept], LEASE, "the other hold on the lease").await;
+    taken.release().await.expect("release");
+    kept.release().await.expect("release");
+}
+
 /// A client lease left idle (nothing held) for more than a lease is replaced quietly: the next
-/// acquire succeeds at once, on a new session (`:2`; the old key is not brought back), and
+/// acquire succeeds at once, on a new session (`:2`; the old key is not brought back), without
+/// first writing a lock that names the old lease, and
 /// `tower_lock_client_leases_ended_total` does not move. A lease key that runs out under a
 /// hold (deleted) does move it, by one, once the hold is lost. The client runs on a
 /// current-thread runtime under a local metrics recorder, its watchdog included.
@@ -1493,10 +1530,18 @@ fn idle_client_lease_is_replaced_quietly() {
             tokio::time::sleep_until(released_at + LEASE + TOLERANCE).await;
             assert_eq!(leases_ended(&snapshotter), 0, "nothing ended yet");
 
+            let sets = server.calls("set");
             let started = Instant::now();
             let second = a.lock("second").acquire().await.expect("acquire");
             let took = started.elapsed();
             assert!(took < PROMPT, "acquired at once, in {took:?}");
+            // The lease key's start and the grant's `SET NX`: no lock naming the old lease was
+            // written first (the script found the lease gone without writing).
+            assert_eq!(
+                server.calls("set") - sets,
+                2,
+                "SET commands for the acquire"
+            );
             let new_key = the_lease_key(&server);
             assert_eq!(
                 parse_lease_key(&new_key),

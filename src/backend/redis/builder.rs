@@ -296,10 +296,11 @@ impl RedisBackendBuilder {
     /// - each held lock names the client's lease key; a lock whose client lease ran out (the
     ///   process died or stalled for a whole lease) is free, exactly as a lock whose own lease
     ///   ran out would be;
-    /// - a lock's own key then lives 20 leases, and is refreshed (owner-checked) about once
-    ///   every ten leases, so a hold's key deleted behind its back (by an operator, or by
+    /// - a lock's own key then lives 20 leases, and is refreshed (owner-checked) once every 5
+    ///   to 10 leases, so a hold's key deleted behind its back (by an operator's `DEL`, or by
     ///   eviction) is noticed at that refresh or at the release rather than at the next
-    ///   renewal;
+    ///   renewal ([`LockClient::force_unlock`](crate::LockClient::force_unlock) is still
+    ///   noticed at the next renewal);
     /// - holds of fair, read-write and semaphore locks, fixed leases, and watchdog leases of
     ///   another length than the first one served keep leases of their own.
     ///

@@ -71,6 +71,9 @@ pub(super) struct Session {
     pub(super) number: u64,
     pub(super) key: Arc<str>,
     pub(super) millis: u64,
+    /// Nothing extended the lease key for a whole lease: it may have run out while idle, and a
+    /// grant had better find out before it writes a lock that names it.
+    pub(super) idle: bool,
 }
 
 impl Session {
@@ -158,6 +161,7 @@ impl ClientLease {
             number,
             key: name,
             millis,
+            idle: false,
         })
     }
 
@@ -175,10 +179,14 @@ impl ClientLease {
             let prefix = &name[..name.rfind('{').unwrap_or(name.len())];
             state.key = Some(format!("{prefix}~lease:{}:{}", self.id, state.session).into());
         }
+        let idle = state
+            .alive_until
+            .is_some_and(|until| until <= BootInstant::now());
         state.started.then(|| Session {
             number: state.session,
             key: state.key.clone().expect("named above"),
             millis,
+            idle,
         })
     }
 
@@ -267,6 +275,7 @@ impl ClientLease {
                 number: current,
                 key: state.key.clone().expect("a started session is named"),
                 millis,
+                idle: false,
             });
         }
         plan

@@ -31,6 +31,7 @@
 //! ```
 
 use std::{
+    collections::HashSet,
     fmt,
     sync::{Arc, OnceLock},
     time::Duration,
@@ -105,6 +106,9 @@ const TIMEOUTS: &str = ":timeouts";
 const READERS: &str = ":readers";
 /// Suffix of a read-write lock's waiting writers.
 const WRITERS: &str = ":writers";
+/// Suffix of a client lease key's hash of holds an operator cleared, one field each
+/// (`lua/force_unlock.lua` writes it).
+const REVOKED: &str = ":revoked";
 
 /// Locks in one Redis node, or in a Redis Cluster. See the [module docs](self). Cheap to clone.
 #[derive(Clone)]
@@ -402,7 +406,8 @@ impl RedisBackend {
     /// the script anyway: a fencing token, a boot marker to check, a re-entry, an earlier
     /// attempt to take over, or a lock an earlier attempt found held (a waiter's retry would
     /// otherwise pay two round trips whenever someone got in first). On the client lease
-    /// `session`, the hold names its key, and the same round trip extends that key.
+    /// `session`, the hold names its key, and the same round trip extends that key; a lease
+    /// that may have run out while idle goes to the script, which finds out without writing.
     async fn acquire_single(
         &self,
         grant: &Grant<'_>,
@@ -414,7 +419,8 @@ impl RedisBackend {
             && marker.is_empty()
             && grant.supersedes.is_none()
             && grant.reentry != Reentry::Only
-            && !grant.contended;
+            && !grant.contended
+            && !session.is_some_and(|session| session.idle);
         if !plain {
             return Ok(None);
         }
@@ -642,7 +648,8 @@ impl RedisBackend {
     /// sent at once.
     ///
     /// With `lease` (a single node only), the pipeline first extends that client lease key
-    /// (by name, for milliseconds); its reply comes back too.
+    /// (by name, for milliseconds) and reads the holds on it an operator cleared; the replies
+    /// come back too.
     async fn renew_replies(
         &self,
         renewals: &[Renew<'_>],
@@ -689,6 +696,7 @@ impl RedisBackend {
         pipe.ignore_errors();
         if let Some((name, millis)) = lease {
             pipe.cmd("PEXPIRE").arg(name).arg(millis);
+            pipe.cmd("HKEYS").arg(format!("{name}{REVOKED}"));
         }
         for chunk in &chunks {
             let call = calls::renew_many(self.scripts(), chunk.iter().map(|&i| &renewals[i]));
@@ -705,9 +713,10 @@ impl RedisBackend {
         let mut noscript = false;
         let mut values = values.into_iter();
         let lease_reply = lease.map(|_| {
-            values
-                .next()
-                .map_or(Err(protocol_error_redis()), reply_of::<i64>)
+            let mut next = || values.next().ok_or_else(protocol_error_redis);
+            let alive = next().and_then(reply_of::<i64>);
+            let revoked = next().and_then(reply_of::<HashSet<String>>);
+            LeaseTick { alive, revoked }
         });
         for chunk in &chunks {
             let value = values.next().unwrap_or(Value::Nil);
@@ -793,9 +802,16 @@ impl RedisBackend {
         } else {
             self.renew_replies(&batch, command).await?
         };
-        let alive = match lease_reply {
-            None => false,
-            Some(reply) => reply.map_err(redis_error)? == 1,
+        let (alive, revoked) = match lease_reply {
+            None => (false, HashSet::new()),
+            Some(tick) => (
+                tick.alive.map_err(redis_error)? == 1,
+                tick.revoked.map_err(redis_error)?,
+            ),
+        };
+        // A hold an operator cleared (`force_unlock.lua` names it, `<holder>\n<lock>`).
+        let cleared = |renew: &Renew<'_>| {
+            !revoked.is_empty() && revoked.contains(&format!("{}\n{}", renew.holder, renew.key))
         };
         if let Some(session) = &plan.session {
             if alive {
@@ -810,13 +826,17 @@ impl RedisBackend {
             RenewReply::NotHeld
         };
         for &i in &plan.on_lease {
-            answers[i] = Some(on_lease);
+            answers[i] = Some(if cleared(&renewals[i]) {
+                RenewReply::NotHeld
+            } else {
+                on_lease
+            });
         }
         for ((i, renew), reply) in sent.iter().zip(replies) {
             let answer = renew_answer(reply, renew)?;
             answers[*i] = Some(if !refreshing[*i] {
                 answer
-            } else if alive && answer == RenewReply::Renewed {
+            } else if alive && answer == RenewReply::Renewed && !cleared(renew) {
                 let session = plan.session.as_ref().map_or(0, |session| session.number);
                 lease.refreshed(session, renew.key, sent_at);
                 RenewReply::Renewed
@@ -880,12 +900,17 @@ fn reply_pair(value: Value) -> Result<(i64, Option<i64>), BackendError> {
     }
 }
 
-/// The replies of a renewal pipeline, in order, and that of the client lease's `PEXPIRE` when
-/// it was sent.
-type RenewReplies = (
-    Vec<Result<i64, RedisError>>,
-    Option<Result<i64, RedisError>>,
-);
+/// The replies of a renewal pipeline, in order, and those about the client lease when it was
+/// renewed.
+type RenewReplies = (Vec<Result<i64, RedisError>>, Option<LeaseTick>);
+
+/// What one renewal of the client lease found.
+struct LeaseTick {
+    /// The `PEXPIRE` of the lease key: 1 when it still lived.
+    alive: Result<i64, RedisError>,
+    /// The holds on it an operator cleared since, as `<holder>\n<lock>`.
+    revoked: Result<HashSet<String>, RedisError>,
+}
 
 /// What one renewal's reply means.
 fn renew_answer(
