@@ -1462,39 +1462,91 @@ fn leases_ended(snapshotter: &metrics_util::debugging::Snapshotter) -> u64 {
 }
 
 /// A hold on the client lease that an operator clears with `force_unlock` is lost at its
-/// client's next renewal (the lease's set of revoked holds names it), as a hold with a lease of
-/// its own would be, not at its lock's next refresh; the client's other holds on the lease are
-/// kept, and the cleared lock is another client's to take at once.
+/// client's next renewal (the lease's hash of cleared holds names it), as a hold with a lease
+/// of its own would be, not at its lock's next refresh; the client's other holds on the lease
+/// are kept, and the cleared lock is another client's to take at once. The same for a lock
+/// whose name is long (over the 96 bytes a key shows in messages).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_force_unlocked_hold_is_lost_at_the_next_renewal() {
     let server = RedisServer::start();
     let a = leased_client(&server.url(), LEASE).await;
     let operator = plain_client(&server.url(), LEASE).await;
-    let cleared = a.lock("cleared").acquire().await.expect("acquire");
-    let kept = a.lock("kept").acquire().await.expect("acquire");
-    // Past the first renewals: both live on the lease alone.
-    hold_unlost(&[&cleared, &kept], LEASE, "before the unlock").await;
-    let unlocked_at = Instant::now();
-    assert!(
-        operator
-            .force_unlock("cleared")
+    let long = "l".repeat(120);
+    for key in ["cleared", long.as_str()] {
+        let cleared = a.lock(key).acquire().await.expect("acquire");
+        let kept = a.lock("kept").acquire().await.expect("acquire");
+        // Past the first renewals: both live on the lease alone.
+        hold_unlost(&[&cleared, &kept], LEASE, "before the unlock").await;
+        let unlocked_at = Instant::now();
+        assert!(
+            operator.force_unlock(key).await.expect("force_unlock"),
+            "the operator found a hold to clear"
+        );
+        timeout(LEASE / 3 + TOLERANCE, cleared.lost())
             .await
-            .expect("force_unlock"),
-        "the operator found a hold to clear"
-    );
-    timeout(LEASE / 3 + TOLERANCE, cleared.lost())
+            .unwrap_or_else(|_| panic!("{key}: the cleared hold is lost at the next renewal"));
+        let noticed = unlocked_at.elapsed();
+        assert!(noticed < LEASE, "{key}: noticed after {noticed:?}");
+        let taken = operator
+            .lock(key)
+            .try_acquire()
+            .await
+            .expect("the cleared lock is free");
+        hold_unlost(&[&kept], LEASE, "the other hold on the lease").await;
+        taken.release().await.expect("release");
+        kept.release().await.expect("release");
+    }
+}
+
+/// A holder whose hold was cleared by `force_unlock` and who takes the lock again on the same
+/// lease keeps the new hold: the record of the cleared one sends the new hold to its
+/// owner-checked renewal, which finds it held, rather than reporting it lost (and leaving a
+/// lock nobody releases).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_taken_again_after_a_force_unlock_is_kept() {
+    let server = RedisServer::start();
+    let a = leased_client(&server.url(), LEASE).await;
+    let operator = plain_client(&server.url(), LEASE).await;
+    let holder = a.holder();
+    // Keeps the lease key renewed throughout.
+    let other = a.lock("other").acquire().await.expect("acquire");
+    let first = holder
+        .clone()
+        .scope(a.lock("again").acquire())
         .await
-        .expect("the cleared hold is lost at the next renewal");
-    let noticed = unlocked_at.elapsed();
-    assert!(noticed < LEASE, "noticed after {noticed:?}");
-    let taken = operator
-        .lock("cleared")
-        .try_acquire()
+        .expect("acquire");
+    hold_unlost(&[&first], LEASE, "before the unlock").await;
+    assert!(operator.force_unlock("again").await.expect("force_unlock"));
+    timeout(LEASE / 3 + TOLERANCE, first.lost())
         .await
-        .expect("the cleared lock is free");
-    hold_unlost(&[&kept], LEASE, "the other hold on the lease").await;
-    taken.release().await.expect("release");
-    kept.release().await.expect("release");
+        .expect("the cleared hold is lost");
+    drop(first);
+    let second = holder
+        .clone()
+        .scope(a.lock("again").acquire())
+        .await
+        .expect("the same holder takes the lock again");
+    hold_unlost(&[&second, &other], 3 * LEASE, "the hold taken again").await;
+    assert_busy(&operator, "again", "the hold taken again is held").await;
+    second.release().await.expect("release");
+    other.release().await.expect("release");
+}
+
+/// When the hash of cleared holds cannot be read (foreign data at its name), the renewals on
+/// the lease do not fail: each hold is checked by its owner-checked renewal instead, and stays
+/// held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_cleared_holds_fall_back_to_owner_checks() {
+    let server = RedisServer::start();
+    let a = leased_client(&server.url(), LEASE).await;
+    let other = plain_client(&server.url(), LEASE).await;
+    let held = a.lock("held").acquire().await.expect("acquire");
+    let lease_key = the_lease_key(&server);
+    let revoked = format!("{lease_key}:revoked");
+    server.cmd(&["SET", &revoked, "not a hash"]);
+    hold_unlost(&[&held], 3 * LEASE, "with the cleared holds unreadable").await;
+    assert_busy(&other, "held", "the hold is kept").await;
+    held.release().await.expect("release");
 }
 
 /// A client lease left idle (nothing held) for more than a lease is replaced quietly: the next

@@ -760,7 +760,8 @@ impl RedisBackend {
     /// Renews a batch some of whose holds live on the client lease `lease`: one `PEXPIRE` of
     /// the lease key answers for them, but for the few whose lock's own key is due for a
     /// refresh (renewed one by one, owner-checked, for the key's long life), in the pipeline
-    /// of every renewal of a lease of its own.
+    /// of every renewal of a lease of its own. A hold an operator may have cleared is renewed
+    /// owner-checked too, in a second round trip.
     async fn renew_on_lease(
         &self,
         lease: &ClientLease,
@@ -803,15 +804,16 @@ impl RedisBackend {
             self.renew_replies(&batch, command).await?
         };
         let (alive, revoked) = match lease_reply {
-            None => (false, HashSet::new()),
-            Some(tick) => (
-                tick.alive.map_err(redis_error)? == 1,
-                tick.revoked.map_err(redis_error)?,
-            ),
-        };
-        // A hold an operator cleared (`force_unlock.lua` names it, `<holder>\n<lock>`).
-        let cleared = |renew: &Renew<'_>| {
-            !revoked.is_empty() && revoked.contains(&format!("{}\n{}", renew.holder, renew.key))
+            None => (false, Some(HashSet::new())),
+            Some(tick) => {
+                let revoked = tick
+                    .revoked
+                    .inspect_err(|error| {
+                        tracing::warn!(%error, "cannot read the holds cleared on the client lease; checking each by its owner");
+                    })
+                    .ok();
+                (tick.alive.map_err(redis_error)? == 1, revoked)
+            }
         };
         if let Some(session) = &plan.session {
             if alive {
@@ -820,29 +822,55 @@ impl RedisBackend {
                 lease.ended(session.number, sent_at);
             }
         }
-        let on_lease = if alive {
-            RenewReply::Renewed
-        } else {
-            RenewReply::NotHeld
-        };
-        for &i in &plan.on_lease {
-            answers[i] = Some(if cleared(&renewals[i]) {
-                RenewReply::NotHeld
-            } else {
-                on_lease
-            });
-        }
-        for ((i, renew), reply) in sent.iter().zip(replies) {
-            let answer = renew_answer(reply, renew)?;
-            answers[*i] = Some(if !refreshing[*i] {
-                answer
-            } else if alive && answer == RenewReply::Renewed && !cleared(renew) {
-                let session = plan.session.as_ref().map_or(0, |session| session.number);
-                lease.refreshed(session, renew.key, sent_at);
+        // A refresh answers as its owner-checked renewal did, and is recorded when it renewed.
+        let session = plan.session.as_ref();
+        let refreshed = |answer: RenewReply, renew: &Renew<'_>, at: BootInstant| {
+            if alive && answer == RenewReply::Renewed {
+                lease.refreshed(session.map_or(0, |s| s.number), renew.key, at);
                 RenewReply::Renewed
             } else {
                 RenewReply::NotHeld
+            }
+        };
+        for ((i, renew), reply) in sent.iter().zip(replies) {
+            let answer = renew_answer(reply, renew)?;
+            answers[*i] = Some(if refreshing[*i] {
+                refreshed(answer, renew, sent_at)
+            } else {
+                answer
             });
+        }
+        // A hold an operator may have cleared (`force_unlock.lua` names it `<holder>\n<lock>`;
+        // every hold, when that list could not be read) is checked by its owner-checked
+        // renewal, in a second round trip: the same holder may hold the lock anew.
+        let suspect = |renew: &Renew<'_>| match &revoked {
+            Some(cleared) => {
+                !cleared.is_empty()
+                    && cleared.contains(&format!("{}\n{}", renew.holder, renew.key.as_str()))
+            }
+            None => true,
+        };
+        let mut check: Vec<(usize, Renew<'_>)> = Vec::new();
+        for &i in &plan.on_lease {
+            match session.filter(|_| alive && suspect(&renewals[i])) {
+                Some(session) => check.push((
+                    i,
+                    Renew {
+                        lease: session.key_lease(),
+                        ..renewals[i]
+                    },
+                )),
+                None if alive => answers[i] = Some(RenewReply::Renewed),
+                None => answers[i] = Some(RenewReply::NotHeld),
+            }
+        }
+        if !check.is_empty() {
+            let batch: Vec<Renew<'_>> = check.iter().map(|(_, renew)| *renew).collect();
+            let checked_at = BootInstant::now();
+            let (replies, _) = self.renew_replies(&batch, None).await?;
+            for ((i, renew), reply) in check.iter().zip(replies) {
+                answers[*i] = Some(refreshed(renew_answer(reply, renew)?, renew, checked_at));
+            }
         }
         answers
             .into_iter()
