@@ -81,6 +81,14 @@ impl Session {
     pub(super) fn key_lease(&self) -> Lease {
         key_lease(self.millis)
     }
+
+    /// `renew` as the owner-checked refresh of its lock's own key, for the key's life.
+    pub(super) fn refresh<'a>(&self, renew: &Renew<'a>) -> Renew<'a> {
+        Renew {
+            lease: self.key_lease(),
+            ..*renew
+        }
+    }
 }
 
 /// How long a lock's key lives on a client lease of `millis`: [`KEY_LEASES`] of them.

@@ -773,27 +773,16 @@ impl RedisBackend {
         for &i in &plan.ended {
             answers[i] = Some(RenewReply::NotHeld);
         }
-        let mut refreshing = vec![false; renewals.len()];
-        let mut sent: Vec<(usize, Renew<'_>)> = renewals
-            .iter()
-            .enumerate()
-            .filter(|(_, renew)| renew.session == 0 || renew.queued)
-            .map(|(i, renew)| (i, *renew))
+        // Sent one by one: every renewal of a lease of its own, then the refreshes.
+        let mut sent: Vec<usize> = (0..renewals.len())
+            .filter(|&i| renewals[i].session == 0 || renewals[i].queued)
             .collect();
+        let own = sent.len();
+        let mut batch: Vec<Renew<'_>> = sent.iter().map(|&i| renewals[i]).collect();
         if let Some(session) = &plan.session {
-            let key_lease = session.key_lease();
-            for &i in &plan.refresh {
-                refreshing[i] = true;
-                sent.push((
-                    i,
-                    Renew {
-                        lease: key_lease,
-                        ..renewals[i]
-                    },
-                ));
-            }
+            sent.extend(&plan.refresh);
+            batch.extend(plan.refresh.iter().map(|&i| session.refresh(&renewals[i])));
         }
-        let batch: Vec<Renew<'_>> = sent.iter().map(|(_, renew)| *renew).collect();
         let command = plan
             .session
             .as_ref()
@@ -832,12 +821,12 @@ impl RedisBackend {
                 RenewReply::NotHeld
             }
         };
-        for ((i, renew), reply) in sent.iter().zip(replies) {
+        for (n, ((&i, renew), reply)) in sent.iter().zip(&batch).zip(replies).enumerate() {
             let answer = renew_answer(reply, renew)?;
-            answers[*i] = Some(if refreshing[*i] {
-                refreshed(answer, renew, sent_at)
-            } else {
+            answers[i] = Some(if n < own {
                 answer
+            } else {
+                refreshed(answer, renew, sent_at)
             });
         }
         // A hold an operator may have cleared (`force_unlock.lua` names it `<holder>\n<lock>`;
@@ -853,13 +842,7 @@ impl RedisBackend {
         let mut check: Vec<(usize, Renew<'_>)> = Vec::new();
         for &i in &plan.on_lease {
             match session.filter(|_| alive && suspect(&renewals[i])) {
-                Some(session) => check.push((
-                    i,
-                    Renew {
-                        lease: session.key_lease(),
-                        ..renewals[i]
-                    },
-                )),
+                Some(session) => check.push((i, session.refresh(&renewals[i]))),
                 None if alive => answers[i] = Some(RenewReply::Renewed),
                 None => answers[i] = Some(RenewReply::NotHeld),
             }
