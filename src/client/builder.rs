@@ -97,7 +97,8 @@ impl<B: Backend> LockClientBuilder<B> {
 
     /// How many times in a row a release may hand the lock straight to a waiter of this client
     /// before it releases for real, giving waiters in other processes their turn. While no
-    /// other process was seen waiting for the key, the streak may run eight times longer.
+    /// other process was seen waiting for the key in the last second, the streak may run eight
+    /// times longer.
     /// Zero disables hand-off. Defaults to 4.
     pub fn handoff_streak(mut self, max: u32) -> Self {
         self.config.handoff_streak = max;

@@ -46,6 +46,11 @@ pub(crate) struct Table<L> {
 /// One shard of the table.
 type Keys<L> = KeyMap<KeyState<L>>;
 
+/// How long waiters seen in other processes keep the hand-off streak short. One release that
+/// reached none of them (they were between an attempt and their subscription, say) must not
+/// give this process a streak eight times as long, while they wait for their turn.
+const CONTENDED_FOR: Duration = Duration::from_secs(1);
+
 #[derive(Debug)]
 struct KeyState<L> {
     held: Vec<Arc<Held>>,
@@ -57,8 +62,9 @@ struct KeyState<L> {
     trying: u32,
     /// Consecutive hand-offs without a real release.
     streak: u32,
-    /// The last real release reached waiters in other processes.
-    contended_elsewhere: bool,
+    /// Until when waiters in other processes count as present: a real release that reached
+    /// some keeps them counted for [`CONTENDED_FOR`].
+    contended_until: Option<Instant>,
     /// The release listener, shared by whichever waiter is head.
     listener: Option<Arc<L>>,
     /// After a streak ended, local waiters hold back until then so that waiters in other
@@ -74,7 +80,7 @@ impl<L> Default for KeyState<L> {
             handing_off: 0,
             trying: 0,
             streak: 0,
-            contended_elsewhere: false,
+            contended_until: None,
             listener: None,
             yield_until: None,
         }
@@ -467,7 +473,7 @@ impl<L> Table<L> {
     /// One guard of `held` is being released: drops the reference, and when it was the last,
     /// removes the entry (renewal stops at once) and takes the head waiter for a hand-off.
     /// Once `max_streak` hand-offs happened in a row (eight times as many while no other
-    /// process was seen waiting) it takes none and says the local waiters should yield (the
+    /// process was seen waiting in the last second) it takes none and says the local waiters should yield (the
     /// second value).
     pub(crate) fn release_ref(&self, held: &Arc<Held>, max_streak: u32) -> (Option<Slot>, bool) {
         let mut keys = self.keys(&held.key);
@@ -492,7 +498,10 @@ impl<L> Table<L> {
         {
             return (None, false);
         }
-        let limit = if state.contended_elsewhere {
+        let limit = if state
+            .contended_until
+            .is_some_and(|until| until > Instant::now())
+        {
             max_streak
         } else {
             max_streak.saturating_mul(8)
@@ -542,7 +551,9 @@ impl<L> Table<L> {
         let mut keys = self.keys(key);
         if let Some(state) = keys.get_mut(key) {
             state.streak = 0;
-            state.contended_elsewhere = elsewhere;
+            if elsewhere {
+                state.contended_until = Some(Instant::now() + CONTENDED_FOR);
+            }
             state.yield_until = yield_for.map(|pause| Instant::now() + pause);
             state.wake_head();
             if state.is_idle() {
@@ -721,5 +732,100 @@ impl Scan {
 
     fn later(&mut self, at: BootInstant) {
         self.next = Some(self.next.map_or(at, |next| next.min(at)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn want(n: u64) -> Arc<Want> {
+        Arc::new(Want {
+            holder: Holder::new("client", n),
+            attempt: Arc::from(format!("attempt:{n}")),
+            kind: LockKind::Exclusive,
+            lease: Lease::DEFAULT,
+            fencing: false,
+            supersedes: None,
+            permits: 0,
+        })
+    }
+
+    fn hold(key: &LockKey, want: &Want) -> Arc<Held> {
+        let grant = (want.lease, None, &want.attempt);
+        let now = BootInstant::now();
+        Held::new(
+            key.clone(),
+            want.holder.clone(),
+            want.kind,
+            grant,
+            0,
+            now,
+            None,
+        )
+    }
+
+    /// Hands the lock from `held` to the head waiter until the table says to release for
+    /// real; returns how many hand-offs that was and the last hold.
+    fn streak(table: &Table<()>, key: &LockKey, mut held: Arc<Held>) -> (u32, Arc<Held>) {
+        let mut handoffs = 0;
+        loop {
+            match table.release_ref(&held, 4) {
+                (Some(slot), false) => {
+                    handoffs += 1;
+                    held = hold(key, &slot.want);
+                    table.handed_off(held.clone());
+                }
+                (None, true) => return (handoffs, held),
+                other => panic!("unexpected release: {:?}", other.1),
+            }
+        }
+    }
+
+    /// The streak is short (4) once a release reached waiters elsewhere, and stays short
+    /// through a release that reached none for a second; then it may run eight times longer.
+    #[tokio::test(start_paused = true)]
+    async fn waiters_elsewhere_keep_the_streak_short_for_a_while() {
+        let table = Table::<()>::default();
+        let key = LockKey::new("test:", b"streak", 512).unwrap();
+        let first = want(0);
+        table.acquired(&key, 0, hold(&key, &first), false);
+        let mut tickets = Vec::new();
+        for n in 1..=200 {
+            tickets.push(
+                table
+                    .join(n, &key, want(n), None, usize::MAX, false)
+                    .unwrap(),
+            );
+        }
+        let held = table.keys(&key)[&key].held[0].clone();
+        let (handoffs, held) = streak(&table, &key, held);
+        assert_eq!(handoffs, 32, "nobody seen elsewhere yet");
+
+        let mut held = held;
+        for (elsewhere, expected) in [(true, 4), (false, 4), (false, 4)] {
+            table.released(&key, elsewhere, None);
+            let head = table.keys(&key)[&key].waiters[0].want.clone();
+            let id = table.keys(&key)[&key].waiters[0].id;
+            table.acquired(&key, id, hold(&key, &head), false);
+            let fresh = table.keys(&key)[&key].held.last().unwrap().clone();
+            drop(held);
+            let (handoffs, last) = streak(&table, &key, fresh);
+            assert_eq!(
+                handoffs, expected,
+                "after a release heard elsewhere: {elsewhere}"
+            );
+            held = last;
+        }
+
+        tokio::time::advance(CONTENDED_FOR).await;
+        table.released(&key, false, None);
+        let head = table.keys(&key)[&key].waiters[0].want.clone();
+        let id = table.keys(&key)[&key].waiters[0].id;
+        table.acquired(&key, id, hold(&key, &head), false);
+        let fresh = table.keys(&key)[&key].held.last().unwrap().clone();
+        let (handoffs, _) = streak(&table, &key, fresh);
+        assert_eq!(handoffs, 32, "a second without waiters elsewhere");
+        drop((held, tickets));
     }
 }
