@@ -161,18 +161,22 @@ impl<B: Backend> LockGuard<B> {
     pub(crate) fn into_release(mut self, now: BootInstant) -> FinishOnDrop {
         let held = self.held.take().expect("guard released twice");
         let shared = self.client.engine.clone();
-        match shared.begin_release(held, now) {
-            Ok(releasing) => FinishOnDrop {
+        let releasing = match shared.begin_release(held, now) {
+            Ok(releasing) => shared.release_at_once(releasing),
+            Err(error) => Ok(Err(error)),
+        };
+        match releasing {
+            Ok(outcome) => FinishOnDrop {
+                future: None,
+                runtime: None,
+                outcome: Some(outcome),
+            },
+            Err(releasing) => FinishOnDrop {
                 runtime: shared.runtime(),
                 future: Some(Box::pin(
                     async move { shared.finish_release(releasing).await },
                 )),
-                failed: None,
-            },
-            Err(error) => FinishOnDrop {
-                future: None,
-                runtime: None,
-                failed: Some(error),
+                outcome: None,
             },
         }
     }
@@ -209,16 +213,17 @@ type Releasing = Pin<Box<dyn Future<Output = Result<(), LockError>> + Send>>;
 pub(crate) struct FinishOnDrop {
     future: Option<Releasing>,
     runtime: Option<tokio::runtime::Handle>,
-    /// The release failed before reaching the backend (the lock was lost).
-    failed: Option<LockError>,
+    /// The release's outcome, when it was known at once: it failed before reaching the
+    /// backend (the lock was lost), or the backend answered without waiting.
+    outcome: Option<Result<(), LockError>>,
 }
 
 impl Future for FinishOnDrop {
     type Output = Result<(), LockError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if let Some(error) = self.failed.take() {
-            return Poll::Ready(Err(error));
+        if let Some(outcome) = self.outcome.take() {
+            return Poll::Ready(outcome);
         }
         let future = self.future.as_mut().expect("polled after completion");
         let result = std::task::ready!(future.as_mut().poll(cx));

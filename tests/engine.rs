@@ -872,3 +872,30 @@ async fn max_hold_caps_renewal() {
         .await
         .unwrap();
 }
+
+/// The in-memory backend releases without I/O, so at once: a dropped guard's lock is free
+/// before the runtime runs anything else (here, on one thread, before any spawned task could),
+/// and a release is ready at its first poll.
+#[tokio::test(flavor = "current_thread")]
+async fn memory_releases_happen_at_once() {
+    use futures_util::FutureExt as _;
+    let backend = MemoryBackend::new();
+    let a = LockClient::builder(backend.clone()).build().unwrap();
+    let b = LockClient::builder(backend.clone()).build().unwrap();
+    for round in 0..3 {
+        let guard = a.lock("at-once").acquire().await.unwrap();
+        drop(guard);
+        let taken = b
+            .lock("at-once")
+            .try_acquire()
+            .now_or_never()
+            .expect("an uncontended try on memory needs no wait")
+            .unwrap_or_else(|e| panic!("round {round}: not free after the drop: {e}"));
+        taken
+            .release()
+            .now_or_never()
+            .expect("a release on memory is ready at once")
+            .unwrap();
+        assert_eq!(backend.held_count(), 0, "round {round}");
+    }
+}

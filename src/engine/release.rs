@@ -32,6 +32,43 @@ pub(crate) struct Releasing {
     handoff: Option<Slot>,
     /// The hand-off streak ended: local waiters let other processes go first.
     yield_turn: bool,
+    /// The backend's answer, when it gave one at once but that answer needs retries.
+    answered: Option<Answered>,
+}
+
+/// A backend's reply to a release, with when the release was sent.
+struct Answered {
+    reply: Result<ReleaseReply, BackendError>,
+    /// When a hand-off was asked for: the hand-off's lease counts from here.
+    sent_at: Option<BootInstant>,
+    /// When a release that ended a streak was sent: how long it took sets the yield.
+    started: Option<tokio::time::Instant>,
+}
+
+impl Releasing {
+    /// The backend call.
+    fn request(&self) -> Release<'_> {
+        Release {
+            key: &self.held.key,
+            holder: self.held.holder.id(),
+            all: false,
+            handoff: self
+                .handoff
+                .as_ref()
+                .map(|slot| slot.want.grant(&self.held.key, None)),
+            kind: self.held.kind,
+            attempt: None,
+        }
+    }
+
+    /// The clock readings the reply is judged by, taken just before the call (a reading only
+    /// when it is needed).
+    fn clocks(&self) -> (Option<BootInstant>, Option<tokio::time::Instant>) {
+        (
+            self.handoff.as_ref().map(|_| BootInstant::now()),
+            self.yield_turn.then(tokio::time::Instant::now),
+        )
+    }
 }
 
 impl<B: Backend> Engine<B> {
@@ -80,40 +117,90 @@ impl<B: Backend> Engine<B> {
             held,
             handoff,
             yield_turn,
+            answered: None,
         })
     }
 
-    /// The backend half of a release.
+    /// The backend half of a release, done at once when the backend answers without waiting
+    /// (the in-memory backend) and its answer needs no retry: then no future is made for it.
+    /// Otherwise `releasing` comes back, for [`finish_release`](Self::finish_release).
+    pub(crate) fn release_at_once(
+        self: &Arc<Self>,
+        mut releasing: Releasing,
+    ) -> Result<Result<(), LockError>, Releasing> {
+        let (sent_at, started) = releasing.clocks();
+        let Some(reply) = self.backend.release_now(releasing.request()) else {
+            return Err(releasing);
+        };
+        if reply.is_err() {
+            releasing.answered = Some(Answered {
+                reply,
+                sent_at,
+                started,
+            });
+            return Err(releasing);
+        }
+        let Releasing { held, handoff, .. } = releasing;
+        Ok(self.settle_release(&held, handoff, sent_at, started, reply))
+    }
+
+    /// The backend half of a release, with its retries.
     pub(crate) async fn finish_release(
         self: &Arc<Self>,
         releasing: Releasing,
     ) -> Result<(), LockError> {
-        let Releasing {
-            held,
-            handoff,
-            yield_turn,
-        } = releasing;
-        let release = Release {
-            key: &held.key,
-            holder: held.holder.id(),
-            all: false,
-            handoff: handoff
-                .as_ref()
-                .map(|slot| slot.want.grant(&held.key, None)),
-            kind: held.kind,
-            attempt: None,
+        let answered = match releasing.answered {
+            Some(answered) => answered,
+            None => {
+                let (sent_at, started) = releasing.clocks();
+                Answered {
+                    reply: self.backend.release(releasing.request()).await,
+                    sent_at,
+                    started,
+                }
+            }
         };
-        // The hand-off's lease counts from here (a clock read only when there is one).
-        let sent_at = handoff.as_ref().map(|_| BootInstant::now());
-        // Timed only when the release may hold local waiters back for a while (see below).
-        let started = yield_turn.then(tokio::time::Instant::now);
-        let mut reply = self.backend.release(release).await;
+        let Releasing { held, handoff, .. } = releasing;
+        let Answered {
+            mut reply,
+            sent_at,
+            started,
+        } = answered;
+        let unanswered = |reply: &Result<ReleaseReply, BackendError>| match reply {
+            Err(error) if error.is_unavailable() || error.outcome_unknown() => {
+                Some(error.outcome_unknown())
+            }
+            _ => None,
+        };
+        let handoff = match (&reply, handoff) {
+            (Err(error), Some(slot)) => {
+                if error.outcome_unknown() {
+                    // The hand-off may have happened: undo it before the waiter retries.
+                    self.resolve_attempt(slot.want.grant(&held.key, None)).await;
+                }
+                self.table.restore(&held.key, slot);
+                None
+            }
+            (_, handoff) => handoff,
+        };
         if handoff.is_none()
-            && let Err(error) = &reply
-            && (error.is_unavailable() || error.outcome_unknown())
+            && let Some(unknown) = unanswered(&reply)
         {
-            reply = self.release_again(&held, error.outcome_unknown()).await;
+            reply = self.release_again(&held, unknown).await;
         }
+        self.settle_release(&held, handoff, sent_at, started, reply)
+    }
+
+    /// What the backend's final `reply` to a release means here: the hand-off delivered or the
+    /// waiters told, and the caller's result.
+    fn settle_release(
+        self: &Arc<Self>,
+        held: &Arc<Held>,
+        handoff: Option<Slot>,
+        sent_at: Option<BootInstant>,
+        started: Option<tokio::time::Instant>,
+        reply: Result<ReleaseReply, BackendError>,
+    ) -> Result<(), LockError> {
         if let Ok(ReleaseReply::Released { .. } | ReleaseReply::HandedOff { .. }) = reply {
             crate::metrics::released(held.kind, held.acquired_at);
         }
@@ -145,20 +232,10 @@ impl<B: Backend> Engine<B> {
                 }));
                 Ok(())
             }
-            (mut reply, slot) => {
+            (reply, slot) => {
+                // The backend did not hand the lock over: the waiter looks again.
                 if let Some(slot) = slot {
-                    if let Err(error) = &reply
-                        && error.outcome_unknown()
-                    {
-                        // The hand-off may have happened: undo it before the waiter retries.
-                        self.resolve_attempt(slot.want.grant(&held.key, None)).await;
-                    }
                     self.table.restore(&held.key, slot);
-                    if let Err(error) = &reply
-                        && (error.is_unavailable() || error.outcome_unknown())
-                    {
-                        reply = self.release_again(&held, error.outcome_unknown()).await;
-                    }
                 }
                 // Unless holds remain, the head waiter looks again, whatever happened. Once the
                 // entry has ended here, its key's state goes too (when idle) whatever the
@@ -263,19 +340,21 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Releases one hold of `held` without a caller to tell: a dropped guard, or a lock handed
-    /// to a waiter that gave up before taking it. Renewal stops now; the backend call runs on
-    /// the runtime (without one, the lease frees the lock).
+    /// to a waiter that gave up before taking it. Renewal stops now; a backend call that must
+    /// wait runs on the runtime (without one, the lease frees the lock).
     pub(crate) fn release_detached(self: &Arc<Self>, held: Arc<Held>) {
         let Ok(releasing) = self.begin_release(held, BootInstant::now()) else {
             return;
+        };
+        let releasing = match self.release_at_once(releasing) {
+            Ok(outcome) => return background_outcome(outcome),
+            Err(releasing) => releasing,
         };
         match self.runtime() {
             Some(runtime) => {
                 let engine = self.clone();
                 runtime.spawn(async move {
-                    if let Err(error) = engine.finish_release(releasing).await {
-                        tracing::debug!(error = %format_args!("{error:#}"), "background release failed");
-                    }
+                    background_outcome(engine.finish_release(releasing).await);
                 });
             }
             None => self.abort_release(releasing),
@@ -288,5 +367,12 @@ impl<B: Backend> Engine<B> {
             self.table.restore(&releasing.held.key, slot);
         }
         self.table.released(&releasing.held.key, false, None);
+    }
+}
+
+/// The end of a release nobody waits for.
+fn background_outcome(outcome: Result<(), LockError>) {
+    if let Err(error) = outcome {
+        tracing::debug!(error = %format_args!("{error:#}"), "background release failed");
     }
 }

@@ -142,6 +142,37 @@ impl MemoryBackend {
             .sum()
     }
 
+    /// A release, done at once: the in-memory store never waits.
+    fn release_sync(&self, release: Release<'_>) -> ReleaseReply {
+        let now = Instant::now();
+        let (reply, publish) = {
+            let mut state = self.lock(release.key);
+            match release.kind {
+                LockKind::Read | LockKind::Write => state.rw_release(
+                    release.key,
+                    release.holder,
+                    release.kind,
+                    release.all,
+                    release.attempt,
+                    now,
+                ),
+                LockKind::Semaphore => state.sem_release(
+                    release.key,
+                    release.holder,
+                    release.all,
+                    release.attempt,
+                    now,
+                ),
+                _ => state.release_owned(release, now),
+            }
+        };
+        let notified = self.publish(publish);
+        match reply {
+            ReleaseReply::Released { .. } => ReleaseReply::Released { notified },
+            other => other,
+        }
+    }
+
     /// The shard that keeps the lock `key`.
     fn lock(&self, key: &LockKey) -> std::sync::MutexGuard<'_, State> {
         self.shards.of(key)
@@ -425,33 +456,11 @@ impl Backend for MemoryBackend {
     }
 
     async fn release(&self, release: Release<'_>) -> Result<ReleaseReply, BackendError> {
-        let now = Instant::now();
-        let (reply, publish) = {
-            let mut state = self.lock(release.key);
-            match release.kind {
-                LockKind::Read | LockKind::Write => state.rw_release(
-                    release.key,
-                    release.holder,
-                    release.kind,
-                    release.all,
-                    release.attempt,
-                    now,
-                ),
-                LockKind::Semaphore => state.sem_release(
-                    release.key,
-                    release.holder,
-                    release.all,
-                    release.attempt,
-                    now,
-                ),
-                _ => state.release_owned(release, now),
-            }
-        };
-        let notified = self.publish(publish);
-        Ok(match reply {
-            ReleaseReply::Released { .. } => ReleaseReply::Released { notified },
-            other => other,
-        })
+        Ok(self.release_sync(release))
+    }
+
+    fn release_now(&self, release: Release<'_>) -> Option<Result<ReleaseReply, BackendError>> {
+        Some(Ok(self.release_sync(release)))
     }
 
     async fn renew(&self, renewals: &[Renew<'_>]) -> Result<Vec<RenewReply>, BackendError> {
