@@ -12,7 +12,7 @@ use std::{
 use crate::{
     backend::{Backend, Renew},
     clock::BootInstant,
-    engine::{EngineRef, Held},
+    engine::{AtOnce, EngineRef, Held},
     error::LockError,
     holder::Holder,
     lock_key::LockKey,
@@ -163,15 +163,15 @@ impl<B: Backend> LockGuard<B> {
         let shared = self.client.engine.clone();
         let releasing = match shared.begin_release(held, now) {
             Ok(releasing) => shared.release_at_once(releasing),
-            Err(error) => Ok(Err(error)),
+            Err(error) => AtOnce::Done(Err(error)),
         };
         match releasing {
-            Ok(outcome) => FinishOnDrop {
+            AtOnce::Done(outcome) => FinishOnDrop {
                 future: None,
                 runtime: None,
                 outcome: Some(outcome),
             },
-            Err(releasing) => FinishOnDrop {
+            AtOnce::Later(releasing) => FinishOnDrop {
                 runtime: shared.runtime(),
                 future: Some(Box::pin(
                     async move { shared.finish_release(releasing).await },

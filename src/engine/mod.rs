@@ -38,7 +38,7 @@ pub(crate) mod watchdog;
 
 pub(crate) use acquire::{Acquired, Request};
 pub(crate) use held::Held;
-pub(crate) use release::Loss;
+pub(crate) use release::{AtOnce, Loss};
 pub(crate) use table::{Table, Want};
 
 /// The shortest lease that can be kept: renewals run every third of it.

@@ -36,6 +36,12 @@ pub(crate) struct Releasing {
     answered: Option<Answered>,
 }
 
+/// A release tried at once: done, or to finish with [`Engine::finish_release`].
+pub(crate) enum AtOnce {
+    Done(Result<(), LockError>),
+    Later(Releasing),
+}
+
 /// A backend's reply to a release, with when the release was sent.
 struct Answered {
     reply: Result<ReleaseReply, BackendError>,
@@ -124,13 +130,10 @@ impl<B: Backend> Engine<B> {
     /// The backend half of a release, done at once when the backend answers without waiting
     /// (the in-memory backend) and its answer needs no retry: then no future is made for it.
     /// Otherwise `releasing` comes back, for [`finish_release`](Self::finish_release).
-    pub(crate) fn release_at_once(
-        self: &Arc<Self>,
-        mut releasing: Releasing,
-    ) -> Result<Result<(), LockError>, Releasing> {
+    pub(crate) fn release_at_once(self: &Arc<Self>, mut releasing: Releasing) -> AtOnce {
         let (sent_at, started) = releasing.clocks();
         let Some(reply) = self.backend.release_now(releasing.request()) else {
-            return Err(releasing);
+            return AtOnce::Later(releasing);
         };
         if reply.is_err() {
             releasing.answered = Some(Answered {
@@ -138,10 +141,10 @@ impl<B: Backend> Engine<B> {
                 sent_at,
                 started,
             });
-            return Err(releasing);
+            return AtOnce::Later(releasing);
         }
         let Releasing { held, handoff, .. } = releasing;
-        Ok(self.settle_release(&held, handoff, sent_at, started, reply))
+        AtOnce::Done(self.settle_release(&held, handoff, sent_at, started, reply))
     }
 
     /// The backend half of a release, with its retries.
@@ -347,8 +350,8 @@ impl<B: Backend> Engine<B> {
             return;
         };
         let releasing = match self.release_at_once(releasing) {
-            Ok(outcome) => return background_outcome(outcome),
-            Err(releasing) => releasing,
+            AtOnce::Done(outcome) => return background_outcome(outcome),
+            AtOnce::Later(releasing) => releasing,
         };
         match self.runtime() {
             Some(runtime) => {
