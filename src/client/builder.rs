@@ -99,7 +99,7 @@ impl<B: Backend> LockClientBuilder<B> {
     /// before it releases for real, giving waiters in other processes their turn. While no
     /// other process was seen waiting for the key in the last second, the streak may run eight
     /// times longer.
-    /// Zero disables hand-off. Defaults to 4.
+    /// Zero disables hand-off. Defaults to 3.
     pub fn handoff_streak(mut self, max: u32) -> Self {
         self.config.handoff_streak = max;
         self

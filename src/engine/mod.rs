@@ -70,7 +70,7 @@ impl Default for Config {
             max_hold: None,
             max_waiters_per_key: 1024,
             max_waiters: 10_000,
-            handoff_streak: 4,
+            handoff_streak: 3,
             waiter_timeout: Duration::from_secs(5),
             #[cfg(feature = "keyed-hash")]
             keyed_hash: None,
