@@ -207,10 +207,18 @@ impl<B: Backend> Engine<B> {
         if let Ok(ReleaseReply::Released { .. } | ReleaseReply::HandedOff { .. }) = reply {
             crate::metrics::released(held.kind, held.acquired_at);
         }
-        // When listeners elsewhere heard the release, they learn of it about when we do and
-        // need one more round trip to reach the backend: hold local waiters back for two.
-        let own = u64::from(self.table.listener(&held.key).is_some());
-        let others_heard = matches!(reply, Ok(ReleaseReply::Released { notified }) if notified.is_none_or(|n| n > own));
+        // Whether listeners elsewhere heard the release (this client's own listener, if it
+        // has one, is looked up only when somebody heard it).
+        let others_heard = match reply {
+            Ok(ReleaseReply::Released { notified: Some(0) }) => false,
+            Ok(ReleaseReply::Released { notified }) => {
+                let own = u64::from(self.table.listener(&held.key).is_some());
+                notified.is_none_or(|n| n > own)
+            }
+            _ => false,
+        };
+        // They learn of it about when we do and need one more round trip to reach the
+        // backend: hold local waiters back for two.
         let yield_for = started.filter(|_| others_heard).map(|started| {
             (started.elapsed() * 2).clamp(Duration::from_micros(200), Duration::from_millis(20))
         });

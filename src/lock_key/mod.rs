@@ -113,7 +113,13 @@ pub(crate) type KeyMap<V> = std::collections::HashMap<LockKey, V, BuildHasherDef
 /// different locks rarely wait for one another (or share the cache lines of one map). Each
 /// critical section is a few map operations, never an await: std mutexes.
 #[derive(Debug)]
-pub(crate) struct Shards<T>(Box<[Mutex<T>]>);
+pub(crate) struct Shards<T>(Box<[Shard<T>]>);
+
+/// One shard, on cache lines of its own: threads at work on different shards do not take
+/// each other's lines (128 bytes: CPUs fetch lines in pairs).
+#[derive(Debug)]
+#[repr(align(128))]
+struct Shard<T>(Mutex<T>);
 
 impl<T> Shards<T> {
     /// How many shards there are.
@@ -121,21 +127,25 @@ impl<T> Shards<T> {
 
     /// Shards made by `make`.
     pub(crate) fn new(mut make: impl FnMut() -> T) -> Self {
-        Self((0..Self::COUNT).map(|_| Mutex::new(make())).collect())
+        Self(
+            (0..Self::COUNT)
+                .map(|_| Shard(Mutex::new(make())))
+                .collect(),
+        )
     }
 
     /// The shard that keeps what concerns the lock `key`.
     pub(crate) fn of(&self, key: &LockKey) -> MutexGuard<'_, T> {
         // The remainder is below COUNT: the cast cannot truncate.
         let shard = &self.0[(key.name_hash() % Self::COUNT as u64) as usize];
-        shard.lock().unwrap_or_else(PoisonError::into_inner)
+        shard.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Every shard in turn, for what looks at all locks.
     pub(crate) fn each(&self) -> impl Iterator<Item = MutexGuard<'_, T>> {
         self.0
             .iter()
-            .map(|shard| shard.lock().unwrap_or_else(PoisonError::into_inner))
+            .map(|shard| shard.0.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }
 

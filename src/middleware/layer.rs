@@ -4,7 +4,7 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use tower_layer::Layer;
 
-use super::{DefaultRejection, LockRejection, LockService, MakeKeyUnset};
+use super::{DefaultRejection, LockRejection, LockService, MakeKeyUnset, service::LayerParts};
 use crate::{Backend, LockClient, key::MakeKey, lease::Lease};
 
 /// Which lock a request takes.
@@ -327,10 +327,12 @@ impl<S, B: Backend, K: MakeKey, R: Clone> Layer<S> for LockLayer<B, K, R> {
     fn layer(&self, inner: S) -> Self::Service {
         LockService {
             inner,
-            locks: self.locks.clone(),
-            key: self.key.clone(),
-            on_rejected: self.on_rejected.clone(),
-            config: self.config.clone(),
+            layer: Arc::new(LayerParts {
+                locks: self.locks.clone(),
+                key: self.key.clone(),
+                on_rejected: self.on_rejected.clone(),
+                config: self.config.clone(),
+            }),
         }
     }
 }

@@ -25,6 +25,13 @@ use crate::{
 /// The service made by [`LockLayer`](super::LockLayer).
 pub struct LockService<S, B: Backend, K, R> {
     pub(crate) inner: S,
+    /// The layer's parts, behind one pointer: routers clone the service for every request, and
+    /// a clone then touches one shared count instead of one per part.
+    pub(crate) layer: Arc<LayerParts<B, K, R>>,
+}
+
+/// What a [`LockService`] has from its layer.
+pub(crate) struct LayerParts<B: Backend, K, R> {
     pub(crate) locks: LockClient<B>,
     pub(crate) key: K,
     pub(crate) on_rejected: R,
@@ -54,20 +61,21 @@ where
         // The ready service goes with this request; the clone waits for the next poll_ready.
         let clone = self.inner.clone();
         let inner = mem::replace(&mut self.inner, clone);
-        let config = &self.config;
+        let layer = &*self.layer;
+        let config = &layer.config;
         let (mut parts, body) = request.into_parts();
 
-        let Some(user_keys) = self.key.make_keys(&mut parts) else {
+        let Some(user_keys) = layer.key.make_keys(&mut parts) else {
             let request = Request::from_parts(parts, body);
             if config.skip_missing {
                 return ResponseFuture::unlocked(inner, request);
             }
-            return ResponseFuture::rejected(&self.on_rejected, LockRejection::MissingKey);
+            return ResponseFuture::rejected(&layer.on_rejected, LockRejection::MissingKey);
         };
         let namespace = config
             .name
             .as_deref()
-            .map_or_else(|| self.key.namespace(&parts, route(&parts)), str::to_owned);
+            .map_or_else(|| layer.key.namespace(&parts, route(&parts)), str::to_owned);
         let kind = match config.mode {
             Mode::Exclusive => LockKind::Exclusive,
             Mode::Fair => LockKind::Fair,
@@ -77,13 +85,13 @@ where
         };
         // Every key is named (and refused if invalid) before anything is waited for.
         let named = match user_keys {
-            Keys::One(key) => self.locks.key_in(&namespace, &key, kind).map(Named::One),
+            Keys::One(key) => layer.locks.key_in(&namespace, &key, kind).map(Named::One),
             // Base names: the set's request adds the read-write (or semaphore) suffix for its
             // kind.
             Keys::Set(keys) => keys
                 .into_iter()
                 .map(|key| {
-                    let name = self.locks.key_in(&namespace, &key, LockKind::Exclusive)?;
+                    let name = layer.locks.key_in(&namespace, &key, LockKind::Exclusive)?;
                     Ok((key, name))
                 })
                 .collect::<Result<Vec<_>, _>>()
@@ -93,7 +101,7 @@ where
             Ok(named) => named,
             Err(error) => {
                 return ResponseFuture::rejected(
-                    &self.on_rejected,
+                    &layer.on_rejected,
                     LockRejection::InvalidKey(error),
                 );
             }
@@ -103,7 +111,7 @@ where
             .extensions
             .get::<Holder>()
             .cloned()
-            .unwrap_or_else(|| self.locks.holder());
+            .unwrap_or_else(|| layer.locks.holder());
         parts.extensions.insert(holder.clone());
         let (wait, lease, fencing) = (config.wait, config.lease, config.fencing);
         let permits = match config.mode {
@@ -121,7 +129,7 @@ where
         let acquire: Acquire<B> = match named {
             Named::One(key) => {
                 span.record("key", tracing::field::display(&key));
-                let acquire = self
+                let acquire = layer
                     .locks
                     .request_for(key, kind)
                     .with_permits(permits)
@@ -133,7 +141,7 @@ where
             }
             Named::Set(keys) => {
                 span.record("keys", keys.len());
-                let locks = self.locks.clone();
+                let locks = layer.locks.clone();
                 Box::pin(async move {
                     let request = locks
                         .request_all_for(keys, kind)
@@ -148,7 +156,7 @@ where
             acquire,
             inner,
             Request::from_parts(parts, body),
-            self.on_rejected.clone(),
+            layer.on_rejected.clone(),
             config.clone(),
             span,
         )
@@ -177,14 +185,11 @@ pub(crate) fn route(parts: &http::request::Parts) -> &str {
     ""
 }
 
-impl<S: Clone, B: Backend, K: Clone, R: Clone> Clone for LockService<S, B, K, R> {
+impl<S: Clone, B: Backend, K, R> Clone for LockService<S, B, K, R> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            locks: self.locks.clone(),
-            key: self.key.clone(),
-            on_rejected: self.on_rejected.clone(),
-            config: self.config.clone(),
+            layer: self.layer.clone(),
         }
     }
 }
@@ -193,8 +198,8 @@ impl<S: fmt::Debug, B: Backend, K: fmt::Debug, R> fmt::Debug for LockService<S, 
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockService")
             .field("inner", &self.inner)
-            .field("key", &self.key)
-            .field("config", &self.config)
+            .field("key", &self.layer.key)
+            .field("config", &self.layer.config)
             .finish_non_exhaustive()
     }
 }
