@@ -32,8 +32,8 @@ pub(crate) struct Releasing {
     handoff: Option<Slot>,
     /// The hand-off streak ended: local waiters let other processes go first.
     yield_turn: bool,
-    /// The backend's answer, when it gave one at once but that answer needs retries.
-    answered: Option<Answered>,
+    /// Set once the release was tried at once: when, and the answer if there was one.
+    sent: Option<Sent>,
 }
 
 /// A release tried at once: done, or to finish with [`Engine::finish_release`].
@@ -42,13 +42,13 @@ pub(crate) enum AtOnce {
     Later(Releasing),
 }
 
-/// A backend's reply to a release, with when the release was sent.
-struct Answered {
-    reply: Result<ReleaseReply, BackendError>,
+/// When a release was sent (read once, before its first try), and the backend's reply.
+struct Sent {
     /// When a hand-off was asked for: the hand-off's lease counts from here.
     sent_at: Option<BootInstant>,
     /// When a release that ended a streak was sent: how long it took sets the yield.
     started: Option<tokio::time::Instant>,
+    reply: Option<Result<ReleaseReply, BackendError>>,
 }
 
 impl Releasing {
@@ -69,11 +69,12 @@ impl Releasing {
 
     /// The clock readings the reply is judged by, taken just before the call (a reading only
     /// when it is needed).
-    fn clocks(&self) -> (Option<BootInstant>, Option<tokio::time::Instant>) {
-        (
-            self.handoff.as_ref().map(|_| BootInstant::now()),
-            self.yield_turn.then(tokio::time::Instant::now),
-        )
+    fn send(&self) -> Sent {
+        Sent {
+            sent_at: self.handoff.as_ref().map(|_| BootInstant::now()),
+            started: self.yield_turn.then(tokio::time::Instant::now),
+            reply: None,
+        }
     }
 }
 
@@ -123,7 +124,7 @@ impl<B: Backend> Engine<B> {
             held,
             handoff,
             yield_turn,
-            answered: None,
+            sent: None,
         })
     }
 
@@ -131,44 +132,39 @@ impl<B: Backend> Engine<B> {
     /// (the in-memory backend) and its answer needs no retry: then no future is made for it.
     /// Otherwise `releasing` comes back, for [`finish_release`](Self::finish_release).
     pub(crate) fn release_at_once(self: &Arc<Self>, mut releasing: Releasing) -> AtOnce {
-        let (sent_at, started) = releasing.clocks();
-        let Some(reply) = self.backend.release_now(releasing.request()) else {
-            return AtOnce::Later(releasing);
-        };
-        if reply.is_err() {
-            releasing.answered = Some(Answered {
-                reply,
-                sent_at,
-                started,
-            });
-            return AtOnce::Later(releasing);
+        let sent = releasing.send();
+        match self.backend.release_now(releasing.request()) {
+            Some(Ok(reply)) => {
+                let Releasing { held, handoff, .. } = releasing;
+                let (sent_at, started) = (sent.sent_at, sent.started);
+                AtOnce::Done(self.settle_release(&held, handoff, sent_at, started, Ok(reply)))
+            }
+            // An error needs retries; no answer, the backend's call.
+            reply => {
+                releasing.sent = Some(Sent { reply, ..sent });
+                AtOnce::Later(releasing)
+            }
         }
-        let Releasing { held, handoff, .. } = releasing;
-        AtOnce::Done(self.settle_release(&held, handoff, sent_at, started, reply))
     }
 
     /// The backend half of a release, with its retries.
     pub(crate) async fn finish_release(
         self: &Arc<Self>,
-        releasing: Releasing,
+        mut releasing: Releasing,
     ) -> Result<(), LockError> {
-        let answered = match releasing.answered {
-            Some(answered) => answered,
-            None => {
-                let (sent_at, started) = releasing.clocks();
-                Answered {
-                    reply: self.backend.release(releasing.request()).await,
-                    sent_at,
-                    started,
-                }
-            }
-        };
-        let Releasing { held, handoff, .. } = releasing;
-        let Answered {
-            mut reply,
+        let Sent {
             sent_at,
             started,
-        } = answered;
+            reply,
+        } = match releasing.sent.take() {
+            Some(sent) => sent,
+            None => releasing.send(),
+        };
+        let mut reply = match reply {
+            Some(reply) => reply,
+            None => self.backend.release(releasing.request()).await,
+        };
+        let Releasing { held, handoff, .. } = releasing;
         let unanswered = |reply: &Result<ReleaseReply, BackendError>| match reply {
             Err(error) if error.is_unavailable() || error.outcome_unknown() => {
                 Some(error.outcome_unknown())
