@@ -41,21 +41,17 @@ type Guard = LockGuard<RedisBackend>;
 
 /// A client of `url` whose backend has the client lease on, with watchdog leases of `lease`.
 async fn leased_client(url: &str, lease: Duration) -> LockClient<RedisBackend> {
-    let backend = support::redis_backend(url)
-        .client_lease(true)
-        .connect()
-        .await
-        .expect("connect");
-    LockClient::builder(backend)
-        .prefix(PREFIX)
-        .lease(Lease::watchdog(lease))
-        .build()
-        .expect("valid configuration")
+    client(url, lease, true).await
 }
 
 /// A client of `url` without the client lease, with watchdog leases of `lease`.
 async fn plain_client(url: &str, lease: Duration) -> LockClient<RedisBackend> {
+    client(url, lease, false).await
+}
+
+async fn client(url: &str, lease: Duration, client_lease: bool) -> LockClient<RedisBackend> {
     let backend = support::redis_backend(url)
+        .client_lease(client_lease)
         .connect()
         .await
         .expect("connect");
@@ -182,6 +178,36 @@ async fn assert_busy(client: &LockClient<RedisBackend>, key: &str, why: &str) {
     }
 }
 
+/// `key` taken by one holder of `client`, then re-entered: the outer and the inner guard.
+async fn reentered(client: &LockClient<RedisBackend>, key: &str) -> (Guard, Guard) {
+    client
+        .holder()
+        .scope(async {
+            let outer = client.lock(key).acquire().await.expect("acquire");
+            let inner = client.lock(key).try_acquire().await;
+            (outer, inner.expect("a re-entry does not wait for itself"))
+        })
+        .await
+}
+
+/// `guard`, another client's hold of `key`, is kept: not lost, recorded once under its
+/// holder, and `client` cannot take the lock.
+async fn assert_kept(
+    server: &RedisServer,
+    client: &LockClient<RedisBackend>,
+    key: &str,
+    guard: &Guard,
+) {
+    assert!(!guard.is_lost(), "{key}: its holder keeps it");
+    let count = support::hold_count(
+        |args| server.cmd(args),
+        &lock_name(key),
+        guard.holder().id(),
+    );
+    assert_eq!(count, Some(1), "{key} names its holder");
+    assert_busy(client, key, "another client holds it").await;
+}
+
 /// Holds `guards` for `period`, failing the test as soon as one of them is lost.
 async fn hold_unlost(guards: &[&Guard], period: Duration, what: &str) {
     let lost = select_all(guards.iter().map(|guard| Box::pin(guard.lost())));
@@ -206,15 +232,7 @@ async fn holds_live_on_the_client_lease() {
     let b = plain_client(&server.url(), lease).await;
 
     let single = a.lock("single").acquire().await.expect("acquire");
-    let holder = a.holder();
-    let (outer, inner) = holder
-        .clone()
-        .scope(async {
-            let outer = a.lock("nested").acquire().await.expect("acquire");
-            let inner = a.lock("nested").try_acquire().await;
-            (outer, inner.expect("a re-entry does not wait for itself"))
-        })
-        .await;
+    let (outer, inner) = reentered(&a, "nested").await;
     assert_eq!(inner.hold_count(), 2);
     let contended = a.lock("contended").acquire().await.expect("acquire");
     assert_busy(&b, "contended", "held by A").await;
@@ -528,14 +546,7 @@ async fn lapsed_lease_frees_every_lock_and_loses_every_hold() {
         assert!(matches!(released, Err(LockError::Lost)), "{released:?}");
     }
     for (key, guard) in keys.iter().zip(&theirs) {
-        assert!(!guard.is_lost(), "{key}: B keeps it");
-        let count = support::hold_count(
-            |args| server.cmd(args),
-            &lock_name(key),
-            guard.holder().id(),
-        );
-        assert_eq!(count, Some(1), "{key} names B's holder");
-        assert_busy(&a, key, "B holds it").await;
+        assert_kept(&server, &a, key, guard).await;
     }
     assert!(
         !exists(&server, &lease_key),
@@ -559,15 +570,7 @@ async fn release_after_the_lease_ran_out_is_not_held() {
     let b = plain_client(&server.url(), lease).await;
 
     let solo = a.lock("solo").acquire().await.expect("acquire");
-    let holder = a.holder();
-    let (outer, inner) = holder
-        .clone()
-        .scope(async {
-            let outer = a.lock("nested").acquire().await.expect("acquire");
-            let inner = a.lock("nested").try_acquire().await;
-            (outer, inner.expect("re-entry"))
-        })
-        .await;
+    let (outer, inner) = reentered(&a, "nested").await;
     let taken = a.lock("taken").acquire().await.expect("acquire");
     let waited = a.lock("waited").acquire().await.expect("acquire");
     // B waits for "waited": its own retry timer is the lease key's 3 s.
@@ -622,14 +625,7 @@ async fn release_after_the_lease_ran_out_is_not_held() {
         matches!(released, Err(LockError::NotHeld)),
         "taken: {released:?}"
     );
-    assert!(!theirs.is_lost(), "B keeps the lock it took");
-    let count = support::hold_count(
-        |args| server.cmd(args),
-        &lock_name("taken"),
-        theirs.holder().id(),
-    );
-    assert_eq!(count, Some(1), "the lock still names B's holder");
-    assert_busy(&a, "taken", "B holds it").await;
+    assert_kept(&server, &a, "taken", &theirs).await;
 
     let released = waited.release().await;
     let released_at = Instant::now();
@@ -1558,76 +1554,68 @@ async fn unreadable_cleared_holds_fall_back_to_owner_checks() {
 #[cfg(feature = "metrics")]
 #[test]
 fn idle_client_lease_is_replaced_quietly() {
-    let recorder = metrics_util::debugging::DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
     let server = RedisServer::start();
-    metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(async {
-            let a = leased_client(&server.url(), LEASE).await;
-            let first = a.lock("first").acquire().await.expect("acquire");
-            let old_key = the_lease_key(&server);
-            assert_eq!(parse_lease_key(&old_key).1, 1, "session 1: {old_key}");
-            hold_unlost(&[&first], LEASE, "the first hold").await;
-            first.release().await.expect("release");
-            let released_at = Instant::now();
-            // The fault: nothing held for over a lease, so the lease key runs out.
-            support::eventually(3 * LEASE, "the idle lease key runs out", || {
-                !exists(&server, &old_key)
-            })
-            .await;
-            tokio::time::sleep_until(released_at + LEASE + TOLERANCE).await;
-            assert_eq!(leases_ended(&snapshotter), 0, "nothing ended yet");
+    support::recorded::run(async |snapshotter| {
+        let a = leased_client(&server.url(), LEASE).await;
+        let first = a.lock("first").acquire().await.expect("acquire");
+        let old_key = the_lease_key(&server);
+        assert_eq!(parse_lease_key(&old_key).1, 1, "session 1: {old_key}");
+        hold_unlost(&[&first], LEASE, "the first hold").await;
+        first.release().await.expect("release");
+        let released_at = Instant::now();
+        // The fault: nothing held for over a lease, so the lease key runs out.
+        support::eventually(3 * LEASE, "the idle lease key runs out", || {
+            !exists(&server, &old_key)
+        })
+        .await;
+        tokio::time::sleep_until(released_at + LEASE + TOLERANCE).await;
+        assert_eq!(leases_ended(snapshotter), 0, "nothing ended yet");
 
-            let sets = server.calls("set");
-            let started = Instant::now();
-            let second = a.lock("second").acquire().await.expect("acquire");
-            let took = started.elapsed();
-            assert!(took < PROMPT, "acquired at once, in {took:?}");
-            // The lease key's start and the grant's `SET NX`: no lock naming the old lease was
-            // written first (the script found the lease gone without writing).
-            assert_eq!(
-                server.calls("set") - sets,
-                2,
-                "SET commands for the acquire"
-            );
-            let new_key = the_lease_key(&server);
-            assert_eq!(
-                parse_lease_key(&new_key),
-                (parse_lease_key(&old_key).0, 2),
-                "the same client, session 2: {new_key}"
-            );
-            assert_eq!(
-                recorded_lease(&server, &lock_name("second")).as_deref(),
-                Some(new_key.as_str())
-            );
-            assert!(
-                !exists(&server, &old_key),
-                "the old key is not brought back"
-            );
-            assert_eq!(
-                leases_ended(&snapshotter),
-                0,
-                "an idle lease replaced is not counted as ended"
-            );
+        let sets = server.calls("set");
+        let started = Instant::now();
+        let second = a.lock("second").acquire().await.expect("acquire");
+        let took = started.elapsed();
+        assert!(took < PROMPT, "acquired at once, in {took:?}");
+        // The lease key's start and the grant's `SET NX`: no lock naming the old lease was
+        // written first (the script found the lease gone without writing).
+        assert_eq!(
+            server.calls("set") - sets,
+            2,
+            "SET commands for the acquire"
+        );
+        let new_key = the_lease_key(&server);
+        assert_eq!(
+            parse_lease_key(&new_key),
+            (parse_lease_key(&old_key).0, 2),
+            "the same client, session 2: {new_key}"
+        );
+        assert_eq!(
+            recorded_lease(&server, &lock_name("second")).as_deref(),
+            Some(new_key.as_str())
+        );
+        assert!(
+            !exists(&server, &old_key),
+            "the old key is not brought back"
+        );
+        assert_eq!(
+            leases_ended(snapshotter),
+            0,
+            "an idle lease replaced is not counted as ended"
+        );
 
-            // The contrast: the lease key gone under a hold.
-            hold_unlost(&[&second], LEASE, "the second hold").await;
-            assert_eq!(server.cmd(&["DEL", &new_key]).as_int(), 1);
-            timeout(LEASE + TOLERANCE, second.lost())
-                .await
-                .expect("the hold is lost within a lease");
-            assert_eq!(
-                leases_ended(&snapshotter),
-                1,
-                "a lease that ran out under a hold is counted once"
-            );
-            let released = second.release().await;
-            assert!(matches!(released, Err(LockError::Lost)), "{released:?}");
-            assert_eq!(leases_ended(&snapshotter), 0, "counted once only");
-        });
+        // The contrast: the lease key gone under a hold.
+        hold_unlost(&[&second], LEASE, "the second hold").await;
+        assert_eq!(server.cmd(&["DEL", &new_key]).as_int(), 1);
+        timeout(LEASE + TOLERANCE, second.lost())
+            .await
+            .expect("the hold is lost within a lease");
+        assert_eq!(
+            leases_ended(snapshotter),
+            1,
+            "a lease that ran out under a hold is counted once"
+        );
+        let released = second.release().await;
+        assert!(matches!(released, Err(LockError::Lost)), "{released:?}");
+        assert_eq!(leases_ended(snapshotter), 0, "counted once only");
     });
 }

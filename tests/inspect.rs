@@ -536,32 +536,25 @@ async fn keyed_hash_names_the_same_lock() {
 #[cfg(feature = "metrics")]
 #[test]
 fn force_unlocks_are_counted() {
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use metrics_util::debugging::DebugValue;
 
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(async {
-            let locks = LockClient::in_memory();
-            let guard = locks.fair_lock("counted").acquire().await.unwrap();
-            assert!(locks.force_unlock("counted").await.unwrap());
-            assert!(!locks.force_unlock("counted").await.unwrap());
-            drop(guard);
-        });
+    let counted: Vec<_> = support::recorded::run(async |snapshotter| {
+        let locks = LockClient::in_memory();
+        let guard = locks.fair_lock("counted").acquire().await.unwrap();
+        assert!(locks.force_unlock("counted").await.unwrap());
+        assert!(!locks.force_unlock("counted").await.unwrap());
+        drop(guard);
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(key, ..)| key.key().name() == tower_lock::metrics::FORCE_UNLOCKS)
+            .map(|(key, _, _, value)| {
+                let labels: Vec<String> =
+                    key.key().labels().map(|l| l.value().to_owned()).collect();
+                (labels, value)
+            })
+            .collect()
     });
-    let counted: Vec<_> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, ..)| key.key().name() == tower_lock::metrics::FORCE_UNLOCKS)
-        .map(|(key, _, _, value)| {
-            let labels: Vec<String> = key.key().labels().map(|l| l.value().to_owned()).collect();
-            (labels, value)
-        })
-        .collect();
     assert_eq!(counted, [(vec!["fair".to_owned()], DebugValue::Counter(1))]);
 }

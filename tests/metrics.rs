@@ -8,7 +8,7 @@ mod support;
 use std::{collections::HashMap, time::Duration};
 
 use http::{Request, Response, StatusCode};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::{DebugValue, Snapshotter};
 use support::RedisServer;
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 use tower_lock::{Lease, LockClient, LockError, LockLayer, key, metrics::*};
@@ -44,16 +44,8 @@ fn get(values: &HashMap<String, f64>, name: &str) -> f64 {
 
 #[test]
 fn metrics_follow_the_engine() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
     let server = RedisServer::start();
-    metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(scenario(&server, &snapshotter))
-    });
+    support::recorded::run(async |snapshotter| scenario(&server, snapshotter).await);
 }
 
 async fn scenario(server: &RedisServer, snapshotter: &Snapshotter) {

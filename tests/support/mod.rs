@@ -32,6 +32,8 @@ use std::{
 };
 
 pub mod cluster;
+#[cfg(feature = "metrics")]
+pub mod recorded;
 pub mod stores;
 
 /// How long a server gets to answer `PING` after it is spawned.

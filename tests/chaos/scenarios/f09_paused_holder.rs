@@ -193,7 +193,11 @@ async fn f09_paused_holder_is_fenced() {
     let runs = run::count(3, 100);
     let figures = paused_holder("F9", Stall::Signal, true, runs, false).await;
     assert_fenced(&figures, runs);
-    // `lost()` fires from the local deadline as soon as the process runs again.
+    assert_lost_on_resume(&figures);
+}
+
+/// `lost()` fires from the local deadline as soon as the process runs again.
+fn assert_lost_on_resume(figures: &Figures) {
     let slowest = figures.lost_after_resume.iter().max().expect("runs");
     assert!(
         *slowest < Duration::from_millis(200),
@@ -206,11 +210,7 @@ async fn f09_paused_holder_on_the_client_lease_is_fenced() {
     let runs = run::count(3, 100);
     let figures = paused_holder("F9-lease", Stall::Signal, true, runs, true).await;
     assert_fenced(&figures, runs);
-    let slowest = figures.lost_after_resume.iter().max().expect("runs");
-    assert!(
-        *slowest < Duration::from_millis(200),
-        "lost() {slowest:?} after SIGCONT"
-    );
+    assert_lost_on_resume(&figures);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
