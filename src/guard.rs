@@ -251,24 +251,33 @@ enum Watching {
 }
 
 /// One lock's wait for its loss: boxed, since it borrows the lock's entry, which it owns too.
-/// A wait ends only once its lock is marked lost, which [`Watch::poll`] checks first: an ended
-/// wait is never resumed.
+/// The box is made at the first poll that finds the lock held, so a watch that is made but
+/// never has to wait (a request whose handler finishes at once) costs no allocation. A wait
+/// ends only once its lock is marked lost, which [`Watch::poll`] checks first: an ended wait is
+/// never resumed.
 struct Watch {
     held: Arc<Held>,
-    wait: Pin<Box<dyn Future<Output = ()> + Send + Sync>>,
+    wait: Option<Pin<Box<dyn Future<Output = ()> + Send + Sync>>>,
 }
 
 impl Watch {
     fn new(held: Arc<Held>) -> Self {
-        let watched = held.clone();
-        Self {
-            held,
-            wait: Box::pin(async move { watched.until_lost().await }),
-        }
+        Self { held, wait: None }
     }
 
     fn poll(&mut self, cx: &mut Context<'_>) -> bool {
-        self.held.is_marked_lost() || self.wait.as_mut().poll(cx).is_ready()
+        if self.held.is_marked_lost() {
+            return true;
+        }
+        let held = &self.held;
+        self.wait
+            .get_or_insert_with(|| {
+                let watched = held.clone();
+                Box::pin(async move { watched.until_lost().await })
+            })
+            .as_mut()
+            .poll(cx)
+            .is_ready()
     }
 }
 

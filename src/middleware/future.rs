@@ -187,19 +187,27 @@ where
                 } => {
                     // Checked before every poll, against the clock too: a handler resumed after
                     // a stall past the lease must not run on before the watchdog notices.
-                    let lost_now = lost.as_mut().is_some_and(|lost| {
-                        Pin::new(lost).poll(cx).is_ready()
-                            || guard
-                                .as_ref()
-                                .is_some_and(|guard| guard.is_lost_at(BootInstant::now()))
-                    });
-                    if lost_now {
-                        // The inner future is dropped with this state: the handler stops.
-                        this.span
-                            .record("held_ms", held_ms(*this.acquired, BootInstant::now()));
-                        reject(this.on_rejected, this.span, LockRejection::Lost)
-                    } else {
-                        let result = ready!(future.poll(cx));
+                    let mut lost_now = lost.is_some()
+                        && guard
+                            .as_ref()
+                            .is_some_and(|guard| guard.is_lost_at(BootInstant::now()));
+                    let mut finished = None;
+                    if !lost_now {
+                        match future.poll(cx) {
+                            Poll::Ready(result) => finished = Some(result),
+                            // Only a handler that waits needs waking at a loss: the watch
+                            // registers then, and sees a loss marked since the check above.
+                            Poll::Pending => {
+                                lost_now = lost
+                                    .as_mut()
+                                    .is_some_and(|lost| Pin::new(lost).poll(cx).is_ready());
+                                if !lost_now {
+                                    return Poll::Pending;
+                                }
+                            }
+                        }
+                    }
+                    if let Some(result) = finished {
                         // One clock reading for the hold's time and the deadline check below.
                         let now = BootInstant::now();
                         let acquired = *this.acquired;
@@ -229,6 +237,11 @@ where
                                 result: Some(result),
                             }
                         }
+                    } else {
+                        // The inner future is dropped with this state: the handler stops.
+                        this.span
+                            .record("held_ms", held_ms(*this.acquired, BootInstant::now()));
+                        reject(this.on_rejected, this.span, LockRejection::Lost)
                     }
                 }
                 StateProj::Releasing { release, result } => {
