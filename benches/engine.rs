@@ -22,7 +22,8 @@
 //! - W3f: W3b with tower-lock's fair lock: acquisitions per task (FIFO: even). No baseline has a
 //!   fair lock.
 //! - W4: one watchdog tick for 10 000 held locks: the renewal of all of them, p50/p99, and
-//!   Redis's time per tick.
+//!   Redis's time per tick; beside them, the floor of any renewal that moves each lock's own
+//!   expiry: a bare `PEXPIRE` per lock, on the hand-written lock's keys.
 //!
 //! See `benches/README.md` for what is counted and the latest results.
 
@@ -164,6 +165,9 @@ struct TickRun {
     calls: f64,
     not_renewed: u64,
     errors: Errors,
+    /// Hand-written lock only: Redis CPU per tick of a bare `PEXPIRE` per lock, on the same
+    /// keys in the same run.
+    floor_cpu_ms: Option<f64>,
 }
 
 impl Bench<'_> {
@@ -591,6 +595,18 @@ impl Bench<'_> {
                 );
             }
             table.add_errors("W4 errors", which, errors.total() + not_renewed);
+            if which == Impl::Hand {
+                let floor = of(|r| r.floor_cpu_ms.unwrap_or(f64::NAN));
+                println!(
+                    "  {:<18} {:>18} {:>18} {:>20} {:>20}",
+                    "bare PEXPIRE/lock",
+                    "",
+                    "",
+                    "",
+                    show(&floor, 2)
+                );
+                table.add("W4 Redis CPU ms/tick, bare PEXPIRE", false, which, floor);
+            }
         }
     }
 
@@ -637,6 +653,18 @@ impl Bench<'_> {
                         Ok((guards.len() - renewed) as u64)
                     })
                     .await;
+                let (mut floor_ticks, mut floor_run) = (Vec::new(), TickRun::default());
+                let floor = self
+                    .ticks(&mut floor_ticks, &mut floor_run, async || {
+                        lock.expire_all(&guards)
+                            .await
+                            .map_err(|e| format!("{e:?}"))?;
+                        Ok(0)
+                    })
+                    .await;
+                run.errors.merge(&floor_run.errors);
+                run.floor_cpu_ms =
+                    floor.map(|delta| ms(delta.cpu) / floor_ticks.len().max(1) as f64);
                 for guard in guards {
                     let _ = lock.release(guard).await;
                 }

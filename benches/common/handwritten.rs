@@ -188,6 +188,21 @@ impl HandLock {
         Ok(renewed.iter().filter(|r| **r == 1).count())
     }
 
+    /// One pipeline of a bare `PEXPIRE` per lock: no owner check, so not a renewal one could
+    /// ship, but the least Redis work that moves every lock's own expiry, which any per-lock
+    /// renewal pays (W4's floor).
+    pub(crate) async fn expire_all(&self, guards: &[HandGuard]) -> Result<(), HandError> {
+        let mut pipe = redis::pipe();
+        for guard in guards {
+            pipe.cmd("PEXPIRE")
+                .arg(&guard.key)
+                .arg(self.lease_ms)
+                .ignore();
+        }
+        pipe.query_async::<()>(&mut self.conn.clone()).await?;
+        Ok(())
+    }
+
     /// Counts a waiter on `channel`, subscribing for the first one.
     async fn enter(&self, channel: &str) -> Result<Arc<Notify>, HandError> {
         let mut waiting = self.waiting.lock().await;
