@@ -1,6 +1,8 @@
 //! Compile-time checks of `#[locked]`: every misuse is an error pointing at the mistake, and the
 //! documented forms compile as axum handlers. Snapshots in `tests/ui/fail/*.stderr`; refresh them
-//! with `TRYBUILD=overwrite cargo test --all-features --test ui` after a deliberate change.
+//! with `TRYBUILD=overwrite cargo test -p tower-lock-macros --test ui` after a deliberate change.
+//! They live in this crate so that trybuild builds tower-lock with `macros` only, not with the
+//! root crate's features and dev-dependencies.
 
 #[test]
 fn ui() {
