@@ -18,11 +18,15 @@ use std::{
 
 use tower_lock::{Backend, LockClient, MemoryBackend, RedisBackend};
 
+#[path = "common/logs.rs"]
+mod logs;
+
 const TASKS_PER_CLIENT: usize = 8;
 const ROUNDS: usize = 50;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    logs::show();
     match std::env::var("REDIS_URL") {
         Ok(url) => {
             println!("backend: Redis at {url}");

@@ -22,6 +22,8 @@ use tower_lock::{Backend, LockClient, LockLayer, MemoryBackend, RedisBackend, ke
 
 #[path = "common/http_client.rs"]
 mod client;
+#[path = "common/logs.rs"]
+mod logs;
 
 const START_BALANCE: i64 = 1_000;
 const WITHDRAWALS: i64 = 200;
@@ -73,6 +75,7 @@ fn app<B: Backend>(bank: Bank, locks: Option<LockClient<B>>) -> Router {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    logs::show();
     match std::env::var("REDIS_URL") {
         Ok(url) => {
             println!("locks: Redis at {url}");

@@ -45,6 +45,8 @@ use tower_lock::{Backend, LockClient, LockLayer, MemoryBackend, RedisBackend, ke
 
 #[path = "common/http_client.rs"]
 mod client;
+#[path = "common/logs.rs"]
+mod logs;
 
 const ACCOUNTS: u64 = 20;
 const START_BALANCE: i64 = 1_000;
@@ -163,6 +165,7 @@ fn app<B: Backend>(bank: Bank, locks: &LockClient<B>, locking: Locking) -> Route
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    logs::show();
     match std::env::var("REDIS_URL") {
         Ok(url) => {
             println!("locks: Redis at {url}");
