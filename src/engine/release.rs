@@ -165,12 +165,6 @@ impl<B: Backend> Engine<B> {
             None => self.backend.release(releasing.request()).await,
         };
         let Releasing { held, handoff, .. } = releasing;
-        let unanswered = |reply: &Result<ReleaseReply, BackendError>| match reply {
-            Err(error) if error.is_unavailable() || error.outcome_unknown() => {
-                Some(error.outcome_unknown())
-            }
-            _ => None,
-        };
         let handoff = match (&reply, handoff) {
             (Err(error), Some(slot)) => {
                 if error.outcome_unknown() {
@@ -183,9 +177,10 @@ impl<B: Backend> Engine<B> {
             (_, handoff) => handoff,
         };
         if handoff.is_none()
-            && let Some(unknown) = unanswered(&reply)
+            && let Err(error) = &reply
+            && (error.is_unavailable() || error.outcome_unknown())
         {
-            reply = self.release_again(&held, unknown).await;
+            reply = self.release_again(&held, error.outcome_unknown()).await;
         }
         self.settle_release(&held, handoff, sent_at, started, reply)
     }

@@ -187,26 +187,28 @@ where
                 } => {
                     // Checked before every poll, against the clock too: a handler resumed after
                     // a stall past the lease must not run on before the watchdog notices.
-                    let mut lost_now = lost.is_some()
+                    // `None`: the lock was lost and the handler stops.
+                    let finished = if lost.is_some()
                         && guard
                             .as_ref()
-                            .is_some_and(|guard| guard.is_lost_at(BootInstant::now()));
-                    let mut finished = None;
-                    if !lost_now {
+                            .is_some_and(|guard| guard.is_lost_at(BootInstant::now()))
+                    {
+                        None
+                    } else {
                         match future.poll(cx) {
-                            Poll::Ready(result) => finished = Some(result),
+                            Poll::Ready(result) => Some(result),
                             // Only a handler that waits needs waking at a loss: the watch
                             // registers then, and sees a loss marked since the check above.
-                            Poll::Pending => {
-                                lost_now = lost
+                            Poll::Pending
+                                if lost
                                     .as_mut()
-                                    .is_some_and(|lost| Pin::new(lost).poll(cx).is_ready());
-                                if !lost_now {
-                                    return Poll::Pending;
-                                }
+                                    .is_some_and(|lost| Pin::new(lost).poll(cx).is_ready()) =>
+                            {
+                                None
                             }
+                            Poll::Pending => return Poll::Pending,
                         }
-                    }
+                    };
                     if let Some(result) = finished {
                         // One clock reading for the hold's time and the deadline check below.
                         let now = BootInstant::now();
