@@ -10,7 +10,11 @@
 //! together (`lock_all`, plain or fair, in random orders, a key now and then named twice), some
 //! of them patient (a wait far longer than any program). On the in-memory store every backend call
 //! is delayed by a random few milliseconds before and after it runs, so attempts, renewals
-//! and releases are in flight when the program cancels or races them.
+//! and releases are in flight when the program cancels or races them; and in half of the
+//! programs a call now and then fails: refused before it runs (no connection), or run with its
+//! reply lost (a timeout), an acquire also left unrun with a timeout. Those programs may see
+//! these errors, and their keys need only be free within a lease after the program (an undo
+//! retried in the background may still be on its way).
 //!
 //! The checker never looks inside the engine. It records who is inside which critical
 //! section, holding which guard, and asserts:
@@ -39,7 +43,10 @@ use std::{
     collections::HashMap,
     fmt::Write as _,
     future::Future,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicBool, Ordering},
+    },
     task::Poll,
     time::Duration,
 };
@@ -49,6 +56,7 @@ use tokio::time::Instant;
 use tower_lock::{
     Backend, Lease, LockClient, LockError, LockGuard, MemoryBackend, MultiGuard,
     backend::{AcquireReply, Grant, Listener, Release, ReleaseReply, Renew, RenewReply},
+    error::BackendErrorKind,
     key::LockKey,
 };
 
@@ -83,12 +91,38 @@ impl Rng {
 }
 
 /// The in-memory store with a random delay before and after every call, drawn from the seed:
-/// calls are in flight long enough to be cancelled or raced.
+/// calls are in flight long enough to be cancelled or raced. With `faults` on, one call in
+/// [`FAULT_ONE_IN`] fails.
 #[derive(Clone)]
 struct Delayed {
     inner: MemoryBackend,
     rng: Arc<Mutex<Rng>>,
+    faults: Arc<AtomicBool>,
 }
+
+/// How rare a failed call is, in a program with faults.
+const FAULT_ONE_IN: u64 = 40;
+
+/// How a call fails.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// Refused before it runs: no connection could be had.
+    Refused,
+    /// Run, and its reply lost: a timeout.
+    ReplyLost,
+    /// Not run, and answered with a timeout: its outcome unknown to the caller.
+    Unrun,
+}
+
+/// Every fault.
+const ANY_FAULT: &[Fault] = &[Fault::Refused, Fault::ReplyLost, Fault::Unrun];
+/// The faults of a release: one left unrun with a timeout is not drawn, since the release of
+/// a re-entered hold may then leave its lock held until the lease runs out, by design (a
+/// retry could give back a hold still held), which the end-of-program check would report.
+const RELEASE_FAULTS: &[Fault] = &[Fault::Refused, Fault::ReplyLost];
+/// The faults of leaving a queue: only a lost reply, since a queue place that could not be
+/// left stays until the waiter timeout (5 s), by design, and the check would report it.
+const LEAVE_FAULTS: &[Fault] = &[Fault::ReplyLost];
 
 impl Delayed {
     fn delay(&self) -> Duration {
@@ -107,6 +141,36 @@ impl Delayed {
         tokio::time::sleep(after).await;
         result
     }
+
+    /// The fault the next call gets, if any: one of `faults`.
+    fn fault(&self, faults: &[Fault]) -> Option<Fault> {
+        if !self.faults.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut rng = self.rng.lock().unwrap_or_else(PoisonError::into_inner);
+        (rng.below(FAULT_ONE_IN) == 0).then(|| rng.pick(faults))
+    }
+
+    /// [`pass`](Self::pass), failing the call as [`fault`](Self::fault) draws.
+    async fn faulty<T>(
+        &self,
+        faults: &[Fault],
+        op: impl Future<Output = BackendResult<T>>,
+    ) -> BackendResult<T> {
+        let kind = match self.fault(faults) {
+            None => return self.pass(op).await,
+            Some(Fault::Refused) => BackendErrorKind::Unavailable,
+            Some(Fault::ReplyLost) => {
+                let _ = self.pass(op).await;
+                BackendErrorKind::Timeout
+            }
+            Some(Fault::Unrun) => {
+                self.pass(async {}).await;
+                BackendErrorKind::Timeout
+            }
+        };
+        Err(tower_lock::BackendError::from_kind(kind))
+    }
 }
 
 type BackendResult<T> = Result<T, tower_lock::BackendError>;
@@ -115,19 +179,20 @@ impl Backend for Delayed {
     type Listener = Listener;
 
     async fn acquire(&self, grant: Grant<'_>) -> BackendResult<AcquireReply> {
-        self.pass(self.inner.acquire(grant)).await
+        self.faulty(ANY_FAULT, self.inner.acquire(grant)).await
     }
 
     async fn release(&self, release: Release<'_>) -> BackendResult<ReleaseReply> {
-        self.pass(self.inner.release(release)).await
+        self.faulty(RELEASE_FAULTS, self.inner.release(release))
+            .await
     }
 
     async fn renew(&self, renewals: &[Renew<'_>]) -> BackendResult<Vec<RenewReply>> {
-        self.pass(self.inner.renew(renewals)).await
+        self.faulty(ANY_FAULT, self.inner.renew(renewals)).await
     }
 
     async fn abandon(&self, grant: Grant<'_>) -> BackendResult<bool> {
-        self.pass(self.inner.abandon(grant)).await
+        self.faulty(ANY_FAULT, self.inner.abandon(grant)).await
     }
 
     async fn leave(
@@ -136,11 +201,13 @@ impl Backend for Delayed {
         holder: &str,
         kind: tower_lock::LockKind,
     ) -> BackendResult<()> {
-        self.pass(self.inner.leave(key, holder, kind)).await
+        self.faulty(LEAVE_FAULTS, self.inner.leave(key, holder, kind))
+            .await
     }
 
     async fn listen(&self, key: &LockKey, only_for: Option<&str>) -> BackendResult<Listener> {
-        self.pass(self.inner.listen(key, only_for)).await
+        self.faulty(&[Fault::Refused], self.inner.listen(key, only_for))
+            .await
     }
 
     async fn inspect(
@@ -593,20 +660,24 @@ fn request<'a, B: Backend>(client: &'a LockClient<B>, ask: &Ask) -> tower_lock::
     request.wait(ask.wait).lease(ask.lease)
 }
 
-/// Errors an acquire may end with in these programs; anything else is a defect.
-fn expected(error: &LockError) -> bool {
-    matches!(
-        error,
+/// Errors an acquire may end with in these programs (in a program with faults, the store's
+/// too); anything else is a defect.
+fn expected(error: &LockError, faulty: bool) -> bool {
+    match error {
         LockError::WaitTimeout { .. }
-            | LockError::Lost
-            | LockError::ShutDown
-            | LockError::UpgradeRefused
-            | LockError::TooManyWaiters
-    )
+        | LockError::Lost
+        | LockError::ShutDown
+        | LockError::UpgradeRefused
+        | LockError::TooManyWaiters => true,
+        LockError::Backend(error) => faulty && (error.is_timeout() || error.is_unavailable()),
+        _ => false,
+    }
 }
 
 struct Task<B: Backend> {
     id: usize,
+    /// The store fails calls now and then.
+    faulty: bool,
     client: LockClient<B>,
     checker: Arc<Checker<B>>,
     rng: Rng,
@@ -656,7 +727,7 @@ impl<B: Backend> Task<B> {
                 Some(Err(error)) => {
                     self.checker
                         .note(id, format_args!("acquire of {key} failed: {error}"));
-                    if !expected(&error) {
+                    if !expected(&error, self.faulty) {
                         self.checker.violation(format!(
                             "t{id}: acquire of {key} failed unexpectedly: {error:?}"
                         ));
@@ -733,7 +804,7 @@ impl<B: Backend> Task<B> {
                         "t{id}: deadlock? the patient set {asked:?} timed out at {:?}",
                         error.key()
                     ));
-                } else if !expected(error.error()) {
+                } else if !expected(error.error(), self.faulty) {
                     self.checker.violation(format!(
                         "t{id}: acquire of set {asked:?} failed unexpectedly: {error:?}"
                     ));
@@ -827,7 +898,7 @@ impl<B: Backend> Task<B> {
             match again {
                 Ok(again) => guard = self.checker.enter(key, id, kind, again),
                 Err(error) => {
-                    if !expected(&error) {
+                    if !expected(&error, self.faulty) {
                         self.checker
                             .violation(format!("t{id}: joined acquire of {key} failed: {error:?}"));
                     }
@@ -886,13 +957,17 @@ fn lease_of(server: &RedisServer, key: &str) -> Option<String> {
 
 /// One seed's program against `store`; `leftovers` says what the store still holds at the end.
 /// Returns the violations and the log.
+/// Runs the program of `seed` on `store`. With `faults`, the store fails calls while it is
+/// set; it is cleared once the program's tasks are over.
 async fn program<S: Backend + Clone>(
     seed: u64,
     store: S,
+    faults: Option<&AtomicBool>,
     leftovers: impl Fn() -> Vec<String>,
     scale: Scale,
     ops: usize,
 ) -> (Vec<String>, String) {
+    let faulty = faults.is_some_and(|faults| faults.load(Ordering::Relaxed));
     let mut rng = Rng(seed);
     let clients: Vec<LockClient<S>> = (0..3)
         .map(|_| LockClient::builder(store.clone()).build().expect("valid"))
@@ -902,6 +977,7 @@ async fn program<S: Backend + Clone>(
     for id in 0..6 {
         let task = Task {
             id,
+            faulty,
             client: clients[id / 2].clone(),
             checker: checker.clone(),
             rng: Rng(rng.next()),
@@ -925,8 +1001,17 @@ async fn program<S: Backend + Clone>(
             checker.violation(format!("a task panicked: {error}"));
         }
     }
-    // Background releases finish; then no key may still be taken.
-    tokio::time::sleep(scale.ms(20)).await;
+    // Background releases finish; then no key may still be taken. After faults, undos and
+    // releases retried in the background may take up to a lease (and then give up: the lease
+    // has freed the lock).
+    if let Some(faults) = faults {
+        faults.store(false, Ordering::Relaxed);
+    }
+    let settle = match faulty {
+        true => longest_lease(scale),
+        false => Duration::ZERO,
+    };
+    tokio::time::sleep(scale.ms(20) + settle).await;
     let fresh = LockClient::builder(store.clone()).build().expect("valid");
     let set_keys = SET_KEYS.iter().map(|key| (*key, Some(Kind::Exclusive)));
     let fair_set_keys = FAIR_SET_KEYS.iter().map(|key| (*key, Some(Kind::Fair)));
@@ -975,9 +1060,12 @@ fn memory_seed(seed: u64, ops: usize) -> (Vec<String>, String) {
         .build()
         .expect("runtime");
     runtime.block_on(async {
+        let mut rng = Rng(seed ^ 0x5EED);
+        let faults = Arc::new(AtomicBool::new(rng.chance(0.5)));
         let store = Delayed {
             inner: MemoryBackend::new(),
-            rng: Arc::new(Mutex::new(Rng(seed ^ 0x5EED))),
+            rng: Arc::new(Mutex::new(rng)),
+            faults: faults.clone(),
         };
         let memory = store.inner.clone();
         let leftovers = move || match memory.held_count() {
@@ -990,7 +1078,7 @@ fn memory_seed(seed: u64, ops: usize) -> (Vec<String>, String) {
         // Every program finishes: far longer than any takes, on the paused clock.
         let finished = tokio::time::timeout(
             Duration::from_secs(600),
-            program(seed, store, leftovers, scale, ops),
+            program(seed, store, Some(&faults), leftovers, scale, ops),
         );
         finished.await.unwrap_or_else(|_| {
             let violation = "the program did not finish within 600 s: a deadlock".to_owned();
@@ -1076,7 +1164,7 @@ async fn programs_on_redis(client_lease: bool) {
         let scale = Scale {
             unit: Duration::from_millis(3),
         };
-        let (violations, log) = program(seed, backend, leftovers, scale, 8).await;
+        let (violations, log) = program(seed, backend, None, leftovers, scale, 8).await;
         assert!(
             violations.is_empty(),
             "Redis (client lease: {client_lease}) {}",

@@ -134,9 +134,10 @@ impl<B: Backend> Drop for QueueGuard<'_, B> {
 
 /// An attempt sent to the backend whose answer has not been dealt with. Dropped unsettled
 /// (the acquire future was cancelled while the call was on its way: a client disconnected, a
-/// timeout fired), it is resolved in the background exactly like an attempt whose reply was
-/// lost: undone if it took the lock, voided if it has not arrived yet. A re-entry's pending
-/// reference is given back at once.
+/// timeout fired; or the attempt's reply was lost and could not be resolved at once), it is
+/// resolved in the background exactly like an attempt whose reply was lost: undone if it took
+/// the lock, voided if it has not arrived yet. A re-entry keeps its claim on the entry
+/// ([`Held::begin_reentry`]) and its pending reference until then.
 // Borrowed: what it needs is cloned only for a resolution in the background.
 struct InFlight<'a, B: Backend> {
     shared: &'a Arc<Engine<B>>,
@@ -175,22 +176,20 @@ impl<B: Backend> Drop for InFlight<'_, B> {
         }
         let Some(runtime) = self.shared.runtime() else {
             if let Some(held) = &self.reentering {
+                held.end_reentry();
                 self.shared.table.drop_pending(held);
             }
             return;
         };
-        // A re-entry keeps its reference until it is resolved: the entry stays, and no other
-        // re-entry replaces the attempt record meanwhile.
+        // A re-entry keeps its claim and its reference until it is resolved: the entry stays,
+        // and no other re-entry replaces the attempt record meanwhile.
         let reentering = self.reentering.take();
-        if let Some(held) = &reentering {
-            held.begin_resolving();
-        }
         let (shared, key, want) = (self.shared.clone(), self.key.clone(), self.want.clone());
-        tracing::debug!(key = %key, attempt = %want.attempt, "acquire cancelled in flight; resolving it");
+        tracing::debug!(key = %key, attempt = %want.attempt, "acquire unanswered; resolving it in the background");
         runtime.spawn(async move {
-            shared.resolve_attempt(want.grant(&key, None)).await;
+            shared.clone().resolve_until_done(key.clone(), want.clone()).await;
             if let Some(held) = reentering {
-                held.end_resolving();
+                held.end_reentry();
                 shared.table.drop_pending(&held);
             }
             // The attempt may have queued its holder (fair locks, writers): leave the queue
@@ -211,10 +210,10 @@ impl<B: Backend> Engine<B> {
     pub(crate) async fn acquire(self: &Arc<Self>, request: Request) -> Result<Acquired, LockError> {
         let want = &request.want;
         if let Some(held) = self.table.reenter(&request.key, &want.holder, want.kind) {
-            // A cancelled re-entry of this entry is being resolved: wait for it first.
-            if held.is_resolving() {
+            // Another re-entry of this entry is on its way or being resolved: wait for it.
+            if !held.begin_reentry() {
                 self.table.drop_pending(&held);
-                held.until_resolved().await;
+                held.until_reentry_ends().await;
                 return Box::pin(self.acquire(request)).await;
             }
             if let Some(reentered) = self.reenter(&request, held).await? {
@@ -231,9 +230,10 @@ impl<B: Backend> Engine<B> {
         self.wait_and_acquire(&request).await
     }
 
-    /// Re-enters `held`, which the holder holds here and whose pending reference the caller
-    /// took: one round trip, no queueing. `None` when the backend found the holder's last hold
-    /// released meanwhile (the pending reference is given back; nothing is held).
+    /// Re-enters `held`, which the holder holds here and whose pending reference and re-entry
+    /// claim the caller took: one round trip, no queueing. `None` when the backend found the
+    /// holder's last hold released meanwhile (the pending reference is given back; nothing is
+    /// held).
     async fn reenter(
         self: &Arc<Self>,
         request: &Request,
@@ -250,6 +250,7 @@ impl<B: Backend> Engine<B> {
             Ok(AcquireReply::Acquired { count, session, .. }) => {
                 in_flight.settle();
                 held.reentered(request.want.lease, session, sent_at);
+                held.end_reentry();
                 return Ok(Some(Acquired {
                     held,
                     count,
@@ -258,9 +259,19 @@ impl<B: Backend> Engine<B> {
             }
             Ok(AcquireReply::Held { .. }) => Ok(None),
             Ok(AcquireReply::WouldDeadlock) => Err(LockError::UpgradeRefused),
-            Err(error) => Err(Box::pin(self.unknown_outcome(grant, error)).await),
+            Err(error) => {
+                let unknown = error.outcome_unknown();
+                let error = LockError::Backend(error.with_key(request.key.as_str()));
+                if unknown && !Box::pin(self.try_resolve(&request.key, &request.want)).await {
+                    // Left unsettled: the attempt is resolved in the background, and only then
+                    // does the claim end and the reference go.
+                    return Err(error);
+                }
+                Err(error)
+            }
         };
         in_flight.settle();
+        held.end_reentry();
         let last = self.table.drop_pending(&held);
         match outcome {
             // Other guards share the entry, but the backend no longer has it for this holder:
@@ -314,10 +325,13 @@ impl<B: Backend> Engine<B> {
             // When to try again at the latest (the holder's lease runs out).
             let turn = match ticket {
                 Some(_) => self.table.turn(&request.key, id),
-                None => Turn::Contend,
+                None => Turn::Contend(None),
             };
             let retry_in = match turn {
-                Turn::Contend => {
+                Turn::Contend(renamed) => {
+                    if let Some(renamed) = renamed {
+                        want = renamed;
+                    }
                     let grant = Grant {
                         reentry: self.new_hold_reentry(&want.holder),
                         contended,
@@ -345,7 +359,7 @@ impl<B: Backend> Engine<B> {
                             if late {
                                 // Granted, but the reply came after the lease ran out: the
                                 // lock may be someone else's already. Undo it and say so.
-                                Box::pin(self.resolve_attempt(grant)).await;
+                                Box::pin(self.resolve_attempt(&request.key, &want)).await;
                                 in_flight.settle();
                                 let error = BackendError::new(
                                     BackendErrorKind::Timeout,
@@ -404,7 +418,10 @@ impl<B: Backend> Engine<B> {
                         Ok(AcquireReply::WouldDeadlock) => return Err(LockError::UpgradeRefused),
                         Err(error) => {
                             let unknown = error.outcome_unknown();
-                            let error = Box::pin(self.unknown_outcome(grant, error)).await;
+                            // The attempt may have queued its holder: leave when done.
+                            queued.in_backend |= unknown && queue.is_some();
+                            let error =
+                                Box::pin(self.unknown_outcome(&request.key, &want, error)).await;
                             in_flight.settle();
                             drop(in_flight);
                             // A connection that broke (a restarting backend) is tried again
@@ -524,63 +541,60 @@ impl<B: Backend> Engine<B> {
     }
 
     /// An acquire failed without a clear answer: undo what it may have taken, then report it.
-    async fn unknown_outcome(self: &Arc<Self>, grant: Grant<'_>, error: BackendError) -> LockError {
+    async fn unknown_outcome(
+        self: &Arc<Self>,
+        key: &LockKey,
+        want: &Arc<Want>,
+        error: BackendError,
+    ) -> LockError {
         if error.outcome_unknown() {
-            self.resolve_attempt(grant).await;
+            self.resolve_attempt(key, want).await;
         }
-        LockError::Backend(error.with_key(grant.key.as_str()))
+        LockError::Backend(error.with_key(key.as_str()))
     }
 
-    /// Makes sure an attempt whose reply was lost holds nothing: once now, and while the
-    /// backend cannot be reached, again in the background until it answers or the attempt's
-    /// lease has run out anyway.
-    pub(crate) async fn resolve_attempt(self: &Arc<Self>, grant: Grant<'_>) {
-        match self.backend.abandon(grant).await {
-            Ok(undone) => {
-                tracing::info!(key = %grant.key, undone, "resolved an attempt whose reply was lost");
+    /// Makes sure an attempt of `want` whose reply was lost holds nothing: once now, and while
+    /// the backend cannot be reached, again in the background until it answers or the
+    /// attempt's lease has run out anyway.
+    pub(crate) async fn resolve_attempt(self: &Arc<Self>, key: &LockKey, want: &Arc<Want>) {
+        if !self.try_resolve(key, want).await
+            && let Some(runtime) = self.runtime()
+        {
+            runtime.spawn(self.clone().resolve_until_done(key.clone(), want.clone()));
+        }
+    }
+
+    /// Resolves an attempt whose reply was lost, trying until the backend answers, the
+    /// attempt's lease has run out (it then holds nothing anyway) or the client stops.
+    async fn resolve_until_done(self: Arc<Self>, key: LockKey, want: Arc<Want>) {
+        let give_up = tokio::time::Instant::now() + want.lease.duration();
+        let mut pause = Duration::from_millis(50);
+        while !self.try_resolve(&key, &want).await {
+            if tokio::time::Instant::now() + pause >= give_up || self.stop.is_cancelled() {
                 return;
             }
-            Err(error) => tracing::warn!(
-                key = %grant.key,
-                error = %format_args!("{error:#}"),
-                "could not resolve an attempt whose reply was lost; retrying in the background"
-            ),
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
         }
-        let Some(runtime) = self.runtime() else {
-            return;
-        };
-        let (shared, key, holder, attempt) = (
-            self.clone(),
-            grant.key.clone(),
-            grant.holder.to_owned(),
-            grant.attempt.to_owned(),
-        );
-        let (lease, fencing, kind) = (grant.lease, grant.fencing, grant.kind);
-        runtime.spawn(async move {
-            let give_up = tokio::time::Instant::now() + lease.duration();
-            let mut pause = Duration::from_millis(50);
-            while tokio::time::Instant::now() < give_up && !shared.stop.is_cancelled() {
-                tokio::time::sleep(pause).await;
-                let grant = Grant {
-                    key: &key,
-                    holder: &holder,
-                    attempt: &attempt,
-                    lease,
-                    fencing,
-                    kind,
-                    queue: None,
-                    supersedes: None,
-                    reentry: Reentry::Allowed,
-                    contended: false,
-                    permits: 0,
-                };
-                if let Ok(undone) = shared.backend.abandon(grant).await {
-                    tracing::info!(key = %key, undone, "resolved an attempt whose reply was lost");
-                    return;
-                }
-                pause = (pause * 2).min(Duration::from_secs(1));
+    }
+
+    /// One try at resolving an attempt of `want` whose reply was lost: true once the backend
+    /// has undone or voided it.
+    async fn try_resolve(&self, key: &LockKey, want: &Want) -> bool {
+        match self.backend.abandon(want.grant(key, None)).await {
+            Ok(undone) => {
+                tracing::info!(key = %key, undone, "resolved an attempt whose reply was lost");
+                true
             }
-        });
+            Err(error) => {
+                tracing::warn!(
+                    key = %key,
+                    error = %format_args!("{error:#}"),
+                    "could not resolve an attempt whose reply was lost; trying again while its lease lasts"
+                );
+                false
+            }
+        }
     }
 }
 

@@ -45,8 +45,8 @@ pub(crate) struct Held {
     /// The attempt that granted the hold (or handed it over): the backend records it with the
     /// hold, so a release meant for this entry alone can check that the hold is still its.
     grant_attempt: Arc<str>,
-    /// Signalled when a cancelled re-entry of this entry has been resolved.
-    resolved: Notify,
+    /// Signalled when a re-entry of this entry has been answered or resolved.
+    reentry_ended: Notify,
     /// When the request that acquired it was sent, for the hold-time metric.
     pub(crate) acquired_at: BootInstant,
     state: Mutex<HeldState>,
@@ -65,10 +65,10 @@ struct HeldState {
     /// Every guard of this entry has been released: the entry is out of the table, and a
     /// late renewal reply says nothing about the lock any more.
     released: bool,
-    /// Cancelled re-entries of this entry still being resolved in the backend. While there
-    /// are any, no new re-entry is sent: it would replace the attempt record the resolution
-    /// needs to undo the cancelled one.
-    resolving: u32,
+    /// A re-entry of this entry is on its way to the backend, or one whose reply was lost is
+    /// still being resolved there. Meanwhile no other re-entry is sent: the backend records
+    /// only a hold's last re-entry, and a resolution needs that record to undo its attempt.
+    reentering: bool,
 }
 
 impl Held {
@@ -99,7 +99,7 @@ impl Held {
             lost_wake: Notify::new(),
             deadline: AtomicU64::new(lease.valid_until(sent_at).as_nanos()),
             grant_attempt: attempt.clone(),
-            resolved: Notify::new(),
+            reentry_ended: Notify::new(),
             acquired_at: sent_at,
             state: Mutex::new(HeldState {
                 refs: 1,
@@ -107,7 +107,7 @@ impl Held {
                 renewing: false,
                 renew_until: max_hold.map(|max| sent_at + max),
                 released: false,
-                resolving: 0,
+                reentering: false,
             }),
         })
     }
@@ -134,34 +134,29 @@ impl Held {
         }
     }
 
-    /// A cancelled re-entry of this entry is being resolved.
-    pub(crate) fn begin_resolving(&self) {
-        self.state().resolving += 1;
+    /// Claims the right to send a re-entry of this entry: false while another re-entry is on
+    /// its way or being resolved (wait with [`until_reentry_ends`](Self::until_reentry_ends)).
+    pub(crate) fn begin_reentry(&self) -> bool {
+        !std::mem::replace(&mut self.state().reentering, true)
     }
 
-    /// A cancelled re-entry of this entry has been resolved.
-    pub(crate) fn end_resolving(&self) {
-        let mut state = self.state();
-        state.resolving = state.resolving.saturating_sub(1);
-        drop(state);
-        self.resolved.notify_waiters();
+    /// The re-entry claimed with [`begin_reentry`](Self::begin_reentry) has been answered or
+    /// resolved.
+    pub(crate) fn end_reentry(&self) {
+        self.state().reentering = false;
+        self.reentry_ended.notify_waiters();
     }
 
-    /// Whether a cancelled re-entry of this entry is being resolved.
-    pub(crate) fn is_resolving(&self) -> bool {
-        self.state().resolving > 0
-    }
-
-    /// Waits until no cancelled re-entry of this entry is being resolved.
-    pub(crate) async fn until_resolved(&self) {
+    /// Waits until no re-entry of this entry is on its way or being resolved.
+    pub(crate) async fn until_reentry_ends(&self) {
         loop {
-            let notified = self.resolved.notified();
-            let mut notified = std::pin::pin!(notified);
-            notified.as_mut().enable();
-            if self.state().resolving == 0 {
+            let ended = self.reentry_ended.notified();
+            let mut ended = std::pin::pin!(ended);
+            ended.as_mut().enable();
+            if !self.state().reentering {
                 return;
             }
-            notified.await;
+            ended.await;
         }
     }
 

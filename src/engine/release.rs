@@ -166,10 +166,15 @@ impl<B: Backend> Engine<B> {
         };
         let Releasing { held, handoff, .. } = releasing;
         let handoff = match (&reply, handoff) {
-            (Err(error), Some(slot)) => {
+            (Err(error), Some(mut slot)) => {
                 if error.outcome_unknown() {
-                    // The hand-off may have happened: undo it before the waiter retries.
-                    self.resolve_attempt(slot.want.grant(&held.key, None)).await;
+                    // The hand-off may have happened: undo it before the waiter retries, and
+                    // have the waiter retry under a new attempt id that takes over the hold
+                    // should the undo still be on its way (an id that may be undone is never
+                    // granted again).
+                    self.resolve_attempt(&held.key, &slot.want).await;
+                    let want = slot.want.retry(self.attempt_id(&slot.want.holder), true);
+                    slot.rename(Arc::new(want));
                 }
                 self.table.restore(&held.key, slot);
                 None
@@ -178,9 +183,21 @@ impl<B: Backend> Engine<B> {
         };
         if handoff.is_none()
             && let Err(error) = &reply
-            && (error.is_unavailable() || error.outcome_unknown())
         {
-            reply = self.release_again(&held, error.outcome_unknown()).await;
+            // Other guards share the entry: this was the release of one hold. Sent again only
+            // if it certainly was not applied: a second one would give back a hold still held.
+            let last = held.is_released();
+            if error.is_unavailable() || (last && error.outcome_unknown()) {
+                reply = self
+                    .release_again(&held, error.outcome_unknown(), last)
+                    .await;
+            }
+            if let Err(error) = &reply
+                && error.outcome_unknown()
+                && !last
+            {
+                tracing::warn!(key = %held.key, holder = %held.holder, "the reply to the release of a re-entered hold was lost: if that hold is still counted, the lock stays held until its lease runs out after the last guard's release");
+            }
         }
         self.settle_release(&held, handoff, sent_at, started, reply)
     }
@@ -260,35 +277,77 @@ impl<B: Backend> Engine<B> {
         outcome
     }
 
-    /// Sends the release of `held`'s last guard again after it failed without an answer:
-    /// while the lock may still be held, with a growing pause, first for up to
-    /// [`RELEASE_RETRY_INLINE`] and then in the background. After a failure whose outcome is
-    /// unknown, the retry releases only while the backend's last record is still this entry's
-    /// attempt, so it never frees a hold taken anew. Returns the reply of the last try made
-    /// here.
+    /// Sends a release of `held` again after it failed without an answer: while the lock may
+    /// still be held, with a growing pause, first for up to [`RELEASE_RETRY_INLINE`] and then
+    /// in the background. For the `last` guard, after a failure whose outcome is unknown, the
+    /// retry releases every hold, but only while the backend's last record is still this
+    /// entry's attempt, so it never frees a hold taken anew. A one-hold release of another
+    /// guard is retried only while it certainly was not applied. Returns the reply of the last
+    /// try made here.
     async fn release_again(
         self: &Arc<Self>,
         held: &Arc<Held>,
-        mut unknown: bool,
+        unknown: bool,
+        last: bool,
     ) -> Result<ReleaseReply, BackendError> {
         let inline_until = tokio::time::Instant::now() + RELEASE_RETRY_INLINE;
-        let mut pause = Duration::from_millis(10);
+        let pause = Duration::from_millis(10);
+        let (unknown, pause) = match self
+            .retry_release(held, unknown, last, pause, Some(inline_until))
+            .await
+        {
+            Retried::Answered(reply) => return reply,
+            Retried::StillFailing { unknown, pause } => (unknown, pause),
+        };
+        // Go on on the runtime until the lock's deadline.
+        if let Some(runtime) = self.runtime() {
+            let (shared, held) = (self.clone(), held.clone());
+            runtime.spawn(async move {
+                let retried = shared.retry_release(&held, unknown, last, pause, None);
+                match retried.await {
+                    Retried::Answered(Ok(reply)) => {
+                        tracing::info!(key = %held.key, ?reply, "released after retrying");
+                    }
+                    Retried::Answered(Err(error)) => {
+                        tracing::warn!(key = %held.key, error = %format_args!("{error:#}"), "release failed; the lease frees the lock");
+                    }
+                    Retried::StillFailing { .. } => {}
+                }
+            });
+        }
+        Err(BackendError::from_kind(BackendErrorKind::Unavailable))
+    }
+
+    /// The retries of [`release_again`](Self::release_again), with a growing pause from
+    /// `pause`, until an answer, the lock's deadline, shutdown, or (with `until`) the time to
+    /// hand over to the background.
+    async fn retry_release(
+        &self,
+        held: &Arc<Held>,
+        mut unknown: bool,
+        last: bool,
+        mut pause: Duration,
+        until: Option<tokio::time::Instant>,
+    ) -> Retried {
+        let max_pause = Duration::from_millis(if until.is_some() { 500 } else { 1000 });
         loop {
             // Past the deadline the lease runs out on its own: stop.
             if held.remaining().is_zero() || self.stop.is_cancelled() {
-                return Err(BackendError::from_kind(BackendErrorKind::Unavailable));
+                let error = BackendError::from_kind(BackendErrorKind::Unavailable);
+                return Retried::Answered(Err(error));
             }
-            if tokio::time::Instant::now() + pause >= inline_until {
-                self.release_in_background(held.clone(), unknown, pause);
-                return Err(BackendError::from_kind(BackendErrorKind::Unavailable));
+            if until.is_some_and(|until| tokio::time::Instant::now() + pause >= until) {
+                return Retried::StillFailing { unknown, pause };
             }
             tokio::time::sleep(pause).await;
             let release = Release {
                 all: unknown,
                 ..held.release_if_granted()
             };
-            let reply = self.backend.release(release).await;
-            match reply {
+            match self.backend.release(release).await {
+                Err(error) if error.outcome_unknown() && !last => {
+                    return Retried::Answered(Err(error));
+                }
                 Err(error) if error.is_unavailable() || error.outcome_unknown() => {
                     unknown |= error.outcome_unknown();
                     tracing::debug!(key = %held.key, error = %format_args!("{error:#}"), "release failed; retrying");
@@ -296,49 +355,12 @@ impl<B: Backend> Engine<B> {
                 // After a try whose outcome is unknown, "not held" says that try went through
                 // (or the lease ran out): either way the lock is free of this hold.
                 Ok(ReleaseReply::NotHeld) if unknown => {
-                    return Ok(ReleaseReply::Released { notified: None });
+                    return Retried::Answered(Ok(ReleaseReply::Released { notified: None }));
                 }
-                other => return other,
+                other => return Retried::Answered(other),
             }
-            pause = (pause * 2).min(Duration::from_millis(500));
+            pause = (pause * 2).min(max_pause);
         }
-    }
-
-    /// Goes on with [`release_again`](Self::release_again) on the runtime until the lock's
-    /// deadline.
-    fn release_in_background(
-        self: &Arc<Self>,
-        held: Arc<Held>,
-        mut unknown: bool,
-        mut pause: Duration,
-    ) {
-        let Some(runtime) = self.runtime() else {
-            return;
-        };
-        let shared = self.clone();
-        runtime.spawn(async move {
-            while !held.remaining().is_zero() && !shared.stop.is_cancelled() {
-                tokio::time::sleep(pause).await;
-                let release = Release {
-                    all: unknown,
-                    ..held.release_if_granted()
-                };
-                match shared.backend.release(release).await {
-                    Err(error) if error.is_unavailable() || error.outcome_unknown() => {
-                        unknown |= error.outcome_unknown();
-                    }
-                    Ok(reply) => {
-                        tracing::info!(key = %held.key, ?reply, "released after retrying");
-                        return;
-                    }
-                    Err(error) => {
-                        tracing::warn!(key = %held.key, error = %format_args!("{error:#}"), "release failed");
-                        return;
-                    }
-                }
-                pause = (pause * 2).min(Duration::from_secs(1));
-            }
-        });
     }
 
     /// Releases one hold of `held` without a caller to tell: a dropped guard, or a lock handed
@@ -370,6 +392,14 @@ impl<B: Backend> Engine<B> {
         }
         self.table.released(&releasing.held.key, false, None);
     }
+}
+
+/// Where the retries of a release got to.
+enum Retried {
+    /// The backend answered (or the lock's deadline passed: the error says so).
+    Answered(Result<ReleaseReply, BackendError>),
+    /// Still failing when the time to retry inline was up.
+    StillFailing { unknown: bool, pause: Duration },
 }
 
 /// The end of a release nobody waits for.

@@ -190,6 +190,9 @@ pub(crate) struct Slot {
     wake: Arc<Notify>,
     /// Its place in a backend queue, kept alive by the watchdog.
     queued: Option<Arc<Queued>>,
+    /// `want` was replaced behind the waiter's back ([`rename`](Self::rename)): its next turn
+    /// to contend says so.
+    renamed: bool,
 }
 
 /// A waiter's place in the queue, held by its acquire future.
@@ -203,8 +206,9 @@ pub(crate) struct Ticket {
 /// What a waiter should do next.
 #[derive(Debug)]
 pub(crate) enum Turn {
-    /// Try the backend.
-    Contend,
+    /// Try the backend; under a new attempt when one is given (the waiter's own was handed a
+    /// lock with an unknown outcome, and its undo may still be on its way).
+    Contend(Option<Arc<Want>>),
     /// Wait: the lock is held here or another waiter is ahead. Carries the local holder's
     /// remaining lease when known.
     Park(Option<Duration>),
@@ -317,6 +321,7 @@ impl<L> Table<L> {
             handoff: tx,
             wake: wake.clone(),
             queued: queued.clone(),
+            renamed: false,
         };
         // A waiter whose attempt came first goes first: the others joined during it.
         match after_try {
@@ -386,19 +391,21 @@ impl<L> Table<L> {
             // many as could be granted at once still try.
             Some(pos) if state.waiters[pos].want.kind == LockKind::Semaphore => {
                 if pos < contenders(&state.waiters[pos].want) {
-                    Turn::Contend
+                    state.waiters[pos].contend()
                 } else {
                     Turn::Park(None)
                 }
             }
             // Fair and read-write waiters each contend; the backend orders them.
-            Some(pos) if state.waiters[pos].want.kind != LockKind::Exclusive => Turn::Contend,
+            Some(pos) if state.waiters[pos].want.kind != LockKind::Exclusive => {
+                state.waiters[pos].contend()
+            }
             Some(0) if !state.held_here() => match state.yield_until.take() {
                 Some(until) if until > Instant::now() => {
                     state.yield_until = Some(until);
                     Turn::Yield(until - Instant::now())
                 }
-                _ => Turn::Contend,
+                _ => state.waiters[0].contend(),
             },
             Some(_) => Turn::Park(
                 state
@@ -650,6 +657,17 @@ fn state_of<'a, L>(keys: &'a mut Keys<L>, key: &LockKey) -> &'a mut KeyState<L> 
 }
 
 impl Slot {
+    /// Gives the waiter a new attempt, taken up at its next turn to contend.
+    pub(crate) fn rename(&mut self, want: Arc<Want>) {
+        self.want = want;
+        self.renamed = true;
+    }
+
+    /// The waiter's turn to contend: under a new attempt if it was renamed.
+    fn contend(&mut self) -> Turn {
+        Turn::Contend(std::mem::take(&mut self.renamed).then(|| self.want.clone()))
+    }
+
     /// Delivers a handed-off lock to the waiter. Should the waiter have left, or leave before
     /// taking it, the hand-off releases the lock on its own.
     pub(crate) fn deliver(self, handoff: Handoff) {

@@ -1,0 +1,300 @@
+//! Replies lost on their way back, with the undo of the attempt failing too: a re-entry whose
+//! reply was lost, a hand-off whose outcome is unknown, the release of a re-entered hold
+//! whose reply was lost. None of them may grant a lock twice or strand it.
+//!
+//! [`Lossy`] wraps the in-memory store and turns the next matching call into a chosen fault:
+//! applied with its reply lost, not applied at all, or refused for want of a connection. On
+//! Redis the fault is real: a server frozen with SIGSTOP while the command is on the wire, so
+//! it runs once the server resumes, after the client gave up waiting for its reply.
+
+mod support;
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::Duration,
+};
+
+use support::RedisServer;
+use tokio::sync::watch;
+use tower_lock::{
+    Backend, BackendError, Lease, LockClient, LockError, MemoryBackend,
+    backend::{AcquireReply, Grant, Listener, Reentry, Release, ReleaseReply, Renew, RenewReply},
+    error::BackendErrorKind,
+    key::LockKey,
+};
+
+/// Faults armed for the next matching calls (each counter is how many calls to hit).
+#[derive(Default)]
+struct Faults {
+    /// Re-entries: applied, then answered with a timeout.
+    reentry_reply_lost: AtomicU32,
+    /// Releases with a hand-off: not applied, answered with a timeout.
+    handoff_unanswered: AtomicU32,
+    /// Releases of one hold without a hand-off: applied, then answered with a timeout.
+    release_reply_lost: AtomicU32,
+    /// Undos of an attempt: refused, as if no connection could be had.
+    abandon_refused: AtomicU32,
+}
+
+/// Takes one of the calls `counter` arms, if any.
+fn hit(counter: &AtomicU32) -> bool {
+    counter
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
+fn timeout() -> BackendError {
+    BackendError::from_kind(BackendErrorKind::Timeout)
+}
+
+/// The in-memory store with [`Faults`], counting the undos that reached it.
+#[derive(Clone)]
+struct Lossy {
+    inner: MemoryBackend,
+    faults: Arc<Faults>,
+    abandons: Arc<watch::Sender<u32>>,
+}
+
+impl Lossy {
+    fn new() -> Self {
+        Self {
+            inner: MemoryBackend::new(),
+            faults: Arc::default(),
+            abandons: Arc::new(watch::channel(0).0),
+        }
+    }
+
+    /// Waits until `n` undos (refused or not) have been tried.
+    async fn abandons_tried(&self, n: u32) {
+        let mut seen = self.abandons.subscribe();
+        seen.wait_for(|tried| *tried >= n)
+            .await
+            .expect("sender kept");
+    }
+}
+
+type BackendResult<T> = Result<T, BackendError>;
+
+impl Backend for Lossy {
+    type Listener = Listener;
+
+    async fn acquire(&self, grant: Grant<'_>) -> BackendResult<AcquireReply> {
+        let reply = self.inner.acquire(grant).await;
+        if grant.reentry == Reentry::Only && hit(&self.faults.reentry_reply_lost) {
+            return Err(timeout());
+        }
+        reply
+    }
+
+    async fn release(&self, release: Release<'_>) -> BackendResult<ReleaseReply> {
+        if release.handoff.is_some() && hit(&self.faults.handoff_unanswered) {
+            return Err(timeout());
+        }
+        let one_hold = release.handoff.is_none() && !release.all;
+        let reply = self.inner.release(release).await;
+        if one_hold && hit(&self.faults.release_reply_lost) {
+            return Err(timeout());
+        }
+        reply
+    }
+
+    async fn renew(&self, renewals: &[Renew<'_>]) -> BackendResult<Vec<RenewReply>> {
+        self.inner.renew(renewals).await
+    }
+
+    async fn abandon(&self, grant: Grant<'_>) -> BackendResult<bool> {
+        let refused = hit(&self.faults.abandon_refused);
+        let reply = match refused {
+            true => Err(BackendError::from_kind(BackendErrorKind::Unavailable)),
+            false => self.inner.abandon(grant).await,
+        };
+        self.abandons.send_modify(|tried| *tried += 1);
+        reply
+    }
+
+    async fn leave(
+        &self,
+        key: &LockKey,
+        holder: &str,
+        kind: tower_lock::LockKind,
+    ) -> BackendResult<()> {
+        self.inner.leave(key, holder, kind).await
+    }
+
+    async fn listen(&self, key: &LockKey, only_for: Option<&str>) -> BackendResult<Listener> {
+        self.inner.listen(key, only_for).await
+    }
+
+    async fn inspect(
+        &self,
+        key: &LockKey,
+        kind: tower_lock::LockKind,
+    ) -> BackendResult<tower_lock::LockInfo> {
+        self.inner.inspect(key, kind).await
+    }
+
+    async fn force_unlock(
+        &self,
+        key: &LockKey,
+        kind: tower_lock::LockKind,
+    ) -> BackendResult<tower_lock::LockInfo> {
+        self.inner.force_unlock(key, kind).await
+    }
+}
+
+fn client<B: Backend>(backend: B) -> LockClient<B> {
+    client_with(backend, Lease::DEFAULT)
+}
+
+fn client_with<B: Backend>(backend: B, lease: Lease) -> LockClient<B> {
+    LockClient::builder(backend)
+        .lease(lease)
+        .build()
+        .expect("a valid configuration")
+}
+
+/// Asserts that `other` cannot take `key` within `wait`: somebody holds it all along.
+async fn assert_held_against<B: Backend>(other: &LockClient<B>, key: &str, wait: Duration) {
+    match other.lock(key).wait(wait).acquire().await {
+        Err(LockError::WaitTimeout { .. }) => {}
+        Ok(guard) => panic!("another client took {key} while it was held: {guard:?}"),
+        Err(error) => panic!("unexpected error: {error:?}"),
+    }
+}
+
+/// Asserts that `other` takes `key` within `wait` (a release wakes it): nothing strands it.
+async fn assert_free_within<B: Backend>(other: &LockClient<B>, key: &str, wait: Duration) {
+    let guard = other
+        .lock(key)
+        .wait(wait)
+        .acquire()
+        .await
+        .unwrap_or_else(|error| panic!("{key} stayed held after its last guard went: {error:?}"));
+    guard.release().await.expect("released");
+}
+
+/// A hand-off whose outcome is unknown, and whose undo cannot be sent at once: the waiter goes
+/// back to the head of the queue and acquires under a new attempt, so the undo, when it gets
+/// through, cannot free the lock the waiter then holds.
+#[tokio::test]
+async fn a_waiter_put_back_after_an_unknown_hand_off_keeps_what_it_acquires() {
+    let backend = Lossy::new();
+    let locks = client(backend.clone());
+    let other = client(backend.inner.clone());
+    let holding = locks.lock("doc").acquire().await.unwrap();
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            locks
+                .lock("doc")
+                .wait(Duration::from_secs(5))
+                .acquire()
+                .await
+        })
+    };
+    while locks.waiters() == 0 {
+        tokio::task::yield_now().await;
+    }
+    backend.faults.handoff_unanswered.store(1, Ordering::SeqCst);
+    backend.faults.abandon_refused.store(1, Ordering::SeqCst);
+    holding.release().await.expect("released after a retry");
+    let guard = waiter.await.unwrap().expect("the waiter acquires");
+    // The undo refused at once is sent again in the background: let it through.
+    backend.abandons_tried(2).await;
+    assert!(!guard.is_lost());
+    assert_held_against(&other, "doc", Duration::ZERO).await;
+    guard.release().await.expect("released");
+    assert_free_within(&other, "doc", Duration::from_secs(1)).await;
+}
+
+/// The release of a re-entered hold whose reply was lost is not sent again: a second one would
+/// give back the outer guard's hold too.
+#[tokio::test]
+async fn a_lost_reply_to_an_inner_release_keeps_the_outer_hold() {
+    let backend = Lossy::new();
+    let locks = client(backend.clone());
+    let other = client(backend.inner.clone());
+    let holder = locks.holder();
+    let outer = locks.lock("doc").holder(&holder).acquire().await.unwrap();
+    let inner = locks.lock("doc").holder(&holder).acquire().await.unwrap();
+    assert_eq!(inner.hold_count(), 2);
+    backend.faults.release_reply_lost.store(1, Ordering::SeqCst);
+    let released = inner.release().await;
+    assert!(!outer.is_lost());
+    assert_held_against(&other, "doc", Duration::ZERO).await;
+    assert!(
+        matches!(&released, Err(LockError::Backend(error)) if error.is_timeout()),
+        "the caller hears that the reply timed out: {released:?}"
+    );
+    outer.release().await.expect("released");
+    assert_free_within(&other, "doc", Duration::from_secs(1)).await;
+}
+
+/// A re-entry whose reply was lost, and whose undo must wait for the background: the next
+/// re-entry of the same hold waits for that undo (the store records only a hold's last
+/// re-entry, which the undo needs), so no hold is left over once every guard is released.
+#[tokio::test]
+async fn a_reentry_waits_for_the_undo_of_one_whose_reply_was_lost() {
+    let backend = Lossy::new();
+    let locks = client(backend.clone());
+    let other = client(backend.inner.clone());
+    let holder = locks.holder();
+    let outer = locks.lock("doc").holder(&holder).acquire().await.unwrap();
+    backend.faults.reentry_reply_lost.store(1, Ordering::SeqCst);
+    backend.faults.abandon_refused.store(1, Ordering::SeqCst);
+    let lost = locks.lock("doc").holder(&holder).acquire().await;
+    assert!(
+        matches!(&lost, Err(LockError::Backend(error)) if error.is_timeout()),
+        "{lost:?}"
+    );
+    let inner = locks.lock("doc").holder(&holder).acquire().await.unwrap();
+    assert!(
+        *backend.abandons.borrow() >= 2,
+        "the second re-entry was sent before the first was undone"
+    );
+    assert_eq!(inner.hold_count(), 2);
+    inner.release().await.expect("released");
+    outer.release().await.expect("released");
+    assert_free_within(&other, "doc", Duration::from_secs(1)).await;
+}
+
+/// On Redis: the server freezes while the release of a re-entered hold is on its way, and the
+/// client gives up on its reply. The outer guard still holds the lock. Once it is released,
+/// the lock is free within a lease: at once if the lost release ran, else when the lease
+/// (renewed no more) runs out.
+#[tokio::test]
+async fn a_lost_reply_to_an_inner_release_on_redis_keeps_the_outer_hold() {
+    let server = RedisServer::start();
+    let backend = support::redis_backend(server.url())
+        .command_timeout(Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap();
+    let lease = Lease::watchdog(Duration::from_secs(2));
+    let locks = client_with(backend, lease);
+    let other = client_with(
+        support::redis_backend(server.url())
+            .connect()
+            .await
+            .unwrap(),
+        lease,
+    );
+    let holder = locks.holder();
+    let outer = locks.lock("doc").holder(&holder).acquire().await.unwrap();
+    let inner = locks.lock("doc").holder(&holder).acquire().await.unwrap();
+    server.pause();
+    let released = inner.release().await;
+    server.resume();
+    assert!(!outer.is_lost());
+    // Long enough for a stray retry of the lost release to arrive, had one been sent.
+    assert_held_against(&other, "doc", Duration::from_millis(1500)).await;
+    assert!(
+        matches!(&released, Err(LockError::Backend(error)) if error.is_timeout()),
+        "the caller hears that the reply timed out: {released:?}"
+    );
+    outer.release().await.expect("released");
+    assert_free_within(&other, "doc", Duration::from_secs(3)).await;
+}
