@@ -3,8 +3,8 @@
 //! withdrawal counted), while requests on other accounts run in parallel.
 //!
 //! ```text
-//! cargo run --example quickstart                                       # in-memory locks
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example quickstart      # Redis
+//! cargo run --example quickstart --features axum                                  # in-memory locks
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example quickstart --features axum # Redis
 //! ```
 
 use std::{

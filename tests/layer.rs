@@ -22,6 +22,7 @@ use http_body_util::{BodyExt, Empty};
 use support::{
     RedisServer,
     http::{Entered, assert_told_the_likely_wait, http, send, serve},
+    logs::Logs,
 };
 use tower_lock::{Lease, LockClient, LockContext, LockLayer, RedisBackend, key};
 
@@ -143,6 +144,29 @@ async fn wait_timeout_is_423_with_retry_after() {
 }
 
 /// A missing key is 400, an oversized one too; with `skip_missing_key` the request runs unlocked.
+/// A `path_param` named after no parameter of the matched route: every request is refused
+/// with 400, and a warning names the parameter and the route, once per route.
+#[tokio::test(flavor = "current_thread")]
+async fn a_path_param_the_route_lacks_is_reported() {
+    let (logs, _default) = Logs::capture();
+    let app = Router::new()
+        .route("/accounts/{account_id}/withdraw", post(|| async { "ran" }))
+        .route_layer(LockLayer::new(LockClient::in_memory()).key(key::path_param("id")));
+    let url = format!("{}/accounts/7/withdraw", serve(app).await);
+    for _ in 0..2 {
+        assert_eq!(send(&http(), "POST", &url).await.0, StatusCode::BAD_REQUEST);
+    }
+    let logs = logs.text();
+    let warnings = logs
+        .matches("the matched route has no such path parameter")
+        .count();
+    assert_eq!(warnings, 1, "one warning per route: {logs}");
+    assert!(
+        logs.contains("param=id") && logs.contains("/accounts/{account_id}/withdraw"),
+        "the warning names the parameter and the route: {logs}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn missing_and_invalid_keys_are_400() {
     let server = RedisServer::start();

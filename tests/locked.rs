@@ -20,6 +20,7 @@ use http::StatusCode;
 use support::{
     RedisServer,
     http::{Entered, assert_told_the_likely_wait, http, post_json, send, serve},
+    logs::Logs,
 };
 use tokio::sync::{Notify, Semaphore, watch};
 use tower_lock::{
@@ -464,54 +465,47 @@ async fn orphan() -> &'static str {
     "ran without a lock"
 }
 
-/// No client in the extensions or the state: 500 and an error log saying how to provide one,
-/// never a panic and never the body.
+#[locked(key = "{id}")]
+async fn deposit_renamed(Path(id): Path<u64>) -> String {
+    format!("deposited to {id}")
+}
+
+/// A key that is one binding, named after no parameter of the matched route: the lock is the
+/// route's rather than the resource's, and a warning says so, once per route.
+#[tokio::test(flavor = "current_thread")]
+async fn a_key_naming_no_route_parameter_is_reported() {
+    let (logs, _default) = Logs::capture();
+    let app = Router::new()
+        .route("/accounts/{account_id}/deposit", post(deposit_renamed))
+        .layer(Extension(AnyLockClient::from(LockClient::in_memory())));
+    let url = format!("{}/accounts/7/deposit", serve(app).await);
+    for _ in 0..2 {
+        let (status, _, body) = send(&http(), "POST", &url).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "deposited to 7"));
+    }
+    let logs = logs.text();
+    let warnings = logs.matches("no path parameter of that name").count();
+    assert_eq!(warnings, 1, "one warning per route: {logs}");
+    assert!(
+        logs.contains("/accounts/{account_id}/deposit"),
+        "the warning names the route: {logs}"
+    );
+}
+
+/// No client in the extensions or the state: 500 with a short body and an error log saying how
+/// to provide one, never a panic and never the handler's body.
 #[tokio::test(flavor = "current_thread")]
 async fn missing_client_is_500_with_a_log_line() {
-    let logs = Logs::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(logs.clone())
-        .with_ansi(false)
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let (logs, _default) = Logs::capture();
     let base = serve(Router::new().route("/orphan", post(orphan))).await;
     let (status, _, body) = send(&http(), "POST", &format!("{base}/orphan")).await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert!(body.is_empty(), "the body ran: {body}");
+    assert_eq!(body, "lock misconfigured on the server (see its log)");
     let logs = logs.text();
     assert!(
         logs.contains("ERROR") && logs.contains("Extension") && logs.contains("FromRef"),
         "no log line on how to provide a client: {logs}"
     );
-}
-
-/// Log output collected in memory.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Logs {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
-    type Writer = Self;
-
-    fn make_writer(&'a self) -> Self {
-        self.clone()
-    }
 }
 
 /// An application error type with its own response.

@@ -298,7 +298,11 @@ impl<K: MakeKey> MakeKey for Prefixed<K> {
 /// An axum path parameter. Made by [`path_param`].
 #[cfg(feature = "axum")]
 #[derive(Clone, Debug)]
-pub struct PathParam(Arc<str>);
+pub struct PathParam {
+    name: Arc<str>,
+    /// Routes already reported to have no such parameter (each is reported once).
+    reported: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+}
 
 /// The value of the axum path parameter `name` (`{id}` in the route `/accounts/{id}`), as axum
 /// decoded it. Requires the layer to run inside the router (`Router::route_layer`).
@@ -320,7 +324,10 @@ pub struct PathParam(Arc<str>);
 /// ```
 #[cfg(feature = "axum")]
 pub fn path_param(name: &str) -> PathParam {
-    PathParam(name.into())
+    PathParam {
+        name: name.into(),
+        reported: Arc::default(),
+    }
 }
 
 #[cfg(feature = "axum")]
@@ -331,33 +338,59 @@ impl MakeKey for PathParam {
         // The extractor reads the router's extensions only; it is ready at once.
         let params = RawPathParams::from_request_parts(parts, &())
             .now_or_never()?
-            .ok()?;
-        params
-            .iter()
-            .find(|(name, _)| *name == &*self.0)
-            .map(|(_, value)| value.as_bytes().to_vec())
+            .ok();
+        let value = params.as_ref().and_then(|params| {
+            params
+                .iter()
+                .find(|(name, _)| *name == &*self.name)
+                .map(|(_, value)| value.as_bytes().to_vec())
+        });
+        if value.is_none() {
+            self.report_missing(parts);
+        }
+        value
     }
 
     /// The route up to this parameter: `/accounts/:id` for `/accounts/{id}/withdraw`.
     fn namespace(&self, _parts: &Parts, route: &str) -> String {
-        route_through_param(route, &self.0)
+        route_through_param(route, &self.name).unwrap_or_else(|| route.to_owned())
     }
 }
 
-/// `route` up to and including its `{param}` segment (`/accounts/{id}`); the whole route when
-/// it has no such segment.
 #[cfg(feature = "axum")]
-pub(crate) fn route_through_param(route: &str, param: &str) -> String {
+impl PathParam {
+    /// Says once per route that the route has no such parameter: a misspelt name would
+    /// otherwise show only as a 400 (or, with `skip_missing_key`, as no lock at all).
+    fn report_missing(&self, parts: &Parts) {
+        let route = crate::middleware::route(parts);
+        let mut reported = self
+            .reported
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if reported.len() < 64 && reported.insert(route.to_owned()) {
+            tracing::warn!(
+                param = %self.name,
+                route,
+                "key::path_param: the matched route has no such path parameter (run the layer with `Router::route_layer`, and check the name)"
+            );
+        }
+    }
+}
+
+/// `route` up to and including its `{param}` segment (`/accounts/{id}`); `None` when it has no
+/// such segment.
+#[cfg(feature = "axum")]
+pub(crate) fn route_through_param(route: &str, param: &str) -> Option<String> {
     let segment = format!("{{{param}}}");
     let mut through = String::with_capacity(route.len());
     for part in route.split('/').filter(|part| !part.is_empty()) {
         through.push('/');
         through.push_str(part);
         if part == segment {
-            return through;
+            return Some(through);
         }
     }
-    route.to_owned()
+    None
 }
 
 #[cfg(test)]

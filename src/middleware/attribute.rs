@@ -237,6 +237,23 @@ enum Keys {
     Set(Vec<String>),
 }
 
+/// Says once per route that a `key = "{param}"` names no segment of the matched route: its lock
+/// is then the route's, not shared with the other routes of the resource.
+fn report_route_without(param: &str, route: &str) {
+    static REPORTED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut reported = REPORTED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !route.is_empty() && reported.len() < 64 && !reported.iter().any(|seen| seen == route) {
+        reported.push(route.to_owned());
+        tracing::warn!(
+            param,
+            route,
+            "#[locked]: the key is one binding, but the route has no path parameter of that name: the lock is per route; name the resource instead (`key = \"account:{{id}}\"`) or match the route's name"
+        );
+    }
+}
+
 async fn run_with<P, F, Fut, R>(
     parts: LockParts<P>,
     from_state: Option<AnyLockClient>,
@@ -256,12 +273,20 @@ where
              extension (`.layer(Extension(AnyLockClient::from(locks)))`), or give it a \
              `State<T>` argument where `AnyLockClient` or `LockClient<_>` implements `FromRef<T>`"
         );
-        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "lock misconfigured on the server (see its log)",
+        )
+            .into_response();
     };
     let namespace = match (options.name, options.resource) {
         (Some(name), _) => name.to_owned(),
         (None, Resource::Named) => String::new(),
-        (None, Resource::PathParam(param)) => crate::key::route_through_param(&parts.route, param),
+        (None, Resource::PathParam(param)) => crate::key::route_through_param(&parts.route, param)
+            .unwrap_or_else(|| {
+                report_route_without(param, &parts.route);
+                parts.route.clone()
+            }),
         (None, Resource::Route) => parts.route.clone(),
     };
     let (span, acquire) = match keys {

@@ -76,6 +76,8 @@ pub use erased::AnyLockClient;
 pub use layer::LockLayer;
 pub use rejection::{DefaultRejection, LockRejection, OnRejected};
 pub use service::LockService;
+#[cfg(feature = "axum")]
+pub(crate) use service::route;
 
 /// The key slot of a [`LockLayer`] before [`LockLayer::key`] is called; such a layer cannot be
 /// used. (`T` only carries the compile error that says so.)

@@ -14,6 +14,7 @@
 
 pub mod acl;
 pub mod http;
+pub mod logs;
 pub mod sentinel;
 
 use std::{
