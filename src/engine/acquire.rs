@@ -187,10 +187,13 @@ impl<B: Backend> Drop for InFlight<'_, B> {
         let (shared, key, want) = (self.shared.clone(), self.key.clone(), self.want.clone());
         tracing::debug!(key = %key, attempt = %want.attempt, "acquire unanswered; resolving it in the background");
         runtime.spawn(async move {
-            shared.clone().resolve_until_done(key.clone(), want.clone()).await;
+            let within = reentering.clone();
+            shared.clone().resolve_until_done(key.clone(), want.clone(), within).await;
             if let Some(held) = reentering {
                 held.end_reentry();
-                shared.table.drop_pending(&held);
+                if shared.table.drop_pending(&held) {
+                    shared.give_back_leftover(&held).await;
+                }
             }
             // The attempt may have queued its holder (fair locks, writers): leave the queue
             // rather than stay in the way until the place times out.
@@ -210,11 +213,20 @@ impl<B: Backend> Engine<B> {
     pub(crate) async fn acquire(self: &Arc<Self>, request: Request) -> Result<Acquired, LockError> {
         let want = &request.want;
         if let Some(held) = self.table.reenter(&request.key, &want.holder, want.kind) {
-            // Another re-entry of this entry is on its way or being resolved: wait for it.
+            // Another re-entry of this entry is on its way or being resolved: wait for it, within
+            // the request's wait.
             if !held.begin_reentry() {
                 self.table.drop_pending(&held);
-                held.until_reentry_ends().await;
-                return Box::pin(self.acquire(request)).await;
+                let started = tokio::time::Instant::now();
+                tokio::select! {
+                    () = held.until_reentry_ends() => {}
+                    () = self.stop.cancelled() => return Err(LockError::ShutDown),
+                    () = tokio::time::sleep(request.wait) => {
+                        return Err(LockError::WaitTimeout { retry_after: None });
+                    }
+                }
+                let wait = request.wait.saturating_sub(started.elapsed());
+                return Box::pin(self.acquire(Request { wait, ..request })).await;
             }
             if let Some(reentered) = self.reenter(&request, held).await? {
                 return Ok(reentered);
@@ -273,6 +285,9 @@ impl<B: Backend> Engine<B> {
         in_flight.settle();
         held.end_reentry();
         let last = self.table.drop_pending(&held);
+        if last {
+            self.give_back_leftover(&held).await;
+        }
         match outcome {
             // Other guards share the entry, but the backend no longer has it for this holder:
             // the lock was lost behind their back.
@@ -373,7 +388,9 @@ impl<B: Backend> Engine<B> {
                                 request.key.clone(),
                                 want.holder.clone(),
                                 want.kind,
-                                (want.lease, token, &want.attempt),
+                                // More than one hold: joined to the holder's holds through
+                                // another client.
+                                (want.lease, token, &want.attempt, count == 1),
                                 session,
                                 sent_at,
                                 self.config.max_hold,
@@ -560,17 +577,31 @@ impl<B: Backend> Engine<B> {
         if !self.try_resolve(key, want).await
             && let Some(runtime) = self.runtime()
         {
-            runtime.spawn(self.clone().resolve_until_done(key.clone(), want.clone()));
+            runtime.spawn(
+                self.clone()
+                    .resolve_until_done(key.clone(), want.clone(), None),
+            );
         }
     }
 
     /// Resolves an attempt whose reply was lost, trying until the backend answers, the
-    /// attempt's lease has run out (it then holds nothing anyway) or the client stops.
-    async fn resolve_until_done(self: Arc<Self>, key: LockKey, want: Arc<Want>) {
+    /// attempt's lease has run out (it then holds nothing anyway) or the client stops. A
+    /// re-entry of `reentering` counts in a hold its other guards keep renewed: it is tried
+    /// for as long as that hold is not lost.
+    async fn resolve_until_done(
+        self: Arc<Self>,
+        key: LockKey,
+        want: Arc<Want>,
+        reentering: Option<Arc<Held>>,
+    ) {
         let give_up = tokio::time::Instant::now() + want.lease.duration();
         let mut pause = Duration::from_millis(50);
         while !self.try_resolve(&key, &want).await {
-            if tokio::time::Instant::now() + pause >= give_up || self.stop.is_cancelled() {
+            let over = match &reentering {
+                Some(held) => held.is_lost(),
+                None => tokio::time::Instant::now() + pause >= give_up,
+            };
+            if over || self.stop.is_cancelled() {
                 return;
             }
             tokio::time::sleep(pause).await;

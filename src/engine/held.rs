@@ -45,6 +45,10 @@ pub(crate) struct Held {
     /// The attempt that granted the hold (or handed it over): the backend records it with the
     /// hold, so a release meant for this entry alone can check that the hold is still its.
     grant_attempt: Arc<str>,
+    /// The hold was granted as the holder's first (not joined to holds the backend already
+    /// counted for it, taken through another client): the backend's record is this entry's
+    /// attempt.
+    first_hold: bool,
     /// Signalled when a re-entry of this entry has been answered or resolved.
     reentry_ended: Notify,
     /// When the request that acquired it was sent, for the hold-time metric.
@@ -62,6 +66,9 @@ struct HeldState {
     renewing: bool,
     /// With `max_hold`: no renewals after this.
     renew_until: Option<BootInstant>,
+    /// The release of one of this entry's holds may not have been applied (its reply was
+    /// lost): the backend may count one more hold than the entry has guards.
+    count_unsure: bool,
     /// Every guard of this entry has been released: the entry is out of the table, and a
     /// late renewal reply says nothing about the lock any more.
     released: bool,
@@ -83,7 +90,7 @@ impl Held {
         key: LockKey,
         holder: Holder,
         kind: LockKind,
-        (lease, token, attempt): (Lease, Option<u64>, &Arc<str>),
+        (lease, token, attempt, first_hold): (Lease, Option<u64>, &Arc<str>, bool),
         session: u64,
         sent_at: BootInstant,
         max_hold: Option<Duration>,
@@ -99,6 +106,7 @@ impl Held {
             lost_wake: Notify::new(),
             deadline: AtomicU64::new(lease.valid_until(sent_at).as_nanos()),
             grant_attempt: attempt.clone(),
+            first_hold,
             reentry_ended: Notify::new(),
             acquired_at: sent_at,
             state: Mutex::new(HeldState {
@@ -106,10 +114,18 @@ impl Held {
                 next_renew: sent_at + lease.renew_interval(),
                 renewing: false,
                 renew_until: max_hold.map(|max| sent_at + max),
+                count_unsure: false,
                 released: false,
                 reentering: false,
             }),
         })
+    }
+
+    /// The attempt a release of this entry names, so that it gives back nothing of a hold the
+    /// holder took anew (this entry's lease ran out in the backend before the release got
+    /// there): the grant's, for an exclusive lock whose backend record it is.
+    pub(crate) fn release_check(&self) -> Option<&str> {
+        (self.kind == LockKind::Exclusive && self.first_hold).then_some(&*self.grant_attempt)
     }
 
     /// A release of every hold of this entry (at shutdown).
@@ -158,6 +174,16 @@ impl Held {
             }
             ended.await;
         }
+    }
+
+    /// The release of one of this entry's holds may not have been applied.
+    pub(crate) fn mark_count_unsure(&self) {
+        self.state().count_unsure = true;
+    }
+
+    /// Whether the backend may count more holds than this entry has guards.
+    pub(crate) fn count_unsure(&self) -> bool {
+        self.state().count_unsure
     }
 
     /// Whether every guard of this entry has been released.

@@ -63,7 +63,7 @@ impl Releasing {
                 .as_ref()
                 .map(|slot| slot.want.grant(&self.held.key, None)),
             kind: self.held.kind,
-            attempt: None,
+            attempt: self.held.release_check(),
         }
     }
 
@@ -185,19 +185,32 @@ impl<B: Backend> Engine<B> {
             && let Err(error) = &reply
         {
             // Other guards share the entry: this was the release of one hold. Sent again only
-            // if it certainly was not applied: a second one would give back a hold still held.
+            // if it certainly was not sent: a second one would give back a hold still held.
             let last = held.is_released();
-            if error.is_unavailable() || (last && error.outcome_unknown()) {
+            let retry = match last {
+                true => error.is_unavailable() || error.outcome_unknown(),
+                false => certainly_unsent(error),
+            };
+            if retry {
                 reply = self
                     .release_again(&held, error.outcome_unknown(), last)
                     .await;
             }
             if let Err(error) = &reply
-                && error.outcome_unknown()
                 && !last
+                && !certainly_unsent(error)
             {
-                tracing::warn!(key = %held.key, holder = %held.holder, "the reply to the release of a re-entered hold was lost: if that hold is still counted, the lock stays held until its lease runs out after the last guard's release");
+                tracing::warn!(key = %held.key, holder = %held.holder, "the release of a re-entered hold may not have been applied: the last guard's release gives back what is left");
+                held.mark_count_unsure();
             }
+        }
+        // The backend still counts a hold of this entry after its last guard's release: one
+        // whose release may not have been applied.
+        if matches!(reply, Ok(ReleaseReply::Decremented { .. }))
+            && held.is_released()
+            && let Some(all) = self.give_back_leftover(&held).await
+        {
+            reply = Ok(all);
         }
         self.settle_release(&held, handoff, sent_at, started, reply)
     }
@@ -236,7 +249,7 @@ impl<B: Backend> Engine<B> {
                     held.key.clone(),
                     slot.want.holder.clone(),
                     slot.want.kind,
-                    (slot.want.lease, token, &slot.want.attempt),
+                    (slot.want.lease, token, &slot.want.attempt, true),
                     // A hand-off is a hold with a lease of its own.
                     0,
                     sent_at.unwrap_or_else(BootInstant::now),
@@ -275,6 +288,23 @@ impl<B: Backend> Engine<B> {
         };
         tracing::debug!(key = %held.key, ok = outcome.is_ok(), "lock released");
         outcome
+    }
+
+    /// Gives back what the backend may still count of `held`'s holds once its last guard is
+    /// gone, when the release of one of them may not have been applied: every hold, but only
+    /// while the backend's record is still this entry's attempt. The reply, when it freed
+    /// something.
+    pub(crate) async fn give_back_leftover(&self, held: &Held) -> Option<ReleaseReply> {
+        if !held.count_unsure() {
+            return None;
+        }
+        match self.backend.release(held.release_if_granted()).await {
+            Ok(ReleaseReply::NotHeld) | Err(_) => None,
+            Ok(freed) => {
+                tracing::info!(key = %held.key, "gave back a hold whose release may not have been applied");
+                Some(freed)
+            }
+        }
     }
 
     /// Sends a release of `held` again after it failed without an answer: while the lock may
@@ -345,7 +375,7 @@ impl<B: Backend> Engine<B> {
                 ..held.release_if_granted()
             };
             match self.backend.release(release).await {
-                Err(error) if error.outcome_unknown() && !last => {
+                Err(error) if !last && !certainly_unsent(&error) => {
                     return Retried::Answered(Err(error));
                 }
                 Err(error) if error.is_unavailable() || error.outcome_unknown() => {
@@ -392,6 +422,12 @@ impl<B: Backend> Engine<B> {
         }
         self.table.released(&releasing.held.key, false, None);
     }
+}
+
+/// Whether a failed call certainly did not reach the backend (no connection could be had),
+/// rather than maybe (a timeout, a connection dropped mid-call, a quorum of nodes silent).
+fn certainly_unsent(error: &BackendError) -> bool {
+    *error.kind() == BackendErrorKind::Unavailable
 }
 
 /// Where the retries of a release got to.

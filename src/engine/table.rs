@@ -770,7 +770,7 @@ mod tests {
     }
 
     fn hold(key: &LockKey, want: &Want) -> Arc<Held> {
-        let grant = (want.lease, None, &want.attempt);
+        let grant = (want.lease, None, &want.attempt, true);
         let now = BootInstant::now();
         Held::new(
             key.clone(),

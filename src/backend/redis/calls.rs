@@ -212,11 +212,15 @@ pub(super) fn release(
             attempt,
             RW_RELEASE_VOID_MS,
         ),
-        // One hold, no hand-off, no attempt check: the common call, in the compact form.
-        _ if handoff.is_none() && !release.all && attempt.is_empty() => {
+        // One hold, no hand-off: the common call, in the compact form (the attempt, if any,
+        // written after the holder, as in a single hold).
+        _ if handoff.is_none() && !release.all => {
             let mut call = scripts.release.prepare_invoke(1);
-            call.key(key.as_str())
-                .arg(SingleHold::owner(release.holder));
+            call.key(key.as_str()).arg(SingleHold {
+                holder: release.holder,
+                attempt,
+                lease: None,
+            });
             call
         }
         // Without a hand-off the script needs the lock's key alone.

@@ -16,10 +16,10 @@
 -- ARGV[8]  hand-off attempt id
 -- ARGV[9]  '1' to issue a fencing token to the hand-off holder
 --
--- The common call, one hold released without a hand-off or an attempt check, is sent in a
--- compact form: KEYS[1] and ARGV[5] alone, as ARGV[1]. The holder id is then read from it, the
--- channel is KEYS[1] .. ':released', ARGV[3] is '0' and ARGV[4] is ''. (Each argument costs
--- the server a string; most releases are this call.)
+-- The common call, one hold released without a hand-off, is sent in a compact form: KEYS[1]
+-- and ARGV[5] alone, as ARGV[1], followed by the attempt (ARGV[4]) as in a single hold. The
+-- holder id and the attempt are then read from it, the channel is KEYS[1] .. ':released' and
+-- ARGV[3] is '0'. (Each argument costs the server a string; most releases are this call.)
 --
 -- A lock whose holds lived on a client lease that ran out (see acquire.lua) is nobody's: it is
 -- deleted, and the release answers {0}.
@@ -33,7 +33,9 @@ local lock = KEYS[1]
 local compact = not ARGV[2]
 local owner, attempt = ARGV[5], ARGV[4]
 if compact then
-  owner, attempt = ARGV[1], ''
+  local colon = string.find(ARGV[1], ':', 1, true)
+  local ends = colon + tonumber(string.sub(ARGV[1], 1, colon - 1))
+  owner, attempt = string.sub(ARGV[1], 1, ends), string.sub(ARGV[1], ends + 1)
 end
 -- The common cases first, before the helpers are defined: a single hold (nobody waits for
 -- one: a refused acquire turns it into a hash), or one read of the hash, then the release.
