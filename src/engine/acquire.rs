@@ -187,13 +187,11 @@ impl<B: Backend> Drop for InFlight<'_, B> {
         let (shared, key, want) = (self.shared.clone(), self.key.clone(), self.want.clone());
         tracing::debug!(key = %key, attempt = %want.attempt, "acquire unanswered; resolving it in the background");
         runtime.spawn(async move {
-            let within = reentering.clone();
-            shared.clone().resolve_until_done(key.clone(), want.clone(), within).await;
+            shared
+                .resolve_until_done(&key, &want, reentering.as_deref())
+                .await;
             if let Some(held) = reentering {
-                held.end_reentry();
-                if shared.table.drop_pending(&held) {
-                    shared.give_back_leftover(&held).await;
-                }
+                shared.reentry_over(&held).await;
             }
             // The attempt may have queued its holder (fair locks, writers): leave the queue
             // rather than stay in the way until the place times out.
@@ -283,11 +281,7 @@ impl<B: Backend> Engine<B> {
             }
         };
         in_flight.settle();
-        held.end_reentry();
-        let last = self.table.drop_pending(&held);
-        if last {
-            self.give_back_leftover(&held).await;
-        }
+        let last = self.reentry_over(&held).await;
         match outcome {
             // Other guards share the entry, but the backend no longer has it for this holder:
             // the lock was lost behind their back.
@@ -297,6 +291,18 @@ impl<B: Backend> Engine<B> {
             }
             other => other,
         }
+    }
+
+    /// A re-entry of `held` that did not happen is over: its claim ends and its pending
+    /// reference goes. Returns true when that was the entry's last reference (its other guards
+    /// were released meanwhile); what the backend may still count of it is then given back.
+    async fn reentry_over(&self, held: &Arc<Held>) -> bool {
+        held.end_reentry();
+        let last = self.table.drop_pending(held);
+        if last {
+            self.give_back_leftover(held).await;
+        }
+        last
     }
 
     /// Queues behind local waiters, contends in the backend when first, and waits for a
@@ -577,10 +583,8 @@ impl<B: Backend> Engine<B> {
         if !self.try_resolve(key, want).await
             && let Some(runtime) = self.runtime()
         {
-            runtime.spawn(
-                self.clone()
-                    .resolve_until_done(key.clone(), want.clone(), None),
-            );
+            let (shared, key, want) = (self.clone(), key.clone(), want.clone());
+            runtime.spawn(async move { shared.resolve_until_done(&key, &want, None).await });
         }
     }
 
@@ -588,16 +592,11 @@ impl<B: Backend> Engine<B> {
     /// attempt's lease has run out (it then holds nothing anyway) or the client stops. A
     /// re-entry of `reentering` counts in a hold its other guards keep renewed: it is tried
     /// for as long as that hold is not lost.
-    async fn resolve_until_done(
-        self: Arc<Self>,
-        key: LockKey,
-        want: Arc<Want>,
-        reentering: Option<Arc<Held>>,
-    ) {
+    async fn resolve_until_done(&self, key: &LockKey, want: &Want, reentering: Option<&Held>) {
         let give_up = tokio::time::Instant::now() + want.lease.duration();
         let mut pause = Duration::from_millis(50);
-        while !self.try_resolve(&key, &want).await {
-            let over = match &reentering {
+        while !self.try_resolve(key, want).await {
+            let over = match reentering {
                 Some(held) => held.is_lost(),
                 None => tokio::time::Instant::now() + pause >= give_up,
             };

@@ -300,8 +300,6 @@ impl<K: MakeKey> MakeKey for Prefixed<K> {
 #[derive(Clone, Debug)]
 pub struct PathParam {
     name: Arc<str>,
-    /// Routes already reported to have no such parameter (each is reported once).
-    reported: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 /// The value of the axum path parameter `name` (`{id}` in the route `/accounts/{id}`), as axum
@@ -324,10 +322,7 @@ pub struct PathParam {
 /// ```
 #[cfg(feature = "axum")]
 pub fn path_param(name: &str) -> PathParam {
-    PathParam {
-        name: name.into(),
-        reported: Arc::default(),
-    }
+    PathParam { name: name.into() }
 }
 
 #[cfg(feature = "axum")]
@@ -362,18 +357,40 @@ impl PathParam {
     /// Says once per route that the route has no such parameter: a misspelt name would
     /// otherwise show only as a 400 (or, with `skip_missing_key`, as no lock at all).
     fn report_missing(&self, parts: &Parts) {
+        static REPORTED: RouteReports = RouteReports::new();
         let route = crate::middleware::route(parts);
-        let mut reported = self
-            .reported
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if reported.len() < 64 && reported.insert(route.to_owned()) {
+        if REPORTED.first(route) {
             tracing::warn!(
                 param = %self.name,
                 route,
                 "key::path_param: the matched route has no such path parameter (run the layer with `Router::route_layer`, and check the name)"
             );
         }
+    }
+}
+
+/// The routes a misconfiguration was reported for, so that each is reported once (up to a
+/// bound: routes are few, but a log line per request would drown the log).
+#[cfg(feature = "axum")]
+pub(crate) struct RouteReports(std::sync::Mutex<Vec<String>>);
+
+#[cfg(feature = "axum")]
+impl RouteReports {
+    pub(crate) const fn new() -> Self {
+        Self(std::sync::Mutex::new(Vec::new()))
+    }
+
+    /// Whether `route` is reported for the first time (and not past the bound).
+    pub(crate) fn first(&self, route: &str) -> bool {
+        let mut reported = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if reported.len() >= 64 || reported.iter().any(|seen| seen == route) {
+            return false;
+        }
+        reported.push(route.to_owned());
+        true
     }
 }
 

@@ -9,14 +9,14 @@
 mod extract;
 mod set;
 
-#[cfg(feature = "macros")]
-pub(crate) use extract::route_through_param;
 pub use extract::{
     FromFn, Header, Keys, MakeKey, PathSegment, Prefixed, Query, from_fn, header, path_segment,
     query,
 };
 #[cfg(feature = "axum")]
 pub use extract::{PathParam, path_param};
+#[cfg(feature = "macros")]
+pub(crate) use extract::{RouteReports, route_through_param};
 
 pub use set::{All, FromFnMany, all, from_fn_many};
 

@@ -240,12 +240,8 @@ enum Keys {
 /// Says once per route that a `key = "{param}"` names no segment of the matched route: its lock
 /// is then the route's, not shared with the other routes of the resource.
 fn report_route_without(param: &str, route: &str) {
-    static REPORTED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-    let mut reported = REPORTED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if !route.is_empty() && reported.len() < 64 && !reported.iter().any(|seen| seen == route) {
-        reported.push(route.to_owned());
+    static REPORTED: crate::key::RouteReports = crate::key::RouteReports::new();
+    if !route.is_empty() && REPORTED.first(route) {
         tracing::warn!(
             param,
             route,
