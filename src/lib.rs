@@ -146,6 +146,10 @@
 // The unit tests share the integration tests' fixture, which names this crate by its name.
 #[cfg(test)]
 extern crate self as tower_lock;
+/// The integration tests' fixture: real `redis-server` processes for the unit tests.
+#[cfg(test)]
+#[path = "../tests/support/mod.rs"]
+mod test_support;
 
 pub mod backend;
 mod client;

@@ -1,6 +1,7 @@
 //! Replies lost on their way back, with the undo of the attempt failing too: a re-entry whose
 //! reply was lost, a hand-off whose outcome is unknown, the release of a re-entered hold
-//! whose reply was lost. None of them may grant a lock twice or strand it.
+//! whose reply was lost, an attempt the store gave back and voided. None of them may grant a
+//! lock twice or strand it.
 //!
 //! [`Lossy`] wraps the in-memory store and turns the next matching call into a chosen fault:
 //! applied with its reply lost, not applied at all, or refused for want of a connection. On
@@ -10,8 +11,9 @@
 mod support;
 
 use std::{
+    collections::HashSet,
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicU32, Ordering},
     },
     time::Duration,
@@ -41,6 +43,12 @@ struct Faults {
     release_unanswered: AtomicU32,
     /// Undos of an attempt: refused, as if no connection could be had.
     abandon_refused: AtomicU32,
+    /// Acquires of a new hold: not applied; the attempt is given back and answered `Spent`, as
+    /// a Redlock round that lost its vote is. Like a node that voided it, the store refuses
+    /// the attempt from then on.
+    acquire_spent: AtomicU32,
+    /// The attempts spent so far.
+    spent: Mutex<HashSet<String>>,
 }
 
 /// Takes one of the calls `counter` arms, if any.
@@ -86,6 +94,18 @@ impl Backend for Lossy {
     type Listener = Listener;
 
     async fn acquire(&self, grant: Grant<'_>) -> BackendResult<AcquireReply> {
+        let spent = || AcquireReply::Spent {
+            ttl: Some(Duration::from_millis(10)),
+        };
+        if self.faults.spent.lock().unwrap().contains(grant.attempt) {
+            return Ok(spent());
+        }
+        if grant.reentry != Reentry::Only && hit(&self.faults.acquire_spent) {
+            self.abandon(grant).await?;
+            let mut attempts = self.faults.spent.lock().unwrap();
+            attempts.insert(grant.attempt.to_owned());
+            return Ok(spent());
+        }
         let reply = self.inner.acquire(grant).await;
         if grant.reentry == Reentry::Only && hit(&self.faults.reentry_reply_lost) {
             return Err(timeout());
@@ -218,6 +238,28 @@ async fn a_waiter_put_back_after_an_unknown_hand_off_keeps_what_it_acquires() {
     assert_held_against(&other, "doc", Duration::ZERO).await;
     guard.release().await.expect("released");
     assert_free_within(&other, "doc", Duration::from_secs(1)).await;
+}
+
+/// An attempt the store gave back and voided (a lost Redlock round) is not sent again: the
+/// store would refuse it for a lease. The next try carries a new attempt id and gets the free
+/// lock.
+#[tokio::test]
+async fn a_spent_attempt_is_not_sent_again() {
+    let backend = Lossy::new();
+    let locks = client(backend.clone());
+    backend.faults.acquire_spent.store(1, Ordering::SeqCst);
+    let guard = locks
+        .lock("doc")
+        .wait(Duration::from_secs(2))
+        .acquire()
+        .await
+        .expect("the next try acquires the free lock");
+    assert_eq!(
+        *backend.abandons.borrow(),
+        1,
+        "the spent attempt was given back"
+    );
+    guard.release().await.expect("released");
 }
 
 /// The release of a re-entered hold whose reply was lost is not sent again: a second one would

@@ -137,6 +137,13 @@ pub enum AcquireReply {
         /// When to try again at the latest: the blocking lease's remaining time, when known.
         ttl: Option<Duration>,
     },
+    /// Another holder has the lock, as with [`Held`](Self::Held), and the attempt was given
+    /// back on part of the store (a Redlock round that lost its vote), where its id may now be
+    /// refused: the next try carries a new attempt id.
+    Spent {
+        /// When to try again at the latest: the blocking lease's remaining time, when known.
+        ttl: Option<Duration>,
+    },
     /// The holder holds the read side and asked for the write side: waiting would deadlock.
     WouldDeadlock,
 }

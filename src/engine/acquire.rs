@@ -267,7 +267,7 @@ impl<B: Backend> Engine<B> {
                     at: BootInstant::now(),
                 }));
             }
-            Ok(AcquireReply::Held { .. }) => Ok(None),
+            Ok(AcquireReply::Held { .. } | AcquireReply::Spent { .. }) => Ok(None),
             Ok(AcquireReply::WouldDeadlock) => Err(LockError::UpgradeRefused),
             Err(error) => {
                 let unknown = error.outcome_unknown();
@@ -411,11 +411,18 @@ impl<B: Backend> Engine<B> {
                                 at: replied_at,
                             });
                         }
-                        Ok(AcquireReply::Held { ttl }) => {
+                        Ok(reply @ (AcquireReply::Held { ttl } | AcquireReply::Spent { ttl })) => {
                             retry_after = ttl;
                             contended = true;
                             if ticket.is_none() {
                                 ticket = Some(queued.join(&want, queue)?);
+                            }
+                            if matches!(reply, AcquireReply::Spent { .. }) {
+                                // Should a give-back have failed somewhere, the next attempt
+                                // takes over what this one left there.
+                                drop(in_flight);
+                                want = Arc::new(want.retry(self.attempt_id(&want.holder), true));
+                                self.table.set_want(&request.key, id, want.clone());
                             }
                             if let Some(place) = ticket.as_ref().and_then(|t| t.queued.as_ref()) {
                                 // The watchdog keeps the place alive from now on.

@@ -1,8 +1,7 @@
 //! The scripts' attempt bookkeeping, driven through the `Backend` trait against a real
 //! `redis-server` (the test fixture of `tests/support`).
 
-#[path = "../../../tests/support/mod.rs"]
-mod support;
+use crate::test_support as support;
 
 use std::time::Duration;
 

@@ -83,6 +83,8 @@ use crate::{
 
 mod inspect;
 mod listener;
+#[cfg(test)]
+mod tests;
 mod vote;
 
 pub use listener::RedlockListener;
@@ -539,6 +541,7 @@ struct OwnedGrant {
     kind: LockKind,
     queue: Option<Duration>,
     reentry: Reentry,
+    contended: bool,
 }
 
 impl OwnedGrant {
@@ -553,6 +556,7 @@ impl OwnedGrant {
             kind: grant.kind,
             queue: grant.queue,
             reentry: grant.reentry,
+            contended: grant.contended,
         }
     }
 
@@ -567,8 +571,9 @@ impl OwnedGrant {
             queue: self.queue,
             supersedes: self.supersedes.as_deref(),
             reentry: self.reentry,
-            // Only ever abandoned: whether it was contended does not matter.
-            contended: false,
+            // A node skips its first try for a free lock when the lock was found held.
+            contended: self.contended,
+            // Redlock refuses semaphores.
             permits: 0,
         }
     }
@@ -694,7 +699,9 @@ impl Backend for RedlockBackend {
         };
         stragglers.settle(true);
         self.give_back(grant, &replies).await;
-        Ok(AcquireReply::Held { ttl })
+        // A node that voided the attempt (its give-back found nothing yet) refuses it for a
+        // lease, and a give-back still on its way could free the attempt's next grant there.
+        Ok(AcquireReply::Spent { ttl })
     }
 
     async fn release(&self, release: Release<'_>) -> Result<ReleaseReply, BackendError> {
