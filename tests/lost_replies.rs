@@ -3,10 +3,11 @@
 //! whose reply was lost, an attempt the store gave back and voided. None of them may grant a
 //! lock twice or strand it.
 //!
-//! [`Lossy`] wraps the in-memory store and turns the next matching call into a chosen fault:
-//! applied with its reply lost, not applied at all, or refused for want of a connection. On
-//! Redis the fault is real: a server frozen with SIGSTOP while the command is on the wire, so
-//! it runs once the server resumes, after the client gave up waiting for its reply.
+//! [`Lossy`] wraps a store (in memory, or a real Redis) and turns the next matching call into a
+//! chosen fault: applied with its reply lost, not applied at all, or refused for want of a
+//! connection. One Redis test has a real fault instead: a server frozen with SIGSTOP while the
+//! command is on the wire, so it runs once the server resumes, after the client gave up
+//! waiting for its reply.
 
 mod support;
 
@@ -23,7 +24,7 @@ use support::RedisServer;
 use tokio::sync::watch;
 use tower_lock::{
     Backend, BackendError, Lease, LockClient, LockError, MemoryBackend,
-    backend::{AcquireReply, Grant, Listener, Reentry, Release, ReleaseReply, Renew, RenewReply},
+    backend::{AcquireReply, Grant, Reentry, Release, ReleaseReply, Renew, RenewReply},
     error::BackendErrorKind,
     key::LockKey,
 };
@@ -47,6 +48,8 @@ struct Faults {
     /// a Redlock round that lost its vote is. Like a node that voided it, the store refuses
     /// the attempt from then on.
     acquire_spent: AtomicU32,
+    /// Acquires that granted a new hold: answered with a timeout.
+    grant_reply_lost: AtomicU32,
     /// The attempts spent so far.
     spent: Mutex<HashSet<String>>,
 }
@@ -62,18 +65,24 @@ fn timeout() -> BackendError {
     BackendError::from_kind(BackendErrorKind::Timeout)
 }
 
-/// The in-memory store with [`Faults`], counting the undos that reached it.
+/// A store with [`Faults`], counting the undos that reached it.
 #[derive(Clone)]
-struct Lossy {
-    inner: MemoryBackend,
+struct Lossy<B = MemoryBackend> {
+    inner: B,
     faults: Arc<Faults>,
     abandons: Arc<watch::Sender<u32>>,
 }
 
 impl Lossy {
     fn new() -> Self {
+        Self::over(MemoryBackend::new())
+    }
+}
+
+impl<B: Backend> Lossy<B> {
+    fn over(inner: B) -> Self {
         Self {
-            inner: MemoryBackend::new(),
+            inner,
             faults: Arc::default(),
             abandons: Arc::new(watch::channel(0).0),
         }
@@ -90,8 +99,8 @@ impl Lossy {
 
 type BackendResult<T> = Result<T, BackendError>;
 
-impl Backend for Lossy {
-    type Listener = Listener;
+impl<B: Backend> Backend for Lossy<B> {
+    type Listener = B::Listener;
 
     async fn acquire(&self, grant: Grant<'_>) -> BackendResult<AcquireReply> {
         let spent = || AcquireReply::Spent {
@@ -108,6 +117,10 @@ impl Backend for Lossy {
         }
         let reply = self.inner.acquire(grant).await;
         if grant.reentry == Reentry::Only && hit(&self.faults.reentry_reply_lost) {
+            return Err(timeout());
+        }
+        let granted = matches!(reply, Ok(AcquireReply::Acquired { count: 1, .. }));
+        if grant.reentry != Reentry::Only && granted && hit(&self.faults.grant_reply_lost) {
             return Err(timeout());
         }
         reply
@@ -154,7 +167,7 @@ impl Backend for Lossy {
         self.inner.leave(key, holder, kind).await
     }
 
-    async fn listen(&self, key: &LockKey, only_for: Option<&str>) -> BackendResult<Listener> {
+    async fn listen(&self, key: &LockKey, only_for: Option<&str>) -> BackendResult<B::Listener> {
         self.inner.listen(key, only_for).await
     }
 
@@ -259,6 +272,69 @@ async fn a_spent_attempt_is_not_sent_again() {
         1,
         "the spent attempt was given back"
     );
+    guard.release().await.expect("released");
+}
+
+/// A fair lock granted to the head of its queue, with the grant's reply lost: the grant is
+/// undone, and the undo wakes the next waiter in the queue (each fair waiter listens for its
+/// own turn only). Without that wake-up the next waiter would sleep until its place's next
+/// refresh, 10 s here, or the first holder's lease.
+#[tokio::test]
+async fn an_undone_fair_grant_wakes_the_next_waiter() {
+    undone_fair_grant_wakes_the_next_waiter(MemoryBackend::new()).await;
+}
+
+/// The same on Redis.
+#[tokio::test]
+async fn an_undone_fair_grant_on_redis_wakes_the_next_waiter() {
+    let server = RedisServer::start();
+    let backend = support::redis_backend(server.url())
+        .connect()
+        .await
+        .unwrap();
+    undone_fair_grant_wakes_the_next_waiter(backend).await;
+}
+
+async fn undone_fair_grant_wakes_the_next_waiter<B: Backend + Clone>(store: B) {
+    fn patient<B: Backend>(backend: B) -> LockClient<B> {
+        LockClient::builder(backend)
+            .waiter_timeout(Duration::from_secs(30))
+            .build()
+            .expect("a valid configuration")
+    }
+    let backend = Lossy::over(store.clone());
+    let (holding, first, next) = (
+        client(store.clone()),
+        patient(backend.clone()),
+        patient(store),
+    );
+    let held = holding.fair_lock("doc").acquire().await.unwrap();
+    let wait = Duration::from_secs(3);
+    let first_waiter = {
+        let first = first.clone();
+        tokio::spawn(async move { first.fair_lock("doc").wait(wait).acquire().await })
+    };
+    while first.queued() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let next_waiter = {
+        let next = next.clone();
+        tokio::spawn(async move { next.fair_lock("doc").wait(wait).acquire().await })
+    };
+    while next.queued() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    backend.faults.grant_reply_lost.store(1, Ordering::SeqCst);
+    held.release().await.expect("released");
+    let lost = first_waiter.await.unwrap();
+    assert!(
+        matches!(&lost, Err(LockError::Backend(error)) if error.is_timeout()),
+        "the first waiter hears that the reply was lost: {lost:?}"
+    );
+    let guard = next_waiter
+        .await
+        .unwrap()
+        .expect("the next waiter is woken by the undo");
     guard.release().await.expect("released");
 }
 

@@ -345,7 +345,6 @@ impl State {
     }
 
     fn release_owned(&mut self, release: Release<'_>, now: Instant) -> (ReleaseReply, Publish) {
-        let name = release.key.as_str();
         let owned = |e: &&mut Entry| {
             e.owner == release.holder && release.attempt.is_none_or(|a| a == e.attempt)
         };
@@ -362,15 +361,21 @@ impl State {
             let token = self.grant(next, now);
             return (ReleaseReply::HandedOff { token }, None);
         }
-        let payload = match release.kind {
-            LockKind::Fair => self.queues.get_mut(name).and_then(|queue| {
+        let publish = self.freed(release.key, release.kind, now);
+        (ReleaseReply::Released { notified: None }, publish)
+    }
+
+    /// The wake-up for `key`, just freed: a fair lock wakes the head of its queue (each fair
+    /// waiter listens for its own turn), any other lock every listener.
+    fn freed(&mut self, key: &LockKey, kind: LockKind, now: Instant) -> Publish {
+        let head = match kind {
+            LockKind::Fair => self.queues.get_mut(key.as_str()).and_then(|queue| {
                 queue.purge(now);
                 queue.order.front().cloned()
             }),
             _ => None,
         };
-        let publish = (release.key.clone(), payload);
-        (ReleaseReply::Released { notified: None }, Some(publish))
+        Some((key.clone(), head))
     }
 
     /// Keeps (or ends, with `timeout` None) a fair waiter's place.
@@ -510,7 +515,7 @@ impl Backend for MemoryBackend {
                         }
                         if entry.count == 0 {
                             state.locks.remove(grant.key);
-                            (true, Some((grant.key.clone(), None)))
+                            (true, state.freed(grant.key, grant.kind, now))
                         } else {
                             (true, None)
                         }

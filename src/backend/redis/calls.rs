@@ -294,8 +294,8 @@ fn sem_release(
 }
 
 /// `lua/abandon.lua` (or, for a read-write lock or a semaphore, its release script for that
-/// attempt only):
-/// undoes the grant's attempt if it took the lock, else records it as given up.
+/// attempt only): undoes the grant's attempt if it took the lock, else records it as given up.
+/// A fair lock's undo names its queue, whose head it wakes.
 pub(super) fn abandon(scripts: &'static Scripts, grant: &Grant<'_>) -> Call {
     let key = grant.key;
     match grant.kind {
@@ -314,11 +314,14 @@ pub(super) fn abandon(scripts: &'static Scripts, grant: &Grant<'_>) -> Call {
             grant.attempt,
             grant.lease.millis(),
         ),
-        _ => {
-            let mut call = scripts.abandon.prepare_invoke(2);
-            call.key(key.as_str())
-                .key(Derived(key, VOID))
-                .arg(grant.holder)
+        kind => {
+            let fair = kind == LockKind::Fair;
+            let mut call = scripts.abandon.prepare_invoke(if fair { 4 } else { 2 });
+            call.key(key.as_str()).key(Derived(key, VOID));
+            if fair {
+                call.key(Derived(key, QUEUE)).key(Derived(key, TIMEOUTS));
+            }
+            call.arg(grant.holder)
                 .arg(grant.attempt)
                 .arg(Derived(key, CHANNEL))
                 .arg(grant.lease.millis());

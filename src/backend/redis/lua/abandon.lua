@@ -5,6 +5,7 @@
 --
 -- KEYS[1]  the lock: a single hold or a hash (see acquire.lua)
 -- KEYS[2]  attempts given up on (set)
+-- KEYS[3]  optional, for a fair lock: its waiter queue; KEYS[4] then its waiter timeouts
 -- ARGV[1]  holder id
 -- ARGV[2]  attempt id
 -- ARGV[3]  release channel
@@ -12,12 +13,22 @@
 --
 -- Returns 1 when a hold was given back, 0 when the attempt had taken nothing.
 local lock = KEYS[1]
+-- Frees the lock and wakes who is next: the head of a fair lock's queue (each fair waiter
+-- listens for its own turn), anyone waiting for another lock.
+local function free()
+  redis.call('DEL', lock)
+  local head
+  if KEYS[3] then
+    purge_waiters(KEYS[3], KEYS[4], now_ms())
+    head = redis.call('LINDEX', KEYS[3], 0)
+  end
+  publish(ARGV[3], head or 'released')
+end
 local single = redis.pcall('GET', lock)
 if type(single) == 'string' then
   local owner, attempt = single_hold(single)
   if owner == ARGV[1] and attempt == ARGV[2] then
-    redis.call('DEL', lock)
-    publish(ARGV[3], 'released')
+    free()
     return 1
   end
   redis.call('SADD', KEYS[2], ARGV[2])
@@ -37,8 +48,7 @@ else
   return 0
 end
 if redis.call('HINCRBY', lock, ARGV[1], -1) <= 0 then
-  redis.call('DEL', lock)
-  publish(ARGV[3], 'released')
+  free()
 else
   redis.call('HDEL', lock, record)
 end
