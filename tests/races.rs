@@ -21,7 +21,7 @@ use std::{
 use support::RedisServer;
 use tokio::sync::oneshot;
 use tower_lock::{
-    Backend, Lease, LockClient, LockError, MemoryBackend, RedisBackend,
+    Backend, Lease, LockClient, LockError, LockRequest, MemoryBackend, RedisBackend,
     backend::{AcquireReply, Grant, Listener, Release, ReleaseReply, Renew, RenewReply},
     key::LockKey,
 };
@@ -30,6 +30,7 @@ use tower_lock::{
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Call {
     Acquire,
+    Release,
     Renew,
 }
 
@@ -129,7 +130,7 @@ impl Backend for Gated {
         &self,
         release: Release<'_>,
     ) -> Result<ReleaseReply, tower_lock::BackendError> {
-        self.inner.release(release).await
+        self.pass(Call::Release, self.inner.release(release)).await
     }
 
     async fn renew(
@@ -451,6 +452,52 @@ async fn stale_renewal_does_not_free_a_newer_hold() {
     assert!(!again.is_lost());
     assert_held_against(&b, "doc:3", Duration::from_millis(100)).await;
     again.release().await.unwrap();
+}
+
+/// A release that reaches the store after the hold's lease ran out there, when the same holder
+/// has taken the lock anew meanwhile: it names the hold it ends, so it frees nothing of the new
+/// one. Plain and fair locks.
+#[tokio::test(flavor = "current_thread")]
+async fn late_release_does_not_free_a_newer_hold() {
+    for fair in [false, true] {
+        let backend = Gated::default();
+        let lease = Lease::fixed(Duration::from_millis(100));
+        let a = client(backend.clone(), lease);
+        let b = client(backend.clone(), lease);
+        let key = format!("doc:late:{fair}");
+        fn lock<'a>(
+            client: &'a LockClient<Gated>,
+            key: &str,
+            fair: bool,
+        ) -> LockRequest<'a, Gated> {
+            match fair {
+                true => client.fair_lock(key),
+                false => client.lock(key),
+            }
+        }
+        let holder = a.holder();
+        let first = lock(&a, &key, fair)
+            .holder(&holder)
+            .acquire()
+            .await
+            .unwrap();
+        let mut held = backend.hold_next(Call::Release);
+        let release = tokio::spawn(first.release());
+        held.arrived().await;
+        // The lease runs out in the store while the release is on its way.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let again = lock(&a, &key, fair)
+            .holder(&holder)
+            .lease(Lease::fixed(Duration::from_secs(10)))
+            .acquire()
+            .await
+            .unwrap();
+        let _ = held.run().await.send(());
+        let _ = release.await.unwrap();
+        assert!(!again.is_lost(), "fair: {fair}");
+        assert_held_against(&b, &key, Duration::ZERO).await;
+        again.release().await.unwrap();
+    }
 }
 
 /// A release whose reply is lost (the server froze past the command timeout) is sent again
