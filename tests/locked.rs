@@ -150,6 +150,29 @@ async fn serializes_per_key_with_the_client_in_state() {
     witness.assert_serialized(120);
 }
 
+#[locked(key = "account:{id}", wait = "10s")]
+async fn withdraw_shared(State(app): State<Arc<MemoryApp>>, Path(id): Path<u64>) -> &'static str {
+    app.witness.section(id).await;
+    "ok"
+}
+
+/// The same with the state shared as `State<Arc<MemoryApp>>`: the attribute looks through the
+/// `Arc` for the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn serializes_per_key_with_the_client_in_shared_state() {
+    let witness = Witness::default();
+    let app = Arc::new(MemoryApp {
+        locks: LockClient::in_memory(),
+        witness: witness.clone(),
+    });
+    let router = Router::new()
+        .route("/accounts/{id}/withdraw", post(withdraw_shared))
+        .with_state(app);
+    let base = serve(router).await;
+    hammer(std::slice::from_ref(&base), 120).await;
+    witness.assert_serialized(120);
+}
+
 /// Two app instances on one Redis, each with its own client in its state, serving `handler`
 /// at `/accounts/{id}/withdraw`, hammered with 120 requests over 4 accounts.
 async fn hammer_two_instances<H, T>(handler: H) -> Witness

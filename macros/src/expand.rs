@@ -73,7 +73,7 @@ pub(crate) fn expand(options: &Options, mut item: ItemFn) -> syn::Result<TokenSt
     let (parts_ty, from_state) = match state_ty {
         Some(ty) => (
             quote!(#private::LockParts<#private::WithState<#ty>>),
-            quote!((&&&#private::probe::Probe(&#parts.state.0)).lock_client()),
+            quote!((&&&&&&#private::probe::Probe(&#parts.state.0)).lock_client()),
         ),
         None => (
             quote!(#private::LockParts<#private::Stateless>),
@@ -114,7 +114,10 @@ pub(crate) fn expand(options: &Options, mut item: ItemFn) -> syn::Result<TokenSt
     let block = &item.block;
     let body = quote_spanned! {output_span=>
         #[allow(unused_imports)]
-        use #private::probe::{ViaAny as _, ViaMemory as _, ViaNone as _, ViaRedis as _};
+        use #private::probe::{
+            ViaAny as _, ViaMemory as _, ViaNone as _, ViaRedis as _, ViaSharedAny as _,
+            ViaSharedMemory as _, ViaSharedRedis as _,
+        };
         static __TOWER_LOCK_OPTIONS: #private::Options = #options;
         let __tower_lock_client = #from_state;
         let __tower_lock_key = #key;

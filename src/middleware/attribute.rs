@@ -116,14 +116,62 @@ where
 }
 
 /// Finds a lock client in a state value of a concrete type, if the type provides one through
-/// `FromRef`, without making a missing implementation a compile error: the expansion calls
-/// `(&&&Probe(&state)).lock_client()` and method resolution picks the first trait below whose
-/// bound holds.
+/// `FromRef`, or, for an `Arc<S>`, if `S` does, without making a missing implementation a
+/// compile error: the expansion calls `(&&&&&&Probe(&state)).lock_client()` and method
+/// resolution picks the first trait below whose bound holds.
 pub mod probe {
+    use std::sync::Arc;
+
     use axum::extract::FromRef;
 
     use super::AnyLockClient;
     use crate::{LockClient, MemoryBackend};
+
+    /// The state is an `Arc<S>` whose `S` provides an [`AnyLockClient`].
+    pub trait ViaSharedAny {
+        /// The client.
+        fn lock_client(self) -> Option<AnyLockClient>;
+    }
+
+    impl<S> ViaSharedAny for &&&&&&Probe<'_, Arc<S>>
+    where
+        AnyLockClient: FromRef<S>,
+    {
+        fn lock_client(self) -> Option<AnyLockClient> {
+            Some(AnyLockClient::from_ref(&**self.0))
+        }
+    }
+
+    /// The state is an `Arc<S>` whose `S` provides a `LockClient<MemoryBackend>`.
+    pub trait ViaSharedMemory {
+        /// The client.
+        fn lock_client(self) -> Option<AnyLockClient>;
+    }
+
+    impl<S> ViaSharedMemory for &&&&&Probe<'_, Arc<S>>
+    where
+        LockClient<MemoryBackend>: FromRef<S>,
+    {
+        fn lock_client(self) -> Option<AnyLockClient> {
+            Some(LockClient::<MemoryBackend>::from_ref(&**self.0).into())
+        }
+    }
+
+    /// The state is an `Arc<S>` whose `S` provides a `LockClient<RedisBackend>`.
+    pub trait ViaSharedRedis {
+        /// The client.
+        fn lock_client(self) -> Option<AnyLockClient>;
+    }
+
+    #[cfg(feature = "redis")]
+    impl<S> ViaSharedRedis for &&&&Probe<'_, Arc<S>>
+    where
+        LockClient<crate::RedisBackend>: FromRef<S>,
+    {
+        fn lock_client(self) -> Option<AnyLockClient> {
+            Some(LockClient::<crate::RedisBackend>::from_ref(&**self.0).into())
+        }
+    }
 
     /// A state value to look for a lock client in.
     #[derive(Debug)]
@@ -267,7 +315,8 @@ where
             target: "tower_lock::rejection",
             "#[locked] handler found no lock client: run it under a `LockLayer`, add an \
              extension (`.layer(Extension(AnyLockClient::from(locks)))`), or give it a \
-             `State<T>` argument where `AnyLockClient` or `LockClient<_>` implements `FromRef<T>`"
+             `State<T>` argument where `AnyLockClient` or `LockClient<_>` implements `FromRef<T>` \
+             (or `FromRef<S>`, for a `State<Arc<S>>`)"
         );
         return (
             StatusCode::INTERNAL_SERVER_ERROR,
