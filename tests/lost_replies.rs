@@ -441,6 +441,48 @@ async fn a_reentry_waits_for_an_earlier_undo_within_its_wait() {
     outer.release().await.expect("released");
 }
 
+/// The undo of a re-entry whose reply was lost is being retried in the background when the
+/// runtime running it shuts down, while the client lives on in another runtime: the re-entry's
+/// claim ends with that task, so the hold's next re-entry goes ahead instead of waiting for an
+/// undo that will never come.
+#[test]
+fn a_reentry_claim_ends_with_the_runtime_of_its_undo() {
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let backend = Lossy::new();
+    let locks = client(backend.clone());
+    let holder = locks.holder();
+    let first = runtime();
+    let outer = first.block_on(async {
+        let outer = locks.lock("doc").holder(&holder).acquire().await.unwrap();
+        backend.faults.reentry_reply_lost.store(1, Ordering::SeqCst);
+        backend
+            .faults
+            .abandon_refused
+            .store(u32::MAX, Ordering::SeqCst);
+        let lost = locks.lock("doc").holder(&holder).acquire().await;
+        assert!(matches!(lost, Err(LockError::Backend(_))), "{lost:?}");
+        outer
+    });
+    drop(first);
+    backend.faults.abandon_refused.store(0, Ordering::SeqCst);
+    runtime().block_on(async {
+        let inner = locks
+            .lock("doc")
+            .holder(&holder)
+            .wait(Duration::from_secs(1))
+            .acquire()
+            .await
+            .expect("the next re-entry goes ahead");
+        inner.release().await.expect("released");
+        outer.release().await.expect("released");
+    });
+}
+
 /// On Redis: the server freezes while the release of a re-entered hold is on its way, and the
 /// client gives up on its reply. The outer guard still holds the lock. Once it is released,
 /// the lock is free, whether the lost release ran or not.

@@ -169,28 +169,51 @@ impl<'a, B: Backend> InFlight<'a, B> {
     }
 }
 
+/// The claim and pending reference of a re-entry being resolved in the background, ended
+/// should the task be dropped before it is done (its runtime shut down while the client lives
+/// on in another): the entry's next re-entry must not wait for a resolution that will never
+/// end.
+struct Claim<B: Backend> {
+    shared: Arc<Engine<B>>,
+    held: Option<Arc<Held>>,
+}
+
+impl<B: Backend> Drop for Claim<B> {
+    fn drop(&mut self) {
+        if let Some(held) = self.held.take() {
+            held.end_reentry();
+            self.shared.table.drop_pending(&held);
+        }
+    }
+}
+
 impl<B: Backend> Drop for InFlight<'_, B> {
     fn drop(&mut self) {
         if self.settled {
             return;
         }
         let Some(runtime) = self.shared.runtime() else {
-            if let Some(held) = &self.reentering {
-                held.end_reentry();
-                self.shared.table.drop_pending(held);
-            }
+            // Nowhere to resolve it: the claim ends at once.
+            drop(Claim {
+                shared: self.shared.clone(),
+                held: self.reentering.take(),
+            });
             return;
         };
         // A re-entry keeps its claim and its reference until it is resolved: the entry stays,
         // and no other re-entry replaces the attempt record meanwhile.
-        let reentering = self.reentering.take();
+        let claim = Claim {
+            shared: self.shared.clone(),
+            held: self.reentering.take(),
+        };
         let (shared, key, want) = (self.shared.clone(), self.key.clone(), self.want.clone());
         tracing::debug!(key = %key, attempt = %want.attempt, "acquire unanswered; resolving it in the background");
         runtime.spawn(async move {
+            let mut claim = claim;
             shared
-                .resolve_until_done(&key, &want, reentering.as_deref())
+                .resolve_until_done(&key, &want, claim.held.as_deref())
                 .await;
-            if let Some(held) = reentering {
+            if let Some(held) = claim.held.take() {
                 shared.reentry_over(&held).await;
             }
             // The attempt may have queued its holder (fair locks, writers): leave the queue
