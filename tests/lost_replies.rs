@@ -406,6 +406,25 @@ async fn a_reentry_waits_for_the_undo_of_one_whose_reply_was_lost() {
     assert_free_within(&other, "doc", Duration::from_secs(1)).await;
 }
 
+/// Takes `doc` for `holder`, then re-enters it with the reply lost and every undo refused
+/// until the test lets them through: the re-entry's undo is left to the background. Returns
+/// the outer guard.
+async fn lose_a_reentry(
+    backend: &Lossy,
+    locks: &LockClient<Lossy>,
+    holder: &tower_lock::Holder,
+) -> tower_lock::LockGuard<Lossy> {
+    let outer = locks.lock("doc").holder(holder).acquire().await.unwrap();
+    backend.faults.reentry_reply_lost.store(1, Ordering::SeqCst);
+    backend
+        .faults
+        .abandon_refused
+        .store(u32::MAX, Ordering::SeqCst);
+    let lost = locks.lock("doc").holder(holder).acquire().await;
+    assert!(matches!(lost, Err(LockError::Backend(_))), "{lost:?}");
+    outer
+}
+
 /// A re-entry waiting for the undo of an earlier one waits within its own wait: with the undo
 /// refused for as long as the backend refuses it, a re-entry with a short wait times out, and
 /// once the undo gets through the next re-entry goes ahead.
@@ -414,14 +433,7 @@ async fn a_reentry_waits_for_an_earlier_undo_within_its_wait() {
     let backend = Lossy::new();
     let locks = client(backend.clone());
     let holder = locks.holder();
-    let outer = locks.lock("doc").holder(&holder).acquire().await.unwrap();
-    backend.faults.reentry_reply_lost.store(1, Ordering::SeqCst);
-    backend
-        .faults
-        .abandon_refused
-        .store(u32::MAX, Ordering::SeqCst);
-    let lost = locks.lock("doc").holder(&holder).acquire().await;
-    assert!(matches!(lost, Err(LockError::Backend(_))), "{lost:?}");
+    let outer = lose_a_reentry(&backend, &locks, &holder).await;
     let short = locks
         .lock("doc")
         .holder(&holder)
@@ -457,17 +469,7 @@ fn a_reentry_claim_ends_with_the_runtime_of_its_undo() {
     let locks = client(backend.clone());
     let holder = locks.holder();
     let first = runtime();
-    let outer = first.block_on(async {
-        let outer = locks.lock("doc").holder(&holder).acquire().await.unwrap();
-        backend.faults.reentry_reply_lost.store(1, Ordering::SeqCst);
-        backend
-            .faults
-            .abandon_refused
-            .store(u32::MAX, Ordering::SeqCst);
-        let lost = locks.lock("doc").holder(&holder).acquire().await;
-        assert!(matches!(lost, Err(LockError::Backend(_))), "{lost:?}");
-        outer
-    });
+    let outer = first.block_on(lose_a_reentry(&backend, &locks, &holder));
     drop(first);
     backend.faults.abandon_refused.store(0, Ordering::SeqCst);
     runtime().block_on(async {
