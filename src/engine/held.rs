@@ -123,24 +123,11 @@ impl Held {
 
     /// The attempt a release of this entry names, so that it gives back nothing of a hold the
     /// holder took anew (this entry's lease ran out in the backend before the release got
-    /// there): the grant's, for an exclusive or fair lock whose backend record it is. The
-    /// read-write and semaphore stores read a named attempt as the undo of one hold: their
-    /// releases name it only for the entry's last hold, with [`release_last`](Self::release_last).
+    /// there): the grant's, for an exclusive or fair lock whose backend record it is. (The
+    /// read-write and semaphore stores read a named attempt as an undo of that attempt.)
     pub(crate) fn release_check(&self) -> Option<&str> {
         let checked = matches!(self.kind, LockKind::Exclusive | LockKind::Fair);
         (checked && self.first_hold).then_some(&*self.grant_attempt)
-    }
-
-    /// The release of this entry's last hold, for a read-write lock's side or a semaphore's
-    /// permit granted to this entry: every hold the backend counts for it, only while the
-    /// backend's record is still this entry's grant. `None` for the other kinds, and for an
-    /// entry joined to holds taken through another client.
-    pub(crate) fn release_last(&self) -> Option<Release<'_>> {
-        let undo_records = matches!(
-            self.kind,
-            LockKind::Read | LockKind::Write | LockKind::Semaphore
-        );
-        (undo_records && self.first_hold).then(|| self.release_if_granted())
     }
 
     /// A release of every hold of this entry (at shutdown).

@@ -54,11 +54,6 @@ struct Sent {
 impl Releasing {
     /// The backend call.
     fn request(&self) -> Release<'_> {
-        if self.held.is_released()
-            && let Some(last) = self.held.release_last()
-        {
-            return last;
-        }
         Release {
             key: &self.held.key,
             holder: self.held.holder.id(),
