@@ -454,29 +454,43 @@ async fn stale_renewal_does_not_free_a_newer_hold() {
     again.release().await.unwrap();
 }
 
+/// The kinds of lock, as [`lock`] names them.
+const KINDS: [&str; 5] = ["plain", "fair", "read", "write", "semaphore"];
+
+/// A request for `key` of `kind` (one of [`KINDS`]).
+fn lock<'a, B: Backend>(client: &'a LockClient<B>, key: &str, kind: &str) -> LockRequest<'a, B> {
+    match kind {
+        "fair" => client.fair_lock(key),
+        "read" => client.read_write_lock(key).read(),
+        "write" => client.read_write_lock(key).write(),
+        "semaphore" => client.semaphore(key, 1),
+        _ => client.lock(key),
+    }
+}
+
+/// Asserts that `other` cannot take `key`, held as `kind`, at once (for a read hold: the write
+/// side).
+async fn assert_refused_to<B: Backend>(other: &LockClient<B>, key: &str, kind: &str) {
+    let kind = if kind == "read" { "write" } else { kind };
+    match lock(other, key, kind).try_acquire().await {
+        Err(LockError::WaitTimeout { .. }) => {}
+        result => panic!("{kind}: another holder got in while it was held: {result:?}"),
+    }
+}
+
 /// A release that reaches the store after the hold's lease ran out there, when the same holder
 /// has taken the lock anew meanwhile: it names the hold it ends, so it frees nothing of the new
-/// one. Plain and fair locks.
+/// one. Every kind of lock.
 #[tokio::test(flavor = "current_thread")]
 async fn late_release_does_not_free_a_newer_hold() {
-    for fair in [false, true] {
+    for kind in KINDS {
         let backend = Gated::default();
         let lease = Lease::fixed(Duration::from_millis(100));
         let a = client(backend.clone(), lease);
         let b = client(backend.clone(), lease);
-        let key = format!("doc:late:{fair}");
-        fn lock<'a>(
-            client: &'a LockClient<Gated>,
-            key: &str,
-            fair: bool,
-        ) -> LockRequest<'a, Gated> {
-            match fair {
-                true => client.fair_lock(key),
-                false => client.lock(key),
-            }
-        }
+        let key = format!("doc:late:{kind}");
         let holder = a.holder();
-        let first = lock(&a, &key, fair)
+        let first = lock(&a, &key, kind)
             .holder(&holder)
             .acquire()
             .await
@@ -486,7 +500,7 @@ async fn late_release_does_not_free_a_newer_hold() {
         held.arrived().await;
         // The lease runs out in the store while the release is on its way.
         tokio::time::sleep(Duration::from_millis(150)).await;
-        let again = lock(&a, &key, fair)
+        let again = lock(&a, &key, kind)
             .holder(&holder)
             .lease(Lease::fixed(Duration::from_secs(10)))
             .acquire()
@@ -494,9 +508,79 @@ async fn late_release_does_not_free_a_newer_hold() {
             .unwrap();
         let _ = held.run().await.send(());
         let _ = release.await.unwrap();
-        assert!(!again.is_lost(), "fair: {fair}");
-        assert_held_against(&b, &key, Duration::ZERO).await;
+        assert!(!again.is_lost(), "{kind}");
+        // Another holder's write (or permit) is refused: the new hold is still there.
+        assert_refused_to(&b, &key, kind).await;
         again.release().await.unwrap();
+    }
+}
+
+/// A holder that holds a lock through two clients (an explicit holder): the first client's
+/// release gives back its own hold only, and the lock stays held by the second.
+#[tokio::test(flavor = "current_thread")]
+async fn a_release_leaves_the_holds_taken_through_another_client() {
+    for kind in KINDS {
+        let store = MemoryBackend::new();
+        let (a, b, c) = (
+            client(store.clone(), Lease::DEFAULT),
+            client(store.clone(), Lease::DEFAULT),
+            client(store, Lease::DEFAULT),
+        );
+        let key = format!("doc:joined:{kind}");
+        let holder = a.holder();
+        let first = lock(&a, &key, kind)
+            .holder(&holder)
+            .acquire()
+            .await
+            .unwrap();
+        let joined = lock(&b, &key, kind)
+            .holder(&holder)
+            .acquire()
+            .await
+            .unwrap();
+        first.release().await.unwrap();
+        assert_refused_to(&c, &key, kind).await;
+        joined.release().await.unwrap();
+        let free = lock(&c, &key, kind).try_acquire().await;
+        free.expect("free once both are released")
+            .release()
+            .await
+            .unwrap();
+    }
+}
+
+/// The inner guard of a re-entered hold is dropped (its release left to a task) and the outer
+/// one released at once: both releases succeed and the lock is free.
+#[tokio::test(flavor = "current_thread")]
+async fn two_releases_of_one_hold_close_together_both_succeed() {
+    for kind in KINDS {
+        let backend = Gated::default();
+        let (a, b) = (
+            client(backend.clone(), Lease::DEFAULT),
+            client(backend, Lease::DEFAULT),
+        );
+        let key = format!("doc:twice:{kind}");
+        let holder = a.holder();
+        let outer = lock(&a, &key, kind)
+            .holder(&holder)
+            .acquire()
+            .await
+            .unwrap();
+        let inner = lock(&a, &key, kind)
+            .holder(&holder)
+            .acquire()
+            .await
+            .unwrap();
+        drop(inner);
+        outer.release().await.expect("the outer release succeeds");
+        let free = lock(&b, &key, kind)
+            .wait(Duration::from_secs(1))
+            .acquire()
+            .await;
+        free.expect("free once both are released")
+            .release()
+            .await
+            .unwrap();
     }
 }
 

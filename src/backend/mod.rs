@@ -163,10 +163,9 @@ pub struct Release<'a> {
     pub handoff: Option<Grant<'a>>,
     /// The kind of lock.
     pub kind: LockKind,
-    /// Release only while this attempt is the last one recorded for the lock (the hold's own
-    /// grant or latest re-entry): a release made for one particular hold, retried or sent after
-    /// the hold was lost, then never frees a newer hold of the same holder. `None` releases
-    /// whatever the holder holds.
+    /// Release only while the holder's hold is still the one this attempt granted: a release
+    /// made for one particular hold, retried or sent after the hold was lost, then never frees a
+    /// newer hold of the same holder. `None` releases whatever the holder holds.
     pub attempt: Option<&'a str>,
 }
 

@@ -123,11 +123,10 @@ impl Held {
 
     /// The attempt a release of this entry names, so that it gives back nothing of a hold the
     /// holder took anew (this entry's lease ran out in the backend before the release got
-    /// there): the grant's, for an exclusive or fair lock whose backend record it is. (The
-    /// read-write and semaphore stores read a named attempt as an undo of that attempt.)
+    /// there): the grant's, which the backend recorded, unless the entry joined holds taken
+    /// through another client.
     pub(crate) fn release_check(&self) -> Option<&str> {
-        let checked = matches!(self.kind, LockKind::Exclusive | LockKind::Fair);
-        (checked && self.first_hold).then_some(&*self.grant_attempt)
+        self.first_hold.then_some(&*self.grant_attempt)
     }
 
     /// A release of every hold of this entry (at shutdown).

@@ -119,6 +119,42 @@ impl FairQueue {
 /// channel of which lock, and what (`None`: "released").
 type Publish = Option<(LockKey, Option<String>)>;
 
+/// The hold a release of a read-write side or a semaphore permit names.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Named<'a> {
+    /// Any hold of the holder.
+    Any,
+    /// The hold this attempt granted: nothing is given back once the holder took the lock
+    /// anew, and the record stays while holds remain.
+    Grant(&'a str),
+    /// The undo of this attempt: its grant or, for one hold, its last re-entry; the record it
+    /// matched goes.
+    Undo(&'a str),
+}
+
+/// Which record of a hold a release clears.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Clears {
+    Nothing,
+    Grant,
+    Reentry,
+}
+
+impl Named<'_> {
+    /// Whether a hold recorded as `(grant, reentry)` (none: `None`) is the one named, and
+    /// which of its records a release of `all` or one of its holds then clears.
+    pub(super) fn matches(self, records: Option<(&str, &str)>, all: bool) -> Option<Clears> {
+        let (grant, reentry) = records.unwrap_or_default();
+        match self {
+            Self::Any => Some(Clears::Nothing),
+            Self::Grant(attempt) => (grant == attempt).then_some(Clears::Nothing),
+            Self::Undo(attempt) if grant == attempt => Some(Clears::Grant),
+            Self::Undo(attempt) if !all && reentry == attempt => Some(Clears::Reentry),
+            Self::Undo(_) => None,
+        }
+    }
+}
+
 impl MemoryBackend {
     /// An empty store.
     pub fn new() -> Self {
@@ -153,14 +189,14 @@ impl MemoryBackend {
                     release.holder,
                     release.kind,
                     release.all,
-                    release.attempt,
+                    release.attempt.map_or(Named::Any, Named::Grant),
                     now,
                 ),
                 LockKind::Semaphore => state.sem_release(
                     release.key,
                     release.holder,
                     release.all,
-                    release.attempt,
+                    release.attempt.map_or(Named::Any, Named::Grant),
                     now,
                 ),
                 _ => state.release_owned(release, now),
@@ -492,13 +528,18 @@ impl Backend for MemoryBackend {
                     grant.holder,
                     grant.kind,
                     false,
-                    Some(grant.attempt),
+                    Named::Undo(grant.attempt),
                     now,
                 );
                 (reply != ReleaseReply::NotHeld, publish)
             } else if grant.kind == LockKind::Semaphore {
-                let (reply, publish) =
-                    state.sem_release(grant.key, grant.holder, false, Some(grant.attempt), now);
+                let (reply, publish) = state.sem_release(
+                    grant.key,
+                    grant.holder,
+                    false,
+                    Named::Undo(grant.attempt),
+                    now,
+                );
                 (reply != ReleaseReply::NotHeld, publish)
             } else {
                 match state

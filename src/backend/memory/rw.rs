@@ -4,7 +4,7 @@ use std::{collections::HashMap, time::Duration};
 
 use tokio::time::Instant;
 
-use super::{Publish, State};
+use super::{Clears, Named, Publish, State};
 use crate::{
     backend::{AcquireReply, Grant, LockKind, Reentry, ReleaseReply, Renew, RenewReply},
     inspect::{HolderInfo, LockInfo},
@@ -182,18 +182,15 @@ impl State {
         holder: &str,
         kind: LockKind,
         all: bool,
-        attempt: Option<&str>,
+        named: Named<'_>,
         now: Instant,
     ) -> (ReleaseReply, Publish) {
         let lock = self.rw_entry(key, now);
         let record = (kind == LockKind::Write, holder.to_owned());
-        // With an attempt: the record it must be, the grant's (or for one hold, as an undo,
-        // the last re-entry's).
-        let undone_reentry = match (attempt, lock.attempts.get(&record)) {
-            (None, _) => false,
-            (Some(attempt), Some((grant, _))) if grant == attempt => false,
-            (Some(attempt), Some((_, reentry))) if !all && reentry == attempt => true,
-            (Some(_), _) => return (ReleaseReply::NotHeld, None),
+        let recorded = lock.attempts.get(&record);
+        let recorded = recorded.map(|(grant, reentry)| (grant.as_str(), reentry.as_str()));
+        let Some(clears) = named.matches(recorded, all) else {
+            return (ReleaseReply::NotHeld, None);
         };
         let count = match kind {
             LockKind::Write => lock
@@ -209,10 +206,11 @@ impl State {
         *count = if all { 0 } else { *count - 1 };
         if *count > 0 {
             let remaining = *count;
-            if let Some(recorded) = attempt.and(lock.attempts.get_mut(&record)) {
-                match undone_reentry {
-                    true => recorded.1.clear(),
-                    false => recorded.0.clear(),
+            if let Some(recorded) = lock.attempts.get_mut(&record) {
+                match clears {
+                    Clears::Nothing => {}
+                    Clears::Grant => recorded.0.clear(),
+                    Clears::Reentry => recorded.1.clear(),
                 }
             }
             return (ReleaseReply::Decremented { remaining }, None);

@@ -4,7 +4,7 @@ use std::{collections::HashMap, time::Duration};
 
 use tokio::time::Instant;
 
-use super::{Publish, State};
+use super::{Clears, Named, Publish, State};
 use crate::{
     backend::{AcquireReply, Grant, Reentry, ReleaseReply, Renew, RenewReply},
     lock_key::LockKey,
@@ -103,14 +103,14 @@ impl State {
         }
     }
 
-    /// Gives back one hold (every hold, with `all`) of `holder`'s permit; with `attempt`, only
-    /// when that attempt granted the permit (or, for one hold, last re-entered it).
+    /// Gives back one hold (every hold, with `all`) of `holder`'s permit, if it is the one
+    /// `named`.
     pub(super) fn sem_release(
         &mut self,
         key: &LockKey,
         holder: &str,
         all: bool,
-        attempt: Option<&str>,
+        named: Named<'_>,
         now: Instant,
     ) -> (ReleaseReply, Publish) {
         let semaphore = self.semaphore(key, now);
@@ -118,19 +118,15 @@ impl State {
             self.drop_idle_semaphore(key);
             return (ReleaseReply::NotHeld, None);
         };
-        let undone_reentry = match attempt {
-            None => false,
-            Some(attempt) if permit.grant == attempt => false,
-            Some(attempt) if !all && permit.reentry == attempt => true,
-            Some(_) => return (ReleaseReply::NotHeld, None),
+        let Some(clears) = named.matches(Some((&permit.grant, &permit.reentry)), all) else {
+            return (ReleaseReply::NotHeld, None);
         };
         permit.count = if all { 0 } else { permit.count - 1 };
         if permit.count > 0 {
-            if attempt.is_some() {
-                match undone_reentry {
-                    true => permit.reentry.clear(),
-                    false => permit.grant.clear(),
-                }
+            match clears {
+                Clears::Nothing => {}
+                Clears::Grant => permit.grant.clear(),
+                Clears::Reentry => permit.reentry.clear(),
             }
             let remaining = permit.count;
             return (ReleaseReply::Decremented { remaining }, None);

@@ -30,9 +30,9 @@ impl ToRedisArgs for Derived<'_> {
     }
 }
 
-/// How long a release remembers a non-matching read-write attempt as given up: it has had its
-/// reply already, so only briefly.
-const RW_RELEASE_VOID_MS: u64 = 1000;
+/// The "time to remember a given-up attempt" of a read-write or semaphore release, which names
+/// the hold's grant (it undoes nothing): an attempt that does not match is not remembered.
+const RELEASE_NAMES_GRANT: u64 = 0;
 
 /// The script argument of a flag.
 fn flag(on: bool) -> &'static str {
@@ -203,14 +203,14 @@ pub(super) fn release(
             (release.holder, release.kind),
             release.all,
             attempt,
-            RW_RELEASE_VOID_MS,
+            RELEASE_NAMES_GRANT,
         ),
         LockKind::Semaphore => sem_release(
             scripts,
             key,
             (release.holder, release.all),
             attempt,
-            RW_RELEASE_VOID_MS,
+            RELEASE_NAMES_GRANT,
         ),
         // One hold, no hand-off: the common call, in the compact form (the attempt, if any,
         // written after the holder, as in a single hold).
@@ -249,7 +249,8 @@ pub(super) fn release(
 }
 
 /// `lua/rw_release.lua`: gives back the hold of `holder` on its side, for one attempt when
-/// `attempt` is not `''`; a non-matching attempt is remembered as given up for `void_ms`.
+/// `attempt` is not `''`: an undo, where a non-matching attempt is remembered as given up for
+/// `void_ms`, or with `void_ms` 0 a release of the hold that attempt granted.
 fn rw_release(
     scripts: &'static Scripts,
     key: &LockKey,
@@ -272,8 +273,8 @@ fn rw_release(
 }
 
 /// `lua/sem_release.lua`: gives back `holder`'s permit (every hold of it with `all`), for one
-/// attempt when `attempt` is not `''`; a non-matching attempt is remembered as given up for
-/// `void_ms`.
+/// attempt when `attempt` is not `''`: an undo, where a non-matching attempt is remembered as
+/// given up for `void_ms`, or with `void_ms` 0 a release of the permit that attempt granted.
 fn sem_release(
     scripts: &'static Scripts,
     key: &LockKey,

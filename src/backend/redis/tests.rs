@@ -122,6 +122,76 @@ async fn a_retry_takes_over_the_hold_of_a_lost_attempt() {
     }
 }
 
+/// A release naming the attempt that granted the hold gives back one hold and keeps the record
+/// while holds remain; once the holder has taken the lock anew, it gives back nothing and
+/// leaves no record of the old attempt behind. Every kind of lock.
+#[tokio::test]
+async fn a_release_naming_its_grant_frees_nothing_taken_anew() {
+    let server = support::RedisServer::start();
+    let backend = connect(&server).await;
+    let mut conn = direct(&server).await;
+    for kind in [
+        LockKind::Exclusive,
+        LockKind::Fair,
+        LockKind::Read,
+        LockKind::Write,
+        LockKind::Semaphore,
+    ] {
+        let key = LockKey::new("tl:", format!("named-{kind:?}").as_bytes(), 512).unwrap();
+        let key = match kind {
+            LockKind::Read | LockKind::Write => key.with_suffix(":rw"),
+            LockKind::Semaphore => key.with_suffix(":sem"),
+            _ => key,
+        };
+        let release = |attempt| Release {
+            key: &key,
+            holder: "h1",
+            all: false,
+            handoff: None,
+            kind,
+            attempt: Some(attempt),
+        };
+        let contended = |attempt| Grant {
+            contended: true,
+            ..grant(&key, kind, attempt, None)
+        };
+        assert_eq!(count(backend.acquire(contended("g1")).await.unwrap()), 1);
+        assert_eq!(count(backend.acquire(contended("g2")).await.unwrap()), 2);
+        let one = backend.release(release("g1")).await.unwrap();
+        assert_eq!(one, ReleaseReply::Decremented { remaining: 1 }, "{kind:?}");
+        let last = backend.release(release("g1")).await.unwrap();
+        assert!(
+            matches!(last, ReleaseReply::Released { .. }),
+            "{kind:?}: {last:?}"
+        );
+
+        assert_eq!(count(backend.acquire(contended("g3")).await.unwrap()), 1);
+        let stale = backend.release(release("g1")).await.unwrap();
+        assert_eq!(stale, ReleaseReply::NotHeld, "{kind:?}");
+        let other = Grant {
+            holder: "h2",
+            kind: if kind == LockKind::Read {
+                LockKind::Write
+            } else {
+                kind
+            },
+            ..contended("o1")
+        };
+        let refused = backend.acquire(other).await.unwrap();
+        assert!(
+            matches!(refused, AcquireReply::Held { .. }),
+            "{kind:?}: {refused:?}"
+        );
+        let void: i64 = read(&mut conn, "EXISTS", &key.derived(":void")).await;
+        assert_eq!(void, 0, "{kind:?}: the stale release left a record");
+        let done = backend.release(release("g3")).await.unwrap();
+        assert!(
+            matches!(done, ReleaseReply::Released { .. }),
+            "{kind:?}: {done:?}"
+        );
+    }
+}
+
 /// A single hold (the `SET NX` form) is freed only by its holder, and by a release naming an
 /// attempt only for that attempt: a holder whose name starts like the owner's, or the owner
 /// naming another attempt, leaves it held. The owner's plain release frees it and says nobody

@@ -217,26 +217,32 @@ local function give_back(lock, field, all)
   return redis.call('HINCRBY', lock, field, -1)
 end
 
--- Gives back one hold counted in `field` (every hold, with `all`) for a release that names
--- `attempt` ('' for any): the record it must match is the hold's grant ('a:<field>') or, for
--- one hold (an undo), its last re-entry ('e:<field>'). An attempt that matches neither is
+-- Gives back one hold counted in `field` (every hold, with `all`) for an undo of `attempt`
+-- ('' for any hold): the record it must match is the hold's grant ('a:<field>') or, for one
+-- hold, its last re-entry ('e:<field>'), and goes with it. An attempt that matches neither is
 -- remembered in the set `void` for `void_ms`, so that it is refused should it still arrive.
+-- With `void_ms` 0 it is the release of the hold `attempt` granted instead: only the grant's
+-- record matches, a mismatch (the holder took the lock anew) is not remembered, and the record
+-- stays while holds remain.
 -- Returns nil when nothing was given back, otherwise how many holds remain; the last takes its
 -- records with it.
 local function give_back_attempt(lock, field, all, attempt, void, void_ms)
   local grant, reentry = 'a:' .. field, 'e:' .. field
+  local undo = tonumber(void_ms) > 0
   local record
   if attempt ~= '' then
     if redis.call('HEXISTS', lock, field) == 1 then
       if redis.call('HGET', lock, grant) == attempt then
         record = grant
-      elseif not all and redis.call('HGET', lock, reentry) == attempt then
+      elseif undo and not all and redis.call('HGET', lock, reentry) == attempt then
         record = reentry
       end
     end
     if not record then
-      redis.call('SADD', void, attempt)
-      extend(void, void_ms)
+      if undo then
+        redis.call('SADD', void, attempt)
+        extend(void, void_ms)
+      end
       return nil
     end
   end
@@ -245,7 +251,7 @@ local function give_back_attempt(lock, field, all, attempt, void, void_ms)
     return nil
   end
   if remaining > 0 then
-    if record then
+    if record and undo then
       redis.call('HDEL', lock, record)
     end
   else

@@ -1,6 +1,7 @@
 -- Releases one hold (or all holds) of one side of a read-write lock, owner-checked. With an
--- attempt id, releases only if that attempt was the holder's last (undoing a lost acquire), and
--- otherwise records the attempt as given up so that it is refused should it still arrive.
+-- attempt id and a time to remember it, undoes that attempt if it was the holder's last (a lost
+-- acquire), and otherwise records it as given up so that it is refused should it still arrive;
+-- with an attempt id and 0, releases only while the hold is still the one that attempt granted.
 --
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the readers
@@ -11,7 +12,8 @@
 -- ARGV[4]  '1' to release every hold of that side, '0' for one
 -- ARGV[5]  attempt id that must be recorded: the hold's grant ('a:<side>:<holder>'), or for
 --          one hold its last re-entry ('e:<side>:<holder>') too; '' for any
--- ARGV[6]  with an attempt id: how long to remember it as given up, in milliseconds
+-- ARGV[6]  with an attempt id: how long to remember it as given up, in milliseconds; 0 for a
+--          release that names the hold's grant (see give_back_attempt)
 --
 -- Returns {0} when the holder does not hold that side, {1, remaining} when holds remain,
 -- {2, n} when the change may let waiters in (n: subscribers notified), {3} when the holder's

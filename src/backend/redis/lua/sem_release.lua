@@ -1,8 +1,9 @@
 -- Gives back one hold (or all holds) of a holder's semaphore permit, owner-checked, and
 -- announces a freed permit on the semaphore's channel (any waiter may take it). With an
--- attempt id, gives back only if that attempt is the holder's last record (undoing a lost
--- acquire), and otherwise records the attempt as given up so that it is refused should it
--- still arrive. Layout as in sem_acquire.lua.
+-- attempt id and a time to remember it, undoes that attempt if it is the holder's last record
+-- (a lost acquire), and otherwise records it as given up so that it is refused should it still
+-- arrive; with an attempt id and 0, gives back only while the permit is still the one that
+-- attempt granted. Layout as in sem_acquire.lua.
 --
 -- KEYS[1]  the semaphore hash
 -- KEYS[2]  the holders
@@ -12,7 +13,8 @@
 -- ARGV[3]  '1' to give back every hold, '0' for one
 -- ARGV[4]  attempt id that must be recorded: the permit's grant ('a:r:<holder>'), or for one
 --          hold its last re-entry ('e:r:<holder>') too; '' for any
--- ARGV[5]  with an attempt id: how long to remember it as given up, in milliseconds
+-- ARGV[5]  with an attempt id: how long to remember it as given up, in milliseconds; 0 for a
+--          release that names the permit's grant (see give_back_attempt)
 --
 -- Returns {0} when the holder holds no permit, {1, remaining} when holds remain, {2, n} when
 -- the permit was given back (n: subscribers notified).
