@@ -20,7 +20,10 @@ use std::{
     time::Duration,
 };
 
-use support::RedisServer;
+use support::{
+    RedisServer,
+    kinds::{KINDS, assert_free_for, request},
+};
 use tokio::sync::watch;
 use tower_lock::{
     Backend, BackendError, Lease, LockClient, LockError, MemoryBackend,
@@ -42,6 +45,8 @@ struct Faults {
     release_connection_dropped: AtomicU32,
     /// Releases of one hold without a hand-off: not applied, answered with a timeout.
     release_unanswered: AtomicU32,
+    /// Releases of one hold without a hand-off: refused, as if no connection could be had.
+    release_refused: AtomicU32,
     /// Undos of an attempt: refused, as if no connection could be had.
     abandon_refused: AtomicU32,
     /// Acquires of a new hold: not applied; the attempt is given back and answered `Spent`, as
@@ -133,6 +138,9 @@ impl<B: Backend> Backend for Lossy<B> {
         let one_hold = release.handoff.is_none() && !release.all;
         if one_hold && hit(&self.faults.release_unanswered) {
             return Err(timeout());
+        }
+        if one_hold && hit(&self.faults.release_refused) {
+            return Err(BackendError::from_kind(BackendErrorKind::Unavailable));
         }
         let reply = self.inner.release(release).await;
         if one_hold && hit(&self.faults.release_reply_lost) {
@@ -376,6 +384,38 @@ async fn inner_release_fails(fault: impl Fn(&Faults) -> &AtomicU32) {
     );
     outer.release().await.expect("released");
     assert_free_within(&other, "doc", Duration::from_secs(1)).await;
+}
+
+/// A holder holds a lock through two clients (an explicit holder); the first releases, and the
+/// second's release is refused for want of a connection, so it is sent again: the retry names
+/// what the first try named (the second client's hold is not the store's grant), and frees the
+/// lock. Every kind of lock.
+#[tokio::test]
+async fn a_refused_release_of_a_joined_hold_is_sent_again() {
+    for kind in KINDS {
+        let store = MemoryBackend::new();
+        let backend = Lossy::over(store.clone());
+        let (first, joined, other) = (
+            client(store.clone()),
+            client(backend.clone()),
+            client(store),
+        );
+        let holder = first.holder();
+        let outer = request(&first, "doc", kind)
+            .holder(&holder)
+            .acquire()
+            .await
+            .unwrap();
+        let inner = request(&joined, "doc", kind)
+            .holder(&holder)
+            .acquire()
+            .await
+            .unwrap();
+        outer.release().await.expect("released");
+        backend.faults.release_refused.store(1, Ordering::SeqCst);
+        inner.release().await.expect("released on the second try");
+        assert_free_for(&other, "doc", kind).await;
+    }
 }
 
 /// A re-entry whose reply was lost, and whose undo must wait for the background: the next

@@ -18,10 +18,13 @@ use std::{
     time::Duration,
 };
 
-use support::RedisServer;
+use support::{
+    RedisServer,
+    kinds::{KINDS, assert_free_for, assert_refused_to, request},
+};
 use tokio::sync::oneshot;
 use tower_lock::{
-    Backend, Lease, LockClient, LockError, LockRequest, MemoryBackend, RedisBackend,
+    Backend, Lease, LockClient, LockError, MemoryBackend, RedisBackend,
     backend::{AcquireReply, Grant, Listener, Release, ReleaseReply, Renew, RenewReply},
     key::LockKey,
 };
@@ -454,30 +457,6 @@ async fn stale_renewal_does_not_free_a_newer_hold() {
     again.release().await.unwrap();
 }
 
-/// The kinds of lock, as [`lock`] names them.
-const KINDS: [&str; 5] = ["plain", "fair", "read", "write", "semaphore"];
-
-/// A request for `key` of `kind` (one of [`KINDS`]).
-fn lock<'a, B: Backend>(client: &'a LockClient<B>, key: &str, kind: &str) -> LockRequest<'a, B> {
-    match kind {
-        "fair" => client.fair_lock(key),
-        "read" => client.read_write_lock(key).read(),
-        "write" => client.read_write_lock(key).write(),
-        "semaphore" => client.semaphore(key, 1),
-        _ => client.lock(key),
-    }
-}
-
-/// Asserts that `other` cannot take `key`, held as `kind`, at once (for a read hold: the write
-/// side).
-async fn assert_refused_to<B: Backend>(other: &LockClient<B>, key: &str, kind: &str) {
-    let kind = if kind == "read" { "write" } else { kind };
-    match lock(other, key, kind).try_acquire().await {
-        Err(LockError::WaitTimeout { .. }) => {}
-        result => panic!("{kind}: another holder got in while it was held: {result:?}"),
-    }
-}
-
 /// A release that reaches the store after the hold's lease ran out there, when the same holder
 /// has taken the lock anew meanwhile: it names the hold it ends, so it frees nothing of the new
 /// one. Every kind of lock.
@@ -490,7 +469,7 @@ async fn late_release_does_not_free_a_newer_hold() {
         let b = client(backend.clone(), lease);
         let key = format!("doc:late:{kind}");
         let holder = a.holder();
-        let first = lock(&a, &key, kind)
+        let first = request(&a, &key, kind)
             .holder(&holder)
             .acquire()
             .await
@@ -500,7 +479,7 @@ async fn late_release_does_not_free_a_newer_hold() {
         held.arrived().await;
         // The lease runs out in the store while the release is on its way.
         tokio::time::sleep(Duration::from_millis(150)).await;
-        let again = lock(&a, &key, kind)
+        let again = request(&a, &key, kind)
             .holder(&holder)
             .lease(Lease::fixed(Duration::from_secs(10)))
             .acquire()
@@ -528,12 +507,12 @@ async fn a_release_leaves_the_holds_taken_through_another_client() {
         );
         let key = format!("doc:joined:{kind}");
         let holder = a.holder();
-        let first = lock(&a, &key, kind)
+        let first = request(&a, &key, kind)
             .holder(&holder)
             .acquire()
             .await
             .unwrap();
-        let joined = lock(&b, &key, kind)
+        let joined = request(&b, &key, kind)
             .holder(&holder)
             .acquire()
             .await
@@ -541,11 +520,7 @@ async fn a_release_leaves_the_holds_taken_through_another_client() {
         first.release().await.unwrap();
         assert_refused_to(&c, &key, kind).await;
         joined.release().await.unwrap();
-        let free = lock(&c, &key, kind).try_acquire().await;
-        free.expect("free once both are released")
-            .release()
-            .await
-            .unwrap();
+        assert_free_for(&c, &key, kind).await;
     }
 }
 
@@ -561,19 +536,19 @@ async fn two_releases_of_one_hold_close_together_both_succeed() {
         );
         let key = format!("doc:twice:{kind}");
         let holder = a.holder();
-        let outer = lock(&a, &key, kind)
+        let outer = request(&a, &key, kind)
             .holder(&holder)
             .acquire()
             .await
             .unwrap();
-        let inner = lock(&a, &key, kind)
+        let inner = request(&a, &key, kind)
             .holder(&holder)
             .acquire()
             .await
             .unwrap();
         drop(inner);
         outer.release().await.expect("the outer release succeeds");
-        let free = lock(&b, &key, kind)
+        let free = request(&b, &key, kind)
             .wait(Duration::from_secs(1))
             .acquire()
             .await;

@@ -155,6 +155,13 @@ impl<B: Backend> LockRequest<'_, B> {
     /// a scope, an explicit holder is used even when another client made it. (A hold on
     /// another client's lease, `RedisBackendBuilder::client_lease`, is not joined this way: it
     /// ends with a lease this client does not keep, so the lock counts as another owner's.)
+    ///
+    /// The store counts a holder's holds, not which client took them. When the client that
+    /// took the first hold loses the reply to its release, it gives back every hold the store
+    /// counts for that grant, the other client's too, and another owner may take the lock
+    /// before the other client's next renewal reports it lost
+    /// ([`LockGuard::lost`](crate::LockGuard::lost)). Share a holder across clients only where
+    /// that is acceptable, or keep the first client's guard until the others are released.
     pub fn holder(self, holder: &Holder) -> Self {
         self.with_holder(holder.clone())
     }

@@ -129,6 +129,15 @@ impl Held {
         self.first_hold.then_some(&*self.grant_attempt)
     }
 
+    /// A release of one hold of this entry, naming [`release_check`](Self::release_check).
+    pub(crate) fn release_one(&self) -> Release<'_> {
+        Release {
+            all: false,
+            attempt: self.release_check(),
+            ..self.release_all()
+        }
+    }
+
     /// A release of every hold of this entry (at shutdown).
     pub(crate) fn release_all(&self) -> Release<'_> {
         Release {

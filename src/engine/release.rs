@@ -55,15 +55,11 @@ impl Releasing {
     /// The backend call.
     fn request(&self) -> Release<'_> {
         Release {
-            key: &self.held.key,
-            holder: self.held.holder.id(),
-            all: false,
             handoff: self
                 .handoff
                 .as_ref()
                 .map(|slot| slot.want.grant(&self.held.key, None)),
-            kind: self.held.kind,
-            attempt: self.held.release_check(),
+            ..self.held.release_one()
         }
     }
 
@@ -370,9 +366,11 @@ impl<B: Backend> Engine<B> {
                 return Retried::StillFailing { unknown, pause };
             }
             tokio::time::sleep(pause).await;
-            let release = Release {
-                all: unknown,
-                ..held.release_if_granted()
+            // A try that may have gone through is followed by one for every hold the entry's
+            // grant still has; otherwise the same one-hold release is sent again.
+            let release = match unknown {
+                true => held.release_if_granted(),
+                false => held.release_one(),
             };
             match self.backend.release(release).await {
                 Err(error) if !last && !certainly_unsent(&error) => {

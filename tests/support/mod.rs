@@ -33,6 +33,7 @@ use std::{
 };
 
 pub mod cluster;
+pub mod kinds;
 #[cfg(feature = "metrics")]
 pub mod recorded;
 pub mod stores;

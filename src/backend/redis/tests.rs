@@ -192,6 +192,62 @@ async fn a_release_naming_its_grant_frees_nothing_taken_anew() {
     }
 }
 
+/// A holder holds twice (the second hold joined through another client, say), its second
+/// hold's reply was lost, and its first hold is released: the retry that supersedes the lost
+/// attempt takes over the only hold left, which is then its grant, so the release naming it
+/// frees the lock.
+#[tokio::test]
+async fn a_retry_that_takes_over_the_last_hold_is_its_grant() {
+    let server = support::RedisServer::start();
+    let backend = connect(&server).await;
+    for kind in [
+        LockKind::Exclusive,
+        LockKind::Fair,
+        LockKind::Write,
+        LockKind::Semaphore,
+    ] {
+        let key = LockKey::new("tl:", format!("takeover-{kind:?}").as_bytes(), 512).unwrap();
+        let key = match kind {
+            LockKind::Write => key.with_suffix(":rw"),
+            LockKind::Semaphore => key.with_suffix(":sem"),
+            _ => key,
+        };
+        let release = |attempt| Release {
+            key: &key,
+            holder: "h1",
+            all: false,
+            handoff: None,
+            kind,
+            attempt: Some(attempt),
+        };
+        let acquire = |attempt, supersedes| Grant {
+            contended: true,
+            ..grant(&key, kind, attempt, supersedes)
+        };
+        assert_eq!(
+            count(backend.acquire(acquire("g1", None)).await.unwrap()),
+            1
+        );
+        assert_eq!(
+            count(backend.acquire(acquire("b1", None)).await.unwrap()),
+            2
+        );
+        let first = backend.release(release("g1")).await.unwrap();
+        assert_eq!(
+            first,
+            ReleaseReply::Decremented { remaining: 1 },
+            "{kind:?}"
+        );
+        let retry = backend.acquire(acquire("b2", Some("b1"))).await.unwrap();
+        assert_eq!(count(retry), 1, "{kind:?}");
+        let last = backend.release(release("b2")).await.unwrap();
+        assert!(
+            matches!(last, ReleaseReply::Released { .. }),
+            "{kind:?}: {last:?}"
+        );
+    }
+}
+
 /// A single hold (the `SET NX` form) is freed only by its holder, and by a release naming an
 /// attempt only for that attempt: a holder whose name starts like the owner's, or the owner
 /// naming another attempt, leaves it held. The owner's plain release frees it and says nobody

@@ -98,6 +98,11 @@ local function reenter(lock, field, attempt, supersedes, grant, reentry)
       redis.call('HSET', lock, grant, attempt)
       return count
     end
+    -- A re-entry taken over when it is the only hold left (the others were released
+    -- meanwhile) is the grant from then on: its holder names it when it releases.
+    if count == 1 then
+      redis.call('HSET', lock, grant, attempt)
+    end
   else
     count = redis.call('HINCRBY', lock, field, 1)
   end
