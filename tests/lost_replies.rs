@@ -22,7 +22,7 @@ use std::{
 
 use support::{
     RedisServer,
-    kinds::{KINDS, assert_free_for, request},
+    kinds::{KINDS, assert_free_for, hold},
 };
 use tokio::sync::watch;
 use tower_lock::{
@@ -401,16 +401,8 @@ async fn a_refused_release_of_a_joined_hold_is_sent_again() {
             client(store),
         );
         let holder = first.holder();
-        let outer = request(&first, "doc", kind)
-            .holder(&holder)
-            .acquire()
-            .await
-            .unwrap();
-        let inner = request(&joined, "doc", kind)
-            .holder(&holder)
-            .acquire()
-            .await
-            .unwrap();
+        let outer = hold(&first, "doc", kind, &holder).await;
+        let inner = hold(&joined, "doc", kind, &holder).await;
         outer.release().await.expect("released");
         backend.faults.release_refused.store(1, Ordering::SeqCst);
         inner.release().await.expect("released on the second try");

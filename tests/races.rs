@@ -20,7 +20,7 @@ use std::{
 
 use support::{
     RedisServer,
-    kinds::{KINDS, assert_free_for, assert_refused_to, request},
+    kinds::{KINDS, assert_free_for, assert_refused_to, hold, request},
 };
 use tokio::sync::oneshot;
 use tower_lock::{
@@ -469,11 +469,7 @@ async fn late_release_does_not_free_a_newer_hold() {
         let b = client(backend.clone(), lease);
         let key = format!("doc:late:{kind}");
         let holder = a.holder();
-        let first = request(&a, &key, kind)
-            .holder(&holder)
-            .acquire()
-            .await
-            .unwrap();
+        let first = hold(&a, &key, kind, &holder).await;
         let mut held = backend.hold_next(Call::Release);
         let release = tokio::spawn(first.release());
         held.arrived().await;
@@ -507,16 +503,8 @@ async fn a_release_leaves_the_holds_taken_through_another_client() {
         );
         let key = format!("doc:joined:{kind}");
         let holder = a.holder();
-        let first = request(&a, &key, kind)
-            .holder(&holder)
-            .acquire()
-            .await
-            .unwrap();
-        let joined = request(&b, &key, kind)
-            .holder(&holder)
-            .acquire()
-            .await
-            .unwrap();
+        let first = hold(&a, &key, kind, &holder).await;
+        let joined = hold(&b, &key, kind, &holder).await;
         first.release().await.unwrap();
         assert_refused_to(&c, &key, kind).await;
         joined.release().await.unwrap();
@@ -536,16 +524,8 @@ async fn two_releases_of_one_hold_close_together_both_succeed() {
         );
         let key = format!("doc:twice:{kind}");
         let holder = a.holder();
-        let outer = request(&a, &key, kind)
-            .holder(&holder)
-            .acquire()
-            .await
-            .unwrap();
-        let inner = request(&a, &key, kind)
-            .holder(&holder)
-            .acquire()
-            .await
-            .unwrap();
+        let outer = hold(&a, &key, kind, &holder).await;
+        let inner = hold(&a, &key, kind, &holder).await;
         drop(inner);
         outer.release().await.expect("the outer release succeeds");
         let free = request(&b, &key, kind)

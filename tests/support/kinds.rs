@@ -1,6 +1,6 @@
 //! Every kind of lock by name, for tests that check one property on each.
 
-use tower_lock::{Backend, LockClient, LockError, LockRequest};
+use tower_lock::{Backend, Holder, LockClient, LockError, LockGuard, LockRequest};
 
 /// The kinds of lock, as [`request`] names them.
 pub const KINDS: [&str; 5] = ["plain", "fair", "read", "write", "semaphore"];
@@ -18,6 +18,21 @@ pub fn request<'a, B: Backend>(
         "semaphore" => client.semaphore(key, 1),
         _ => client.lock(key),
     }
+}
+
+/// Takes `key` as `kind` for `holder` through `client`, waiting as long as the request's
+/// default wait.
+pub async fn hold<B: Backend>(
+    client: &LockClient<B>,
+    key: &str,
+    kind: &str,
+    holder: &Holder,
+) -> LockGuard<B> {
+    request(client, key, kind)
+        .holder(holder)
+        .acquire()
+        .await
+        .unwrap_or_else(|error| panic!("{kind}: {error:?}"))
 }
 
 /// Asserts that `other` cannot take `key`, held as `kind`, at once (a read hold: its write

@@ -122,6 +122,42 @@ async fn a_retry_takes_over_the_hold_of_a_lost_attempt() {
     }
 }
 
+/// The key of a `kind` lock named `name` (a read-write lock's and a semaphore's carry their
+/// suffix).
+fn kind_key(name: &str, kind: LockKind) -> LockKey {
+    let key = LockKey::new("tl:", name.as_bytes(), 512).unwrap();
+    match kind {
+        LockKind::Read | LockKind::Write => key.with_suffix(":rw"),
+        LockKind::Semaphore => key.with_suffix(":sem"),
+        _ => key,
+    }
+}
+
+/// The release of one of `h1`'s holds of `key`, naming `attempt`.
+fn release_naming<'a>(key: &'a LockKey, kind: LockKind, attempt: &'a str) -> Release<'a> {
+    Release {
+        key,
+        holder: "h1",
+        all: false,
+        handoff: None,
+        kind,
+        attempt: Some(attempt),
+    }
+}
+
+/// `h1`'s acquire of `key`, sent as after finding the lock held (no `SET NX` first).
+fn contended<'a>(
+    key: &'a LockKey,
+    kind: LockKind,
+    attempt: &'a str,
+    supersedes: Option<&'a str>,
+) -> Grant<'a> {
+    Grant {
+        contended: true,
+        ..grant(key, kind, attempt, supersedes)
+    }
+}
+
 /// A release naming the attempt that granted the hold gives back one hold and keeps the record
 /// while holds remain; once the holder has taken the lock anew, it gives back nothing and
 /// leaves no record of the old attempt behind. Every kind of lock.
@@ -137,24 +173,9 @@ async fn a_release_naming_its_grant_frees_nothing_taken_anew() {
         LockKind::Write,
         LockKind::Semaphore,
     ] {
-        let key = LockKey::new("tl:", format!("named-{kind:?}").as_bytes(), 512).unwrap();
-        let key = match kind {
-            LockKind::Read | LockKind::Write => key.with_suffix(":rw"),
-            LockKind::Semaphore => key.with_suffix(":sem"),
-            _ => key,
-        };
-        let release = |attempt| Release {
-            key: &key,
-            holder: "h1",
-            all: false,
-            handoff: None,
-            kind,
-            attempt: Some(attempt),
-        };
-        let contended = |attempt| Grant {
-            contended: true,
-            ..grant(&key, kind, attempt, None)
-        };
+        let key = kind_key(&format!("named-{kind:?}"), kind);
+        let release = |attempt| release_naming(&key, kind, attempt);
+        let contended = |attempt| contended(&key, kind, attempt, None);
         assert_eq!(count(backend.acquire(contended("g1")).await.unwrap()), 1);
         assert_eq!(count(backend.acquire(contended("g2")).await.unwrap()), 2);
         let one = backend.release(release("g1")).await.unwrap();
@@ -206,24 +227,9 @@ async fn a_retry_that_takes_over_the_last_hold_is_its_grant() {
         LockKind::Write,
         LockKind::Semaphore,
     ] {
-        let key = LockKey::new("tl:", format!("takeover-{kind:?}").as_bytes(), 512).unwrap();
-        let key = match kind {
-            LockKind::Write => key.with_suffix(":rw"),
-            LockKind::Semaphore => key.with_suffix(":sem"),
-            _ => key,
-        };
-        let release = |attempt| Release {
-            key: &key,
-            holder: "h1",
-            all: false,
-            handoff: None,
-            kind,
-            attempt: Some(attempt),
-        };
-        let acquire = |attempt, supersedes| Grant {
-            contended: true,
-            ..grant(&key, kind, attempt, supersedes)
-        };
+        let key = kind_key(&format!("takeover-{kind:?}"), kind);
+        let release = |attempt| release_naming(&key, kind, attempt);
+        let acquire = |attempt, supersedes| contended(&key, kind, attempt, supersedes);
         assert_eq!(
             count(backend.acquire(acquire("g1", None)).await.unwrap()),
             1
