@@ -145,6 +145,14 @@ fn release_naming<'a>(key: &'a LockKey, kind: LockKind, attempt: &'a str) -> Rel
     }
 }
 
+/// Asserts that a release of a `kind` lock freed it.
+fn assert_freed(reply: ReleaseReply, kind: LockKind) {
+    assert!(
+        matches!(reply, ReleaseReply::Released { .. }),
+        "{kind:?}: {reply:?}"
+    );
+}
+
 /// `h1`'s acquire of `key`, sent as after finding the lock held (no `SET NX` first).
 fn contended<'a>(
     key: &'a LockKey,
@@ -180,11 +188,7 @@ async fn a_release_naming_its_grant_frees_nothing_taken_anew() {
         assert_eq!(count(backend.acquire(contended("g2")).await.unwrap()), 2);
         let one = backend.release(release("g1")).await.unwrap();
         assert_eq!(one, ReleaseReply::Decremented { remaining: 1 }, "{kind:?}");
-        let last = backend.release(release("g1")).await.unwrap();
-        assert!(
-            matches!(last, ReleaseReply::Released { .. }),
-            "{kind:?}: {last:?}"
-        );
+        assert_freed(backend.release(release("g1")).await.unwrap(), kind);
 
         assert_eq!(count(backend.acquire(contended("g3")).await.unwrap()), 1);
         let stale = backend.release(release("g1")).await.unwrap();
@@ -205,11 +209,7 @@ async fn a_release_naming_its_grant_frees_nothing_taken_anew() {
         );
         let void: i64 = read(&mut conn, "EXISTS", &key.derived(":void")).await;
         assert_eq!(void, 0, "{kind:?}: the stale release left a record");
-        let done = backend.release(release("g3")).await.unwrap();
-        assert!(
-            matches!(done, ReleaseReply::Released { .. }),
-            "{kind:?}: {done:?}"
-        );
+        assert_freed(backend.release(release("g3")).await.unwrap(), kind);
     }
 }
 
@@ -246,11 +246,7 @@ async fn a_retry_that_takes_over_the_last_hold_is_its_grant() {
         );
         let retry = backend.acquire(acquire("b2", Some("b1"))).await.unwrap();
         assert_eq!(count(retry), 1, "{kind:?}");
-        let last = backend.release(release("b2")).await.unwrap();
-        assert!(
-            matches!(last, ReleaseReply::Released { .. }),
-            "{kind:?}: {last:?}"
-        );
+        assert_freed(backend.release(release("b2")).await.unwrap(), kind);
     }
 }
 
