@@ -255,7 +255,7 @@ impl<B: Backend> Engine<B> {
             // The holder released its last guard while the re-entry was on its way: acquire
             // afresh, under a new attempt id.
             let request = Request {
-                want: Arc::new(want.retry(self.attempt_id(&want.holder), false)),
+                want: self.next_attempt(want, false),
                 ..request
             };
             return self.wait_and_acquire(&request).await;
@@ -444,7 +444,7 @@ impl<B: Backend> Engine<B> {
                                 // Should a give-back have failed somewhere, the next attempt
                                 // takes over what this one left there.
                                 drop(in_flight);
-                                want = Arc::new(want.retry(self.attempt_id(&want.holder), true));
+                                want = self.next_attempt(&want, true);
                                 self.table.set_want(&request.key, id, want.clone());
                             }
                             if let Some(place) = ticket.as_ref().and_then(|t| t.queued.as_ref()) {
@@ -492,7 +492,7 @@ impl<B: Backend> Engine<B> {
                             tracing::debug!(error = %format_args!("{error:#}"), "backend error while waiting; trying again");
                             // The failed attempt may have been voided: retry under a new id. If
                             // it may have taken the lock, the retry takes that hold over.
-                            want = Arc::new(want.retry(self.attempt_id(&want.holder), unknown));
+                            want = self.next_attempt(&want, unknown);
                             self.table.set_want(&request.key, id, want.clone());
                             Some(pause)
                         }

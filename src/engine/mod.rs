@@ -228,6 +228,12 @@ impl<B: Backend> Engine<B> {
         crate::holder::numbered(holder.id(), b'#', self.next_id())
     }
 
+    /// `want` under a new attempt id, after its attempt failed or was spent; with
+    /// `takes_over`, the new attempt takes over what the old one may have taken.
+    pub(crate) fn next_attempt(&self, want: &Want, takes_over: bool) -> Arc<Want> {
+        Arc::new(want.retry(self.attempt_id(&want.holder), takes_over))
+    }
+
     /// The runtime to spawn background releases on.
     pub(crate) fn runtime(&self) -> Option<Handle> {
         Handle::try_current()

@@ -169,8 +169,8 @@ impl<B: Backend> Engine<B> {
                     // should the undo still be on its way (an id that may be undone is never
                     // granted again).
                     self.resolve_attempt(&held.key, &slot.want).await;
-                    let want = slot.want.retry(self.attempt_id(&slot.want.holder), true);
-                    slot.rename(Arc::new(want));
+                    let want = self.next_attempt(&slot.want, true);
+                    slot.rename(want);
                 }
                 self.table.restore(&held.key, slot);
                 None

@@ -140,6 +140,17 @@ pub(super) enum Clears {
     Reentry,
 }
 
+impl Clears {
+    /// Clears that record of a hold recorded as `grant` and `reentry`.
+    pub(super) fn apply(self, grant: &mut String, reentry: &mut String) {
+        match self {
+            Self::Nothing => {}
+            Self::Grant => grant.clear(),
+            Self::Reentry => reentry.clear(),
+        }
+    }
+}
+
 impl Named<'_> {
     /// Whether a hold recorded as `(grant, reentry)` (none: `None`) is the one named, and
     /// which of its records a release of `all` or one of its holds then clears.

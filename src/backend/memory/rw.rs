@@ -4,7 +4,7 @@ use std::{collections::HashMap, time::Duration};
 
 use tokio::time::Instant;
 
-use super::{Clears, Named, Publish, State};
+use super::{Named, Publish, State};
 use crate::{
     backend::{AcquireReply, Grant, LockKind, Reentry, ReleaseReply, Renew, RenewReply},
     inspect::{HolderInfo, LockInfo},
@@ -206,12 +206,8 @@ impl State {
         *count = if all { 0 } else { *count - 1 };
         if *count > 0 {
             let remaining = *count;
-            if let Some(recorded) = lock.attempts.get_mut(&record) {
-                match clears {
-                    Clears::Nothing => {}
-                    Clears::Grant => recorded.0.clear(),
-                    Clears::Reentry => recorded.1.clear(),
-                }
+            if let Some((grant, reentry)) = lock.attempts.get_mut(&record) {
+                clears.apply(grant, reentry);
             }
             return (ReleaseReply::Decremented { remaining }, None);
         }

@@ -4,7 +4,7 @@ use std::{collections::HashMap, time::Duration};
 
 use tokio::time::Instant;
 
-use super::{Clears, Named, Publish, State};
+use super::{Named, Publish, State};
 use crate::{
     backend::{AcquireReply, Grant, Reentry, ReleaseReply, Renew, RenewReply},
     lock_key::LockKey,
@@ -123,11 +123,7 @@ impl State {
         };
         permit.count = if all { 0 } else { permit.count - 1 };
         if permit.count > 0 {
-            match clears {
-                Clears::Nothing => {}
-                Clears::Grant => permit.grant.clear(),
-                Clears::Reentry => permit.reentry.clear(),
-            }
+            clears.apply(&mut permit.grant, &mut permit.reentry);
             let remaining = permit.count;
             return (ReleaseReply::Decremented { remaining }, None);
         }
