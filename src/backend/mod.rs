@@ -16,6 +16,8 @@ use std::{future::Future, time::Duration};
 
 use crate::{error::BackendError, inspect::LockInfo, lease::Lease, lock_key::LockKey};
 
+#[cfg(all(test, feature = "redis"))]
+mod differential_tests;
 mod listeners;
 pub mod memory;
 #[cfg(feature = "redis")]

@@ -79,6 +79,16 @@ struct State {
     rw: HashMap<String, rw::RwLock>,
     /// Semaphores.
     semaphores: HashMap<String, semaphore::Semaphore>,
+    given_up: HashMap<String, GivenUp>,
+}
+
+/// The attempts on one lock whose undo found nothing to undo, as Redis keeps them in the lock's
+/// `:void` set: one that still arrives (a copy delivered late) takes nothing. They are all
+/// forgotten together, one lease after the last was given up, as the set expires.
+#[derive(Debug)]
+struct GivenUp {
+    attempts: std::collections::HashSet<String>,
+    until: Instant,
 }
 
 #[derive(Debug)]
@@ -243,6 +253,37 @@ fn channel(key: &LockKey) -> String {
 }
 
 impl State {
+    /// Whether `attempt` on `key` was given up on before it took anything.
+    fn was_given_up(&mut self, key: &LockKey, attempt: &str, now: Instant) -> bool {
+        if self.given_up.is_empty() {
+            return false;
+        }
+        match self.given_up.get(key.as_str()) {
+            Some(given_up) if given_up.until <= now => {
+                self.given_up.remove(key.as_str());
+                false
+            }
+            Some(given_up) => given_up.attempts.contains(attempt),
+            None => false,
+        }
+    }
+
+    /// Remembers that `attempt` on `key` was given up on, for at least `lease` from `now`.
+    /// (Undos are rare: each sweeps what has run out.)
+    fn give_up(&mut self, key: &LockKey, attempt: &str, now: Instant, lease: Duration) {
+        self.given_up.retain(|_, given_up| given_up.until > now);
+        let until = now + lease;
+        let given_up = self
+            .given_up
+            .entry(key.as_str().to_owned())
+            .or_insert_with(|| GivenUp {
+                attempts: std::collections::HashSet::new(),
+                until,
+            });
+        given_up.attempts.insert(attempt.to_owned());
+        given_up.until = given_up.until.max(until);
+    }
+
     /// The live entry for `key`, dropping it first if its lease ran out.
     fn live(&mut self, key: &LockKey, now: Instant) -> Option<&mut Entry> {
         if self.locks.get(key)?.expires <= now {
@@ -289,16 +330,41 @@ impl State {
 
     /// Re-entry of the current owner, unless the grant refuses it.
     fn reenter(&mut self, grant: Grant<'_>, now: Instant) -> Option<AcquireReply> {
-        if grant.reentry == Reentry::Refused {
-            return None;
-        }
         let entry = self
             .live(grant.key, now)
             .filter(|e| e.owner == grant.holder)?;
-        entry.count += 1;
-        // A re-entry with a shorter lease never cuts the earlier lease short.
-        entry.expires = entry.expires.max(now + grant.lease.duration());
-        grant.attempt.clone_into(&mut entry.reentry);
+        // The hold an earlier attempt of this acquisition took (its reply was lost), taken
+        // over rather than added to: then it is the hold's grant, or the re-entry it was.
+        let taken_over = grant
+            .supersedes
+            .filter(|earlier| !earlier.is_empty())
+            .filter(|earlier| entry.attempt == *earlier || entry.reentry == *earlier);
+        if grant.reentry == Reentry::Refused && taken_over.is_none() {
+            return None;
+        }
+        match taken_over {
+            Some(earlier) if entry.attempt == earlier => {
+                grant.attempt.clone_into(&mut entry.attempt);
+            }
+            Some(_) => {
+                // A re-entry taken over when it is the only hold left is the grant from then
+                // on: its holder names it when it releases.
+                if entry.count == 1 {
+                    grant.attempt.clone_into(&mut entry.attempt);
+                }
+                grant.attempt.clone_into(&mut entry.reentry);
+            }
+            None => {
+                entry.count += 1;
+                grant.attempt.clone_into(&mut entry.reentry);
+            }
+        }
+        entry.expires = match entry.count {
+            // The only hold: its lease is this grant's.
+            1 => now + grant.lease.duration(),
+            // A re-entry with a shorter lease never cuts the earlier lease short.
+            _ => entry.expires.max(now + grant.lease.duration()),
+        };
         let (count, existing) = (entry.count, entry.token);
         let token = match (grant.fencing, existing) {
             (false, _) => None,
@@ -499,6 +565,9 @@ impl Backend for MemoryBackend {
     async fn acquire(&self, grant: Grant<'_>) -> Result<AcquireReply, BackendError> {
         let now = Instant::now();
         let mut state = self.lock(grant.key);
+        if state.was_given_up(grant.key, grant.attempt, now) {
+            return Ok(AcquireReply::Held { ttl: None });
+        }
         Ok(match grant.kind {
             LockKind::Fair => state.acquire_fair(grant, now),
             LockKind::Read | LockKind::Write => state.rw_acquire(grant, now),
@@ -576,6 +645,10 @@ impl Backend for MemoryBackend {
                 }
             }
         };
+        if !undone {
+            self.lock(grant.key)
+                .give_up(grant.key, grant.attempt, now, grant.lease.duration());
+        }
         self.publish(publish);
         Ok(undone)
     }
