@@ -17,6 +17,7 @@
 //! | `errors` | what each error means and what the layer answers | |
 //! | `metrics` | the metrics recorded through the `metrics` facade | `metrics` |
 //! | `testing` | testing code that takes locks; how the crate itself is tested | |
+//! | `protocol` | for maintainers: the invariants, the store layout of each lock kind, each script's contract, what a client keeps, and which mechanism handles which fault | |
 
 #[doc = include_str!("layer.md")]
 pub mod layer {}
@@ -56,3 +57,6 @@ pub mod metrics {}
 
 #[doc = include_str!("testing.md")]
 pub mod testing {}
+
+#[doc = include_str!("protocol.md")]
+pub mod protocol {}
