@@ -117,8 +117,10 @@ const MAX_PART: usize = 40;
 
 /// The id of a new client: `<name>@<host>/<pid>/<random>`. The random part keeps two clients
 /// of one name (in one process, or a restarted one with its pid reused) apart; the rest is for
-/// the people reading `inspect` and the logs. Name and host are sanitised, so none of `@`, `/`
-/// or `:` can appear in them and the id reads back unambiguously, and cut to [`MAX_PART`].
+/// the people reading `inspect` and the logs. Name and host are sanitised: none of `@`, `/` or
+/// `:` appears in them, so the id reads back unambiguously, nor a newline (the store separates
+/// a holder from a lock name with one) or `~` (the start of a lock record's own fields), and
+/// the id stays ASCII, as pub/sub payloads are read; and cut to [`MAX_PART`].
 pub(crate) fn client_id(name: Option<&str>) -> String {
     let name = match name {
         Some(name) => sanitised(name),

@@ -129,7 +129,7 @@
 //! read-write locks, fencing), `guide::backends`, `guide::failover` (Sentinel, replica
 //! acknowledgement, the quarantine after a restart), `guide::redlock`, `guide::cluster`,
 //! [`guide::security`], [`guide::errors`], `guide::metrics` and [`guide::testing`]. The guides
-//! about a feature are built with it.
+//! about a feature are built with it: `cargo doc --open --all-features` builds them all.
 //!
 //! # Features
 //!
