@@ -25,8 +25,13 @@ const TASKS_PER_CLIENT: usize = 8;
 const ROUNDS: usize = 50;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
     logs::show();
+    logs::exit(start().await)
+}
+
+/// Runs the demo on Redis when `REDIS_URL` is set, else in memory.
+async fn start() -> Result<(), Box<dyn std::error::Error>> {
     match std::env::var("REDIS_URL") {
         Ok(url) => {
             println!("backend: Redis at {url}");
@@ -60,7 +65,7 @@ async fn run<B: Backend>(
                 tasks.spawn(async move {
                     for _ in 0..ROUNDS {
                         let guard = match locked {
-                            true => Some(client.lock("counter").acquire().await?),
+                            true => Some(client.lock("counter:shared").acquire().await?),
                             false => None,
                         };
                         // Read, think, write: the classic lost update without a lock.

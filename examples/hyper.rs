@@ -1,5 +1,5 @@
 //! `LockLayer` on a plain hyper server, no axum: the lock key comes from the `x-account`
-//! header, and the layer is given a name since there is no router to name routes.
+//! header, with the prefix `account:` naming the resource it locks.
 //!
 //! ```text
 //! cargo run --example hyper
@@ -46,8 +46,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let service = ServiceBuilder::new()
         .layer(
             LockLayer::new(locks)
-                .name("accounts")
-                .key(key::header("x-account"))
+                // The lock "account:<id>", on whatever path: a prefixed key names its resource.
+                .key(key::header("x-account").prefixed("account:"))
                 .wait(Duration::from_secs(10)),
         )
         .service(handler);

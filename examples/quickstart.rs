@@ -65,7 +65,7 @@ fn app<B: Backend>(bank: Bank, locks: Option<LockClient<B>>) -> Router {
     let router = match locks {
         Some(locks) => router.route_layer(
             LockLayer::new(locks)
-                .key(key::path_param("id"))
+                .key(key::path_param("id").prefixed("account:")) // the lock "account:<id>"
                 .wait(Duration::from_secs(30)),
         ),
         None => router,
@@ -74,8 +74,13 @@ fn app<B: Backend>(bank: Bank, locks: Option<LockClient<B>>) -> Router {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
     logs::show();
+    logs::exit(start().await)
+}
+
+/// Runs the demo on Redis when `REDIS_URL` is set, else in memory.
+async fn start() -> Result<(), Box<dyn std::error::Error>> {
     match std::env::var("REDIS_URL") {
         Ok(url) => {
             println!("locks: Redis at {url}");

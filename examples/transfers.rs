@@ -164,8 +164,13 @@ fn app<B: Backend>(bank: Bank, locks: &LockClient<B>, locking: Locking) -> Route
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
     logs::show();
+    logs::exit(start().await)
+}
+
+/// Runs the demo on Redis when `REDIS_URL` is set, else in memory.
+async fn start() -> Result<(), Box<dyn std::error::Error>> {
     match std::env::var("REDIS_URL") {
         Ok(url) => {
             println!("locks: Redis at {url}");

@@ -7,6 +7,30 @@
 //! the semaphore (see [`LockClient::semaphore`](crate::LockClient::semaphore)) of the same key.
 //! A [`LockInfo`] covers them all: each holder says which kind of hold it has. The guide
 //! `guide::locks` ("Who holds this lock?") shows the two calls an operator needs.
+//!
+//! With feature `serde`, [`LockInfo`] and its parts implement `Serialize` and `Deserialize`,
+//! for an admin endpoint or a tool that reports them: fields by their names, a
+//! [`LockKind`] in snake case (`"exclusive"`, `"read"`, ...), a remaining lease as serde writes
+//! a `Duration` (`{"secs": 9, "nanos": 500000000}`).
+//!
+#![cfg_attr(feature = "serde", doc = "```")]
+#![cfg_attr(not(feature = "serde"), doc = "```ignore")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use tower_lock::{LockClient, LockInfo, MemoryBackend};
+//!
+//! let locks = LockClient::builder(MemoryBackend::new()).name("billing").build()?;
+//! let guard = locks.lock("account:7").acquire().await?;
+//! let info = locks.inspect("account:7").await?;
+//! let json = serde_json::to_value(&info)?;
+//! assert_eq!(json["holders"][0]["kind"], "exclusive");
+//! assert_eq!(json["holders"][0]["id"], guard.holder().id());
+//! assert!(json["holders"][0]["id"].as_str().unwrap().starts_with("billing@"));
+//! assert_eq!(serde_json::from_value::<LockInfo>(json)?, info);
+//! # guard.release().await?;
+//! # Ok(())
+//! # }
+//! ```
 
 use std::time::Duration;
 
@@ -40,6 +64,7 @@ use crate::backend::LockKind;
 /// # }
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct LockInfo {
     /// Who holds the lock, one entry per holder and side. Empty when the lock is free.
@@ -55,6 +80,7 @@ pub struct LockInfo {
 
 /// The permits of a semaphore (see [`LockClient::semaphore`](crate::LockClient::semaphore)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct Permits {
     /// How many holders hold a permit.
@@ -137,10 +163,13 @@ impl LockInfo {
 /// assert_eq!(holder.hold_count, 2);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct HolderInfo {
-    /// The holder's id, opaque: the same string as
-    /// [`LockGuard::holder`](crate::LockGuard::holder)`().id()` of its guard.
+    /// The holder's id: the same string as
+    /// [`LockGuard::holder`](crate::LockGuard::holder)`().id()` of its guard,
+    /// `<name>@<host>/<pid>/<random>:<sequence>` for a holder of this crate (see
+    /// [`client`](Self::client)).
     pub id: String,
     /// Which kind of hold it has: exclusive or fair, a side of a read-write lock, or a
     /// semaphore's permit.
@@ -166,5 +195,12 @@ impl HolderInfo {
             hold_count,
             remaining_lease,
         }
+    }
+
+    /// The instance holding the lock, `<name>@<host>/<pid>` (the client's
+    /// [`name`](crate::LockClientBuilder::name), its host and its process id), read from
+    /// [`id`](Self::id); `None` for an id not made by a client of this crate.
+    pub fn client(&self) -> Option<&str> {
+        crate::holder::client_of(&self.id)
     }
 }

@@ -27,7 +27,11 @@
 //! # A service on Redis
 //!
 //! With features `axum` and `redis` (the default), an axum service whose withdrawals run one at
-//! a time per account, across every instance that shares the Redis:
+//! a time per account, across every instance that shares the Redis. The key's prefix names the
+//! resource: the layer takes the lock `account:7` for account 7, the lock
+//! `locks.lock("account:7")` and `#[locked(key = "account:{id}")]` take (below), whatever the
+//! route. A bare `key::path_param("id")` would take the route's lock instead (`/accounts/:id`
+//! and the id), which none of those exclude: see "Lock names" in [`guide::layer`].
 //!
 #![cfg_attr(all(feature = "axum", feature = "redis"), doc = "```no_run")]
 #![cfg_attr(not(all(feature = "axum", feature = "redis")), doc = "```ignore")]
@@ -49,7 +53,7 @@
 //!         .route("/accounts/{id}/withdraw", post(withdraw))
 //!         .route_layer(
 //!             LockLayer::new(locks)
-//!                 .key(key::path_param("id"))                      // one lock per account
+//!                 .key(key::path_param("id").prefixed("account:")) // the lock "account:<id>"
 //!                 .wait(Duration::from_secs(2))                    // then 423 Locked + Retry-After
 //!                 .lease(Lease::watchdog(Duration::from_secs(30))), // renewed while the handler runs
 //!         );
@@ -62,8 +66,9 @@
 //! # Attribute
 //!
 //! With feature `macros`, the `locked` attribute holds a lock while one axum handler runs, with
-//! the key written over the handler's bindings. It takes the same lock, with the same
-//! rejections, as the [`LockLayer`] beside it:
+//! the key written over the handler's bindings. Its `"account:{id}"` takes the lock
+//! `account:7` for account 7, with the same rejections, as the [`LockLayer`] beside it does
+//! with `key::path_param("id").prefixed("account:")`:
 //!
 #![cfg_attr(feature = "macros", doc = "```")]
 #![cfg_attr(not(feature = "macros"), doc = "```ignore")]
@@ -124,7 +129,7 @@
 //! read-write locks, fencing), `guide::backends`, `guide::failover` (Sentinel, replica
 //! acknowledgement, the quarantine after a restart), `guide::redlock`, `guide::cluster`,
 //! [`guide::security`], [`guide::errors`], `guide::metrics` and [`guide::testing`]. The guides
-//! about a feature are built with it.
+//! about a feature are built with it: `cargo doc --open --all-features` builds them all.
 //!
 //! # Features
 //!
@@ -138,6 +143,7 @@
 //! | `cluster` | no | `RedisBackend::cluster`: Redis Cluster, with sharded pub/sub |
 //! | `tls` | no | `rediss://` URLs and custom CAs for the Redis backend (rustls) |
 //! | `macros` | no | the `#[locked(...)]` attribute and `AnyLockClient` (implies `axum`) |
+//! | `serde` | no | `Serialize` and `Deserialize` for [`LockInfo`] and its parts |
 //!
 //! The minimum supported Rust version is 1.88.
 

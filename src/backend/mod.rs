@@ -30,6 +30,8 @@ pub(crate) use listeners::Listeners;
 
 /// The kind of a lock, which decides who may hold it together and in what order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 #[non_exhaustive]
 pub enum LockKind {
     /// One holder at a time; waiters are woken in no particular order across processes.

@@ -20,6 +20,33 @@ pub struct LockClientBuilder<B> {
 }
 
 impl<B: Backend> LockClientBuilder<B> {
+    /// The name this client's holder ids start with, so that
+    /// [`inspect`](LockClient::inspect) and the logs say which instance holds a lock: ids read
+    /// `<name>@<host>/<pid>/<random>:<sequence>`, such as `billing@web-1/4242/3f2a…:17`.
+    /// Characters other than ASCII letters, digits, `.`, `-` and `_` become `_`, and the name
+    /// is cut to 40 bytes (the host name too). The random part keeps the ids of two clients
+    /// of the same name apart. Defaults to the environment's `OTEL_SERVICE_NAME` when set,
+    /// else the executable's file name.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_lock::{LockClient, MemoryBackend};
+    ///
+    /// let locks = LockClient::builder(MemoryBackend::new()).name("billing").build()?;
+    /// let guard = locks.lock("account:7").acquire().await?;
+    /// let info = locks.inspect("account:7").await?;
+    /// let client = info.holders[0].client().expect("a holder of this crate");
+    /// assert!(client.starts_with("billing@")); // billing@<host>/<pid>
+    /// # guard.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.config.name = Some(name.into());
+        self
+    }
+
     /// The prefix of every backend key this client uses. Must not contain `{` or `}`.
     /// Defaults to `"tower-lock:"`.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {

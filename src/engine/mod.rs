@@ -47,6 +47,8 @@ pub(crate) const MIN_LEASE: Duration = Duration::from_millis(3);
 /// Settings of a [`LockClient`]; `Default` states every default in one place.
 #[derive(Clone, Debug)]
 pub(crate) struct Config {
+    /// The name in the client's holder ids; `None` for the service's or executable's.
+    pub(crate) name: Option<String>,
     pub(crate) prefix: String,
     pub(crate) lease: Lease,
     pub(crate) wait: Duration,
@@ -63,6 +65,7 @@ pub(crate) struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
+            name: None,
             prefix: "tower-lock:".to_owned(),
             lease: Lease::DEFAULT,
             wait: Duration::from_secs(5),
@@ -162,10 +165,10 @@ impl<B: Backend> Engine<B> {
     /// A new engine on `backend` with `config`; its watchdog starts with the first lock.
     pub(crate) fn new(backend: B, config: Config) -> Arc<Self> {
         Arc::new(Self {
+            id: crate::holder::client_id(config.name.as_deref()),
             backend,
             config,
             table: Table::default(),
-            id: uuid::Uuid::new_v4().simple().to_string(),
             sequence: AtomicU64::new(0),
             serial: {
                 static ENGINES: AtomicU64 = AtomicU64::new(1);

@@ -120,8 +120,8 @@ pub struct Query(Arc<str>);
 /// ```
 /// use tower_lock::{LockClient, LockLayer, key};
 ///
-/// // `/reports?job=nightly%20sync` locks `nightly sync`.
-/// let layer = LockLayer::new(LockClient::in_memory()).key(key::query("job"));
+/// // `/reports?job=nightly%20sync` locks `job:nightly sync`.
+/// let layer = LockLayer::new(LockClient::in_memory()).key(key::query("job").prefixed("job:"));
 /// # let _ = layer;
 /// ```
 pub fn query(name: &str) -> Query {
@@ -314,11 +314,14 @@ pub struct PathParam {
 /// async fn withdraw() {}
 /// async fn deposit() {}
 ///
-/// // Both routes take the same lock per account: `/accounts/:id` plus the id.
+/// // Both routes take the same lock per account: `account:` plus the id (without the
+/// // prefix, `/accounts/{id}` plus the id: a lock of its own, see the `layer` guide).
 /// let app: Router = Router::new()
 ///     .route("/accounts/{id}/withdraw", post(withdraw))
 ///     .route("/accounts/{id}/deposit", post(deposit))
-///     .route_layer(LockLayer::new(LockClient::in_memory()).key(key::path_param("id")));
+///     .route_layer(
+///         LockLayer::new(LockClient::in_memory()).key(key::path_param("id").prefixed("account:")),
+///     );
 /// ```
 #[cfg(feature = "axum")]
 pub fn path_param(name: &str) -> PathParam {

@@ -20,7 +20,7 @@
 //!     .route("/accounts/{id}/withdraw", post(withdraw))
 //!     .route_layer(
 //!         LockLayer::new(locks.clone())
-//!             .key(key::path_param("id"))
+//!             .key(key::path_param("id").prefixed("account:"))
 //!             .wait(Duration::from_secs(2)),
 //!     );
 //! # }
@@ -52,7 +52,9 @@
 //! lock `/accounts/:id` + the id, and `#[locked(key = "{id}")]` on either route takes the same
 //! lock; `/orders/{id}` with the same id never shares it. A key with text of its own
 //! (`path_param("id").prefixed("account:")`, `#[locked(key = "account:{id}")]`) names its
-//! resource and takes the same lock on every route. A header, query or closure key without a
+//! resource and takes the same lock on every route: `account:7` for account 7, as
+//! `locks.lock("account:7")`; beside it, a bare key's lock for the same account is another lock,
+//! which does not exclude it. A header, query or closure key without a
 //! prefix locks per matched route, so two resources never share a lock by accident. Each request has one [`Holder`](crate::Holder), stored in
 //! its extensions and current while the inner service runs, so a nested layer or a direct
 //! [`LockClient`](crate::LockClient) call on the same lock re-enters it. With feature `macros`
