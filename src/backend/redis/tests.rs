@@ -916,3 +916,37 @@ async fn an_attempt_given_up_on_the_client_lease_is_remembered_for_the_key_lease
         "remembered for {remembered} ms, no longer than a lease"
     );
 }
+
+/// A late release of a read hold whose lease ran out, while another reader still holds the
+/// lock, gives back nothing: both stores answer that it is not held, by the attempt that
+/// granted it or by any.
+#[tokio::test]
+async fn a_late_release_of_an_expired_read_hold_is_not_held() {
+    let server = support::RedisServer::start();
+    late_release_of_an_expired_read_hold(&connect(&server).await).await;
+    late_release_of_an_expired_read_hold(&crate::MemoryBackend::new()).await;
+}
+
+async fn late_release_of_an_expired_read_hold<B: Backend>(backend: &B) {
+    let key = kind_key("late-read", LockKind::Read);
+    let short = Duration::from_millis(100);
+    let expiring = Grant {
+        lease: Lease::fixed(short),
+        ..contended(&key, LockKind::Read, "d1", None)
+    };
+    assert_eq!(count(backend.acquire(expiring).await.unwrap()), 1);
+    let live = Grant {
+        holder: "h2",
+        ..contended(&key, LockKind::Read, "l1", None)
+    };
+    assert_eq!(count(backend.acquire(live).await.unwrap()), 1);
+    tokio::time::sleep(short * 2).await;
+    for attempt in [Some("d1"), None] {
+        let late = Release {
+            attempt,
+            ..release_naming(&key, LockKind::Read, "")
+        };
+        let reply = backend.release(late).await.unwrap();
+        assert_eq!(reply, ReleaseReply::NotHeld, "{attempt:?}");
+    }
+}
