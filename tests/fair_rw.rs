@@ -457,6 +457,40 @@ macro_rules! fair_rw_semantics {
                 write.release().await.unwrap();
             }
 
+            /// A reader that died holding the lock outlives the live reader, whose release
+            /// then has nobody to wake: the writer waiting for the lock takes it once the dead
+            /// reader's lease ends (nothing is published then), not when the live reader's
+            /// lease would have.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_writer_gets_in_when_a_dead_readers_lease_ends() {
+                let env = $env.await;
+                read_hold_of_a_dead_process(&env.more, "outlived", Duration::from_secs(1));
+                let live = env
+                    .a
+                    .read_write_lock("outlived")
+                    .read()
+                    .lease(Lease::fixed(Duration::from_secs(30)))
+                    .acquire()
+                    .await
+                    .unwrap();
+                let b = env.b.clone();
+                let writer = tokio::spawn(async move {
+                    let rw = b.read_write_lock("outlived");
+                    rw.write().wait(Duration::from_secs(25)).acquire().await
+                });
+                support::eventually(Duration::from_secs(5), "the writer is queued", || {
+                    env.b.queued() == 1
+                })
+                .await;
+                live.release().await.unwrap();
+                let write = tokio::time::timeout(Duration::from_secs(6), writer)
+                    .await
+                    .expect("the writer looked again when the dead reader's lease ended")
+                    .unwrap()
+                    .expect("the writer took the lock");
+                write.release().await.unwrap();
+            }
+
             /// Fencing tokens rise from one writer to the next, also when the next one was
             /// already waiting (its place in the queue keeps the lock's state alive between
             /// them).
