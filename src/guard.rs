@@ -101,7 +101,7 @@ impl<B: Backend> LockGuard<B> {
     /// that rejects writes carrying a lower token than the highest it has seen is safe even
     /// against a holder that paused past its lease. Re-entries share their hold's token.
     pub fn fencing_token(&self) -> Option<u64> {
-        self.held().token
+        self.held().token()
     }
 
     /// The renewal the watchdog sends for this hold: for a scheduler of one's own, or to
@@ -198,7 +198,7 @@ impl<B: Backend> fmt::Debug for LockGuard<B> {
         if let Some(held) = &self.held {
             s.field("key", &held.key)
                 .field("holder", &held.holder)
-                .field("fencing_token", &held.token)
+                .field("fencing_token", &held.token())
                 .field("lost", &held.is_lost());
         }
         s.finish_non_exhaustive()

@@ -39,6 +39,29 @@ async fn join_queue<B: Backend>(
     task
 }
 
+/// Takes a read hold of `key` with a fixed `lease` through a client of its own, on a runtime
+/// that is then shut down: a process that died holding it (nothing renews or releases it).
+fn read_hold_of_a_dead_process<B: Backend>(
+    more: &support::stores::MoreClients<B>,
+    key: &'static str,
+    lease: Duration,
+) {
+    tokio::task::block_in_place(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let client = more().await;
+            let rw = client.read_write_lock(key);
+            let guard = rw.read().lease(Lease::fixed(lease)).acquire().await;
+            // Never dropped: a dead process gives nothing back.
+            let _dead = std::mem::ManuallyDrop::new(guard.unwrap());
+        });
+        runtime.shutdown_background();
+    });
+}
+
 macro_rules! fair_rw_semantics {
     ($backend:ident, $env:expr) => {
         mod $backend {
@@ -396,6 +419,76 @@ macro_rules! fair_rw_semantics {
                     .unwrap();
                 write.release().await.unwrap();
                 assert!(matches!(short.release().await, Err(LockError::Lost)));
+            }
+
+            /// A reader whose process died (its fixed lease ran out, nobody released it) is
+            /// still listed when the last live reader releases: that release frees the lock
+            /// and wakes the writer waiting for it, long before the live reader's lease would
+            /// have run out.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_dead_reader_does_not_hold_back_the_wake_up_of_a_writer() {
+                let env = $env.await;
+                let short = Duration::from_millis(300);
+                read_hold_of_a_dead_process(&env.more, "dead", short);
+                let live = env
+                    .a
+                    .read_write_lock("dead")
+                    .read()
+                    .lease(Lease::fixed(Duration::from_secs(30)))
+                    .acquire()
+                    .await
+                    .unwrap();
+                let b = env.b.clone();
+                let writer = tokio::spawn(async move {
+                    let rw = b.read_write_lock("dead");
+                    rw.write().wait(Duration::from_secs(25)).acquire().await
+                });
+                support::eventually(Duration::from_secs(5), "the writer is queued", || {
+                    env.b.queued() == 1
+                })
+                .await;
+                tokio::time::sleep(short * 2).await;
+                live.release().await.unwrap();
+                let write = tokio::time::timeout(Duration::from_secs(5), writer)
+                    .await
+                    .expect("the release woke the writer")
+                    .unwrap()
+                    .expect("the writer took the lock");
+                write.release().await.unwrap();
+            }
+
+            /// A reader that died holding the lock outlives the live reader, whose release
+            /// then has nobody to wake: the writer waiting for the lock takes it once the dead
+            /// reader's lease ends (nothing is published then), not when the live reader's
+            /// lease would have.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_writer_gets_in_when_a_dead_readers_lease_ends() {
+                let env = $env.await;
+                read_hold_of_a_dead_process(&env.more, "outlived", Duration::from_secs(1));
+                let live = env
+                    .a
+                    .read_write_lock("outlived")
+                    .read()
+                    .lease(Lease::fixed(Duration::from_secs(30)))
+                    .acquire()
+                    .await
+                    .unwrap();
+                let b = env.b.clone();
+                let writer = tokio::spawn(async move {
+                    let rw = b.read_write_lock("outlived");
+                    rw.write().wait(Duration::from_secs(25)).acquire().await
+                });
+                support::eventually(Duration::from_secs(5), "the writer is queued", || {
+                    env.b.queued() == 1
+                })
+                .await;
+                live.release().await.unwrap();
+                let write = tokio::time::timeout(Duration::from_secs(6), writer)
+                    .await
+                    .expect("the writer looked again when the dead reader's lease ended")
+                    .unwrap()
+                    .expect("the writer took the lock");
+                write.release().await.unwrap();
             }
 
             /// Fencing tokens rise from one writer to the next, also when the next one was

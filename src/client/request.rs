@@ -278,7 +278,7 @@ impl<B: Backend> LockRequest<'_, B> {
                         key = %held.key,
                         count,
                         waited_ms = waited.as_millis() as u64,
-                        token = held.token,
+                        token = held.token(),
                         "lock acquired"
                     );
                     Ok(LockGuard::new(inner, held, count, at))

@@ -280,9 +280,13 @@ impl<B: Backend> Engine<B> {
         let sent_at = BootInstant::now();
         let reply = self.backend.acquire(grant).await;
         let outcome = match reply {
-            Ok(AcquireReply::Acquired { count, session, .. }) => {
+            Ok(AcquireReply::Acquired {
+                count,
+                token,
+                session,
+            }) => {
                 in_flight.settle();
-                held.reentered(request.want.lease, session, sent_at);
+                held.reentered((request.want.lease, token), session, sent_at);
                 held.end_reentry();
                 return Ok(Some(Acquired {
                     held,

@@ -7,7 +7,7 @@
 
 use std::{
     sync::{
-        Arc, Mutex, MutexGuard, PoisonError,
+        Arc, Mutex, MutexGuard, OnceLock, PoisonError,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
@@ -30,7 +30,9 @@ pub(crate) struct Held {
     pub(crate) holder: Holder,
     pub(crate) kind: LockKind,
     pub(crate) lease: Lease,
-    pub(crate) token: Option<u64>,
+    /// The hold's fencing token: issued at its grant, or by the first re-entry that asked for
+    /// one (the store keeps one token per hold, so it never changes once known).
+    token: OnceLock<u64>,
     /// The backend's shared lease the hold lives on (`0`: a lease of its own); see
     /// [`AcquireReply::Acquired`](crate::backend::AcquireReply::Acquired).
     pub(crate) session: u64,
@@ -100,7 +102,7 @@ impl Held {
             holder,
             kind,
             lease,
-            token,
+            token: token.map_or_else(OnceLock::new, OnceLock::from),
             session,
             marked_lost: AtomicBool::new(false),
             lost_wake: Notify::new(),
@@ -119,6 +121,11 @@ impl Held {
                 reentering: false,
             }),
         })
+    }
+
+    /// The hold's fencing token, if one was asked for by its grant or a re-entry.
+    pub(crate) fn token(&self) -> Option<u64> {
+        self.token.get().copied()
     }
 
     /// The attempt a release of this entry names, so that it gives back nothing of a hold the
@@ -269,10 +276,20 @@ impl Held {
     }
 
     /// A re-entry sent at `sent_at` with `lease` was granted, on the backend's shared lease
-    /// `session` (0: none): the backend keeps the lock at least that long (a re-entry never
-    /// shortens a lease). A hold that lives on a shared lease lives as long as that lease, whose
-    /// length is the hold's own, and only a re-entry on the same one extended it.
-    pub(crate) fn reentered(&self, lease: Lease, session: u64, sent_at: BootInstant) {
+    /// `session` (0: none), with the fencing token it asked for: the backend keeps the lock at
+    /// least that long (a re-entry never shortens a lease). A hold that lives on a shared lease
+    /// lives as long as that lease, whose length is the hold's own, and only a re-entry on the
+    /// same one extended it. A hold taken without a token has the one its re-entry was issued.
+    pub(crate) fn reentered(
+        &self,
+        (lease, token): (Lease, Option<u64>),
+        session: u64,
+        sent_at: BootInstant,
+    ) {
+        if let Some(token) = token {
+            // The store has one token per hold: one already known is the same.
+            let _ = self.token.set(token);
+        }
         if self.session == 0 {
             self.extend_deadline(lease.valid_until(sent_at));
         } else if session == self.session {

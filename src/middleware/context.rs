@@ -103,11 +103,11 @@ impl LockContext {
     /// asked for. For one lock, its token whatever `key` is.
     pub fn fencing_token_of(&self, key: impl AsRef<[u8]>) -> Option<u64> {
         match &self.set {
-            None => self.held.token,
+            None => self.held.token(),
             Some(set) => set
                 .iter()
                 .find(|member| member.user_key == key.as_ref())
-                .and_then(|member| member.held.token),
+                .and_then(|member| member.held.token()),
         }
     }
 
@@ -127,7 +127,7 @@ impl LockContext {
     /// set of locks, the first lock's: ask [`fencing_token_of`](Self::fencing_token_of) for
     /// each resource's.
     pub fn fencing_token(&self) -> Option<u64> {
-        self.held.token
+        self.held.token()
     }
 
     /// Resolves if the lock (any lock of a set) is lost while the request runs (useful with

@@ -73,15 +73,19 @@ impl RwLock {
         self.writer.is_none() && self.readers.is_empty() && self.waiting_writers.is_empty()
     }
 
-    fn retry(&self, now: Instant) -> Option<Duration> {
-        match self.expires {
-            Some(until) => Some(until.saturating_duration_since(now)),
-            None => self
-                .waiting_writers
-                .values()
-                .min()
-                .map(|until| until.saturating_duration_since(now)),
-        }
+    /// When a refused acquire of the write side (`write`) or the read side looks again at the
+    /// latest: when the first thing in its way ends, as `rw_acquire.lua` answers (a holder
+    /// that crashed ends without a release, and nothing is published then).
+    fn retry(&self, now: Instant, write: bool) -> Option<Duration> {
+        let first = match write {
+            true => self.readers.values().map(|(_, until)| *until).min(),
+            false => self.waiting_writers.values().copied().min(),
+        };
+        let until = match (self.writer_until, first) {
+            (Some(writer), Some(first)) => Some(writer.min(first)),
+            (writer, first) => writer.or(first).or(self.expires),
+        };
+        until.map(|until| until.saturating_duration_since(now))
     }
 }
 
@@ -108,7 +112,9 @@ impl State {
         };
         if refused {
             return AcquireReply::Held {
-                ttl: lock.retry(now),
+                ttl: lock
+                    .expires
+                    .map(|until| until.saturating_duration_since(now)),
             };
         }
         let granted = match grant.kind {
@@ -129,7 +135,7 @@ impl State {
                     .insert(holder.to_owned(), now + timeout);
             }
             return AcquireReply::Held {
-                ttl: lock.retry(now),
+                ttl: lock.retry(now, grant.kind == LockKind::Write),
             };
         }
         let until = now + grant.lease.duration();

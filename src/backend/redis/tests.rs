@@ -916,3 +916,76 @@ async fn an_attempt_given_up_on_the_client_lease_is_remembered_for_the_key_lease
         "remembered for {remembered} ms, no longer than a lease"
     );
 }
+
+/// A holder holds twice (the second hold joined through another client), and the attempt that
+/// granted its first hold is undone (its reply was lost): an acquire refused afterwards still
+/// marks the lock waited for, so the release of the hold left reaches the waiter. Both
+/// stores.
+#[tokio::test]
+async fn a_release_after_the_undo_of_a_shared_holds_grant_is_published() {
+    let server = support::RedisServer::start();
+    release_after_the_undo_of_a_shared_holds_grant(&connect(&server).await).await;
+    release_after_the_undo_of_a_shared_holds_grant(&crate::MemoryBackend::new()).await;
+}
+
+async fn release_after_the_undo_of_a_shared_holds_grant<B: Backend>(backend: &B) {
+    let key = kind_key("undone-grant", LockKind::Exclusive);
+    let acquire = |attempt| contended(&key, LockKind::Exclusive, attempt, None);
+    assert_eq!(count(backend.acquire(acquire("g1")).await.unwrap()), 1);
+    assert_eq!(count(backend.acquire(acquire("b1")).await.unwrap()), 2);
+    let undone = backend.abandon(acquire("g1")).await.unwrap();
+    assert!(undone, "the grant's attempt took a hold");
+    let listener = backend.listen(&key, None).await.unwrap();
+    let other = Grant {
+        holder: "h2",
+        ..acquire("o1")
+    };
+    let refused = backend.acquire(other).await.unwrap();
+    assert!(matches!(refused, AcquireReply::Held { .. }), "{refused:?}");
+    let release = Release {
+        attempt: None,
+        ..release_naming(&key, LockKind::Exclusive, "")
+    };
+    let reply = backend.release(release).await.unwrap();
+    assert_eq!(reply, ReleaseReply::Released { notified: Some(1) });
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        crate::backend::Listen::notified(&listener),
+    )
+    .await
+    .expect("the waiter heard of the release");
+}
+
+/// A late release of a read hold whose lease ran out, while another reader still holds the
+/// lock, gives back nothing: both stores answer that it is not held, by the attempt that
+/// granted it or by any.
+#[tokio::test]
+async fn a_late_release_of_an_expired_read_hold_is_not_held() {
+    let server = support::RedisServer::start();
+    late_release_of_an_expired_read_hold(&connect(&server).await).await;
+    late_release_of_an_expired_read_hold(&crate::MemoryBackend::new()).await;
+}
+
+async fn late_release_of_an_expired_read_hold<B: Backend>(backend: &B) {
+    let key = kind_key("late-read", LockKind::Read);
+    let short = Duration::from_millis(100);
+    let expiring = Grant {
+        lease: Lease::fixed(short),
+        ..contended(&key, LockKind::Read, "d1", None)
+    };
+    assert_eq!(count(backend.acquire(expiring).await.unwrap()), 1);
+    let live = Grant {
+        holder: "h2",
+        ..contended(&key, LockKind::Read, "l1", None)
+    };
+    assert_eq!(count(backend.acquire(live).await.unwrap()), 1);
+    tokio::time::sleep(short * 2).await;
+    for attempt in [Some("d1"), None] {
+        let late = Release {
+            attempt,
+            ..release_naming(&key, LockKind::Read, "")
+        };
+        let reply = backend.release(late).await.unwrap();
+        assert_eq!(reply, ReleaseReply::NotHeld, "{attempt:?}");
+    }
+}

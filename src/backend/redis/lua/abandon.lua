@@ -1,7 +1,8 @@
 -- Resolves an acquire attempt whose reply was lost. If the attempt took the lock (it is the
--- recorded grant or last re-entry of the holder's hold), gives back the hold it took, freeing and publishing when it
--- was the last. If it took nothing yet, records it as given up, so that the request, should it
--- still arrive, is refused.
+-- recorded grant or last re-entry of the holder's hold), gives back the hold it took, freeing
+-- and publishing when it was the last; otherwise its record goes (the grant's is kept, naming
+-- no attempt: '' in '~a'). If it took nothing yet, records it as given up, so that the
+-- request, should it still arrive, is refused.
 --
 -- KEYS[1]  the lock: a single hold or a hash (see acquire.lua)
 -- KEYS[2]  attempts given up on (set)
@@ -49,6 +50,11 @@ else
 end
 if redis.call('HINCRBY', lock, ARGV[1], -1) <= 0 then
   free()
+elseif record == '~a' then
+  -- Holds remain (joined through another client): the grant's record stays, naming no
+  -- attempt. A lock's hash has '~a' for as long as it exists, so every acquire refused
+  -- meanwhile still marks it waited for ('~q'), and its release is published.
+  redis.call('HSET', lock, '~a', '')
 else
   redis.call('HDEL', lock, record)
 end

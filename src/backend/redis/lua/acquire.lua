@@ -8,7 +8,8 @@
 -- `SET` arrived after the caller had given up) is nobody's: the next acquire takes it.
 --
 -- KEYS[1]  the lock: a single hold, or a hash: field <holder> = hold count, '~a' = the attempt
---          that granted the hold, '~r' = the last re-entry's attempt, '~f' = token, '~q' =
+--          that granted the hold ('' once that attempt was undone while other holds remain:
+--          every lock hash has '~a'), '~r' = the last re-entry's attempt, '~f' = token, '~q' =
 --          present once an acquire was refused (someone may wait for the release), '~s' =
 --          the client lease the holds live on, if any
 -- KEYS[2]  the fencing record (the last token issued; lives 5 s after a grant)
@@ -98,7 +99,7 @@ if found[1] and not foreign and may_reenter(lock, ARGV[6], ARGV[5], '~a', '~r') 
 end
 -- Refused: the lock is held (or, re-entering only, not held by this holder). The caller may
 -- wait, so the release that frees this lock must be published ('~q', written once); a hash
--- that is not a lock (it has no grant) is left as it is.
+-- that is not a lock (it has no grant record, which no undo removes) is left as it is.
 if found[2] and not found[3] then
   redis.call('HSET', lock, '~q', 1)
 end

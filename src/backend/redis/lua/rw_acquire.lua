@@ -24,7 +24,9 @@
 -- ARGV[9]  the server's boot marker, or '' (as in acquire.lua, which also says what {-2} means)
 --
 -- Returns {1, count, token} when granted (token -1 without one), {0, retry} when the holder
--- must wait (retry: ms until the blocking lease or waiting writer times out, -1 unknown), or
+-- must wait (retry: ms until the first lease or waiting writer's place in the way ends: the
+-- writer's, the first reader's for a writer, the first waiting writer's for a reader; else
+-- the hash's time left, -1 unknown), or
 -- {-1} when a reader asks for the write side: waiting would deadlock.
 local lock, readers, writers = KEYS[1], KEYS[2], KEYS[3]
 local holder, side = ARGV[1], ARGV[2]
@@ -77,12 +79,19 @@ if not allowed then
     redis.call('ZADD', writers, now + timeout, holder)
     extend(writers, timeout)
   end
-  local retry = redis.call('PTTL', lock)
-  if retry < 0 then
-    local first = redis.call('ZRANGE', writers, 0, 0, 'WITHSCORES')
-    if first[2] then
-      retry = tonumber(first[2]) - now
+  -- Look again, at the latest, when the first thing in the way ends: the writer's lease, the
+  -- first reader's (for a writer) or the first waiting writer's place (for a reader). A holder
+  -- that crashed ends without a release, and nothing is published then.
+  local retry = -1
+  local function sooner(ends)
+    if ends and (retry < 0 or tonumber(ends) - now < retry) then
+      retry = tonumber(ends) - now
     end
+  end
+  sooner(redis.call('HGET', lock, '~w'))
+  sooner(redis.call('ZRANGE', side == 'w' and readers or writers, 0, 0, 'WITHSCORES')[2])
+  if retry < 0 then
+    retry = redis.call('PTTL', lock)
   end
   return {0, retry}
 end

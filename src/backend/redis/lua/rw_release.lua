@@ -15,13 +15,21 @@
 -- ARGV[6]  with an attempt id: how long to remember it as given up, in milliseconds; 0 for a
 --          release that names the hold's grant (see give_back_attempt)
 --
--- Returns {0} when the holder does not hold that side, {1, remaining} when holds remain,
+-- Readers whose lease ended are dropped first (as every read-write script does).
+--
+-- Returns {0} when the holder does not hold that side (or its lease ended), {1, remaining}
+-- when holds remain,
 -- {2, n} when the change may let waiters in (n: subscribers notified), {3} when the holder's
 -- holds are gone but the lock stays held by others.
 local lock, readers = KEYS[1], KEYS[2]
 local holder, side = ARGV[1], ARGV[2]
 local field = side .. ':' .. holder
-purge_writer(lock, readers, now_ms())
+-- Holds whose lease ended are nobody's: a late release of one gives back nothing, and the
+-- readers left decide whether the lock is free (a crashed reader must not keep the release
+-- of the last live one from being published).
+local now = now_ms()
+purge_readers(lock, readers, now)
+purge_writer(lock, readers, now)
 local remaining = give_back_attempt(lock, field, ARGV[4] == '1', ARGV[5], KEYS[3], ARGV[6])
 if not remaining then
   return {0}
