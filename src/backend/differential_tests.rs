@@ -136,6 +136,8 @@ struct Sent {
     supersedes: Option<String>,
     reentry: Reentry,
     contended: bool,
+    /// Sent after its undo: its caller gave up on it and waits for nothing.
+    late: bool,
 }
 
 impl Sent {
@@ -391,6 +393,7 @@ impl Program {
                 Reentry::Refused,
             ]),
             contended: self.rng.chance(30),
+            late: false,
         }
     }
 
@@ -401,8 +404,15 @@ impl Program {
         match self.rng.below(100) {
             0..=39 => {
                 if !self.forgotten.is_empty() && self.rng.chance(25) {
+                    // Sent as after a refusal: a late first try at a free lock (the Redis
+                    // backend's `SET NX`, which no script sees) lands as a hold that others
+                    // take over, and its expiry is the Redis backend's own tests' subject.
                     let late = self.forgotten.remove(0);
-                    return Step::Acquire(late);
+                    return Step::Acquire(Sent {
+                        late: true,
+                        contended: true,
+                        ..late
+                    });
                 }
                 let sent = self.acquire(holder, kind);
                 self.sent
@@ -550,6 +560,9 @@ async fn compare(seed: u64, redis: &RedisBackend, steps: usize) -> Result<(), St
             free.insert(kind, room);
         }
         let (kind, released) = match &step {
+            // Waiting follows a refusal, but not of a re-entry only (nothing to wait for) or
+            // of a call delivered late (nobody waits for its answer).
+            Step::Acquire(sent) if sent.late || sent.reentry == Reentry::Only => continue,
             Step::Acquire(sent) => (lock_of(sent.kind), false),
             Step::Release { kind, .. } => (lock_of(*kind), on_memory.answer == Answer::Released),
             _ => continue,
@@ -592,7 +605,7 @@ async fn both_stores_answer_every_program_alike() {
         Some(seed) => seed..seed + 1,
         None => {
             let first = env_u64("DIFFERENTIAL_FIRST_SEED").unwrap_or(1);
-            first..first + env_u64("DIFFERENTIAL_SEEDS").unwrap_or(150)
+            first..first + env_u64("DIFFERENTIAL_SEEDS").unwrap_or(60)
         }
     };
     let mut failures = Vec::new();

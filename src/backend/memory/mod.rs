@@ -161,6 +161,36 @@ impl Clears {
     }
 }
 
+/// Whether `supersedes`, an earlier attempt of an acquisition whose reply was lost, is a
+/// hold's grant or last re-entry (its records): it took that hold, and the attempt that
+/// supersedes it takes the hold over instead of adding one (the scripts' `recorded`).
+pub(super) fn takes_over(grant: &str, reentry: &str, supersedes: Option<&str>) -> bool {
+    supersedes
+        .is_some_and(|earlier| !earlier.is_empty() && (grant == earlier || reentry == earlier))
+}
+
+/// One more grant of a hold to `attempt`, recorded as the scripts' `reenter` does: when
+/// `supersedes` is the hold's grant, `attempt` is the grant now; when it is the last re-entry,
+/// `attempt` is (and, for the holder's only hold, the grant too); otherwise the hold gains
+/// one, with `attempt` as its last re-entry.
+pub(super) fn reenter_hold(
+    count: &mut u64,
+    grant: &mut String,
+    reentry: &mut String,
+    attempt: &str,
+    supersedes: Option<&str>,
+) {
+    if !takes_over(grant, reentry, supersedes) {
+        *count += 1;
+    } else if supersedes == Some(grant.as_str()) {
+        attempt.clone_into(grant);
+        return;
+    } else if *count == 1 {
+        attempt.clone_into(grant);
+    }
+    attempt.clone_into(reentry);
+}
+
 impl Named<'_> {
     /// Whether a hold recorded as `(grant, reentry)` (none: `None`) is the one named, and
     /// which of its records a release of `all` or one of its holds then clears.
@@ -333,32 +363,17 @@ impl State {
         let entry = self
             .live(grant.key, now)
             .filter(|e| e.owner == grant.holder)?;
-        // The hold an earlier attempt of this acquisition took (its reply was lost), taken
-        // over rather than added to: then it is the hold's grant, or the re-entry it was.
-        let taken_over = grant
-            .supersedes
-            .filter(|earlier| !earlier.is_empty())
-            .filter(|earlier| entry.attempt == *earlier || entry.reentry == *earlier);
-        if grant.reentry == Reentry::Refused && taken_over.is_none() {
+        let taken_over = takes_over(&entry.attempt, &entry.reentry, grant.supersedes);
+        if grant.reentry == Reentry::Refused && !taken_over {
             return None;
         }
-        match taken_over {
-            Some(earlier) if entry.attempt == earlier => {
-                grant.attempt.clone_into(&mut entry.attempt);
-            }
-            Some(_) => {
-                // A re-entry taken over when it is the only hold left is the grant from then
-                // on: its holder names it when it releases.
-                if entry.count == 1 {
-                    grant.attempt.clone_into(&mut entry.attempt);
-                }
-                grant.attempt.clone_into(&mut entry.reentry);
-            }
-            None => {
-                entry.count += 1;
-                grant.attempt.clone_into(&mut entry.reentry);
-            }
-        }
+        reenter_hold(
+            &mut entry.count,
+            &mut entry.attempt,
+            &mut entry.reentry,
+            grant.attempt,
+            grant.supersedes,
+        );
         entry.expires = match entry.count {
             // The only hold: its lease is this grant's.
             1 => now + grant.lease.duration(),

@@ -4,7 +4,7 @@ use std::{collections::HashMap, time::Duration};
 
 use tokio::time::Instant;
 
-use super::{Named, Publish, State};
+use super::{Named, Publish, State, reenter_hold, takes_over};
 use crate::{
     backend::{AcquireReply, Grant, LockKind, Reentry, ReleaseReply, Renew, RenewReply},
     inspect::{HolderInfo, LockInfo},
@@ -105,10 +105,15 @@ impl State {
             LockKind::Write => is_writer,
             _ => is_reader,
         };
+        let write = grant.kind == LockKind::Write;
+        let taken_over = lock
+            .attempts
+            .get(&(write, holder.to_owned()))
+            .is_some_and(|(first, last)| takes_over(first, last, grant.supersedes));
         let refused = match grant.reentry {
             Reentry::Allowed => false,
             Reentry::Only => !holds_side,
-            Reentry::Refused => holds_side,
+            Reentry::Refused => holds_side && !taken_over,
         };
         if refused {
             return AcquireReply::Held {
@@ -139,31 +144,34 @@ impl State {
             };
         }
         let until = now + grant.lease.duration();
-        let record = lock
-            .attempts
-            .entry((grant.kind == LockKind::Write, holder.to_owned()))
-            .or_default();
-        match holds_side {
-            true => grant.attempt.clone_into(&mut record.1),
-            false => *record = (grant.attempt.to_owned(), String::new()),
-        }
         lock.extend(until);
+        let record = lock.attempts.entry((write, holder.to_owned())).or_default();
         let count = match grant.kind {
             LockKind::Write => {
                 lock.waiting_writers.remove(holder);
                 lock.writer_until = Some(lock.writer_until.map_or(until, |t| t.max(until)));
-                let writer = lock.writer.get_or_insert_with(|| (holder.to_owned(), 0));
-                writer.1 += 1;
-                writer.1
+                &mut lock.writer.get_or_insert_with(|| (holder.to_owned(), 0)).1
             }
             _ => {
                 let reader = lock.readers.entry(holder.to_owned()).or_insert((0, until));
-                reader.0 += 1;
                 // A re-entry with a shorter lease never cuts the earlier lease short.
                 reader.1 = reader.1.max(until);
-                reader.0
+                &mut reader.0
             }
         };
+        reenter_hold(
+            count,
+            &mut record.0,
+            &mut record.1,
+            grant.attempt,
+            grant.supersedes,
+        );
+        if *count == 1 {
+            // A new hold (or the only one, taken over): its grant is recorded as such.
+            grant.attempt.clone_into(&mut record.0);
+            record.1.clear();
+        }
+        let count = *count;
         let token = match (grant.kind, grant.fencing, lock.token) {
             (LockKind::Write, true, Some(token)) => Some(token),
             (LockKind::Write, true, None) => {

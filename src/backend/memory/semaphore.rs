@@ -4,7 +4,7 @@ use std::{collections::HashMap, time::Duration};
 
 use tokio::time::Instant;
 
-use super::{Named, Publish, State};
+use super::{Named, Publish, State, reenter_hold, takes_over};
 use crate::{
     backend::{AcquireReply, Grant, Reentry, ReleaseReply, Renew, RenewReply},
     lock_key::LockKey,
@@ -67,11 +67,14 @@ impl State {
 
     pub(super) fn sem_acquire(&mut self, grant: Grant<'_>, now: Instant) -> AcquireReply {
         let semaphore = self.semaphore(grant.key, now);
-        let held = semaphore.holders.contains_key(grant.holder);
+        let permit = semaphore.holders.get(grant.holder);
+        let held = permit.is_some();
+        let taken_over = permit
+            .is_some_and(|permit| takes_over(&permit.grant, &permit.reentry, grant.supersedes));
         let refused = match grant.reentry {
             Reentry::Allowed => false,
             Reentry::Only => !held,
-            Reentry::Refused => held,
+            Reentry::Refused => held && !taken_over,
         };
         let full = !held && semaphore.holders.len() >= grant.permits as usize;
         if refused || full {
@@ -87,15 +90,23 @@ impl State {
             .or_insert_with(|| Permit {
                 count: 0,
                 until,
-                grant: grant.attempt.to_owned(),
+                grant: String::new(),
                 reentry: String::new(),
             });
-        permit.count += 1;
+        reenter_hold(
+            &mut permit.count,
+            &mut permit.grant,
+            &mut permit.reentry,
+            grant.attempt,
+            grant.supersedes,
+        );
+        if permit.count == 1 {
+            // A new permit (or the only hold, taken over): its grant is recorded as such.
+            grant.attempt.clone_into(&mut permit.grant);
+            permit.reentry.clear();
+        }
         // A re-entry with a shorter lease never cuts the earlier lease short.
         permit.until = permit.until.max(until);
-        if permit.count > 1 {
-            grant.attempt.clone_into(&mut permit.reentry);
-        }
         AcquireReply::Acquired {
             count: permit.count,
             token: None,

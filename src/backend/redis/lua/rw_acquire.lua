@@ -117,7 +117,9 @@ else
   end
   -- A re-entry with a shorter lease never cuts the reader's earlier lease short.
   redis.call('ZADD', readers, 'GT', now + lease, holder)
-  extend(readers, lease)
 end
+-- The readers live as long as the lock: a reader whose entry went with an expired set while
+-- the writer kept the hash alive would hold its read side for ever.
+extend(readers, lease)
 extend(lock, lease)
 return {1, count, token}

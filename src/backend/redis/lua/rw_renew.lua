@@ -20,9 +20,10 @@ if redis.call('HEXISTS', lock, side .. ':' .. holder) == 0 then
 end
 if side == 'r' then
   redis.call('ZADD', readers, 'GT', now + lease, holder)
-  extend(readers, lease)
 else
   extend_writer(lock, now + lease)
 end
+-- The readers live as long as the lock (see rw_acquire.lua).
+extend(readers, lease)
 extend(lock, lease)
 return 1
