@@ -6,7 +6,9 @@ use crate::test_support as support;
 use std::time::Duration;
 
 use crate::{
-    backend::{AcquireReply, Backend, Grant, LockKind, Reentry, Release, ReleaseReply},
+    backend::{
+        AcquireReply, Backend, Grant, LockKind, Reentry, Release, ReleaseReply, Renew, RenewReply,
+    },
     lease::Lease,
     lock_key::LockKey,
 };
@@ -988,4 +990,44 @@ async fn late_release_of_an_expired_read_hold<B: Backend>(backend: &B) {
         let reply = backend.release(late).await.unwrap();
         assert_eq!(reply, ReleaseReply::NotHeld, "{attempt:?}");
     }
+}
+
+/// A writer's read hold ends with its own lease even though the writer keeps the lock alive
+/// far longer: neither a renewal nor inspection finds it afterwards, on either store. (On
+/// Redis the readers' set once expired with the read lease while the hash lived on, and the
+/// reader's fields in the hash then held the read side for as long as the writer did.)
+#[tokio::test]
+async fn a_writers_read_hold_ends_with_its_own_lease() {
+    let server = support::RedisServer::start();
+    writers_read_hold_ends_with_its_own_lease(&connect(&server).await).await;
+    writers_read_hold_ends_with_its_own_lease(&crate::MemoryBackend::new()).await;
+}
+
+async fn writers_read_hold_ends_with_its_own_lease<B: Backend>(backend: &B) {
+    let key = kind_key("writer-reads", LockKind::Read);
+    let write = contended(&key, LockKind::Write, "w1", None);
+    assert_eq!(count(backend.acquire(write).await.unwrap()), 1);
+    let short = Duration::from_millis(100);
+    let read = Grant {
+        lease: Lease::fixed(short),
+        ..contended(&key, LockKind::Read, "r1", None)
+    };
+    assert_eq!(count(backend.acquire(read).await.unwrap()), 1);
+    // The read lease runs out in the store; the write lease (10 s) does not.
+    tokio::time::sleep(short * 3).await;
+    let renew = Renew::hold(
+        &key,
+        "h1",
+        Lease::fixed(Duration::from_secs(10)),
+        LockKind::Read,
+    );
+    assert_eq!(
+        backend.renew(&[renew]).await.unwrap(),
+        [RenewReply::NotHeld],
+        "{}",
+        std::any::type_name::<B>()
+    );
+    let info = backend.inspect(&key, LockKind::Read).await.unwrap();
+    let kinds: Vec<LockKind> = info.holders.iter().map(|holder| holder.kind).collect();
+    assert_eq!(kinds, [LockKind::Write], "{info:?}");
 }

@@ -120,6 +120,6 @@ else
 end
 -- The readers live as long as the lock: a reader whose entry went with an expired set while
 -- the writer kept the hash alive would hold its read side for ever.
-extend(readers, lease)
 extend(lock, lease)
+extend(readers, redis.call('PTTL', lock))
 return {1, count, token}

@@ -24,6 +24,6 @@ else
   extend_writer(lock, now + lease)
 end
 -- The readers live as long as the lock (see rw_acquire.lua).
-extend(readers, lease)
 extend(lock, lease)
+extend(readers, redis.call('PTTL', lock))
 return 1
