@@ -14,7 +14,10 @@
 //!   When fewer than a majority answer at all, the acquire fails with
 //!   [`BackendErrorKind::QuorumUnavailable`], which the engine retries while the wait lasts.
 //! - **Release** goes to every node. A hand-off cannot be made atomically across nodes: the lock
-//!   is released plainly and the local waiter contends like any other.
+//!   is released plainly and the local waiter contends like any other. The release of a hold's
+//!   last grant is sent again, in the background, to every node that did not answer it, until
+//!   that node answers or the hold's lease ends; and each acquire of the hold that a node never
+//!   answered is undone there after the release, so a late grant holds nothing (see `Held`).
 //! - **Renewal** extends a lock only if a majority renewed it; otherwise the guard is lost. If
 //!   fewer than a majority answer, the watchdog keeps trying until the lock's deadline.
 //! - **Waiting** listens on every node and wakes once a majority of them published a release.
