@@ -130,6 +130,10 @@ fn skip(node: &RedisBackend, skipped_until: &Arc<Mutex<Option<Instant>>>, error:
 /// How often a skipped node is probed.
 const PROBE_EVERY: Duration = Duration::from_millis(25);
 
+/// The longest pause between two tries of a call a node owes (a release it missed, the undo of
+/// an acquire it never answered): a node back from a stall gets it this long after at most.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
 // A std mutex: one field read or written, never held across an await.
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
@@ -178,6 +182,9 @@ type Hold = (LockKey, String);
 struct Held {
     /// When the hold's lease ends, as last granted or renewed.
     lease_ends: Instant,
+    /// The attempt that granted the hold (its first hold), which a release sent again names:
+    /// it then frees nothing of a hold its holder took anew meanwhile.
+    granted_by: Option<String>,
     /// The acquires of the hold that a node never answered: the node, and the grant.
     unanswered: Vec<(usize, Arc<OwnedGrant>)>,
 }
@@ -639,11 +646,13 @@ async fn call_node<T>(
 }
 
 impl Inner {
-    /// Records a hold won with `grant`, whose lease ends at `lease_ends`; `unanswered` are the
-    /// nodes that never answered its acquire. Drops the records of holds whose lease ended.
+    /// Records a hold won with `grant` (the holder's `count`th), whose lease ends at
+    /// `lease_ends`; `unanswered` are the nodes that never answered its acquire. Drops the
+    /// records of holds whose lease ended.
     fn won(
         &self,
         grant: &Arc<OwnedGrant>,
+        count: u64,
         lease_ends: Instant,
         unanswered: impl Iterator<Item = usize>,
     ) {
@@ -654,8 +663,12 @@ impl Inner {
             .entry((grant.key.clone(), grant.holder.clone()))
             .or_insert_with(|| Held {
                 lease_ends,
+                granted_by: None,
                 unanswered: Vec::new(),
             });
+        if count == 1 {
+            held.granted_by = Some(grant.attempt.clone());
+        }
         held.lease_ends = held.lease_ends.max(lease_ends);
         held.unanswered
             .extend(unanswered.map(|node| (node, grant.clone())));
@@ -695,7 +708,11 @@ impl Inner {
             return;
         }
         for (node, reply) in replies.iter().enumerate() {
-            let silent = reply.is_err();
+            // Not answered: it may not have arrived (an error the node answered, such as
+            // foreign data at the key, would answer the same again).
+            let silent = reply
+                .as_ref()
+                .is_err_and(|error| error.is_unavailable() || error.outcome_unknown());
             let late: Vec<Arc<OwnedGrant>> = held
                 .unanswered
                 .iter()
@@ -707,7 +724,10 @@ impl Inner {
             }
             let inner = self.clone();
             let (key, holder) = hold.clone();
-            let attempt = release.attempt.map(str::to_owned);
+            let attempt = release
+                .attempt
+                .map(str::to_owned)
+                .or_else(|| held.granted_by.clone());
             let kind = release.kind;
             let until = held.lease_ends;
             tokio::spawn(async move {
@@ -752,8 +772,9 @@ impl Inner {
         }
     }
 
-    /// Calls `op` on `node` until it answers (each try within a node call's bound), or until
-    /// `until`: the answer, or `None` when it never came.
+    /// Calls `op` on `node` until it answers (each try within a node call's bound, the pause
+    /// between tries growing to [`RETRY_PAUSE`]), or until `until`: the answer, or `None` when
+    /// it never came.
     async fn until_answered<'a, T, Fut>(
         &'a self,
         node: usize,
@@ -764,16 +785,18 @@ impl Inner {
         Fut: Future<Output = NodeResult<T>>,
     {
         let (backend, skipped_until) = (&self.nodes[node], &self.skipped_until[node]);
+        let mut pause = PROBE_EVERY;
         loop {
             if let Ok(answer) =
                 call_node(backend, skipped_until, self.call_timeout(), op(backend)).await
             {
                 return Some(answer);
             }
-            if Instant::now() >= until {
+            if Instant::now() + pause >= until {
                 return None;
             }
-            tokio::time::sleep(PROBE_EVERY).await;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(RETRY_PAUSE);
         }
     }
 
@@ -844,6 +867,7 @@ impl Backend for RedlockBackend {
                     .filter(|(_, reply)| reply.as_ref().is_err() && took_or_may_have(reply));
                 self.inner.won(
                     &stragglers.grant,
+                    count,
                     started + grant.lease.duration(),
                     unanswered.map(|(node, _)| node),
                 );
