@@ -384,7 +384,7 @@ impl RedisBackend {
                             return Ok((Vec::new(), None));
                         };
                         let grant = single.grant;
-                        let pxat = clock.now_at_most().saturating_add(grant.lease.millis());
+                        let pxat = clock.expiry(&grant.lease);
                         let sending = self.inner.unanswered.sending(
                             grant.attempt,
                             pxat,

@@ -7,10 +7,13 @@
 //! its record of the attempt until the same moment (`lua/abandon.lua`), so the late copy never
 //! outlives the record that names it given up.
 //!
-//! The bound comes from one `TIME` asked when the connection opens: the server read its clock
-//! after the request left, so the reading plus the local time elapsed since the request left
-//! is at least the server's clock (clock rates differ by far less than the lease's drift
-//! margin). An upper bound keeps the hold at least as long as the client trusts it.
+//! The estimate comes from one `TIME` asked when the connection opens. The server read its
+//! clock between the request leaving and the reply arriving, so its clock now is at least the
+//! reading plus the local time elapsed since the reply, and at most that plus the round trip
+//! (clock rates differ by far less than the lease's drift margin). The expiry is the lower
+//! bound plus the lease, plus whatever of the round trip the drift margin does not cover: the
+//! key lives at least as long as the client trusts the hold (the lease less that margin, from
+//! the send), and when the reading's round trip fits in the margin, no longer than the lease.
 
 use std::{
     collections::HashMap,
@@ -21,13 +24,18 @@ use std::{
 use redis::{RedisError, aio::ConnectionLike};
 use tokio::time::Instant;
 
-/// An upper bound of one server's clock, from one reading.
+use crate::lease::Lease;
+
+/// One server's clock, from one reading.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct ServerClock {
-    /// When the request that read the server's clock left.
-    asked: Instant,
-    /// The server's clock then, at most: its reading (ms since the Unix epoch), rounded up.
+    /// When the reply to the request that read the server's clock arrived.
+    answered: Instant,
+    /// The server's clock then, at least: its reading (ms since the Unix epoch, rounded down).
     server_ms: u64,
+    /// The reading's round trip: the server's clock when the reply arrived was at most this
+    /// much past the reading.
+    round_trip: Duration,
 }
 
 impl ServerClock {
@@ -42,6 +50,7 @@ impl ServerClock {
             .arg("server")
             .query_async(conn)
             .await;
+        let answered = Instant::now();
         let ((seconds, micros), info) = match reply {
             Ok(reply) => reply,
             // The server answered, but not with a clock: it can do without.
@@ -52,17 +61,32 @@ impl ServerClock {
             return Ok(None);
         }
         Ok(Some(Self {
-            asked,
-            server_ms: seconds * 1000 + micros.div_ceil(1000),
+            answered,
+            server_ms: seconds.saturating_mul(1000).saturating_add(micros / 1000),
+            round_trip: answered - asked,
         }))
     }
 
-    /// The server's clock now, at most, in ms since the Unix epoch.
-    pub(super) fn now_at_most(&self) -> u64 {
-        let elapsed = self.asked.elapsed();
-        let elapsed_ms = u64::try_from(elapsed.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
-        self.server_ms.saturating_add(elapsed_ms)
+    /// The absolute expiry (server ms) of a hold of `lease` sent now: no earlier than the
+    /// server's clock now plus the lease less its drift margin, and no later than the server's
+    /// clock now plus the lease when the reading's round trip fits in that margin.
+    pub(super) fn expiry(&self, lease: &Lease) -> u64 {
+        let at_least = self
+            .server_ms
+            .saturating_add(whole_ms(self.answered.elapsed()));
+        // What the server's clock may be past `at_least`: the round trip, rounded up, and a
+        // millisecond for each rounding down (the reading, the time elapsed, the lease).
+        let spread = whole_ms(self.round_trip) + 1 + 3;
+        let beyond = spread.saturating_sub(whole_ms(lease.drift()));
+        at_least
+            .saturating_add(lease.millis())
+            .saturating_add(beyond)
     }
+}
+
+/// `duration` in whole milliseconds, rounded down.
+fn whole_ms(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The expiries of single holds whose `SET` went unanswered (it may still arrive), by attempt:
@@ -153,6 +177,26 @@ fn takes_pxat(info: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_expiry_covers_the_trusted_lease_and_no_more_than_the_lease() {
+        let lease = Lease::fixed(Duration::from_secs(10));
+        let clock = ServerClock {
+            answered: Instant::now(),
+            server_ms: 1_000_000,
+            round_trip: Duration::from_micros(300),
+        };
+        tokio::time::advance(Duration::from_millis(7)).await;
+        // The server's clock is now within 1_000_007 and 1_000_009 (a reading rounded down
+        // and the round trip): the lease from the lower bound, the margin covers the rest.
+        assert_eq!(clock.expiry(&lease), 1_000_007 + 10_000);
+        // A slow reading: what the margin (102 ms) does not cover is added.
+        let slow = ServerClock {
+            round_trip: Duration::from_millis(500),
+            ..clock
+        };
+        assert_eq!(slow.expiry(&lease), 1_000_007 + 10_000 + 500 + 4 - 102);
+    }
 
     #[test]
     fn pxat_needs_redis_6_2() {
