@@ -174,11 +174,12 @@ type Hold = (LockKey, String);
 ///
 /// A node that did not answer the release keeps the hold: it is released again until it
 /// answers, within [`lease_ends`](Self::lease_ends) (then its lease frees it anyway), so a
-/// stalled node strands nothing once it is back. An acquire a node never answered (timed out
-/// with its command on the wire) may still arrive after the release: its attempt is undone
-/// there after the release (`abandon`: it gives back the hold should the late command have
-/// taken it, or records the attempt as given up until that command's hold would end), so a
-/// late grant never outlives the release.
+/// stalled node strands nothing once it is back. An acquire a node never answered (it timed
+/// out with its command on the wire) may take the lock there after the release: its attempt is
+/// undone there after the release (`abandon`: it gives back the hold should the late command
+/// have taken it, or records the attempt as given up until that command's hold would end), so a
+/// late grant never outlives the release. One a node granted after its vote was won, once the
+/// hold was released, is undone at once.
 struct Held {
     /// When the hold's lease ends, as last granted or renewed.
     lease_ends: Instant,
@@ -550,8 +551,8 @@ impl Stragglers {
                     if !matches!(given_back, Ok(Ok(_))) {
                         tracing::debug!(key = %grant.key, node = index, "could not give a late grant back; its lease frees it");
                     }
-                } else if reply.is_err() && took_or_may_have(&reply) {
-                    inner.unanswered(&grant, index).await;
+                } else if took_or_may_have(&reply) {
+                    inner.straggled(&grant, index, reply.is_ok()).await;
                 }
             }
             if let Some((hold, guard)) = in_flight {
@@ -674,12 +675,17 @@ impl Inner {
             .extend(unanswered.map(|node| (node, grant.clone())));
     }
 
-    /// Records that `node` never answered the acquire of `grant`, whose vote was won. When the
-    /// hold was released meanwhile (or its lease ended), the attempt is undone there at once.
-    async fn unanswered(self: &Arc<Self>, grant: &Arc<OwnedGrant>, node: usize) {
+    /// After the vote on `grant` was won, `node` answered that it took the lock (`granted`),
+    /// or never answered (it may take it still). When the hold was released meanwhile (or its
+    /// lease ended), the attempt is undone there at once: the release may have come first.
+    /// Otherwise a grant is the hold's like any other, and an attempt never answered is
+    /// undone there after the release (see [`Held`]).
+    async fn straggled(self: &Arc<Self>, grant: &Arc<OwnedGrant>, node: usize, granted: bool) {
         let hold = (grant.key.clone(), grant.holder.clone());
         if let Some(held) = lock(&self.holds).get_mut(&hold) {
-            held.unanswered.push((node, grant.clone()));
+            if !granted {
+                held.unanswered.push((node, grant.clone()));
+            }
             return;
         }
         let until = Instant::now() + grant.lease.duration();
