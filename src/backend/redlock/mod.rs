@@ -160,7 +160,8 @@ struct Inner {
     won: AtomicU64,
     /// Per lock and holder, the acquire calls still on their way after their vote was won:
     /// each holds a read guard until it is answered, and a release of that hold first takes
-    /// the write lock, so it cannot overtake a late grant and leave it behind.
+    /// the write lock (for a node call's bound at most), so it seldom overtakes a late grant;
+    /// one that it does overtake is undone after it (see [`Held`]).
     late: Mutex<HashMap<Hold, Arc<tokio::sync::RwLock<()>>>>,
     /// Per lock and holder, the holds won here and not yet released: what the release of the
     /// last one owes the nodes that did not take part in its vote.
@@ -693,7 +694,7 @@ impl Inner {
             .await;
     }
 
-    /// Makes a release that every node answered at once true on the others too (see
+    /// Makes a release that some nodes answered at once true on the others too (see
     /// [`Held`]): in the background, so the caller does not wait for a stalled node. With
     /// `over`, the release ended the holder's hold (the last one); otherwise nothing is owed
     /// yet (a node that missed it counts one hold more, which the last release corrects).
