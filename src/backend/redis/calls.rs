@@ -295,9 +295,11 @@ fn sem_release(
 }
 
 /// `lua/abandon.lua` (or, for a read-write lock or a semaphore, its release script for that
-/// attempt only): undoes the grant's attempt if it took the lock, else records it as given up.
+/// attempt only): undoes the grant's attempt if it took the lock, else records it as given up,
+/// for its lease and, with `pxat`, at least until then (server ms: when the attempt's single
+/// hold, should its `SET` still arrive, would end).
 /// A fair lock's undo names its queue, whose head it wakes.
-pub(super) fn abandon(scripts: &'static Scripts, grant: &Grant<'_>) -> Call {
+pub(super) fn abandon(scripts: &'static Scripts, grant: &Grant<'_>, pxat: Option<u64>) -> Call {
     let key = grant.key;
     match grant.kind {
         LockKind::Read | LockKind::Write => rw_release(
@@ -326,6 +328,10 @@ pub(super) fn abandon(scripts: &'static Scripts, grant: &Grant<'_>) -> Call {
                 .arg(grant.attempt)
                 .arg(Derived(key, CHANNEL))
                 .arg(grant.lease.millis());
+            match pxat {
+                Some(pxat) => call.arg(pxat),
+                None => call.arg(""),
+            };
             call
         }
     }

@@ -57,7 +57,8 @@ use self::{
     pubsub::PubSub,
     quarantine::Quarantine,
     scripts::{Call, Scripts},
-    transport::Transport,
+    server_clock::Unanswered,
+    transport::{Conn, Transport},
 };
 use super::{
     AcquireReply, Backend, Grant, Listener, LockKind, Reentry, Release, ReleaseReply, Renew,
@@ -85,6 +86,7 @@ mod pool;
 mod pubsub;
 mod quarantine;
 mod scripts;
+mod server_clock;
 #[cfg(feature = "cluster")]
 mod sharded_pubsub;
 mod target;
@@ -125,6 +127,8 @@ struct Inner {
     /// With [`RedisBackendBuilder::client_lease`]: the lease every watchdog hold of an
     /// exclusive lock lives on.
     client_lease: Option<ClientLease>,
+    /// Single holds whose `SET` went unanswered: their undo names when they would end.
+    unanswered: Unanswered,
     stop: CancellationToken,
     _stop_on_drop: DropGuard,
 }
@@ -273,6 +277,7 @@ impl RedisBackend {
                 acknowledgement,
                 quarantine,
                 client_lease: client_lease.then(ClientLease::new),
+                unanswered: Unanswered::default(),
                 _stop_on_drop: stop.clone().drop_guard(),
                 stop,
             }),
@@ -373,20 +378,21 @@ impl RedisBackend {
                 }
                 let reply: Vec<i64> = match attempt {
                     Attempt::Script(call) => run_call(call, conn).await?,
-                    Attempt::Single(set) => {
-                        let granted: Option<()> = set.query_async(conn).await?;
-                        // Refused: the script decides what the lock's state means.
-                        granted.map_or_else(Vec::new, |()| vec![1, 1, -1])
-                    }
-                    Attempt::Leased(pipe) => {
-                        let (granted, lease): (Option<()>, i64) = pipe.query_async(conn).await?;
-                        match (granted, lease) {
-                            (None, _) => Vec::new(),
-                            (Some(()), 1) => vec![1, 1, -1],
-                            // The lease had run out: the hold names it, so nobody holds the
-                            // lock (the script says so, as acquire.lua's {-3} does).
-                            (Some(()), _) => vec![-3],
-                        }
+                    Attempt::Single(single) => {
+                        // Without the server's clock, the script takes the lock.
+                        let Some(clock) = conn.clock() else {
+                            return Ok((Vec::new(), None));
+                        };
+                        let grant = single.grant;
+                        let pxat = clock.expiry(&grant.lease);
+                        let sending = self.inner.unanswered.sending(
+                            grant.attempt,
+                            pxat,
+                            grant.lease.duration(),
+                        );
+                        let reply = single.send(conn, pxat).await?;
+                        sending.answered();
+                        reply
                     }
                 };
                 let shortfall = if reply.first() == Some(&1) {
@@ -400,10 +406,11 @@ impl RedisBackend {
         self.name_wrong_type_in(result, key).await
     }
 
-    /// The first try at a free exclusive lock, as one `SET NX`: a single hold, which the
-    /// scripts turn into a hash when it is re-entered or contended. `None` when the lock was
-    /// not free (the acquire script then looks at what holds it), or when the acquire needs
-    /// the script anyway: a fencing token, a boot marker to check, a re-entry, an earlier
+    /// The first try at a free exclusive lock, as one `SET NX PXAT` (see [`SingleSet`]): a
+    /// single hold, which the scripts turn into a hash when it is re-entered or contended.
+    /// `None` when the lock was not free (the acquire script then looks at what holds it), or
+    /// when the acquire needs the script anyway: connections that do not know their server's
+    /// clock, a fencing token, a boot marker to check, a re-entry, an earlier
     /// attempt to take over, or a lock an earlier attempt found held (a waiter's retry would
     /// otherwise pay two round trips whenever someone got in first). On the client lease
     /// `session`, the hold names its key, and the same round trip extends that key; a lease
@@ -415,6 +422,7 @@ impl RedisBackend {
         session: Option<&Session>,
     ) -> Result<Option<(Vec<i64>, Option<BackendErrorKind>)>, BackendError> {
         let plain = grant.kind == LockKind::Exclusive
+            && self.inner.transport.knows_server_clock()
             && !grant.fencing
             && marker.is_empty()
             && grant.supersedes.is_none()
@@ -424,33 +432,7 @@ impl RedisBackend {
         if !plain {
             return Ok(None);
         }
-        // Sized once: the command is built for every uncontended acquire.
-        let lease = session.map(|session| &*session.key);
-        let size = grant.key.as_str().len()
-            + grant.holder.len()
-            + grant.attempt.len()
-            + lease.map_or(0, str::len)
-            + 48;
-        let mut set = redis::Cmd::with_capacity(6, size);
-        set.arg("SET")
-            .arg(grant.key.as_str())
-            .arg(calls::SingleHold {
-                holder: grant.holder,
-                attempt: grant.attempt,
-                lease,
-            })
-            .arg("NX")
-            .arg("PX")
-            .arg(grant.lease.millis());
-        let attempt = match session {
-            None => Attempt::Single(set),
-            Some(session) => {
-                let mut pipe = redis::pipe();
-                pipe.add_command(set);
-                pipe.cmd("PEXPIRE").arg(&*session.key).arg(session.millis);
-                Attempt::Leased(pipe)
-            }
-        };
+        let attempt = Attempt::Single(SingleSet { grant, session });
         let (reply, shortfall) = self.invoke_acquire(&attempt, grant.key).await?;
         Ok((!reply.is_empty()).then_some((reply, shortfall)))
     }
@@ -877,12 +859,63 @@ fn reply_of<T: FromRedisValue>(value: Value) -> Result<T, RedisError> {
         .and_then(|reply| reply)
 }
 
-/// One try at acquiring: the acquire script of the lock's kind, or a single hold's `SET NX`
-/// (followed, for a hold on the client lease, by the `PEXPIRE` of the lease key).
+/// One try at acquiring: the acquire script of the lock's kind, or a single hold's `SET NX`.
 enum Attempt<'a> {
     Script(&'a Call),
-    Single(redis::Cmd),
-    Leased(redis::Pipeline),
+    Single(SingleSet<'a>),
+}
+
+/// A single hold's `SET NX PXAT` (followed, for a hold on the client lease, by the `PEXPIRE` of
+/// the lease key). Its expiry is absolute, on the server's clock: the send time (at most) plus
+/// the lease. A copy held back on its connection and delivered after the caller gave up ends
+/// when a hold sent on time would have, and the attempt's undo records it as given up until
+/// then (see [`server_clock`]): it never outlives that record. With a relative `PX` it would
+/// live a lease from its late arrival, after the record had gone, and strand the lock.
+struct SingleSet<'a> {
+    grant: &'a Grant<'a>,
+    session: Option<&'a Session>,
+}
+
+impl SingleSet<'_> {
+    /// Sends the `SET` with its key expiring at `pxat` (server ms): the reply as the acquire
+    /// script would put it, empty when the lock was not free.
+    async fn send(&self, conn: &mut Conn, pxat: u64) -> Result<Vec<i64>, RedisError> {
+        let grant = self.grant;
+        // Sized once: the command is built for every uncontended acquire.
+        let lease = self.session.map(|session| &*session.key);
+        let size = grant.key.as_str().len()
+            + grant.holder.len()
+            + grant.attempt.len()
+            + lease.map_or(0, str::len)
+            + 48;
+        let mut set = redis::Cmd::with_capacity(6, size);
+        set.arg("SET")
+            .arg(grant.key.as_str())
+            .arg(calls::SingleHold {
+                holder: grant.holder,
+                attempt: grant.attempt,
+                lease,
+            })
+            .arg("NX")
+            .arg("PXAT")
+            .arg(pxat);
+        let Some(session) = self.session else {
+            let granted: Option<()> = set.query_async(conn).await?;
+            // Refused: the script decides what the lock's state means.
+            return Ok(granted.map_or_else(Vec::new, |()| vec![1, 1, -1]));
+        };
+        let mut pipe = redis::pipe();
+        pipe.add_command(set);
+        pipe.cmd("PEXPIRE").arg(&*session.key).arg(session.millis);
+        let (granted, lease): (Option<()>, i64) = pipe.query_async(conn).await?;
+        Ok(match (granted, lease) {
+            (None, _) => Vec::new(),
+            (Some(()), 1) => vec![1, 1, -1],
+            // The lease had run out: the hold names it, so nobody holds the lock (the script
+            // says so, as acquire.lua's {-3} does).
+            (Some(()), _) => vec![-3],
+        })
+    }
 }
 
 /// Runs one script call on `conn`: by hash, and by body when the server lost the script.
@@ -1042,7 +1075,10 @@ impl Backend for RedisBackend {
             lease: key_lease.unwrap_or(grant.lease),
             ..grant
         };
-        let invocation = calls::abandon(self.scripts(), &grant);
+        // A single hold's `SET` that went unanswered may still arrive: its attempt is
+        // remembered until that hold would end.
+        let pxat = self.inner.unanswered.pxat(grant.attempt);
+        let invocation = calls::abandon(self.scripts(), &grant, pxat);
         // The read-write release answers a pair, the others 1 or 0.
         let value: Value = self.invoke(&invocation, key).await?;
         if let Value::Int(undone) = value {

@@ -25,6 +25,7 @@ use tokio::time::Instant;
 
 use super::{
     quarantine::{self, Quarantine},
+    server_clock::ServerClock,
     target::Target,
 };
 use crate::error::{BackendError, BackendErrorKind};
@@ -102,6 +103,8 @@ struct Tracked {
     broken: Arc<AtomicBool>,
     /// When its server booted (for the quarantine); `None` when not asked.
     booted: Option<Instant>,
+    /// Its server's clock, read when it opened.
+    clock: Option<ServerClock>,
 }
 
 impl Tracked {
@@ -111,6 +114,7 @@ impl Tracked {
             conn: self.conn.clone(),
             broken: Some(self.broken.clone()),
             booted: self.booted,
+            clock: self.clock,
         })
     }
 }
@@ -137,10 +141,12 @@ impl Manager {
             .await?;
         let server = client.get_connection_info().addr().to_string();
         let booted = self.booted(server, &mut conn).await?;
+        let clock = ServerClock::read(&mut conn).await?;
         Ok(Tracked {
             conn,
             broken: Arc::new(AtomicBool::new(false)),
             booted,
+            clock,
         })
     }
 }
@@ -235,6 +241,8 @@ pub(super) struct Conn {
     broken: Option<Arc<AtomicBool>>,
     /// When its server booted, for the backend's own connections with the quarantine on.
     booted: Option<Instant>,
+    /// Its server's clock, for the backend's own connections.
+    clock: Option<ServerClock>,
 }
 
 impl Pool {
@@ -250,6 +258,7 @@ impl Pool {
                     conn: pooled.clone(),
                     broken: None,
                     booted: None,
+                    clock: None,
                 }),
                 Err(bb8::RunError::User(error)) => {
                     Err(BackendError::new(BackendErrorKind::Unavailable, error))
@@ -273,6 +282,11 @@ impl Conn {
     /// When the server of this connection booted, when known.
     pub(super) fn booted(&self) -> Option<Instant> {
         self.booted
+    }
+
+    /// Its server's clock, when known.
+    pub(super) fn clock(&self) -> Option<&ServerClock> {
+        self.clock.as_ref()
     }
 }
 

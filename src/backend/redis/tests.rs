@@ -578,7 +578,7 @@ async fn every_script_round_trips_through_its_typed_call() {
         }
 
         // An attempt that took nothing, given up on: nothing undone.
-        let call = calls::abandon(scripts, &grant("h3", "h3#1", None));
+        let call = calls::abandon(scripts, &grant("h3", "h3#1", None), None);
         let value: Value = run_call(&call, &mut conn).await.unwrap();
         let undone = match value {
             Value::Int(undone) => undone,

@@ -13,6 +13,7 @@ use super::{cluster::Cluster, scripts::SHARDED_SCRIPTS};
 use super::{
     pool::{self, Pool},
     scripts::{SCRIPTS, Scripts},
+    server_clock::ServerClock,
     target::Target,
 };
 use crate::error::BackendError;
@@ -44,6 +45,18 @@ impl Transport {
             #[cfg(feature = "cluster")]
             Self::Cluster(_) => &SHARDED_SCRIPTS,
         }
+    }
+
+    /// Whether its connections know their server's clock (see [`ServerClock`]): the
+    /// backend's own connections to one node do, an application's pool and a cluster do not.
+    pub(super) fn knows_server_clock(&self) -> bool {
+        matches!(
+            self,
+            Self::Node {
+                pool: Pool::Own(_),
+                ..
+            }
+        )
     }
 
     /// Where a single-node transport connects (`None` for a cluster).
@@ -89,6 +102,16 @@ impl Conn {
     pub(super) fn booted(&self) -> Option<tokio::time::Instant> {
         match self {
             Self::Node(conn) => conn.booted(),
+            #[cfg(feature = "cluster")]
+            Self::Cluster(_) => None,
+        }
+    }
+
+    /// The clock of the server this connection goes to, when known (as
+    /// [`Transport::knows_server_clock`] says, and from Redis 6.2 on).
+    pub(super) fn clock(&self) -> Option<&ServerClock> {
+        match self {
+            Self::Node(conn) => conn.clock(),
             #[cfg(feature = "cluster")]
             Self::Cluster(_) => None,
         }

@@ -14,7 +14,10 @@
 //!   When fewer than a majority answer at all, the acquire fails with
 //!   [`BackendErrorKind::QuorumUnavailable`], which the engine retries while the wait lasts.
 //! - **Release** goes to every node. A hand-off cannot be made atomically across nodes: the lock
-//!   is released plainly and the local waiter contends like any other.
+//!   is released plainly and the local waiter contends like any other. The release of a hold's
+//!   last grant is sent again, in the background, to every node that did not answer it, until
+//!   that node answers or the hold's lease ends; and each acquire of the hold that a node never
+//!   answered is undone there after the release, so a late grant holds nothing (see `Held`).
 //! - **Renewal** extends a lock only if a majority renewed it; otherwise the guard is lost. If
 //!   fewer than a majority answer, the watchdog keeps trying until the lock's deadline.
 //! - **Waiting** listens on every node and wakes once a majority of them published a release.
@@ -127,6 +130,10 @@ fn skip(node: &RedisBackend, skipped_until: &Arc<Mutex<Option<Instant>>>, error:
 /// How often a skipped node is probed.
 const PROBE_EVERY: Duration = Duration::from_millis(25);
 
+/// The longest pause between two tries of a call a node owes (a release it missed, the undo of
+/// an acquire it never answered): a node back from a stall gets it this long after at most.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
 // A std mutex: one field read or written, never held across an await.
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
@@ -153,12 +160,36 @@ struct Inner {
     won: AtomicU64,
     /// Per lock and holder, the acquire calls still on their way after their vote was won:
     /// each holds a read guard until it is answered, and a release of that hold first takes
-    /// the write lock, so it cannot overtake a late grant and leave it behind.
+    /// the write lock (for a node call's bound at most), so it seldom overtakes a late grant;
+    /// one that it does overtake is undone after it (see [`Held`]).
     late: Mutex<HashMap<Hold, Arc<tokio::sync::RwLock<()>>>>,
+    /// Per lock and holder, the holds won here and not yet released: what the release of the
+    /// last one owes the nodes that did not take part in its vote.
+    holds: Mutex<HashMap<Hold, Held>>,
 }
 
 /// A lock and its holder.
 type Hold = (LockKey, String);
+
+/// What a release owes the nodes of a hold beyond the release each answers at once.
+///
+/// A node that did not answer the release keeps the hold: it is released again until it
+/// answers, within [`lease_ends`](Self::lease_ends) (then its lease frees it anyway), so a
+/// stalled node strands nothing once it is back. An acquire a node never answered (it timed
+/// out with its command on the wire) may take the lock there after the release: its attempt is
+/// undone there after the release (`abandon`: it gives back the hold should the late command
+/// have taken it, or records the attempt as given up until that command's hold would end), so a
+/// late grant never outlives the release. One a node granted after its vote was won, once the
+/// hold was released, is undone at once.
+struct Held {
+    /// When the hold's lease ends, as last granted or renewed.
+    lease_ends: Instant,
+    /// The attempt that granted the hold (its first hold), which a release sent again names:
+    /// it then frees nothing of a hold its holder took anew meanwhile.
+    granted_by: Option<String>,
+    /// The acquires of the hold that a node never answered: the node, and the grant.
+    unanswered: Vec<(usize, Arc<OwnedGrant>)>,
+}
 
 impl fmt::Debug for RedlockBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -309,6 +340,7 @@ impl RedlockBackendBuilder {
                 rounds: AtomicU64::new(0),
                 won: AtomicU64::new(0),
                 late: Mutex::default(),
+                holds: Mutex::default(),
             }),
         })
     }
@@ -520,6 +552,8 @@ impl Stragglers {
                     if !matches!(given_back, Ok(Ok(_))) {
                         tracing::debug!(key = %grant.key, node = index, "could not give a late grant back; its lease frees it");
                     }
+                } else if took_or_may_have(&reply) {
+                    inner.straggled(&grant, index, reply.is_ok()).await;
                 }
             }
             if let Some((hold, guard)) = in_flight {
@@ -614,6 +648,165 @@ async fn call_node<T>(
 }
 
 impl Inner {
+    /// Records a hold won with `grant` (the holder's `count`th), whose lease ends at
+    /// `lease_ends`; `unanswered` are the nodes that never answered its acquire. Drops the
+    /// records of holds whose lease ended.
+    fn won(
+        &self,
+        grant: &Arc<OwnedGrant>,
+        count: u64,
+        lease_ends: Instant,
+        unanswered: impl Iterator<Item = usize>,
+    ) {
+        let now = Instant::now();
+        let mut holds = lock(&self.holds);
+        holds.retain(|_, held| held.lease_ends > now);
+        let held = holds
+            .entry((grant.key.clone(), grant.holder.clone()))
+            .or_insert_with(|| Held {
+                lease_ends,
+                granted_by: None,
+                unanswered: Vec::new(),
+            });
+        if count == 1 {
+            held.granted_by = Some(grant.attempt.clone());
+        }
+        held.lease_ends = held.lease_ends.max(lease_ends);
+        held.unanswered
+            .extend(unanswered.map(|node| (node, grant.clone())));
+    }
+
+    /// After the vote on `grant` was won, `node` answered that it took the lock (`granted`),
+    /// or never answered (it may take it still). When the hold was released meanwhile (or its
+    /// lease ended), the attempt is undone there at once: the release may have come first.
+    /// Otherwise a grant is the hold's like any other, and an attempt never answered is
+    /// undone there after the release (see [`Held`]).
+    async fn straggled(self: &Arc<Self>, grant: &Arc<OwnedGrant>, node: usize, granted: bool) {
+        let hold = (grant.key.clone(), grant.holder.clone());
+        if let Some(held) = lock(&self.holds).get_mut(&hold) {
+            if !granted {
+                held.unanswered.push((node, grant.clone()));
+            }
+            return;
+        }
+        let until = Instant::now() + grant.lease.duration();
+        self.until_answered(node, until, |node| node.abandon(grant.grant()))
+            .await;
+    }
+
+    /// Makes a release that some nodes answered at once true on the others too (see
+    /// [`Held`]): in the background, so the caller does not wait for a stalled node. With
+    /// `over`, the release ended the holder's hold (the last one); otherwise nothing is owed
+    /// yet (a node that missed it counts one hold more, which the last release corrects).
+    fn released(
+        self: &Arc<Self>,
+        release: &Release<'_>,
+        replies: &[NodeResult<ReleaseReply>],
+        over: bool,
+    ) {
+        if !over {
+            return;
+        }
+        let hold = (release.key.clone(), release.holder.to_owned());
+        let Some(held) = lock(&self.holds).remove(&hold) else {
+            return;
+        };
+        if Instant::now() >= held.lease_ends {
+            return;
+        }
+        for (node, reply) in replies.iter().enumerate() {
+            // Not answered: it may not have arrived (an error the node answered, such as
+            // foreign data at the key, would answer the same again).
+            let silent = reply
+                .as_ref()
+                .is_err_and(|error| error.is_unavailable() || error.outcome_unknown());
+            let late: Vec<Arc<OwnedGrant>> = held
+                .unanswered
+                .iter()
+                .filter(|(index, _)| *index == node)
+                .map(|(_, grant)| grant.clone())
+                .collect();
+            if !silent && late.is_empty() {
+                continue;
+            }
+            let inner = self.clone();
+            let (key, holder) = hold.clone();
+            let attempt = release
+                .attempt
+                .map(str::to_owned)
+                .or_else(|| held.granted_by.clone());
+            let kind = release.kind;
+            let until = held.lease_ends;
+            tokio::spawn(async move {
+                if silent {
+                    // Every hold of the holder, but only while it is still this hold: sent
+                    // again after the first try arrived, it finds nothing.
+                    let again = Release {
+                        key: &key,
+                        holder: &holder,
+                        all: true,
+                        handoff: None,
+                        kind,
+                        attempt: attempt.as_deref(),
+                    };
+                    let released = inner
+                        .until_answered(node, until, |node| node.release(again))
+                        .await;
+                    tracing::debug!(key = %key, node, released = released.is_some(), "released a hold on a node that missed the release");
+                }
+                for grant in late {
+                    inner
+                        .until_answered(node, until, |node| node.abandon(grant.grant()))
+                        .await;
+                }
+            });
+        }
+    }
+
+    /// Moves the lease end of each hold renewed on a majority (sent at `sent`).
+    fn renewed(&self, renewals: &[Renew<'_>], tally: &[RenewReply], sent: Instant) {
+        let mut holds = lock(&self.holds);
+        if holds.is_empty() {
+            return;
+        }
+        for (renew, reply) in renewals.iter().zip(tally) {
+            if *reply != RenewReply::Renewed {
+                continue;
+            }
+            if let Some(held) = holds.get_mut(&(renew.key.clone(), renew.holder.to_owned())) {
+                held.lease_ends = held.lease_ends.max(sent + renew.lease.duration());
+            }
+        }
+    }
+
+    /// Calls `op` on `node` until it answers (each try within a node call's bound, the pause
+    /// between tries growing to [`RETRY_PAUSE`]), or until `until`: the answer, or `None` when
+    /// it never came.
+    async fn until_answered<'a, T, Fut>(
+        &'a self,
+        node: usize,
+        until: Instant,
+        op: impl Fn(&'a RedisBackend) -> Fut,
+    ) -> Option<T>
+    where
+        Fut: Future<Output = NodeResult<T>>,
+    {
+        let (backend, skipped_until) = (&self.nodes[node], &self.skipped_until[node]);
+        let mut pause = PROBE_EVERY;
+        loop {
+            if let Ok(answer) =
+                call_node(backend, skipped_until, self.call_timeout(), op(backend)).await
+            {
+                return Some(answer);
+            }
+            if Instant::now() + pause >= until {
+                return None;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(RETRY_PAUSE);
+        }
+    }
+
     /// Waits (within a node call's bound) for the late acquire calls of `holder`'s hold of
     /// `key`, so that a release or re-entry sent next reaches every node after them.
     async fn after_late_calls(&self, key: &LockKey, holder: &str) {
@@ -675,6 +868,16 @@ impl Backend for RedlockBackend {
         let ttl = match vote {
             AcquireVote::Won { count } if validity.is_some() => {
                 self.inner.won.fetch_add(1, Ordering::Relaxed);
+                let unanswered = replies
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, reply)| reply.as_ref().is_err() && took_or_may_have(reply));
+                self.inner.won(
+                    &stragglers.grant,
+                    count,
+                    started + grant.lease.duration(),
+                    unanswered.map(|(node, _)| node),
+                );
                 stragglers.settle(false);
                 return Ok(AcquireReply::Acquired {
                     count,
@@ -733,6 +936,8 @@ impl Backend for RedlockBackend {
             .await;
             tracing::debug!(key = %release.key, nodes = results.len(), "released nodes that counted more holds");
         }
+        let over = !matches!(reply, ReleaseReply::Decremented { .. });
+        self.inner.released(&plain, &replies, over);
         Ok(reply)
     }
 
@@ -740,9 +945,13 @@ impl Backend for RedlockBackend {
         if renewals.is_empty() {
             return Ok(Vec::new());
         }
+        let sent = Instant::now();
         let replies = self.on_every_node(|node| node.renew(renewals)).await;
         match vote::renew(&replies, renewals.len(), self.inner.quorum) {
-            Ok(tally) => Ok(tally),
+            Ok(tally) => {
+                self.inner.renewed(renewals, &tally, sent);
+                Ok(tally)
+            }
             Err(reachable) => Err(vote::no_quorum(replies, reachable, self.inner.quorum)),
         }
     }

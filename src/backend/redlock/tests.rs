@@ -7,7 +7,7 @@ use crate::test_support as support;
 use std::time::Duration;
 
 use crate::{
-    backend::{AcquireReply, Backend, Grant, LockKind, Reentry, Release},
+    backend::{AcquireReply, Backend, Grant, LockKind, Reentry, Release, ReleaseReply},
     lease::Lease,
     lock_key::LockKey,
 };
@@ -83,4 +83,119 @@ async fn a_lost_round_spends_its_attempt() {
             ),
         }
     }
+}
+
+#[allow(dead_code)]
+#[path = "../../../tests/chaos/proxy.rs"]
+mod proxy;
+
+use proxy::{Mode, Proxy};
+
+/// Three nodes, each behind a proxy that can hold back or swallow its traffic, with a short
+/// node timeout.
+async fn behind_proxies() -> (Vec<support::RedisServer>, Vec<Proxy>, crate::RedlockBackend) {
+    let servers: Vec<_> = (0..3).map(|_| support::RedisServer::start()).collect();
+    let mut proxies = Vec::new();
+    for server in &servers {
+        proxies.push(Proxy::start(&server.url()).await);
+    }
+    let backend = support::redlock_backend(proxies.iter().map(Proxy::url))
+        .node_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    // Every node's connection is open before any traffic is held back.
+    let key = LockKey::new("rl:", b"warm", 512).unwrap();
+    let taken = backend.acquire(grant(&key, "w", "w#1")).await.unwrap();
+    assert!(matches!(taken, AcquireReply::Acquired { .. }), "{taken:?}");
+    backend.release(release(&key, "w")).await.unwrap();
+    (servers, proxies, backend)
+}
+
+/// Acquires `key` for `holder` with a new attempt each round, until a round wins or `within`
+/// has passed.
+async fn acquire_within(
+    backend: &crate::RedlockBackend,
+    key: &LockKey,
+    holder: &str,
+    within: Duration,
+) -> AcquireReply {
+    let deadline = tokio::time::Instant::now() + within;
+    for round in 1.. {
+        let attempt = format!("{holder}#{round}");
+        let reply = backend.acquire(grant(key, holder, &attempt)).await;
+        if let Ok(reply @ AcquireReply::Acquired { .. }) = reply {
+            return reply;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return reply.unwrap_or(AcquireReply::Held { ttl: None });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    unreachable!()
+}
+
+/// Two of three nodes stalled while a hold was released: one node freed it, so the release
+/// is done, but the other two never saw it. Released again until they answer, they free it
+/// once they are back, not when the 10 s lease runs out.
+#[tokio::test]
+async fn a_release_missed_by_stalled_nodes_reaches_them_once_they_are_back() {
+    let (_servers, proxies, backend) = behind_proxies().await;
+    let key = LockKey::new("rl:", b"stalled", 512).unwrap();
+    let taken = backend.acquire(grant(&key, "a", "a#1")).await.unwrap();
+    assert!(matches!(taken, AcquireReply::Acquired { .. }), "{taken:?}");
+
+    for proxy in &proxies[1..] {
+        proxy.set(Mode::Blackhole);
+    }
+    let released = backend.release(release(&key, "a")).await.unwrap();
+    assert!(
+        matches!(released, ReleaseReply::Released { .. }),
+        "{released:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for proxy in &proxies[1..] {
+        proxy.set(Mode::Pass);
+    }
+
+    let next = acquire_within(&backend, &key, "b", Duration::from_secs(4)).await;
+    assert!(
+        matches!(next, AcquireReply::Acquired { .. }),
+        "the stalled nodes kept the released hold: {next:?}"
+    );
+}
+
+/// An acquire's `SET` to one node is held back past the node timeout; the vote is won on the
+/// other two, and the hold released. The `SET` then lands on its node: a hold there that
+/// nobody holds. With one more node stalled, that minority hold must not keep the lock from
+/// the next holder: the release left a record there that gives the late grant no weight.
+#[tokio::test]
+async fn a_late_grant_on_a_node_never_outlives_the_release() {
+    let (servers, proxies, backend) = behind_proxies().await;
+    let key = LockKey::new("rl:", b"straggler", 512).unwrap();
+    let late_by = Duration::from_millis(800);
+    let sets = servers[2].calls("set");
+
+    proxies[2].set(Mode::Delay {
+        up: late_by,
+        down: Duration::ZERO,
+    });
+    let taken = backend.acquire(grant(&key, "a", "a#1")).await.unwrap();
+    assert!(matches!(taken, AcquireReply::Acquired { .. }), "{taken:?}");
+    proxies[2].set(Mode::Pass);
+    let released = backend.release(release(&key, "a")).await.unwrap();
+    assert!(
+        matches!(released, ReleaseReply::Released { .. }),
+        "{released:?}"
+    );
+    support::eventually(late_by * 4, "the late SET lands", || {
+        servers[2].calls("set") > sets
+    })
+    .await;
+
+    proxies[0].set(Mode::Blackhole);
+    let next = acquire_within(&backend, &key, "b", Duration::from_secs(3)).await;
+    assert!(
+        matches!(next, AcquireReply::Acquired { .. }),
+        "a late grant on one node and a stalled node kept a free lock: {next:?}"
+    );
 }

@@ -11,6 +11,8 @@
 -- ARGV[2]  attempt id
 -- ARGV[3]  release channel
 -- ARGV[4]  how long to remember a given-up attempt, in milliseconds (its lease)
+-- ARGV[5]  '', or when the attempt's single hold would end (the `PXAT` of its `SET`, server
+--          ms): the attempt is remembered until then at least
 --
 -- Returns 1 when a hold was given back, 0 when the attempt had taken nothing.
 local lock = KEYS[1]
@@ -32,8 +34,7 @@ if type(single) == 'string' then
     free()
     return 1
   end
-  redis.call('SADD', KEYS[2], ARGV[2])
-  extend(KEYS[2], ARGV[4])
+  give_up(KEYS[2], ARGV[2], ARGV[4], ARGV[5])
   return 0
 end
 local holds = redis.call('HEXISTS', lock, ARGV[1]) == 1
@@ -44,8 +45,7 @@ if holds and redis.call('HGET', lock, '~r') == ARGV[2] then
 elseif holds and redis.call('HGET', lock, '~a') == ARGV[2] then
   record = '~a'
 else
-  redis.call('SADD', KEYS[2], ARGV[2])
-  extend(KEYS[2], ARGV[4])
+  give_up(KEYS[2], ARGV[2], ARGV[4], ARGV[5])
   return 0
 end
 if redis.call('HINCRBY', lock, ARGV[1], -1) <= 0 then

@@ -1,8 +1,11 @@
 -- Acquires a reentrant lock for a holder.
 --
--- A lock has two forms. A single hold granted by `SET NX` (the client's first try at a free
--- lock, see `SingleHold` in the backend) is a string: `<length of holder>:<holder><attempt>`,
--- then a newline and the client lease when the hold lives on one (see KEYS[4]).
+-- A lock has two forms. A single hold granted by `SET NX PXAT` (the client's first try at a free
+-- lock, see `SingleSet` in the backend) is a string: `<length of holder>:<holder><attempt>`,
+-- then a newline and the client lease when the hold lives on one (see KEYS[4]). Its expiry is
+-- absolute: the server's time when the client sent it (at most) plus the lease, so a `SET`
+-- delivered late ends when one delivered on time would have, and never outlives the record of
+-- its attempt that the attempt's undo keeps in KEYS[3] until then (abandon.lua).
 -- Everything else is a hash, and this script turns a single hold into one when the holder
 -- re-enters or another acquire is refused. A single hold whose attempt was given up on (its
 -- `SET` arrived after the caller had given up) is nobody's: the next acquire takes it.

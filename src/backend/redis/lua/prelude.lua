@@ -20,6 +20,22 @@ local function extend(key, ms)
   end
 end
 
+-- Records `attempt` in the set `void` of attempts given up on, so that its request, should it
+-- still arrive, takes nothing: for `ms` milliseconds, and with `pxat` (server ms, '' or nil for
+-- none) until after that moment. `pxat` is the absolute expiry of the attempt's single hold
+-- (`SET … PXAT`, see acquire.lua), so a late `SET` never outlives the record that names its
+-- attempt: once the record is gone, so is anything the `SET` could create.
+local function give_up(void, attempt, ms, pxat)
+  redis.call('SADD', void, attempt)
+  extend(void, ms)
+  if pxat and pxat ~= '' then
+    local at = tonumber(pxat) + 1
+    if redis.call('PTTL', void) < at - now_ms() then
+      redis.call('PEXPIREAT', void, at)
+    end
+  end
+end
+
 -- The same for a lock, which always has a lease: one command from Redis 7 on (PEXPIRE's GT
 -- option), two before. GT leaves a key without a lease as it is: should a lock ever lack one,
 -- it gets one here (a second command only when GT changed nothing).
@@ -245,8 +261,7 @@ local function give_back_attempt(lock, field, all, attempt, void, void_ms)
     end
     if not record then
       if undo then
-        redis.call('SADD', void, attempt)
-        extend(void, void_ms)
+        give_up(void, attempt, void_ms)
       end
       return nil
     end
