@@ -41,7 +41,7 @@ local lease = KEYS[4]
 -- on (no set of them), granted in three commands.
 -- The boot check passes in one GET when the marker holds LASTSAVE; in full after the helpers.
 local booted = ARGV[7] == ''
-  or redis.call('GET', string.match(ARGV[7], ':(.*)$')) == tostring(redis.call('LASTSAVE'))
+  or tonumber(redis.call('GET', string.match(ARGV[7], ':(.*)$'))) == redis.call('LASTSAVE')
 -- A client lease that has run out is never brought back: its holds are over.
 if booted and lease and redis.call('PEXPIRE', lease, ARGV[8]) == 0 then
   return {-3}

@@ -22,7 +22,7 @@ local function boot_unverified(check)
   end
   local quarantine, marker = string.match(check, '^(%d+):(.*)$')
   local started = redis.call('LASTSAVE')
-  if redis.call('GET', marker) == tostring(started) then
+  if tonumber(redis.call('GET', marker)) == started then
     return false
   end
   -- uptime_in_seconds may be one more than the real uptime: one second is taken off.
