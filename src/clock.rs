@@ -58,10 +58,10 @@ impl std::ops::Add<Duration> for BootInstant {
 /// added to it. `Duration::MAX` waits without limit.
 pub(crate) const UNLIMITED: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
 
-/// When a wait of `wait` that started `at` ends: a wait of [`UNLIMITED`] or more, in the far
-/// future (instead of overflowing).
-pub(crate) fn after(at: tokio::time::Instant, wait: Duration) -> tokio::time::Instant {
-    at + wait.min(UNLIMITED)
+/// `at` plus a duration a caller gave (a wait, a lease, a waiter's timeout): one of
+/// [`UNLIMITED`] or more ends in the far future instead of overflowing.
+pub(crate) fn after(at: tokio::time::Instant, duration: Duration) -> tokio::time::Instant {
+    at + duration.min(UNLIMITED)
 }
 
 impl std::ops::Sub<Duration> for BootInstant {

@@ -16,8 +16,8 @@ use std::{
 
 use support::RedisServer;
 use tower_lock::{
-    Backend, ConfigError, Lease, LockClient, LockError, LockGuard, LockLayer, MemoryBackend,
-    MultiGuard, MultiLockError, RedisBackend, key,
+    Backend, ConfigError, Lease, LockClient, LockError, LockGuard, LockKind, LockLayer,
+    MemoryBackend, MultiGuard, MultiLockError, RedisBackend, backend::Renew, key,
 };
 
 /// Panics seen in this process since the hook was installed, on any thread.
@@ -291,4 +291,43 @@ async fn a_layer_with_extreme_options_never_panics() {
         "the lock stayed free"
     );
     assert_eq!(panics(), before, "a thread panicked");
+}
+
+/// A backend called directly (as a scheduler of one's own would) with renewals of unlimited
+/// length answers, and panics no thread: the in-memory store keeps the hold, Redis answers
+/// or refuses.
+async fn unlimited_renewals<B: Backend>(client: LockClient<B>) {
+    let before = panics();
+    for kind in ["lock", "write", "semaphore"] {
+        let Held::One(guard) = hold(&client, kind, "direct", Duration::ZERO, Lease::DEFAULT)
+            .await
+            .expect("acquired")
+        else {
+            unreachable!("one lock")
+        };
+        let kind = match kind {
+            "lock" => LockKind::Exclusive,
+            "write" => LockKind::Write,
+            _ => LockKind::Semaphore,
+        };
+        for lease in [Lease::watchdog(FOREVER), Lease::fixed(FOREVER)] {
+            let renew = Renew::hold(guard.key(), guard.holder().id(), lease, kind);
+            let _answered = client.backend().renew(&[renew]).await;
+        }
+        guard.release().await.expect("released");
+    }
+    assert_eq!(panics(), before, "a thread panicked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_renewing_without_limit_never_panics_in_memory() {
+    let (client, _) = memory_clients();
+    unlimited_renewals(client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_renewing_without_limit_never_panics_on_redis() {
+    let server = RedisServer::start();
+    let (client, _) = redis_clients(&server).await;
+    unlimited_renewals(client).await;
 }

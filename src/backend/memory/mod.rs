@@ -23,6 +23,7 @@ use super::{
     Renew, RenewReply,
 };
 use crate::{
+    clock::after,
     error::BackendError,
     inspect::LockInfo,
     lock_key::{KeyMap, LockKey, Shards},
@@ -277,7 +278,7 @@ impl State {
             Entry {
                 owner: grant.holder.to_owned(),
                 count: 1,
-                expires: now + grant.lease.duration(),
+                expires: after(now, grant.lease.duration()),
                 attempt: grant.attempt.to_owned(),
                 reentry: String::new(),
                 token,
@@ -297,7 +298,7 @@ impl State {
             .filter(|e| e.owner == grant.holder)?;
         entry.count += 1;
         // A re-entry with a shorter lease never cuts the earlier lease short.
-        entry.expires = entry.expires.max(now + grant.lease.duration());
+        entry.expires = entry.expires.max(after(now, grant.lease.duration()));
         grant.attempt.clone_into(&mut entry.reentry);
         let (count, existing) = (entry.count, entry.token);
         let token = match (grant.fencing, existing) {
@@ -382,7 +383,7 @@ impl State {
             }
             queue
                 .timeouts
-                .insert(grant.holder.to_owned(), now + timeout);
+                .insert(grant.holder.to_owned(), after(now, timeout));
         }
         let ttl = held.or_else(|| {
             let head = head?;
@@ -452,7 +453,9 @@ impl State {
         };
         let reply = match timeout {
             Some(timeout) if queue.timeouts.contains_key(holder) => {
-                queue.timeouts.insert(holder.to_owned(), now + timeout);
+                queue
+                    .timeouts
+                    .insert(holder.to_owned(), after(now, timeout));
                 if free && head.as_deref() == Some(holder) {
                     RenewReply::Ready
                 } else {
@@ -484,7 +487,7 @@ impl State {
             (LockKind::Semaphore, _) => self.sem_renew(renew, now),
             _ => match self.live(renew.key, now) {
                 Some(entry) if entry.owner == renew.holder => {
-                    entry.expires = entry.expires.max(now + renew.lease.duration());
+                    entry.expires = entry.expires.max(after(now, renew.lease.duration()));
                     RenewReply::Renewed
                 }
                 _ => RenewReply::NotHeld,
