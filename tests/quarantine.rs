@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use support::{RedisServer, RespValue};
 use tokio::time::Instant;
-use tower_lock::{Lease, LockClient, LockGuard, RedisBackend, RedlockBackend};
+use tower_lock::{Lease, LockClient, LockError, LockGuard, RedisBackend, RedlockBackend};
 
 /// The lease of every lock here, and the quarantine that covers it.
 const LEASE: Duration = Duration::from_millis(2500);
@@ -402,5 +402,60 @@ fn time_secs(server: &RedisServer) -> i64 {
             .and_then(|secs| secs.parse().ok())
             .expect("TIME seconds"),
         other => panic!("TIME answered {other:?}"),
+    }
+}
+
+/// Every acquire script checks the server's start through an application's pool: after a
+/// restart from a snapshot that has the boot marker, a free fair, read, write or semaphore
+/// lock is refused as held for the rest of the quarantine, then granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_lock_kind_waits_out_a_restart_from_a_snapshot_through_a_pool() {
+    let mut server = RedisServer::start();
+    let locks = node_client(&server, Via::Pool, LEASE).await;
+    locks
+        .lock("first")
+        .wait(LEASE * 3)
+        .acquire()
+        .await
+        .expect("granted once the new server's quarantine is over")
+        .release()
+        .await
+        .expect("release");
+    assert_eq!(server.cmd(&["SAVE"]).as_str().as_deref(), Some("OK"));
+    server.restart();
+    assert!(
+        server.cmd(&["EXISTS", "tower-lock:{}:boot"]) == RespValue::Int(1),
+        "the snapshot kept the boot marker"
+    );
+    let kinds = [
+        ("fair", locks.fair_lock("fair")),
+        ("read", locks.read_write_lock("rw").read()),
+        ("write", locks.read_write_lock("rw").write()),
+        ("semaphore", locks.semaphore("sem", 3)),
+    ];
+    for (kind, request) in kinds {
+        match request.try_acquire().await {
+            Err(LockError::WaitTimeout { retry_after }) => assert!(
+                retry_after.is_some_and(|left| left > Duration::ZERO && left <= LEASE),
+                "{kind}: refused with {retry_after:?} left of a quarantine of {LEASE:?}"
+            ),
+            other => panic!("{kind}: granted right after the restart: {other:?}"),
+        }
+    }
+    // Once the quarantine is over, each is granted.
+    for kind in ["fair", "read", "semaphore"] {
+        let request = match kind {
+            "fair" => locks.fair_lock("fair"),
+            "read" => locks.read_write_lock("rw").read(),
+            _ => locks.semaphore("sem", 3),
+        };
+        request
+            .wait(LEASE + Duration::from_secs(2) + SLACK)
+            .acquire()
+            .await
+            .unwrap_or_else(|error| panic!("{kind}: not granted after the quarantine: {error}"))
+            .release()
+            .await
+            .expect("release");
     }
 }
