@@ -331,3 +331,65 @@ async fn a_backend_renewing_without_limit_never_panics_on_redis() {
     let (client, _) = redis_clients(&server).await;
     unlimited_renewals(client).await;
 }
+
+/// `#[locked]`: an unlimited wait takes the lock; a lease no store can hold answers 500 (a
+/// misconfiguration) at the request, without taking the lock.
+#[cfg(feature = "macros")]
+mod attribute {
+    use axum::{
+        Router,
+        body::Body,
+        extract::{Path, State},
+        http::{Request, StatusCode},
+        routing::post,
+    };
+    use tower::ServiceExt;
+    use tower_lock::{LockClient, MemoryBackend, locked};
+
+    use super::panics;
+
+    type Locks = LockClient<MemoryBackend>;
+
+    // 1 000 000 hours: longer than any wait can run.
+    #[locked(key = "{id}", wait = "1000000h")]
+    async fn unlimited(State(_locks): State<Locks>, Path(id): Path<u64>) -> String {
+        id.to_string()
+    }
+
+    // 9 000 hours: more than 365 days.
+    #[locked(key = "{id}", lease = "9000h", wait = "0ms")]
+    async fn too_long(State(_locks): State<Locks>, Path(id): Path<u64>) -> String {
+        id.to_string()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn extreme_attribute_options_never_panic() {
+        let before = panics();
+        let locks = LockClient::in_memory();
+        let router = Router::new()
+            .route("/unlimited/{id}", post(unlimited))
+            .route("/too-long/{id}", post(too_long))
+            .with_state(locks.clone());
+        let status = |path: &'static str| {
+            let router = router.clone();
+            async move {
+                let request = Request::post(path).body(Body::empty()).expect("request");
+                router.oneshot(request).await.expect("infallible").status()
+            }
+        };
+        assert_eq!(status("/unlimited/1").await, StatusCode::OK);
+        assert_eq!(
+            status("/too-long/1").await,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        assert!(
+            locks
+                .lock_in_namespace("/too-long/{id}", "1")
+                .try_acquire()
+                .await
+                .is_ok(),
+            "the lock stayed free"
+        );
+        assert_eq!(panics(), before, "a thread panicked");
+    }
+}
