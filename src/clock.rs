@@ -48,9 +48,20 @@ impl BootInstant {
 impl std::ops::Add<Duration> for BootInstant {
     type Output = Self;
 
+    /// Saturates: a duration the caller gave (a wait, a lease) never overflows the clock.
     fn add(self, rhs: Duration) -> Self {
-        Self(self.0 + rhs)
+        Self(self.0.saturating_add(rhs))
     }
+}
+
+/// A wait this long or longer has no end: about 30 years, which any clock reading can have
+/// added to it. `Duration::MAX` waits without limit.
+pub(crate) const UNLIMITED: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
+
+/// `at` plus a duration a caller gave (a wait, a lease, a waiter's timeout): one of
+/// [`UNLIMITED`] or more ends in the far future instead of overflowing.
+pub(crate) fn after(at: tokio::time::Instant, duration: Duration) -> tokio::time::Instant {
+    at + duration.min(UNLIMITED)
 }
 
 impl std::ops::Sub<Duration> for BootInstant {

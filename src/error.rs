@@ -33,8 +33,8 @@ pub enum LockError {
     /// would deadlock, so it fails at once.
     #[error("cannot upgrade a read lock to a write lock")]
     UpgradeRefused,
-    /// The request's lease is too short to be held (under 3 ms).
-    #[error("lease of {0:?} is too short")]
+    /// The request's lease cannot be held: under 3 ms, or over 365 days.
+    #[error("lease of {0:?} is out of range: a lease is 3 ms to 365 days")]
     InvalidLease(Duration),
     /// A semaphore was asked for with no permits: nobody could ever hold it.
     #[error("a semaphore needs at least one permit")]

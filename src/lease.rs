@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use crate::clock::BootInstant;
+use crate::{clock::BootInstant, engine::MIN_LEASE};
+
+/// The longest lease: 365 days. Every store keeps a lock's expiry well within its range then.
+pub(crate) const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 
 /// How long a lock stays valid in the backend, and whether the watchdog extends it.
 ///
@@ -10,6 +13,13 @@ use crate::clock::BootInstant;
 /// third of its length for as long as the guard is held, so a crashed process frees the lock
 /// within one lease while a slow one keeps it. With [`Lease::fixed`] the lock simply expires after
 /// the given time, whether or not the guard is still held; the guard then reports itself lost.
+/// It does so a little before the store lets the lock go (1 % of the lease plus 2 ms, for clock
+/// rate differences), and the client leaves the lock to expire in the store: no other holder
+/// gets it before the whole lease has run out.
+///
+/// A lease is 3 ms to 365 days long: an acquire with another fails at once with
+/// [`LockError::InvalidLease`](crate::LockError::InvalidLease), and a client built with one
+/// fails to build.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Lease {
     duration: Duration,
@@ -44,6 +54,11 @@ impl Lease {
     /// Whether the watchdog renews this lease.
     pub const fn is_renewed(&self) -> bool {
         self.renewed
+    }
+
+    /// Whether a lock can be held with this lease: 3 ms to 365 days.
+    pub(crate) fn is_valid(&self) -> bool {
+        (MIN_LEASE..=MAX_LEASE).contains(&self.duration)
     }
 
     /// The interval between renewals.

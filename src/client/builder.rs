@@ -54,7 +54,7 @@ impl<B: Backend> LockClientBuilder<B> {
         self
     }
 
-    /// The lease used when a request does not set one. Defaults to
+    /// The lease used when a request does not set one, 3 ms to 365 days. Defaults to
     /// `Lease::watchdog(Duration::from_secs(30))`.
     pub fn lease(mut self, lease: Lease) -> Self {
         self.config.lease = lease;
@@ -62,7 +62,7 @@ impl<B: Backend> LockClientBuilder<B> {
     }
 
     /// How long [`LockRequest::acquire`](crate::LockRequest::acquire) waits when a request does not say. Zero means try
-    /// once. Defaults to 5 seconds.
+    /// once; `Duration::MAX` waits without limit. Defaults to 5 seconds.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.config.wait = wait;
         self
@@ -134,8 +134,8 @@ impl<B: Backend> LockClientBuilder<B> {
 
     /// How long a waiter's place in a fair lock's queue (or a waiting writer's claim on a
     /// read-write lock) survives without being kept alive. A live waiter's client keeps it
-    /// alive; a crashed waiter is purged after this and the next waiter moves up. Defaults to
-    /// 5 seconds.
+    /// alive; a crashed waiter is purged after this and the next waiter moves up. 3 ms to 365
+    /// days; defaults to 5 seconds.
     pub fn waiter_timeout(mut self, timeout: Duration) -> Self {
         self.config.waiter_timeout = timeout;
         self
@@ -155,13 +155,19 @@ impl<B: Backend> LockClientBuilder<B> {
         if config.lease.duration() < MIN_LEASE {
             return Err(ConfigError::LeaseTooShort);
         }
+        if !config.lease.is_valid() {
+            return Err(ConfigError::Invalid {
+                setting: "lease",
+                reason: "must be at most 365 days",
+            });
+        }
         if config.max_key_len == 0 {
             return Err(ConfigError::ZeroMaxKeyLen);
         }
-        if config.waiter_timeout < Duration::from_millis(3) {
+        if !Lease::fixed(config.waiter_timeout).is_valid() {
             return Err(ConfigError::Invalid {
                 setting: "waiter_timeout",
-                reason: "must be at least 3 ms, so it can be kept alive",
+                reason: "must be 3 ms (so it can be kept alive) to 365 days",
             });
         }
         let engine = Engine::new(self.backend, config);

@@ -99,8 +99,8 @@ impl<'a, B: Backend> MultiLockRequest<'a, B> {
         self
     }
 
-    /// How long to wait for the whole set. Zero means try each lock once. Defaults to the
-    /// client's `wait`.
+    /// How long to wait for the whole set. Zero means try each lock once; `Duration::MAX` waits
+    /// without limit. Defaults to the client's `wait`.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
@@ -234,7 +234,7 @@ impl<'a, B: Backend> MultiLockRequest<'a, B> {
         let client = self.client;
         async move {
             let started = tokio::time::Instant::now();
-            let deadline = started + wait;
+            let deadline = crate::clock::after(started, wait);
             let mut members: Vec<Member<B>> = Vec::with_capacity(keys.len());
             for (user_key, name) in keys {
                 // One deadline for the set: each lock waits for what is left of it.

@@ -9,7 +9,7 @@ use tracing::Instrument;
 use super::LockClient;
 use crate::{
     backend::{Backend, LockKind},
-    engine::{Acquired, MIN_LEASE, Request, Want, watchdog},
+    engine::{Acquired, Request, Want, watchdog},
     error::{BackendError, BackendErrorKind, LockError},
     guard::LockGuard,
     holder::Holder,
@@ -73,13 +73,16 @@ impl<B: Backend> fmt::Debug for LockRequest<'_, B> {
 }
 
 impl<B: Backend> LockRequest<'_, B> {
-    /// How long to wait for the lock. Zero means try once. Defaults to the client's `wait`.
+    /// How long to wait for the lock. Zero means try once; `Duration::MAX` waits without limit
+    /// (until the lock is granted, the backend fails or the client shuts down). Defaults to the
+    /// client's `wait`.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
     }
 
-    /// The lease to hold the lock with. Defaults to the client's `lease`.
+    /// The lease to hold the lock with. Defaults to the client's `lease`. A lease under 3 ms
+    /// or over 365 days fails the acquire with [`LockError::InvalidLease`].
     pub fn lease(mut self, lease: Lease) -> Self {
         self.lease = lease;
         self
@@ -177,7 +180,7 @@ impl<B: Backend> LockRequest<'_, B> {
     ///
     /// # Errors
     /// [`LockError::WaitTimeout`] when another holder kept it for the whole wait,
-    /// [`LockError::InvalidKey`], [`LockError::TooManyWaiters`], [`LockError::Backend`] when the
+    /// [`LockError::InvalidKey`], [`LockError::InvalidLease`], [`LockError::TooManyWaiters`], [`LockError::Backend`] when the
     /// backend failed (an acquire whose reply was lost is undone before this returns, where the
     /// backend can still be reached), [`LockError::ShutDown`].
     ///
@@ -305,7 +308,7 @@ impl<B: Backend> LockRequest<'_, B> {
         permits: u32,
     ) -> Result<LockKey, LockError> {
         let key = key?;
-        if lease.duration() < MIN_LEASE {
+        if !lease.is_valid() {
             return Err(LockError::InvalidLease(lease.duration()));
         }
         if kind == LockKind::Semaphore && permits == 0 {

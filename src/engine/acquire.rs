@@ -690,7 +690,7 @@ impl WaitClock {
         *self.deadline.get_or_insert_with(|| {
             let now = tokio::time::Instant::now();
             let spent = started.map_or(Duration::ZERO, |at| BootInstant::now().duration_since(at));
-            now.checked_sub(spent).unwrap_or(now) + wait
+            crate::clock::after(now.checked_sub(spent).unwrap_or(now), wait)
         })
     }
 }

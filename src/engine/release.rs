@@ -75,8 +75,8 @@ impl Releasing {
 }
 
 impl<B: Backend> Engine<B> {
-    /// Marks `held` lost and stops renewing it. A hold whose deadline passed is also freed in
-    /// the backend if it is still there for this very entry.
+    /// Marks `held` lost and stops renewing it. A renewed hold whose deadline passed is also
+    /// freed in the backend if it is still there for this very entry.
     pub(crate) fn lose(self: &Arc<Self>, held: &Arc<Held>, loss: Loss) {
         // A released entry has ended: a late reply about it is no loss.
         if held.is_released() || !held.mark_lost() {
@@ -91,8 +91,11 @@ impl<B: Backend> Engine<B> {
         tracing::warn!(key = %held.key, holder = %held.holder, reason, "lock lost");
         // The backend may still have it for us (it was unreachable past our deadline): free it
         // now rather than leave it for a whole lease, but only if it is still this entry's
-        // hold, never one the holder took anew since.
-        if let (Loss::Expired, Some(runtime)) = (loss, self.runtime()) {
+        // hold, never one the holder took anew since. A fixed lease is not cut short: the
+        // store lets it run out, as `Lease::fixed` says (the deadline is a little earlier).
+        if let (Loss::Expired, Some(runtime)) = (loss, self.runtime())
+            && held.lease.is_renewed()
+        {
             let shared = self.clone();
             let held = held.clone();
             runtime.spawn(async move {

@@ -168,6 +168,41 @@ mod tests {
         assert!(scans <= 3, "{scans} scans for 200 short holds");
     }
 
+    /// A hold with a fixed lease whose guard lives past the lease is reported lost at its
+    /// deadline (a little before the lease ends), but its client leaves it to the store: the
+    /// lock expires after the whole lease, not when the client stops trusting it.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_fixed_lease_runs_its_whole_length_in_the_store() {
+        let lease = Lease::fixed(Duration::from_secs(2));
+        let backend = MemoryBackend::new();
+        let holder = LockClient::builder(backend.clone()).build().unwrap();
+        let other = LockClient::builder(backend).build().unwrap();
+        let granted = tokio::time::Instant::now();
+        let guard = holder.lock("report").lease(lease).acquire().await.unwrap();
+        guard.lost().await;
+        let lost_after = granted.elapsed();
+        assert!(lost_after < lease.duration(), "lost at {lost_after:?}");
+        // The watchdog and anything it spawned have run.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let refused = other.lock("report").try_acquire().await;
+        assert!(
+            refused.is_err(),
+            "the lock was freed {lost_after:?} into a fixed lease of 2 s"
+        );
+        tokio::time::sleep_until(granted + lease.duration() + Duration::from_millis(1)).await;
+        other
+            .lock("report")
+            .try_acquire()
+            .await
+            .expect("free once the lease ran out")
+            .release()
+            .await
+            .unwrap();
+        drop(guard);
+    }
+
     /// An entry added while the watchdog scans (after it looked at the table, before it stored
     /// when it plans to wake) still wakes it: the lock is renewed, not left to run out.
     #[tokio::test(flavor = "current_thread")]

@@ -55,9 +55,10 @@ pub const COMMANDS: &[&str] = &[
     "+zscore",
 ];
 
-/// The commands options add: `RedisBackendBuilder::min_replicas` sends `WAIT`
+/// The commands options add: `RedisBackendBuilder::min_replicas` sends `WAIT`, and with
+/// `RedisBackendBuilder::pool` the acquire scripts read `LASTSAVE`
 /// (`RedisBackendBuilder::wait_aof`'s `WAITAOF` is in [`rules`] on the versions that have it).
-pub const OPTION_COMMANDS: &[&str] = &["+wait"];
+pub const OPTION_COMMANDS: &[&str] = &["+wait", "+lastsave"];
 
 /// The commands a Redis Cluster client adds: sharded pub/sub (the scripts' `SPUBLISH`, the
 /// waiters' `SSUBSCRIBE`), and what the cluster client sends to learn the slot map and follow

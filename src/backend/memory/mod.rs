@@ -23,6 +23,7 @@ use super::{
     Renew, RenewReply,
 };
 use crate::{
+    clock::after,
     error::BackendError,
     inspect::LockInfo,
     lock_key::{KeyMap, LockKey, Shards},
@@ -302,7 +303,7 @@ impl State {
     /// (Undos are rare: each sweeps what has run out.)
     fn give_up(&mut self, key: &LockKey, attempt: &str, now: Instant, lease: Duration) {
         self.given_up.retain(|_, given_up| given_up.until > now);
-        let until = now + lease;
+        let until = after(now, lease);
         let given_up = self
             .given_up
             .entry(key.as_str().to_owned())
@@ -348,7 +349,7 @@ impl State {
             Entry {
                 owner: grant.holder.to_owned(),
                 count: 1,
-                expires: now + grant.lease.duration(),
+                expires: after(now, grant.lease.duration()),
                 attempt: grant.attempt.to_owned(),
                 reentry: String::new(),
                 token,
@@ -376,9 +377,9 @@ impl State {
         );
         entry.expires = match entry.count {
             // The only hold: its lease is this grant's.
-            1 => now + grant.lease.duration(),
+            1 => after(now, grant.lease.duration()),
             // A re-entry with a shorter lease never cuts the earlier lease short.
-            _ => entry.expires.max(now + grant.lease.duration()),
+            _ => entry.expires.max(after(now, grant.lease.duration())),
         };
         let (count, existing) = (entry.count, entry.token);
         let token = match (grant.fencing, existing) {
@@ -463,7 +464,7 @@ impl State {
             }
             queue
                 .timeouts
-                .insert(grant.holder.to_owned(), now + timeout);
+                .insert(grant.holder.to_owned(), after(now, timeout));
         }
         let ttl = held.or_else(|| {
             let head = head?;
@@ -533,7 +534,9 @@ impl State {
         };
         let reply = match timeout {
             Some(timeout) if queue.timeouts.contains_key(holder) => {
-                queue.timeouts.insert(holder.to_owned(), now + timeout);
+                queue
+                    .timeouts
+                    .insert(holder.to_owned(), after(now, timeout));
                 if free && head.as_deref() == Some(holder) {
                     RenewReply::Ready
                 } else {
@@ -565,7 +568,7 @@ impl State {
             (LockKind::Semaphore, _) => self.sem_renew(renew, now),
             _ => match self.live(renew.key, now) {
                 Some(entry) if entry.owner == renew.holder => {
-                    entry.expires = entry.expires.max(now + renew.lease.duration());
+                    entry.expires = entry.expires.max(after(now, renew.lease.duration()));
                     RenewReply::Renewed
                 }
                 _ => RenewReply::NotHeld,

@@ -7,6 +7,7 @@ use tokio::time::Instant;
 use super::{Named, Publish, State, reenter_hold, takes_over};
 use crate::{
     backend::{AcquireReply, Grant, LockKind, Reentry, ReleaseReply, Renew, RenewReply},
+    clock::after,
     inspect::{HolderInfo, LockInfo},
     lock_key::LockKey,
 };
@@ -137,13 +138,13 @@ impl State {
         if !granted {
             if let (LockKind::Write, Some(timeout)) = (grant.kind, grant.queue) {
                 lock.waiting_writers
-                    .insert(holder.to_owned(), now + timeout);
+                    .insert(holder.to_owned(), after(now, timeout));
             }
             return AcquireReply::Held {
                 ttl: lock.retry(now, grant.kind == LockKind::Write),
             };
         }
-        let until = now + grant.lease.duration();
+        let until = after(now, grant.lease.duration());
         lock.extend(until);
         let record = lock.attempts.entry((write, holder.to_owned())).or_default();
         let count = match grant.kind {
@@ -251,7 +252,7 @@ impl State {
 
     pub(super) fn rw_renew(&mut self, renew: &Renew<'_>, now: Instant) -> RenewReply {
         let lock = self.rw_entry(renew.key, now);
-        let until = now + renew.lease.duration();
+        let until = after(now, renew.lease.duration());
         let held = match renew.kind {
             LockKind::Write => {
                 let held = lock.writer.as_ref().is_some_and(|(w, _)| w == renew.holder);
@@ -292,7 +293,7 @@ impl State {
             }
             Some(timeout) => match lock.waiting_writers.get_mut(holder) {
                 Some(until) => {
-                    *until = now + timeout;
+                    *until = after(now, timeout);
                     (RenewReply::Renewed, None)
                 }
                 None => (RenewReply::NotHeld, None),

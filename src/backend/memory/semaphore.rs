@@ -7,6 +7,7 @@ use tokio::time::Instant;
 use super::{Named, Publish, State, reenter_hold, takes_over};
 use crate::{
     backend::{AcquireReply, Grant, Reentry, ReleaseReply, Renew, RenewReply},
+    clock::after,
     lock_key::LockKey,
 };
 
@@ -83,7 +84,7 @@ impl State {
             return AcquireReply::Held { ttl };
         }
         semaphore.limit = grant.permits;
-        let until = now + grant.lease.duration();
+        let until = after(now, grant.lease.duration());
         let permit = semaphore
             .holders
             .entry(grant.holder.to_owned())
@@ -148,7 +149,7 @@ impl State {
         let semaphore = self.semaphore(renew.key, now);
         let reply = match semaphore.holders.get_mut(renew.holder) {
             Some(permit) => {
-                permit.until = permit.until.max(now + renew.lease.duration());
+                permit.until = permit.until.max(after(now, renew.lease.duration()));
                 RenewReply::Renewed
             }
             None => RenewReply::NotHeld,

@@ -197,17 +197,23 @@ impl RedisBackendBuilder {
     /// as `Retry-After`; a waiter waits); renewals and releases go on. The server's own
     /// `uptime_in_seconds` (`INFO server`, asked once per new connection: the ACL user needs
     /// `+info`) tells when it started, so no clocks are compared. A Sentinel failover to
-    /// another server counts as a start, unless [`min_replicas`](Self::min_replicas) is set.
+    /// another server counts as a start, unless [`min_replicas`](Self::min_replicas) is set,
+    /// and only for a backend that saw it: a backend created after the failover (or in a
+    /// process started after it) is not quarantined by it, as the promoted replica has been up
+    /// all along.
     ///
     /// The cost: up to one lease without new grants after a restart, and after the first start
     /// of a server. Set it to at least the longest lease any client of this store uses when
     /// they differ. `Duration::ZERO` turns it off, for a server that loses no acknowledged
     /// write across a restart (`appendonly yes` with `appendfsync always`), or for tests that
-    /// start their own server. An application's pool ([`pool`](Self::pool)) is quarantined
-    /// through a boot marker instead (a key the backend sets once the server has been up for a
-    /// whole quarantine, which a restart without persistence loses); a Redis
-    /// Cluster is not quarantined (its nodes fail over to replicas rather than restart empty
-    /// as masters).
+    /// start their own server. Through an application's pool ([`pool`](Self::pool)), whose
+    /// connections the backend does not open, the acquire scripts check the server's start
+    /// themselves: a boot marker key (`…{}:boot` under the lock prefix) holds the `LASTSAVE` of
+    /// the server run last seen up for a whole quarantine. Redis resets `LASTSAVE` at every
+    /// start (and save), so a server restarted with or without persistence, from a snapshot or
+    /// an append-only file, fails the check, and the script reads its uptime (`INFO server`)
+    /// before it grants; the ACL user also needs `+lastsave`. A Redis Cluster is not
+    /// quarantined (its nodes fail over to replicas rather than restart empty as masters).
     ///
     /// ```no_run
     /// use std::time::Duration;

@@ -89,7 +89,7 @@ impl ToRedisArgs for SingleHold<'_> {
 
 /// `lua/acquire.lua`, `lua/fair_acquire.lua`, `lua/rw_acquire.lua` or `lua/sem_acquire.lua`,
 /// by the grant's kind;
-/// `marker` is the server's boot marker, or `''`; `lease` the client lease an exclusive hold is
+/// `marker` is the server's boot check (see `quarantine::boot_check`), or `''`; `lease` the client lease an exclusive hold is
 /// to live on, by name and length in milliseconds (the grant's lease is then how long the
 /// lock's key lives).
 pub(super) fn acquire(

@@ -207,6 +207,11 @@ impl RedisBackend {
     /// lock again. Locks granted by the old master and not yet replicated can be lost in the
     /// failover: see [`min_replicas`](RedisBackendBuilder::min_replicas) and fencing tokens.
     ///
+    /// A failover counts as a restart for the [quarantine](RedisBackendBuilder::quarantine)
+    /// only when this backend saw it: one created after the failover (or in a process started
+    /// after it) takes the promoted replica for a server that has been up all along, and grants
+    /// at once. Create the backend once, at start-up, and keep it.
+    ///
     /// ```no_run
     /// use tower_lock::{LockClient, RedisBackend};
     ///
@@ -410,7 +415,7 @@ impl RedisBackend {
     /// single hold, which the scripts turn into a hash when it is re-entered or contended.
     /// `None` when the lock was not free (the acquire script then looks at what holds it), or
     /// when the acquire needs the script anyway: connections that do not know their server's
-    /// clock, a fencing token, a boot marker to check, a re-entry, an earlier
+    /// clock, a fencing token, a boot check, a re-entry, an earlier
     /// attempt to take over, or a lock an earlier attempt found held (a waiter's retry would
     /// otherwise pay two round trips whenever someone got in first). On the client lease
     /// `session`, the hold names its key, and the same round trip extends that key; a lease
@@ -418,13 +423,13 @@ impl RedisBackend {
     async fn acquire_single(
         &self,
         grant: &Grant<'_>,
-        marker: &str,
+        boot: &str,
         session: Option<&Session>,
     ) -> Result<Option<(Vec<i64>, Option<BackendErrorKind>)>, BackendError> {
         let plain = grant.kind == LockKind::Exclusive
             && self.inner.transport.knows_server_clock()
             && !grant.fencing
-            && marker.is_empty()
+            && boot.is_empty()
             && grant.supersedes.is_none()
             && grant.reentry != Reentry::Only
             && !grant.contended
@@ -442,7 +447,7 @@ impl RedisBackend {
     async fn acquire_on(
         &self,
         grant: Grant<'_>,
-        marker: &str,
+        boot: &str,
         session: Option<&Session>,
     ) -> Result<Option<AcquireReply>, BackendError> {
         let key = grant.key;
@@ -454,20 +459,13 @@ impl RedisBackend {
             },
             None => grant,
         };
-        let (reply, shortfall) = match self.acquire_single(&grant, marker, session).await? {
+        let (reply, shortfall) = match self.acquire_single(&grant, boot, session).await? {
             Some(single) => single,
             None => {
                 let lease = session.map(|session| (&*session.key, session.millis));
-                let invocation = calls::acquire(self.scripts(), &grant, marker, lease);
+                let invocation = calls::acquire(self.scripts(), &grant, boot, lease);
                 let attempt = Attempt::Script(&invocation);
-                let (mut reply, mut shortfall) = self.invoke_acquire(&attempt, key).await?;
-                if reply == [-2] {
-                    if let Some(left) = self.verify_boot(marker, key).await? {
-                        return Ok(Some(AcquireReply::Held { ttl: Some(left) }));
-                    }
-                    (reply, shortfall) = self.invoke_acquire(&attempt, key).await?;
-                }
-                (reply, shortfall)
+                self.invoke_acquire(&attempt, key).await?
             }
         };
         if reply == [-3] {
@@ -527,17 +525,20 @@ impl RedisBackend {
                 ttl: u64::try_from(*retry).ok().map(Duration::from_millis),
             }),
             [-1] => Ok(AcquireReply::WouldDeadlock),
-            // The marker went again between the check and the retry: another restart.
-            [-2] => Ok(AcquireReply::Held {
-                ttl: Some(self.inner.quarantine.length()),
-            }),
+            // The server started less than a quarantine ago (the boot check failed).
+            [-2, left] => {
+                let left = Duration::from_millis(u64::try_from(*left).unwrap_or(1).max(1));
+                self.inner.quarantine.held_back(key.as_str(), left);
+                Ok(AcquireReply::Held { ttl: Some(left) })
+            }
             _ => Err(protocol_error("acquire reply").with_key(key.as_str())),
         }
     }
 
-    /// The boot marker the acquire scripts require for `key`: for an application's pool with
-    /// the quarantine on (the backend's own connections know their server's boot), else `''`.
-    fn boot_marker(&self, key: &LockKey) -> String {
+    /// The boot check the acquire scripts run for `key` (see `boot_unverified` in
+    /// `lua/prelude.lua`): for an application's pool with the quarantine on (the backend's own
+    /// connections know their server's boot), else `''`.
+    fn boot_check(&self, key: &LockKey) -> String {
         let shared = matches!(
             self.inner.transport,
             Transport::Node {
@@ -546,35 +547,10 @@ impl RedisBackend {
             }
         );
         if shared && self.inner.quarantine.is_on() {
-            quarantine::boot_marker(key.as_str())
+            quarantine::boot_check(key.as_str(), self.inner.quarantine.length())
         } else {
             String::new()
         }
-    }
-
-    /// After an acquire found no boot marker: asks the server's uptime and, when it has been up
-    /// for a whole quarantine, sets the marker on the same connection (so on the same server
-    /// run) and answers `None`; otherwise the time the quarantine has left.
-    async fn verify_boot(
-        &self,
-        marker: &str,
-        key: &LockKey,
-    ) -> Result<Option<Duration>, BackendError> {
-        let quarantine = &self.inner.quarantine;
-        self.with_conn(Some(key), async |conn| {
-            let uptime = quarantine::uptime(conn).await?;
-            if let Some(left) = quarantine.remaining_after(uptime) {
-                quarantine.held_back(key.as_str(), left);
-                return Ok(Some(left));
-            }
-            redis::cmd("SET")
-                .arg(marker)
-                .arg(1)
-                .query_async::<()>(conn)
-                .await?;
-            Ok(None)
-        })
-        .await
     }
 
     /// The pub/sub connection's handle, started on first use.
@@ -988,10 +964,10 @@ impl Backend for RedisBackend {
     async fn acquire(&self, grant: Grant<'_>) -> Result<AcquireReply, BackendError> {
         let key = grant.key;
         self.inner.quarantine.note_lease(grant.lease.duration());
-        let marker = self.boot_marker(key);
+        let boot = self.boot_check(key);
         let lease = self.inner.client_lease.as_ref();
         let Some(lease) = lease.filter(|lease| lease.serves(&grant)) else {
-            return (self.acquire_on(grant, &marker, None).await?)
+            return (self.acquire_on(grant, &boot, None).await?)
                 .ok_or_else(|| protocol_error("acquire reply").with_key(key.as_str()));
         };
         // A session whose lease ran out is over; the grant goes to a new one.
@@ -1002,7 +978,7 @@ impl Backend for RedisBackend {
                 })
                 .await?;
             let sent_at = BootInstant::now();
-            match self.acquire_on(grant, &marker, Some(&session)).await? {
+            match self.acquire_on(grant, &boot, Some(&session)).await? {
                 Some(reply) => {
                     if matches!(reply, AcquireReply::Acquired { session: on, .. } if on == session.number)
                     {

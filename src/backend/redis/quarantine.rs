@@ -15,10 +15,12 @@
 //! releases go on as usual.
 //!
 //! An application's pool ([`RedisBackendBuilder::pool`](super::RedisBackendBuilder::pool)) opens
-//! its connections itself, so there a boot marker stands in: a key the backend sets once it
-//! has seen the server up for a whole quarantine, and that the acquire scripts require. A
-//! server restarted without persistence has lost it, so its first acquire comes back
-//! unverified and the backend asks the server's uptime before granting.
+//! its connections itself, so there the acquire scripts check the server's start themselves
+//! ([`boot_check`]), from what the server says of itself: `LASTSAVE`, which Redis sets to the
+//! time of every start and every save, against a boot marker key that holds the `LASTSAVE` of a
+//! server run already seen up for a whole quarantine. A snapshot or an append-only file keeps
+//! the marker but not the run: a restarted server's `LASTSAVE` differs, and the script asks
+//! `INFO server` for its uptime before it grants.
 
 use std::{
     sync::{
@@ -133,7 +135,7 @@ pub(super) async fn boot_time<C: ConnectionLike>(conn: &mut C) -> RedisResult<In
 /// How long the server behind `conn` has been up at least (`INFO server`). Redis counts
 /// `uptime_in_seconds` between two clock readings truncated to whole seconds, so it can be a
 /// second more than the real uptime: one second is taken off.
-pub(super) async fn uptime<C: ConnectionLike>(conn: &mut C) -> RedisResult<Duration> {
+async fn uptime<C: ConnectionLike>(conn: &mut C) -> RedisResult<Duration> {
     let info: String = redis::cmd("INFO").arg("server").query_async(conn).await?;
     let seconds = uptime_of(&info).ok_or_else(|| {
         RedisError::from((
@@ -150,12 +152,18 @@ const WARN_EVERY: Duration = Duration::from_secs(5);
 /// The quarantine's length when none is set: follow the longest lease.
 const FOLLOW_LEASES: u64 = u64::MAX;
 
-/// The boot marker of the locks named like `lock`: one per prefix and namespace, under the
-/// lock's prefix (so the crate's ACL key pattern covers it), and never a lock's name nor one
-/// of its keys, whose hash tags are never empty.
-pub(super) fn boot_marker(lock: &str) -> String {
+/// The boot check an acquire script runs for the locks named like `lock` with a quarantine of
+/// `length` (`boot_unverified` in `lua/prelude.lua`): `<length in ms>:<marker>`.
+///
+/// The marker key is one per prefix and namespace, under the lock's prefix (so the crate's ACL
+/// key pattern covers it), and never a lock's name nor one of its keys, whose hash tags are
+/// never empty. It holds the `LASTSAVE` (Unix seconds) of the server run that a script last saw
+/// up for a whole quarantine, written by that script (never by the client) with a one-day TTL.
+/// A script whose server's `LASTSAVE` is another grants only once `INFO server` says the server
+/// has been up for the quarantine, and then writes the marker anew.
+pub(super) fn boot_check(lock: &str, length: Duration) -> String {
     let namespace = lock.find('{').map_or(lock, |brace| &lock[..brace]);
-    format!("{namespace}{{}}:boot")
+    format!("{}:{namespace}{{}}:boot", length.as_millis())
 }
 
 /// `uptime_in_seconds` of an `INFO server` reply.
@@ -179,8 +187,15 @@ mod tests {
 
     #[test]
     fn the_boot_marker_is_no_lock_key() {
-        assert_eq!(boot_marker("tower-lock:{alice}"), "tower-lock:{}:boot");
-        assert_eq!(boot_marker("tl:POST%20x{a}"), "tl:POST%20x{}:boot");
+        let quarantine = Duration::from_millis(2500);
+        assert_eq!(
+            boot_check("tower-lock:{alice}", quarantine),
+            "2500:tower-lock:{}:boot"
+        );
+        assert_eq!(
+            boot_check("tl:POST%20x{a}", quarantine),
+            "2500:tl:POST%20x{}:boot"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -29,28 +29,28 @@
 -- ARGV[6]  re-entry: 'held' to re-enter only (grant nothing unless the holder already holds
 --          the lock), 'free' to take only a new hold (a hold the holder still has counts as
 --          another owner's), '' for either
--- ARGV[7]  the server's boot marker, or '' (see `boot_unverified`)
+-- ARGV[7]  the server's boot check, or '' (see `boot_unverified`)
 -- ARGV[8]  with KEYS[4]: the client lease's length in milliseconds; a grant extends it
 --
 -- Returns {1, count, token} when the holder now holds the lock (token -1 without fencing;
 -- {1, count, token, 0} when a grant meant for the client lease re-entered a hold that has a
 -- lease of its own, and stays there),
--- {0, pttl} when another holder has it (pttl -1 when the key has no expiry), {-2} when the
--- boot marker is missing: the client checks the server's uptime first, or {-3} when the
+-- {0, pttl} when another holder has it (pttl -1 when the key has no expiry), {-2, left} when the
+-- server started less than a quarantine ago (left: milliseconds to go), or {-3} when the
 -- client lease in KEYS[4] has run out (nothing was granted: the client starts a new one).
 local lock = KEYS[1]
 local holder = ARGV[1]
 local lease = KEYS[4]
 -- The common case first, before the helpers are defined: a free lock, and no attempt given up
 -- on (no set of them), granted in three commands.
-if ARGV[7] ~= '' and redis.call('EXISTS', ARGV[7]) == 0 then
-  return {-2}
-end
+-- The boot check passes in one GET when the marker holds LASTSAVE; in full after the helpers.
+local booted = ARGV[7] == ''
+  or tonumber(redis.call('GET', string.match(ARGV[7], ':(.*)$'))) == redis.call('LASTSAVE')
 -- A client lease that has run out is never brought back: its holds are over.
-if lease and redis.call('PEXPIRE', lease, ARGV[8]) == 0 then
+if booted and lease and redis.call('PEXPIRE', lease, ARGV[8]) == 0 then
   return {-3}
 end
-local free = ARGV[6] ~= 'held' and redis.call('EXISTS', lock, KEYS[3]) == 0
+local free = booted and ARGV[6] ~= 'held' and redis.call('EXISTS', lock, KEYS[3]) == 0
 if free then
   if lease then
     redis.call('HSET', lock, holder, 1, '~a', ARGV[3], '~s', lease)
@@ -63,6 +63,15 @@ if free then
   end
 end
 -- @helpers
+if not booted then
+  local left = boot_unverified(ARGV[7])
+  if left then
+    return {-2, left}
+  end
+  if lease and redis.call('PEXPIRE', lease, ARGV[8]) == 0 then
+    return {-3}
+  end
+end
 if free then
   return {1, 1, fencing_token(lock, KEYS[2])}
 end

@@ -6,11 +6,35 @@ local function now_ms()
   return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 end
 
--- Whether the server may have forgotten locks since a client last saw it up for a whole
--- quarantine: the boot marker `marker` (set by the client after checking the server's uptime,
--- never expiring) is gone, as after a restart without persistence. '' skips the check.
-local function boot_unverified(marker)
-  return marker ~= '' and redis.call('EXISTS', marker) == 0
+-- How long a boot marker lives, in milliseconds: a marker that expired costs one uptime check.
+local BOOT_MARKER_MS = 86400000
+
+-- Whether this server run may have forgotten locks whose holders still run (it started less
+-- than a quarantine ago): the milliseconds its quarantine has left, or false. `check` is '' (no
+-- check) or '<quarantine in ms>:<boot marker key>'. The marker holds LASTSAVE of a server run
+-- seen up for a whole quarantine. LASTSAVE is set to the time of each start and of each save,
+-- so a run restarted from a snapshot or an append-only file (which keep the marker) never
+-- matches it; a save costs one uptime check. The marker is written only once the clock has
+-- left LASTSAVE's second: a run that starts later starts in a later second.
+local function boot_unverified(check)
+  if check == '' then
+    return false
+  end
+  local quarantine, marker = string.match(check, '^(%d+):(.*)$')
+  local started = redis.call('LASTSAVE')
+  if tonumber(redis.call('GET', marker)) == started then
+    return false
+  end
+  -- uptime_in_seconds may be one more than the real uptime: one second is taken off.
+  local uptime = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)'))
+  local left = tonumber(quarantine) - math.max(uptime - 1, 0) * 1000
+  if left > 0 then
+    return left
+  end
+  if tonumber(redis.call('TIME')[1]) > started then
+    redis.call('SET', marker, tostring(started), 'PX', BOOT_MARKER_MS)
+  end
+  return false
 end
 
 -- Makes `key` live at least `ms` more milliseconds, never shortening it.

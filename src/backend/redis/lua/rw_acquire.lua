@@ -21,7 +21,7 @@
 -- ARGV[6]  waiter timeout in milliseconds for a writer that must wait; '0' not to wait
 -- ARGV[7]  an earlier attempt of this acquisition whose reply was lost, or ''
 -- ARGV[8]  re-entry of that side, as in acquire.lua
--- ARGV[9]  the server's boot marker, or '' (as in acquire.lua, which also says what {-2} means)
+-- ARGV[9]  the server's boot check, or '' (as in acquire.lua, which also says what {-2} means)
 --
 -- Returns {1, count, token} when granted (token -1 without one), {0, retry} when the holder
 -- must wait (retry: ms until the first lease or waiting writer's place in the way ends: the
@@ -31,8 +31,9 @@
 local lock, readers, writers = KEYS[1], KEYS[2], KEYS[3]
 local holder, side = ARGV[1], ARGV[2]
 local lease = tonumber(ARGV[3])
-if boot_unverified(ARGV[9]) then
-  return {-2}
+local left = boot_unverified(ARGV[9])
+if left then
+  return {-2, left}
 end
 if redis.call('SISMEMBER', KEYS[5], ARGV[4]) == 1 then
   return {0, redis.call('PTTL', lock)}

@@ -17,15 +17,16 @@
 -- ARGV[4]  how many holders may hold a permit at once
 -- ARGV[5]  an earlier attempt of this acquisition whose reply was lost, or ''
 -- ARGV[6]  re-entry, as in acquire.lua
--- ARGV[7]  the server's boot marker, or '' (as in acquire.lua, which also says what {-2} means)
+-- ARGV[7]  the server's boot check, or '' (as in acquire.lua, which also says what {-2} means)
 --
 -- Returns {1, count, -1} when granted, or {0, retry} when every permit is taken (retry: ms
 -- until the first holder's lease ends).
 local sem, holders = KEYS[1], KEYS[2]
 local holder = ARGV[1]
 local lease = tonumber(ARGV[2])
-if boot_unverified(ARGV[7]) then
-  return {-2}
+local left = boot_unverified(ARGV[7])
+if left then
+  return {-2, left}
 end
 if redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 1 then
   return {0, redis.call('PTTL', sem)}
