@@ -80,6 +80,7 @@ mod client_lease;
 mod cluster;
 mod connection;
 mod errors;
+mod health;
 mod inspect;
 mod pool;
 mod pubsub;
@@ -96,6 +97,8 @@ mod transport;
 const FENCE: &str = ":fence";
 /// Suffix of the set of attempts given up on.
 const VOID: &str = ":void";
+/// The reply of an acquire held back by the restart quarantine: nothing was sent.
+const QUARANTINED: i64 = -4;
 /// Suffix of the release channel.
 const CHANNEL: &str = ":released";
 /// Suffix of a fair lock's waiter queue.
@@ -127,6 +130,7 @@ struct Inner {
     client_lease: Option<ClientLease>,
     stop: CancellationToken,
     _stop_on_drop: DropGuard,
+    health: health::Health,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -265,8 +269,13 @@ impl RedisBackend {
         client_lease: bool,
     ) -> Self {
         let stop = CancellationToken::new();
+        let server = transport.node_target().map_or_else(
+            || "the Redis Cluster".to_owned(),
+            |target| target.describe(),
+        );
         Self {
             inner: Arc::new(Inner {
+                health: health::Health::new(server),
                 transport,
                 pubsub: OnceLock::new(),
                 command_timeout,
@@ -369,7 +378,7 @@ impl RedisBackend {
                 {
                     quarantine.held_back(key.as_str(), left);
                     let retry_ms = i64::try_from(left.as_millis()).unwrap_or(i64::MAX).max(1);
-                    return Ok((vec![0, retry_ms], None));
+                    return Ok((vec![QUARANTINED, retry_ms], None));
                 }
                 let reply: Vec<i64> = match attempt {
                     Attempt::Script(call) => run_call(call, conn).await?,
@@ -481,7 +490,7 @@ impl RedisBackend {
                 let (mut reply, mut shortfall) = self.invoke_acquire(&attempt, key).await?;
                 if reply == [-2] {
                     if let Some(left) = self.verify_boot(marker, key).await? {
-                        return Ok(Some(AcquireReply::Held { ttl: Some(left) }));
+                        return Err(errors::quarantined(left).with_key(key.as_str()));
                     }
                     (reply, shortfall) = self.invoke_acquire(&attempt, key).await?;
                 }
@@ -546,9 +555,11 @@ impl RedisBackend {
             }),
             [-1] => Ok(AcquireReply::WouldDeadlock),
             // The marker went again between the check and the retry: another restart.
-            [-2] => Ok(AcquireReply::Held {
-                ttl: Some(self.inner.quarantine.length()),
-            }),
+            [-2] => Err(errors::quarantined(self.inner.quarantine.length()).with_key(key.as_str())),
+            [QUARANTINED, left] => {
+                let left = Duration::from_millis(u64::try_from(*left).unwrap_or(1));
+                Err(errors::quarantined(left).with_key(key.as_str()))
+            }
             _ => Err(protocol_error("acquire reply").with_key(key.as_str())),
         }
     }
