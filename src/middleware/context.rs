@@ -19,7 +19,9 @@ use crate::{Backend, LockGuard, LockKey, MultiGuard, engine::Held, guard::Lost, 
 ///
 /// let app: Router = Router::new()
 ///     .route("/accounts/{id}/withdraw", post(withdraw))
-///     .route_layer(LockLayer::new(LockClient::in_memory()).key(key::path_param("id")));
+///     .route_layer(
+///         LockLayer::new(LockClient::in_memory()).key(key::path_param("id").prefixed("account:")),
+///     );
 /// # }
 /// ```
 #[derive(Clone, Debug)]

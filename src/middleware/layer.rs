@@ -141,7 +141,7 @@ impl Default for LayerConfig {
 /// let service = ServiceBuilder::new()
 ///     .layer(
 ///         LockLayer::new(LockClient::in_memory())
-///             .key(key::query("account"))
+///             .key(key::query("account").prefixed("account:"))
 ///             .wait(Duration::from_secs(2)),
 ///     )
 ///     .service(service_fn(|_: Request<String>| async {

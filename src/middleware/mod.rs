@@ -20,7 +20,7 @@
 //!     .route("/accounts/{id}/withdraw", post(withdraw))
 //!     .route_layer(
 //!         LockLayer::new(locks.clone())
-//!             .key(key::path_param("id"))
+//!             .key(key::path_param("id").prefixed("account:"))
 //!             .wait(Duration::from_secs(2)),
 //!     );
 //! # }

@@ -316,6 +316,25 @@ mod tests {
         );
     }
 
+    /// A 423's hint: the typical hold (else the lease left), never under the wait, never over
+    /// the lease left.
+    #[test]
+    fn locked_retry_after_is_bounded_by_the_wait_and_the_lease() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        // A typical hold of milliseconds is raised to the 2 s waited.
+        assert_eq!(locked_retry_after(Some(ms(35)), Some(s(43)), s(2)), s(2));
+        // A typical hold longer than the wait stands, within the lease.
+        assert_eq!(locked_retry_after(Some(s(5)), Some(s(43)), s(2)), s(5));
+        assert_eq!(locked_retry_after(Some(s(50)), Some(s(43)), s(2)), s(43));
+        // No history: the lease left.
+        assert_eq!(locked_retry_after(None, Some(s(19)), s(2)), s(19));
+        // The lease left caps even the wait: the lock is free (or renewed) by then.
+        assert_eq!(locked_retry_after(None, Some(ms(500)), s(2)), ms(500));
+        // Nothing known but the wait.
+        assert_eq!(locked_retry_after(None, None, s(2)), s(2));
+    }
+
     /// Every rejection is counted under its documented `reason` label.
     #[cfg(feature = "metrics")]
     #[test]
