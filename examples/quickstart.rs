@@ -65,7 +65,7 @@ fn app<B: Backend>(bank: Bank, locks: Option<LockClient<B>>) -> Router {
     let router = match locks {
         Some(locks) => router.route_layer(
             LockLayer::new(locks)
-                .key(key::path_param("id"))
+                .key(key::path_param("id").prefixed("account:"))
                 .wait(Duration::from_secs(30)),
         ),
         None => router,
