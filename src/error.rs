@@ -2,6 +2,8 @@
 
 use std::{error::Error as StdError, fmt, time::Duration};
 
+use tokio::time::Instant;
+
 use crate::lock_key::KeyError;
 
 /// A boxed error from a backend's client library, kept as the source of a [`BackendError`].
@@ -14,8 +16,11 @@ pub enum LockError {
     /// The lock stayed held by another holder for the whole wait.
     #[error("lock wait timed out")]
     WaitTimeout {
-        /// How long the current holder's lease still runs, when the backend reported it.
+        /// How long the current holder's lease still ran when the wait ended, when the backend
+        /// reported it: the latest the lock is free, unless its holder renews it.
         retry_after: Option<Duration>,
+        /// How long this acquire waited: its holder has held the lock at least that long.
+        waited: Duration,
     },
     /// The lock was lost while held: its lease ran out, or another owner took it.
     #[error("lock lost")]
@@ -49,10 +54,17 @@ pub enum LockError {
 }
 
 impl LockError {
-    /// The remaining lease of the current holder, for a `Retry-After` hint.
+    /// When trying again may succeed, for a `Retry-After` hint, measured now. For a wait that
+    /// ran out: the holder's remaining lease when the wait ended, or, when the backend did not
+    /// report it, how long the wait lasted. For a store known to be down or in its restart
+    /// quarantine: [`BackendError::retry_after`].
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::WaitTimeout { retry_after } => *retry_after,
+            Self::WaitTimeout {
+                retry_after,
+                waited,
+            } => retry_after.or((!waited.is_zero()).then_some(*waited)),
+            Self::Backend(error) => error.retry_after(),
             _ => None,
         }
     }
@@ -120,6 +132,10 @@ pub enum BackendErrorKind {
         /// What to fix.
         what: String,
     },
+    /// The store started less than a lease ago: it grants no new lock until every lease it
+    /// may have forgotten has run out (see `RedisBackendBuilder::quarantine`).
+    /// [`BackendError::retry_after`] says when that is.
+    Quarantined,
     /// Any other backend failure.
     Other,
 }
@@ -131,6 +147,10 @@ pub struct BackendError {
     kind: BackendErrorKind,
     key: Option<String>,
     source: Option<BoxError>,
+    /// When the store is expected to answer again, when the backend knows.
+    back_at: Option<Instant>,
+    /// The backend already logged the incident this failure belongs to.
+    reported: bool,
 }
 
 impl BackendError {
@@ -140,6 +160,8 @@ impl BackendError {
             kind,
             key: None,
             source: Some(source.into()),
+            back_at: None,
+            reported: false,
         }
     }
 
@@ -149,6 +171,47 @@ impl BackendError {
             kind,
             key: None,
             source: None,
+            back_at: None,
+            reported: false,
+        }
+    }
+
+    /// Says when the store is expected to answer again (a quarantine's end, the next probe of
+    /// a store that refuses connections).
+    #[must_use]
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn back_at(mut self, at: Instant) -> Self {
+        self.back_at = Some(at);
+        self
+    }
+
+    /// Marks the failure as part of an incident the backend already logged.
+    #[must_use]
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn reported(mut self) -> Self {
+        self.reported = true;
+        self
+    }
+
+    /// Whether the backend already logged the incident this failure belongs to (a store
+    /// refusing connections, or not answering): a rejection need not log it again.
+    pub(crate) fn is_reported(&self) -> bool {
+        self.reported
+    }
+
+    /// When the store is expected to answer again, measured now: the time left of its restart
+    /// quarantine, or, for a store that refuses connections, until it is next probed. `None`
+    /// when the backend does not know.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.back_at
+            .map(|at| at.saturating_duration_since(Instant::now()))
+    }
+
+    /// When the quarantine of a store that restarted recently ends.
+    pub(crate) fn quarantine_ends(&self) -> Option<Instant> {
+        match self.kind {
+            BackendErrorKind::Quarantined => self.back_at,
+            _ => None,
         }
     }
 
@@ -170,13 +233,14 @@ impl BackendError {
     }
 
     /// Whether the backend could not be reached, before or during the command (for Redlock:
-    /// not enough of its nodes).
+    /// not enough of its nodes), or grants nothing yet (its restart quarantine).
     pub fn is_unavailable(&self) -> bool {
         matches!(
             self.kind,
             BackendErrorKind::Unavailable
                 | BackendErrorKind::Interrupted
                 | BackendErrorKind::QuorumUnavailable { .. }
+                | BackendErrorKind::Quarantined
         )
     }
 
@@ -256,6 +320,9 @@ impl fmt::Display for BackendError {
             BackendErrorKind::Misconfigured { what } => {
                 write!(f, "lock backend misconfigured: {what}")?;
             }
+            BackendErrorKind::Quarantined => f.write_str(
+                "lock store restarted less than a lease ago; it grants no new lock yet",
+            )?,
             BackendErrorKind::Other => f.write_str("lock backend error")?,
         }
         if let Some(key) = &self.key {

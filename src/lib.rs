@@ -53,7 +53,7 @@
 //!         .route("/accounts/{id}/withdraw", post(withdraw))
 //!         .route_layer(
 //!             LockLayer::new(locks)
-//!                 .key(key::path_param("id").prefixed("account:")) // the lock "account:<id>"
+//!                 .key(key::path_param("id").prefixed("account:")) // the lock `account:<id>`
 //!                 .wait(Duration::from_secs(2))                    // then 423 Locked + Retry-After
 //!                 .lease(Lease::watchdog(Duration::from_secs(30))), // renewed while the handler runs
 //!         );

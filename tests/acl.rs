@@ -162,8 +162,9 @@ async fn engine_runs_as_the_limited_acl_user() {
         result
     };
     let result = held_by_nobody.await;
+    // The last try met the pause: no reply, or no connection, in time.
     assert!(
-        matches!(&result, Err(LockError::Backend(e)) if e.is_timeout()),
+        matches!(&result, Err(LockError::Backend(e)) if e.is_timeout() || e.is_unavailable()),
         "{result:?}"
     );
     let freed = b

@@ -447,7 +447,7 @@ async fn wait_timeout<B: Probe>(env: Env<B>) {
         .await;
     let waited = started.elapsed();
     let error = error.expect_err("the lock is held for the whole wait");
-    let LockError::WaitTimeout { retry_after } = error else {
+    let LockError::WaitTimeout { retry_after, .. } = error else {
         panic!("expected WaitTimeout, got {error:?}");
     };
     let retry_after = retry_after.expect("the holder's remaining lease is reported");
@@ -467,7 +467,7 @@ async fn wait_timeout<B: Probe>(env: Env<B>) {
     let tried = started.elapsed();
     let error = error.expect_err("the lock is held");
     assert!(
-        matches!(error, LockError::WaitTimeout { retry_after: Some(d) } if d > Duration::ZERO),
+        matches!(error, LockError::WaitTimeout { retry_after: Some(d), .. } if d > Duration::ZERO),
         "try_acquire: {error:?}"
     );
     assert!(error.retry_after().is_some());

@@ -1139,23 +1139,28 @@ async fn permits_let_n_requests_per_key_run() {
 
 /// A set's hold time counts from when the whole set was taken, not from when its first lock
 /// was: a request that waited 1.2 s for its second account and then held both for a moment
-/// makes a later request that waits in vain hear `Retry-After: 1`, not 2.
+/// makes a later request that tries once in vain (through a clone of the layer, which shares
+/// its hold times) hear `Retry-After: 1`, not 2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_hold_time_leaves_out_the_wait_for_its_members() {
     let locks = LockClient::in_memory();
+    let layer = LockLayer::new(locks.clone())
+        .key(key::all([key::path_param("from"), key::path_param("to")]))
+        .name("transfers")
+        .wait(Duration::from_secs(2));
     let app = Router::new()
         .route("/transfers/{from}/{to}", post(|| async { "moved" }))
-        .route_layer(
-            LockLayer::new(locks.clone())
-                .key(key::all([key::path_param("from"), key::path_param("to")]))
-                .wait(Duration::from_secs(2)),
+        .route_layer(layer.clone())
+        .merge(
+            Router::new()
+                .route("/at-once/transfers/{from}/{to}", post(|| async { "moved" }))
+                .route_layer(layer.wait(Duration::ZERO)),
         );
     let base = serve(app).await;
-    let url = format!("{base}/transfers/1/2");
 
     // One account taken elsewhere for 1.2 s: the request waits for it, then moves at once.
     let held = locks
-        .lock_in_namespace("/transfers/{from}/{to}", "2")
+        .lock_in_namespace("transfers", "2")
         .lease(Lease::fixed(Duration::from_secs(30)))
         .acquire()
         .await
@@ -1165,7 +1170,7 @@ async fn a_set_hold_time_leaves_out_the_wait_for_its_members() {
         held.release().await.unwrap();
     });
     let started = Instant::now();
-    let (status, _, _) = send(&http(), "POST", &url).await;
+    let (status, _, _) = send(&http(), "POST", &format!("{base}/transfers/1/2")).await;
     assert_eq!(status, StatusCode::OK);
     assert!(
         started.elapsed() >= Duration::from_millis(1100),
@@ -1173,17 +1178,224 @@ async fn a_set_hold_time_leaves_out_the_wait_for_its_members() {
     );
     release.await.unwrap();
 
-    // Now one account is held for good: the next request times out and hears the typical hold.
+    // Now one account is held for good: a request that tries once hears the typical hold.
     let _held = locks
-        .lock_in_namespace("/transfers/{from}/{to}", "1")
+        .lock_in_namespace("transfers", "1")
         .acquire()
         .await
         .unwrap();
-    let (status, retry, _) = send(&http(), "POST", &url).await;
+    let (status, retry, _) = send(&http(), "POST", &format!("{base}/at-once/transfers/1/2")).await;
     assert_eq!(status, StatusCode::LOCKED);
     assert_eq!(
         retry.as_deref(),
         Some("1"),
         "the typical hold is the moment the set was held, not the wait for its second lock"
     );
+}
+
+/// The remaining lease of the lock at `name`, in milliseconds, as Redis counts it now.
+fn pttl(server: &RedisServer, name: &str) -> i64 {
+    server.cmd(&["PTTL", name]).as_int()
+}
+
+/// A 423's `Retry-After` is never less than what the request waited (the holder has held at
+/// least that long) and never more than the holder's remaining lease when it was answered:
+/// before the route has a history (the remaining lease, measured when the wait ended, not when
+/// it began), and after requests that held the lock for milliseconds (their average, which
+/// says nothing of this holder, is raised to the wait).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retry_after_is_at_least_the_wait_and_at_most_the_lease() {
+    const WAIT: Duration = Duration::from_secs(2);
+    let server = RedisServer::start();
+    let locks = locks(&server).await;
+    let app = Router::new()
+        .route("/docs/{id}", post(|| async { "ok" }))
+        .route_layer(
+            LockLayer::new(locks.clone())
+                .key(key::path_param("id"))
+                .name("docs")
+                .wait(WAIT),
+        );
+    let base = serve(app).await;
+    // A fixed lease: Redis's PTTL is the truth the answer is checked against.
+    let holder = locks
+        .lock_in_namespace("docs", "7")
+        .lease(Lease::fixed(Duration::from_secs(12)))
+        .acquire()
+        .await
+        .unwrap();
+    let name = holder.key().as_str().to_owned();
+    for history in ["none", "a quick request"] {
+        if history != "none" {
+            let (status, _, _) = send(&http(), "POST", &format!("{base}/docs/8")).await;
+            assert_eq!(status, StatusCode::OK);
+        }
+        let (status, retry, body) = send(&http(), "POST", &format!("{base}/docs/7")).await;
+        let answered = Instant::now();
+        let left_ms = pttl(&server, &name);
+        let since_answer = answered.elapsed();
+        assert_eq!(status, StatusCode::LOCKED, "{history}: {body}");
+        let retry: u64 = retry.expect("Retry-After").parse().unwrap();
+        // The lease left when the answer was made is at most what Redis says now plus the
+        // time since the answer arrived.
+        let lease_left_ms = u64::try_from(left_ms).unwrap() + since_answer.as_millis() as u64;
+        println!(
+            "history {history}: Retry-After {retry} s, waited {WAIT:?}, holder's lease {lease_left_ms} ms"
+        );
+        assert!(
+            retry >= WAIT.as_secs(),
+            "{history}: Retry-After {retry} s, less than the {WAIT:?} waited"
+        );
+        assert!(
+            retry <= lease_left_ms.div_ceil(1000),
+            "{history}: Retry-After {retry} s, more than the holder's {lease_left_ms} ms left"
+        );
+        assert_eq!(body, format!("locked; retry in about {retry} s\n"));
+    }
+    holder.release().await.unwrap();
+}
+
+/// A store in its restart quarantine answers 503 at once when the quarantine outlasts the
+/// wait, with the quarantine's time left, as measured when the response was made, as
+/// `Retry-After`, and a body that says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn quarantine_answers_503_at_once_with_its_time_left() {
+    const QUARANTINE: Duration = Duration::from_secs(30);
+    let before_start = Instant::now();
+    let server = RedisServer::start();
+    let started = Instant::now();
+    let backend = RedisBackend::builder(server.url())
+        .quarantine(QUARANTINE)
+        .connect()
+        .await
+        .unwrap();
+    let locks = LockClient::builder(backend).build().unwrap();
+    let app = Router::new()
+        .route("/docs/{id}", post(|| async { "ok" }))
+        .route_layer(
+            LockLayer::new(locks)
+                .key(key::path_param("id"))
+                .wait(Duration::from_secs(5)),
+        );
+    let base = serve(app).await;
+    let sent = Instant::now();
+    let (status, retry, body) = send(&http(), "POST", &format!("{base}/docs/7")).await;
+    let answered = Instant::now();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        answered - sent < Duration::from_secs(5),
+        "answered only after the wait: {:?}",
+        answered - sent
+    );
+    let retry: u64 = retry.expect("Retry-After").parse().unwrap();
+    // The server booted between `before_start` and `started`; the backend reads its uptime in
+    // whole seconds and errs long by up to two.
+    let earliest = (QUARANTINE.saturating_sub(answered - before_start)).as_secs();
+    let latest = (QUARANTINE + Duration::from_secs(2))
+        .saturating_sub(sent - started)
+        .as_secs()
+        + 1;
+    println!("quarantine: Retry-After {retry} s, expected {earliest}..={latest}");
+    assert!(
+        (earliest..=latest).contains(&retry),
+        "Retry-After {retry} s, the quarantine had {earliest}..={latest} s left"
+    );
+    assert_eq!(
+        body,
+        format!("lock store restarted recently and grants no lock yet; retry in about {retry} s\n")
+    );
+}
+
+/// With the store refusing connections (killed), a request is answered 503 with `Retry-After`
+/// long before its 20 s wait would end; once the store is back, the probe lets requests
+/// through again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_that_is_down_fails_fast_until_the_probe_finds_it_back() {
+    const WAIT: Duration = Duration::from_secs(20);
+    let mut server = RedisServer::start();
+    let locks = locks(&server).await;
+    let app = Router::new()
+        .route("/docs/{id}", post(|| async { "ok" }))
+        .route_layer(LockLayer::new(locks).key(key::path_param("id")).wait(WAIT));
+    let url = format!("{}/docs/7", serve(app).await);
+    assert_eq!(send(&http(), "POST", &url).await.0, StatusCode::OK);
+
+    tokio::task::block_in_place(|| server.kill());
+    for attempt in 1..=3 {
+        let sent = Instant::now();
+        let (status, retry, body) = send(&http(), "POST", &url).await;
+        let took = sent.elapsed();
+        println!("down, request {attempt}: {status} in {took:?}, Retry-After {retry:?}");
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(
+            took < WAIT / 4,
+            "request {attempt} answered after {took:?} of its {WAIT:?} wait"
+        );
+        assert_eq!(
+            retry.as_deref(),
+            Some("1"),
+            "the next probe is within a second"
+        );
+    }
+
+    tokio::task::block_in_place(|| server.restart());
+    let back = Instant::now();
+    loop {
+        let (status, _, _) = send(&http(), "POST", &url).await;
+        if status == StatusCode::OK {
+            break;
+        }
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        // The probe looks at least once a second.
+        assert!(
+            back.elapsed() < Duration::from_secs(5),
+            "still refused {:?} after the store came back",
+            back.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("store back: requests run again after {:?}", back.elapsed());
+}
+
+/// A set's 423 counts the whole wait of the set, not only the wait for the lock that stayed
+/// held: the first account was freed after a second of a 1.5 s wait, the second never, so the
+/// request waited 1.5 s and hears `Retry-After: 2`, though this route's requests hold their
+/// locks for milliseconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_retry_after_counts_the_whole_wait() {
+    let locks = LockClient::in_memory();
+    let app = Router::new()
+        .route("/transfers/{from}/{to}", post(|| async { "moved" }))
+        .route_layer(
+            LockLayer::new(locks.clone())
+                .key(key::all([key::path_param("from"), key::path_param("to")]))
+                .name("transfers")
+                .wait(Duration::from_millis(1500)),
+        );
+    let base = serve(app).await;
+    let (status, _, _) = send(&http(), "POST", &format!("{base}/transfers/3/4")).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a quick request: the route's history"
+    );
+
+    let first = locks
+        .lock_in_namespace("transfers", "1")
+        .acquire()
+        .await
+        .unwrap();
+    let _second = locks
+        .lock_in_namespace("transfers", "2")
+        .acquire()
+        .await
+        .unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        first.release().await.unwrap();
+    });
+    let (status, retry, _) = send(&http(), "POST", &format!("{base}/transfers/1/2")).await;
+    assert_eq!(status, StatusCode::LOCKED);
+    assert_eq!(retry.as_deref(), Some("2"), "the set waited 1.5 s in all");
+    release.await.unwrap();
 }

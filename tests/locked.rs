@@ -1136,3 +1136,76 @@ async fn transfer_quick(Extension(bank): Extension<Bank>, Json(t): Json<Transfer
     bank.transfer(t.from, t.to, t.amount).await;
     "done".to_owned()
 }
+
+/// Waits 2 s for `doc:{id}`.
+#[locked(key = "doc:{id}", wait = "2s")]
+async fn edit_doc(Path(id): Path<u64>) -> String {
+    format!("edited {id}")
+}
+
+/// A `#[locked]` handler's 423: `Retry-After` at least the 2 s it waited, though its requests
+/// held the lock for milliseconds, and at most the holder's remaining lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retry_after_is_at_least_the_wait_and_at_most_the_lease() {
+    let server = RedisServer::start();
+    let locks = redis_locks(&server).await;
+    let app = Router::new()
+        .route("/docs/{id}", post(edit_doc))
+        .layer(Extension(AnyLockClient::from(locks.clone())));
+    let base = serve(app).await;
+    let (status, _, _) = send(&http(), "POST", &format!("{base}/docs/8")).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a quick request: the handler's history"
+    );
+    let holder = locks
+        .lock("doc:7")
+        .lease(tower_lock::Lease::fixed(Duration::from_secs(12)))
+        .acquire()
+        .await
+        .unwrap();
+    let (status, retry, body) = send(&http(), "POST", &format!("{base}/docs/7")).await;
+    let answered = Instant::now();
+    let left_ms = server.cmd(&["PTTL", holder.key().as_str()]).as_int();
+    let lease_left_ms = u64::try_from(left_ms).unwrap() + answered.elapsed().as_millis() as u64;
+    assert_eq!(status, StatusCode::LOCKED, "{body}");
+    let retry: u64 = retry.expect("Retry-After").parse().unwrap();
+    println!("#[locked]: Retry-After {retry} s, waited 2 s, holder's lease {lease_left_ms} ms");
+    assert!(
+        retry >= 2,
+        "Retry-After {retry} s, less than the 2 s waited"
+    );
+    assert!(
+        retry <= lease_left_ms.div_ceil(1000),
+        "Retry-After {retry} s, more than the holder's {lease_left_ms} ms left"
+    );
+    holder.release().await.unwrap();
+}
+
+/// A `#[locked]` handler on a store in its restart quarantine answers 503 at once, with the
+/// quarantine's time left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn quarantine_answers_503_at_once() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(server.url())
+        .quarantine(Duration::from_secs(30))
+        .connect()
+        .await
+        .unwrap();
+    let locks = LockClient::builder(backend).build().unwrap();
+    let app = Router::new()
+        .route("/docs/{id}", post(edit_doc))
+        .layer(Extension(AnyLockClient::from(locks)));
+    let sent = Instant::now();
+    let (status, retry, body) =
+        send(&http(), "POST", &format!("{}/docs/7", serve(app).await)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        sent.elapsed() < Duration::from_secs(2),
+        "answered after the wait"
+    );
+    let retry: u64 = retry.expect("Retry-After").parse().unwrap();
+    assert!((25..=33).contains(&retry), "Retry-After {retry} s");
+    assert!(body.contains("restarted recently"), "{body}");
+}

@@ -435,10 +435,15 @@ async fn every_lock_kind_waits_out_a_restart_from_a_snapshot_through_a_pool() {
     ];
     for (kind, request) in kinds {
         match request.try_acquire().await {
-            Err(LockError::WaitTimeout { retry_after }) => assert!(
-                retry_after.is_some_and(|left| left > Duration::ZERO && left <= LEASE),
-                "{kind}: refused with {retry_after:?} left of a quarantine of {LEASE:?}"
-            ),
+            Err(LockError::Backend(error))
+                if *error.kind() == tower_lock::error::BackendErrorKind::Quarantined =>
+            {
+                let left = error.retry_after();
+                assert!(
+                    left.is_some_and(|left| left > Duration::ZERO && left <= LEASE),
+                    "{kind}: refused with {left:?} left of a quarantine of {LEASE:?}"
+                )
+            }
             other => panic!("{kind}: granted right after the restart: {other:?}"),
         }
     }

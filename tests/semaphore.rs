@@ -85,7 +85,7 @@ macro_rules! semaphore_semantics {
                     .unwrap();
                 let refused = env.b.semaphore("wake", 2).try_acquire().await;
                 let retry = match refused {
-                    Err(LockError::WaitTimeout { retry_after }) => retry_after,
+                    Err(LockError::WaitTimeout { retry_after, .. }) => retry_after,
                     other => panic!("every permit is out: {other:?}"),
                 };
                 assert!(

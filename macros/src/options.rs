@@ -253,6 +253,15 @@ impl Options {
                 &self.key.as_ref().map(LitStr::value).unwrap_or_default(),
             ),
         };
+        let template = match (&self.key, &self.keys) {
+            (Some(key), _) => key.value(),
+            (None, Some(keys)) => keys
+                .iter()
+                .map(LitStr::value)
+                .collect::<Vec<_>>()
+                .join(", "),
+            (None, None) => String::new(),
+        };
         quote! {
             #private::Options {
                 wait: #wait,
@@ -264,6 +273,8 @@ impl Options {
                 resource: #resource,
                 abort_on_lost: #abort_on_lost,
                 holds: #private::HoldTimes::new(),
+                template: #template,
+                announced: #private::Announced::new(),
             }
         }
     }

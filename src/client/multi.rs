@@ -259,6 +259,14 @@ impl<'a, B: Backend> MultiLockRequest<'a, B> {
                             "lock set not acquired; giving back what it took"
                         );
                         release_all(members).await;
+                        // The set waited for every lock it took before this one, too.
+                        let error = match error {
+                            LockError::WaitTimeout { retry_after, .. } => LockError::WaitTimeout {
+                                retry_after,
+                                waited: started.elapsed(),
+                            },
+                            other => other,
+                        };
                         return Err(MultiLockError {
                             key: Some(name),
                             error,

@@ -243,7 +243,10 @@ impl<B: Backend> Engine<B> {
                     () = held.until_reentry_ends() => {}
                     () = self.stop.cancelled() => return Err(LockError::ShutDown),
                     () = tokio::time::sleep(request.wait) => {
-                        return Err(LockError::WaitTimeout { retry_after: None });
+                        return Err(LockError::WaitTimeout {
+                            retry_after: None,
+                            waited: started.elapsed(),
+                        });
                     }
                 }
                 let wait = request.wait.saturating_sub(started.elapsed());
@@ -299,7 +302,11 @@ impl<B: Backend> Engine<B> {
             Err(error) => {
                 let unknown = error.outcome_unknown();
                 let error = LockError::Backend(error.with_key(request.key.as_str()));
-                if unknown && !Box::pin(self.try_resolve(&request.key, &request.want)).await {
+                if unknown
+                    && Box::pin(self.try_resolve(&request.key, &request.want))
+                        .await
+                        .is_err()
+                {
                     // Left unsettled: the attempt is resolved in the background, and only then
                     // does the claim end and the reference go.
                     return Err(error);
@@ -366,7 +373,7 @@ impl<B: Backend> Engine<B> {
         };
         let mut listener = None;
         // The current holder's remaining lease, as last seen: the hint for a caller timed out.
-        let mut retry_after = None;
+        let mut behind = Behind::default();
         // Whether an attempt of this acquisition found the lock held.
         let mut contended = false;
         loop {
@@ -439,7 +446,7 @@ impl<B: Backend> Engine<B> {
                             });
                         }
                         Ok(reply @ (AcquireReply::Held { ttl } | AcquireReply::Spent { ttl })) => {
-                            retry_after = ttl;
+                            behind.saw(ttl, replied_at);
                             contended = true;
                             if ticket.is_none() {
                                 ticket = Some(queued.join(&want, queue)?);
@@ -459,7 +466,7 @@ impl<B: Backend> Engine<B> {
                             if request.wait.is_zero()
                                 || tokio::time::Instant::now() >= wait.deadline()
                             {
-                                return Err(LockError::WaitTimeout { retry_after: ttl });
+                                return Err(behind.timed_out(&mut wait));
                             }
                             if listener.is_none() {
                                 let (shared_listener, fresh) =
@@ -474,46 +481,56 @@ impl<B: Backend> Engine<B> {
                         }
                         Ok(AcquireReply::WouldDeadlock) => return Err(LockError::UpgradeRefused),
                         Err(error) => {
-                            let unknown = error.outcome_unknown();
-                            // The attempt may have queued its holder: leave when done.
-                            queued.in_backend |= unknown && queue.is_some();
-                            let error =
-                                Box::pin(self.unknown_outcome(&request.key, &want, error)).await;
-                            in_flight.settle();
-                            drop(in_flight);
-                            // A connection that broke (a restarting backend) is tried again
-                            // while the wait lasts. A timeout is not: it already took its time.
-                            // An attempt that could not end before the deadline is not started:
-                            // the caller hears of the failure within its wait.
-                            let pause = Duration::from_millis(50);
-                            let transient =
-                                matches!(&error, LockError::Backend(e) if e.is_unavailable());
-                            let took = BootInstant::now().duration_since(sent_at);
-                            let next_ends = tokio::time::Instant::now() + pause + took;
-                            if !transient || next_ends >= wait.deadline() {
-                                return Err(error);
-                            }
-                            tracing::debug!(error = %format_args!("{error:#}"), "backend error while waiting; trying again");
-                            // The failed attempt may have been voided: retry under a new id. If
-                            // it may have taken the lock, the retry takes that hold over.
-                            want = self.next_attempt(&want, unknown);
-                            self.table.set_want(&request.key, id, want.clone());
-                            Some(pause)
+                            let retry_in = if let Some(ends) = error.quarantine_ends() {
+                                // Nothing was sent: come back when the quarantine ends, or
+                                // answer now if the wait ends first.
+                                in_flight.settle();
+                                drop(in_flight);
+                                if request.wait.is_zero() || ends >= wait.deadline() {
+                                    let error = error.with_key(request.key.as_str());
+                                    return Err(LockError::Backend(error));
+                                }
+                                ends.saturating_duration_since(tokio::time::Instant::now())
+                            } else {
+                                let unknown = error.outcome_unknown();
+                                // The attempt may have queued its holder: leave when done.
+                                queued.in_backend |= unknown && queue.is_some();
+                                let error =
+                                    Box::pin(self.unknown_outcome(&request.key, &want, error))
+                                        .await;
+                                in_flight.settle();
+                                drop(in_flight);
+                                // An attempt that could not end before the deadline is not
+                                // started: the caller hears of the failure within its wait.
+                                let took = BootInstant::now().duration_since(sent_at);
+                                let next_ends = tokio::time::Instant::now() + RETRY_PAUSE + took;
+                                if !worth_retrying(&error) || next_ends >= wait.deadline() {
+                                    return Err(error);
+                                }
+                                tracing::debug!(key = %request.key, error = %format_args!("{error:#}"), "backend error while waiting; trying again");
+                                // The failed attempt may have been voided: retry under a new id.
+                                // If it may have taken the lock, the retry takes that hold over.
+                                want = self.next_attempt(&want, unknown);
+                                self.table.set_want(&request.key, id, want.clone());
+                                RETRY_PAUSE
+                            };
+                            Some(retry_in)
                         }
                     }
                 }
                 Turn::Park(remaining) => {
-                    retry_after = remaining.or(retry_after);
+                    if remaining.is_some() {
+                        behind.saw(remaining, BootInstant::now());
+                    }
                     if request.wait.is_zero() {
-                        return Err(LockError::WaitTimeout { retry_after });
+                        return Err(behind.timed_out(&mut wait));
                     }
                     None
                 }
                 Turn::Yield(pause) => {
                     if request.wait.is_zero() {
-                        return Err(LockError::WaitTimeout {
-                            retry_after: Some(pause),
-                        });
+                        behind.saw(Some(pause), BootInstant::now());
+                        return Err(behind.timed_out(&mut wait));
                     }
                     Some(pause)
                 }
@@ -554,7 +571,7 @@ impl<B: Backend> Engine<B> {
                         at: BootInstant::now(),
                     });
                 }
-                Woke::TimedOut => return Err(LockError::WaitTimeout { retry_after }),
+                Woke::TimedOut => return Err(behind.timed_out(&mut wait)),
             }
         }
     }
@@ -614,7 +631,7 @@ impl<B: Backend> Engine<B> {
     /// the backend cannot be reached, again in the background until it answers or the
     /// attempt's lease has run out anyway.
     pub(crate) async fn resolve_attempt(self: &Arc<Self>, key: &LockKey, want: &Arc<Want>) {
-        if !self.try_resolve(key, want).await
+        if self.try_resolve(key, want).await.is_err()
             && let Some(runtime) = self.runtime()
         {
             let (shared, key, want) = (self.clone(), key.clone(), want.clone());
@@ -625,39 +642,87 @@ impl<B: Backend> Engine<B> {
     /// Resolves an attempt whose reply was lost, trying until the backend answers, the
     /// attempt's lease has run out (it then holds nothing anyway) or the client stops. A
     /// re-entry of `reentering` counts in a hold its other guards keep renewed: it is tried
-    /// for as long as that hold is not lost.
+    /// for as long as that hold is not lost. Each try waits at least until the store is
+    /// expected back (a store known to be down says when it is probed next). Logged at debug:
+    /// the store's own incident is logged once by its backend, and a resolution changes
+    /// nothing a caller can see (an attempt left unresolved holds the lock no longer than its
+    /// lease, like a crashed holder).
     async fn resolve_until_done(&self, key: &LockKey, want: &Want, reentering: Option<&Held>) {
         let give_up = tokio::time::Instant::now() + want.lease.duration();
-        let mut pause = Duration::from_millis(50);
-        while !self.try_resolve(key, want).await {
+        let mut pause = RETRY_PAUSE;
+        let mut tries = 1u32;
+        while let Err(error) = self.try_resolve(key, want).await {
+            let next =
+                tokio::time::Instant::now() + pause.max(error.retry_after().unwrap_or_default());
             let over = match reentering {
                 Some(held) => held.is_lost(),
-                None => tokio::time::Instant::now() + pause >= give_up,
+                None => next >= give_up,
             };
             if over || self.stop.is_cancelled() {
+                tracing::debug!(key = %key, attempt = %want.attempt, tries, "stopped resolving an attempt whose reply was lost: its lease is over");
                 return;
             }
-            tokio::time::sleep(pause).await;
+            tokio::time::sleep_until(next).await;
             pause = (pause * 2).min(Duration::from_secs(1));
+            tries += 1;
         }
     }
 
-    /// One try at resolving an attempt of `want` whose reply was lost: true once the backend
+    /// One try at resolving an attempt of `want` whose reply was lost: `Ok` once the backend
     /// has undone or voided it.
-    async fn try_resolve(&self, key: &LockKey, want: &Want) -> bool {
+    async fn try_resolve(&self, key: &LockKey, want: &Want) -> Result<(), BackendError> {
         match self.backend.abandon(want.grant(key, None)).await {
             Ok(undone) => {
-                tracing::info!(key = %key, undone, "resolved an attempt whose reply was lost");
-                true
+                tracing::debug!(key = %key, attempt = %want.attempt, undone, "resolved an attempt whose reply was lost");
+                Ok(())
             }
             Err(error) => {
-                tracing::warn!(
+                tracing::debug!(
                     key = %key,
+                    attempt = %want.attempt,
                     error = %format_args!("{error:#}"),
-                    "could not resolve an attempt whose reply was lost; trying again while its lease lasts"
+                    "could not resolve an attempt whose reply was lost yet; trying again while its lease lasts"
                 );
-                false
+                Err(error)
             }
+        }
+    }
+}
+
+/// The pause before an acquire whose attempt failed tries again.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// Whether an acquire that failed with `error` tries again within its wait: when the store
+/// could not be reached or did not answer in time (a connection that broke, a restart, a
+/// paused or busy server, a failover under way), unless the store is known to be down (it
+/// refuses connections and says when it is probed next): then the caller hears at once.
+fn worth_retrying(error: &LockError) -> bool {
+    matches!(error, LockError::Backend(e)
+        if (e.is_unavailable() || e.is_timeout()) && e.retry_after().is_none())
+}
+
+/// What an acquire knows of the holder it waited behind.
+#[derive(Default)]
+struct Behind {
+    /// The holder's remaining lease as last heard, and when.
+    lease: Option<(Duration, BootInstant)>,
+}
+
+impl Behind {
+    /// The store said the holder's lease has `ttl` left, at `at`.
+    fn saw(&mut self, ttl: Option<Duration>, at: BootInstant) {
+        self.lease = ttl.map(|ttl| (ttl, at));
+    }
+
+    /// The error for a wait that ran out now: the holder's lease left now, and how long the
+    /// acquire waited.
+    fn timed_out(&self, wait: &mut WaitClock) -> LockError {
+        let now = BootInstant::now();
+        LockError::WaitTimeout {
+            retry_after: self
+                .lease
+                .map(|(ttl, at)| ttl.saturating_sub(now.duration_since(at))),
+            waited: wait.waited(),
         }
     }
 }
@@ -685,6 +750,14 @@ struct WaitClock {
 }
 
 impl WaitClock {
+    /// How much of the wait has passed.
+    fn waited(&mut self) -> Duration {
+        let left = self
+            .deadline()
+            .saturating_duration_since(tokio::time::Instant::now());
+        self.wait.saturating_sub(left)
+    }
+
     fn deadline(&mut self) -> tokio::time::Instant {
         let (wait, started) = (self.wait, self.started);
         *self.deadline.get_or_insert_with(|| {

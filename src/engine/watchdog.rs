@@ -108,6 +108,11 @@ async fn renew<B: Backend>(
             tracing::warn!("lease renewal returned the wrong number of replies");
             None
         }
+        // A failure of an incident the backend logged already: once is enough.
+        Err(error) if error.is_reported() => {
+            tracing::debug!(error = %format_args!("{error:#}"), locks = due.len(), "lease renewal failed; retrying until the deadline");
+            None
+        }
         Err(error) => {
             tracing::warn!(error = %format_args!("{error:#}"), locks = due.len(), "lease renewal failed; retrying until the deadline");
             None

@@ -3,7 +3,7 @@
 
 use std::{convert::Infallible, future::Future, time::Duration};
 
-pub use super::layer::HoldTimes;
+pub use super::{layer::HoldTimes, names::Announced};
 
 use axum::{
     extract::{FromRef, FromRequestParts},
@@ -41,6 +41,10 @@ pub struct Options {
     pub abort_on_lost: bool,
     /// How long this handler's requests hold their lock, for `Retry-After`.
     pub holds: HoldTimes,
+    /// The key template (or templates, comma-separated), as written.
+    pub template: &'static str,
+    /// Whether the handler said which lock it takes.
+    pub announced: Announced,
 }
 
 /// What a key template says of the resource it names, which decides the namespace of its lock
@@ -334,6 +338,9 @@ where
             }),
         (None, Resource::Route) => parts.route.clone(),
     };
+    if options.announced.is_first() {
+        super::names::handler_takes(&parts.route, options.template, &namespace, options.kind);
+    }
     let (span, acquire) = match keys {
         Keys::One(key) => {
             let key = match locks.key_in(&namespace, key.as_bytes(), options.kind) {

@@ -33,6 +33,8 @@ pub(crate) struct LayerConfig {
     pub(crate) release_in_background: bool,
     /// How long this layer's requests hold their locks, for `Retry-After`.
     pub(crate) holds: Arc<HoldTimes>,
+    /// The routes whose lock names the layer announced.
+    pub(crate) announced: Arc<super::names::Announced>,
     /// The layer's client for `#[locked]` handlers (through their [`LockContext`]), made once.
     ///
     /// [`LockContext`]: super::LockContext
@@ -78,25 +80,28 @@ impl HoldTimes {
     }
 
     /// The rejection for an acquire that failed: a wait that timed out says when the lock is
-    /// likely free ([`retry_after`](Self::retry_after)) rather than when it is free at the latest.
+    /// likely free ([`locked_retry_after`](super::rejection::locked_retry_after), with this
+    /// layer's typical hold) rather than when it is free at the latest.
     pub(crate) fn rejection(&self, error: crate::LockError) -> LockRejection {
-        match LockRejection::from(error) {
-            LockRejection::Locked { retry_after } => LockRejection::Locked {
-                retry_after: self.retry_after(retry_after),
+        match error {
+            crate::LockError::WaitTimeout {
+                retry_after,
+                waited,
+            } => LockRejection::Locked {
+                retry_after: Some(super::rejection::locked_retry_after(
+                    self.typical(),
+                    retry_after,
+                    waited,
+                )),
             },
-            other => other,
+            other => other.into(),
         }
     }
 
-    /// When a request that timed out waiting may try again: the typical hold, capped by the
-    /// holder's remaining lease (`lease_left`, the latest the lock is free) when known.
-    fn retry_after(&self, lease_left: Option<Duration>) -> Option<Duration> {
+    /// How long requests typically hold the lock, once one has.
+    fn typical(&self) -> Option<Duration> {
         let average = self.average_ms.load(std::sync::atomic::Ordering::Relaxed);
-        let typical = (average > 0).then(|| Duration::from_millis(average));
-        match (typical, lease_left) {
-            (Some(typical), Some(left)) => Some(typical.min(left)),
-            (typical, left) => typical.or(left),
-        }
+        (average > 0).then(|| Duration::from_millis(average))
     }
 }
 
@@ -112,6 +117,7 @@ impl Default for LayerConfig {
             continue_on_lost: false,
             release_in_background: false,
             holds: Arc::default(),
+            announced: Arc::default(),
             #[cfg(feature = "macros")]
             client: None,
         }
@@ -328,6 +334,7 @@ impl<S, B: Backend, K: MakeKey, R: Clone> Layer<S> for LockLayer<B, K, R> {
         LockService {
             inner,
             layer: Arc::new(LayerParts {
+                announced: super::names::Announced::new(),
                 locks: self.locks.clone(),
                 key: self.key.clone(),
                 on_rejected: self.on_rejected.clone(),

@@ -69,6 +69,7 @@ mod erased;
 pub mod future;
 mod hold;
 mod layer;
+mod names;
 mod rejection;
 mod service;
 

@@ -8,7 +8,7 @@ use http::{
 };
 
 use crate::{
-    error::{BackendError, LockError},
+    error::{BackendError, BackendErrorKind, LockError},
     lock_key::KeyError,
 };
 
@@ -17,9 +17,10 @@ use crate::{
 /// | rejection | status | `Retry-After` |
 /// |---|---|---|
 /// | [`MissingKey`](Self::MissingKey), [`InvalidKey`](Self::InvalidKey) | 400 | |
-/// | [`Locked`](Self::Locked) (wait timed out) | 423 | how long the layer's requests typically hold the lock, at most the holder's remaining lease |
+/// | [`Locked`](Self::Locked) (wait timed out) | 423 | how long the layer's requests typically hold the lock, never less than the request waited, never more than the holder's remaining lease |
 /// | [`TooManyWaiters`](Self::TooManyWaiters) | 503 | 1 s |
-/// | [`Unavailable`](Self::Unavailable) (backend down), [`Lost`](Self::Lost), [`ShutDown`](Self::ShutDown) | 503 | |
+/// | [`Unavailable`](Self::Unavailable) (store down, or in its restart quarantine) | 503 | when the store is expected back (the quarantine's end, the next probe of a store that refuses connections), when known |
+/// | [`Lost`](Self::Lost), [`ShutDown`](Self::ShutDown) | 503 | |
 /// | [`Conflict`](Self::Conflict) (a read lock asked for a write lock) | 409 | |
 /// | [`Misconfigured`](Self::Misconfigured) (lease too short, a lock kind the backend refuses) | 500 | |
 #[derive(Debug)]
@@ -32,8 +33,10 @@ pub enum LockRejection {
     /// Another holder kept the lock for the whole wait.
     Locked {
         /// When the lock is likely free: under a layer, the running average of how long its
-        /// requests held their locks, capped by the holder's remaining lease (the latest it is
-        /// free); the remaining lease alone before any request finished.
+        /// requests held their locks (the holder's remaining lease before any request
+        /// finished), raised to how long this request waited (the holder has held the lock at
+        /// least that long already), and capped by the holder's remaining lease when the wait
+        /// ended (the latest it is free, unless renewed).
         retry_after: Option<Duration>,
     },
     /// Too many requests already wait for this key in this instance.
@@ -65,11 +68,13 @@ impl LockRejection {
         }
     }
 
-    /// When the client may try again, for the `Retry-After` header.
+    /// When the client may try again, for the `Retry-After` header, measured now (for a
+    /// store in its quarantine or known to be down, the time left until it is expected back).
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::Locked { retry_after } => Some(retry_after.unwrap_or(Duration::from_secs(1))),
             Self::TooManyWaiters => Some(Duration::from_secs(1)),
+            Self::Unavailable(error) => error.retry_after(),
             _ => None,
         }
     }
@@ -92,7 +97,7 @@ impl LockRejection {
     pub fn into_text_response<B: Default + 'static>(self) -> Response<B> {
         let mut text = self.to_string();
         if let Some(secs) = self.retry_after_secs() {
-            text.push_str(&format!("; try again in {secs} s"));
+            text.push_str(&format!("; retry in about {secs} s"));
         }
         text.push('\n');
         let body = text_body(text);
@@ -123,8 +128,13 @@ impl LockRejection {
             Self::Misconfigured => {
                 tracing::error!(target: "tower_lock::rejection", %status, "lock layer misconfigured: its lease is too short, or its backend refuses the lock kind");
             }
+            // The backend logged the incident once when it began: one line per request would
+            // bury it.
+            Self::Unavailable(error) if error.is_reported() => {
+                tracing::debug!(target: "tower_lock::rejection", error = %format_args!("{error:#}"), %status, retry_after_s = self.retry_after_secs(), "lock backend unavailable");
+            }
             Self::Unavailable(error) => {
-                tracing::warn!(target: "tower_lock::rejection", error = %format_args!("{error:#}"), %status, "lock backend unavailable");
+                tracing::warn!(target: "tower_lock::rejection", error = %format_args!("{error:#}"), %status, retry_after_s = self.retry_after_secs(), "lock backend unavailable");
             }
             Self::MissingKey | Self::InvalidKey(_) | Self::Lost | Self::Conflict => {
                 tracing::warn!(target: "tower_lock::rejection", rejection = %self, %status, "request rejected");
@@ -164,7 +174,12 @@ impl LockRejection {
 impl From<LockError> for LockRejection {
     fn from(error: LockError) -> Self {
         match error {
-            LockError::WaitTimeout { retry_after } => Self::Locked { retry_after },
+            LockError::WaitTimeout {
+                retry_after,
+                waited,
+            } => Self::Locked {
+                retry_after: Some(locked_retry_after(None, retry_after, waited)),
+            },
             LockError::InvalidKey(key) => Self::InvalidKey(key),
             LockError::TooManyWaiters => Self::TooManyWaiters,
             // A lock kind the backend refuses is a deployment mistake, not an outage.
@@ -183,9 +198,12 @@ impl std::fmt::Display for LockRejection {
         match self {
             Self::MissingKey => f.write_str("request has no lock key"),
             Self::InvalidKey(error) => write!(f, "invalid lock key: {error}"),
-            Self::Locked { .. } => f.write_str("resource is locked"),
+            Self::Locked { .. } => f.write_str("locked"),
             Self::TooManyWaiters => f.write_str("too many requests wait for this resource"),
             // The cause is the source: error reporters print it once, and clients see no more.
+            Self::Unavailable(error) if *error.kind() == BackendErrorKind::Quarantined => {
+                f.write_str("lock store restarted recently and grants no lock yet")
+            }
             Self::Unavailable(_) => f.write_str("lock backend unavailable"),
             Self::Lost => f.write_str("lock lost while the request ran"),
             Self::Conflict => f.write_str("lock request would deadlock"),
@@ -193,6 +211,19 @@ impl std::fmt::Display for LockRejection {
             Self::Misconfigured => f.write_str("lock layer misconfigured"),
         }
     }
+}
+
+/// When a request whose wait ran out may try again: the `typical` hold when known, else the
+/// holder's remaining lease (`lease_left`, measured when the wait ended); never less than what
+/// the request `waited` (the holder has held the lock at least that long), never more than
+/// `lease_left` (by then the lock is free, or its holder renewed it).
+pub(crate) fn locked_retry_after(
+    typical: Option<Duration>,
+    lease_left: Option<Duration>,
+    waited: Duration,
+) -> Duration {
+    let estimate = typical.or(lease_left).unwrap_or(waited).max(waited);
+    lease_left.map_or(estimate, |left| estimate.min(left))
 }
 
 /// `text` as a body of type `B`, when `B` is one that carries text.
@@ -230,7 +261,7 @@ where
 }
 
 /// Answers rejections with their status, `Retry-After` where known, and a one-line text body
-/// ([`LockRejection::into_text_response`]): `resource is locked; try again in 3 s`.
+/// ([`LockRejection::into_text_response`]): `locked; retry in about 3 s`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DefaultRejection;
 
@@ -265,6 +296,7 @@ mod tests {
     fn statuses_and_retry_after() {
         let locked = LockRejection::from(LockError::WaitTimeout {
             retry_after: Some(Duration::from_millis(1500)),
+            waited: Duration::from_millis(200),
         });
         let response = locked.into_response_with(());
         assert_eq!(response.status(), StatusCode::LOCKED);
@@ -282,6 +314,25 @@ mod tests {
             LockRejection::from(LockError::UpgradeRefused).status(),
             StatusCode::CONFLICT
         );
+    }
+
+    /// A 423's hint: the typical hold (else the lease left), never under the wait, never over
+    /// the lease left.
+    #[test]
+    fn locked_retry_after_is_bounded_by_the_wait_and_the_lease() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        // A typical hold of milliseconds is raised to the 2 s waited.
+        assert_eq!(locked_retry_after(Some(ms(35)), Some(s(43)), s(2)), s(2));
+        // A typical hold longer than the wait stands, within the lease.
+        assert_eq!(locked_retry_after(Some(s(5)), Some(s(43)), s(2)), s(5));
+        assert_eq!(locked_retry_after(Some(s(50)), Some(s(43)), s(2)), s(43));
+        // No history: the lease left.
+        assert_eq!(locked_retry_after(None, Some(s(19)), s(2)), s(19));
+        // The lease left caps even the wait: the lock is free (or renewed) by then.
+        assert_eq!(locked_retry_after(None, Some(ms(500)), s(2)), ms(500));
+        // Nothing known but the wait.
+        assert_eq!(locked_retry_after(None, None, s(2)), s(2));
     }
 
     /// Every rejection is counted under its documented `reason` label.
@@ -347,7 +398,7 @@ mod tests {
             retry_after: Some(Duration::from_millis(2500)),
         };
         let text: Response<String> = DefaultRejection.on_rejected(locked());
-        assert_eq!(text.body(), "resource is locked; try again in 3 s\n");
+        assert_eq!(text.body(), "locked; retry in about 3 s\n");
         assert_eq!(text.headers()[CONTENT_TYPE], "text/plain; charset=utf-8");
         let bytes: Response<Vec<u8>> = DefaultRejection.on_rejected(LockRejection::MissingKey);
         assert_eq!(bytes.body(), b"request has no lock key\n");

@@ -32,6 +32,8 @@ pub struct LockService<S, B: Backend, K, R> {
 
 /// What a [`LockService`] has from its layer.
 pub(crate) struct LayerParts<B: Backend, K, R> {
+    /// Whether this service said which locks its requests take.
+    pub(crate) announced: super::names::Announced,
     pub(crate) locks: LockClient<B>,
     pub(crate) key: K,
     pub(crate) on_rejected: R,
@@ -76,6 +78,10 @@ where
             .name
             .as_deref()
             .map_or_else(|| layer.key.namespace(&parts, route(&parts)), str::to_owned);
+        // Once per service (per route under a router), and once per route for the layer.
+        if layer.announced.is_first() && config.announced.first_for(route(&parts)) {
+            super::names::layer_takes(route(&parts), &namespace, &config.mode);
+        }
         let kind = match config.mode {
             Mode::Exclusive => LockKind::Exclusive,
             Mode::Fair => LockKind::Fair,

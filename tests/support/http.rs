@@ -91,6 +91,6 @@ pub async fn assert_told_the_likely_wait(
     let (status, retry_after, body) = send(&http(), "POST", url).await;
     assert_eq!(status, StatusCode::LOCKED);
     assert_eq!(retry_after.as_deref(), Some("2"), "body: {body}");
-    assert_eq!(body, "resource is locked; try again in 2 s\n");
+    assert_eq!(body, "locked; retry in about 2 s\n");
     assert_eq!(holder.await.unwrap().0, StatusCode::OK, "the holder");
 }

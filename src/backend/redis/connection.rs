@@ -7,8 +7,8 @@ use redis::{FromRedisValue, RedisError};
 
 use super::{
     RedisBackend,
-    errors::is_read_only,
-    errors::redis_error,
+    errors::{is_read_only, is_refusal, redis_error},
+    health::Trouble,
     pool::Pool,
     run_call,
     scripts::Call,
@@ -86,6 +86,9 @@ impl RedisBackend {
         budget: Duration,
         op: impl AsyncFnOnce(&mut Conn) -> Result<T, RedisError>,
     ) -> Result<T, BackendError> {
+        // A server known to be down: fail at once rather than wait for a connection.
+        let health = &self.inner.health;
+        health.check().map_err(|error| name_key(error, key))?;
         // One timer for both steps; it is registered only if a step has to wait.
         let out_of_time = tokio::time::sleep(budget);
         tokio::pin!(out_of_time);
@@ -93,9 +96,15 @@ impl RedisBackend {
             // No connection in time: nothing was sent, so the outcome is known.
             let mut conn = tokio::select! {
                 biased;
-                conn = self.inner.transport.get() => conn?,
+                conn = self.inner.transport.get() => conn.map_err(|error| match is_refusal(&error) {
+                    true => Failure::Refused(error),
+                    false => Failure::Other(error),
+                })?,
                 () = &mut out_of_time => {
-                    return Err(BackendError::from_kind(BackendErrorKind::Unavailable));
+                    return Err(Failure::Silent(BackendError::new(
+                        BackendErrorKind::Unavailable,
+                        format!("no connection within {budget:?}"),
+                    )));
                 }
             };
             let result = tokio::select! {
@@ -105,7 +114,10 @@ impl RedisBackend {
                     // A connection that stayed silent for the whole budget may be half-open or
                     // cut off: a fresh one is cheaper than finding out on the next command.
                     conn.mark_broken();
-                    return Err(BackendError::from_kind(BackendErrorKind::Timeout));
+                    return Err(Failure::Silent(BackendError::new(
+                        BackendErrorKind::Timeout,
+                        format!("no reply within {budget:?}"),
+                    )));
                 }
             };
             if let Err(error) = &result
@@ -116,13 +128,25 @@ impl RedisBackend {
             {
                 conn.mark_broken();
             }
-            result.map_err(redis_error)
+            result.map_err(|error| Failure::Other(redis_error(error)))
         }
         .await;
-        result.map_err(|error| match key {
-            Some(key) => error.with_key(key.as_str()),
-            None => error,
-        })
+        let error = match result {
+            Ok(value) => {
+                health.succeeded();
+                return Ok(value);
+            }
+            Err(Failure::Other(error)) => error,
+            Err(Failure::Refused(error)) => {
+                let (error, opened) = health.failed(Trouble::Refused, error);
+                if opened {
+                    self.start_probe();
+                }
+                error
+            }
+            Err(Failure::Silent(error)) => health.failed(Trouble::Silent, error).0,
+        };
+        Err(name_key(error, key))
     }
 
     /// Builds the error for a key of a foreign type, naming the type found there.
@@ -133,5 +157,22 @@ impl RedisBackend {
             .unwrap_or_else(|_| "unknown".to_owned());
         tracing::warn!(key = %key, found, "lock key holds a value of another type");
         BackendError::from_kind(BackendErrorKind::WrongType { found }).with_key(key.as_str())
+    }
+}
+
+/// How a command failed, for the server's [health](super::health).
+enum Failure {
+    /// No connection could be opened: the server refused it.
+    Refused(BackendError),
+    /// No connection or no reply within the time budget.
+    Silent(BackendError),
+    /// Anything else (the server answered, or the connection broke mid-command).
+    Other(BackendError),
+}
+
+fn name_key(error: BackendError, key: Option<&LockKey>) -> BackendError {
+    match key {
+        Some(key) => error.with_key(key.as_str()),
+        None => error,
     }
 }

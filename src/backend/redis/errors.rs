@@ -112,6 +112,14 @@ impl std::error::Error for ConnectFailed {
     }
 }
 
+/// The answer of a server in its restart quarantine, which ends in `left`: reported (the
+/// quarantine logs it) and saying when to come back.
+pub(super) fn quarantined(left: std::time::Duration) -> BackendError {
+    BackendError::from_kind(BackendErrorKind::Quarantined)
+        .back_at(tokio::time::Instant::now() + left)
+        .reported()
+}
+
 pub(super) fn protocol_error(what: &'static str) -> BackendError {
     BackendError::new(BackendErrorKind::Protocol, what)
 }
@@ -127,6 +135,27 @@ pub(super) fn is_slot_unserved(error: &RedisError) -> bool {
         redis::ErrorKind::Server(Moved | Ask | TryAgain | ClusterDown | MasterDown)
             | redis::ErrorKind::ClusterConnectionNotFound
     )
+}
+
+/// Whether a connection could not be opened because the server refused it (nothing listens
+/// on its port, or the Sentinel group's master cannot be found), as opposed to a server that
+/// is slow to answer.
+pub(super) fn is_refusal(error: &BackendError) -> bool {
+    let mut cause = std::error::Error::source(error);
+    while let Some(error) = cause {
+        if let Some(redis) = error.downcast_ref::<RedisError>()
+            && redis.is_connection_refusal()
+        {
+            return true;
+        }
+        if let Some(io) = error.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::ConnectionRefused
+        {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
 }
 
 pub(super) fn is_noscript(error: &RedisError) -> bool {

@@ -81,6 +81,7 @@ mod client_lease;
 mod cluster;
 mod connection;
 mod errors;
+mod health;
 mod inspect;
 mod pool;
 mod pubsub;
@@ -98,6 +99,8 @@ mod transport;
 const FENCE: &str = ":fence";
 /// Suffix of the set of attempts given up on.
 const VOID: &str = ":void";
+/// The reply of an acquire held back by the restart quarantine: nothing was sent.
+const QUARANTINED: i64 = -4;
 /// Suffix of the release channel.
 const CHANNEL: &str = ":released";
 /// Suffix of a fair lock's waiter queue.
@@ -131,6 +134,7 @@ struct Inner {
     unanswered: Unanswered,
     stop: CancellationToken,
     _stop_on_drop: DropGuard,
+    health: health::Health,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -274,8 +278,13 @@ impl RedisBackend {
         client_lease: bool,
     ) -> Self {
         let stop = CancellationToken::new();
+        let server = transport.node_target().map_or_else(
+            || "the Redis Cluster".to_owned(),
+            |target| target.describe(),
+        );
         Self {
             inner: Arc::new(Inner {
+                health: health::Health::new(server),
                 transport,
                 pubsub: OnceLock::new(),
                 command_timeout,
@@ -379,7 +388,7 @@ impl RedisBackend {
                 {
                     quarantine.held_back(key.as_str(), left);
                     let retry_ms = i64::try_from(left.as_millis()).unwrap_or(i64::MAX).max(1);
-                    return Ok((vec![0, retry_ms], None));
+                    return Ok((vec![QUARANTINED, retry_ms], None));
                 }
                 let reply: Vec<i64> = match attempt {
                     Attempt::Script(call) => run_call(call, conn).await?,
@@ -525,11 +534,14 @@ impl RedisBackend {
                 ttl: u64::try_from(*retry).ok().map(Duration::from_millis),
             }),
             [-1] => Ok(AcquireReply::WouldDeadlock),
-            // The server started less than a quarantine ago (the boot check failed).
-            [-2, left] => {
+            // The server started less than a quarantine ago: the script's boot check, or the
+            // connection's own (see `invoke_acquire`).
+            [-2 | QUARANTINED, left] => {
                 let left = Duration::from_millis(u64::try_from(*left).unwrap_or(1).max(1));
-                self.inner.quarantine.held_back(key.as_str(), left);
-                Ok(AcquireReply::Held { ttl: Some(left) })
+                if reply[0] == -2 {
+                    self.inner.quarantine.held_back(key.as_str(), left);
+                }
+                Err(errors::quarantined(left).with_key(key.as_str()))
             }
             _ => Err(protocol_error("acquire reply").with_key(key.as_str())),
         }

@@ -168,7 +168,8 @@ struct Task {
 /// Why a connection ended.
 enum Ended {
     Stopped,
-    Broken,
+    /// The connection failed, for this reason.
+    Broken(&'static str),
 }
 
 impl Task {
@@ -189,21 +190,25 @@ impl Task {
                     backoff = Duration::from_millis(20);
                     if connected_before {
                         self.reconnects.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!("release notification connection re-established");
+                        tracing::info!(server = %self.target.describe(), "release notification connection re-established");
                     }
                     connected_before = true;
                     let (sink, stream) = pubsub.split();
                     let ended = self.serve(sink, stream).await;
                     self.connected.store(false, Ordering::Release);
-                    if let Ended::Stopped = ended {
+                    let Ended::Broken(cause) = ended else {
                         return;
-                    }
-                    tracing::warn!("release notification connection lost; reconnecting");
+                    };
+                    // Information, not a warning: a server that is gone is reported once by
+                    // the commands' health; waiters check their locks again on reconnect.
+                    tracing::info!(server = %self.target.describe(), cause, "release notification connection lost; reconnecting");
                 }
                 Ok(Err(error)) => {
-                    tracing::debug!(error = %format_args!("{error:#}"), "release notification connection failed");
+                    tracing::debug!(server = %self.target.describe(), error = %format_args!("{error:#}"), "release notification connection failed");
                 }
-                Err(_) => tracing::debug!("release notification connection timed out"),
+                Err(_) => {
+                    tracing::debug!(server = %self.target.describe(), timeout = ?self.timeout, "release notification connection timed out")
+                }
             }
             tokio::select! {
                 () = self.stop.cancelled() => return,
@@ -218,7 +223,7 @@ impl Task {
         let mut subscribed = HashSet::new();
         for channel in self.listeners.channels() {
             if !self.reconcile(&mut sink, &mut subscribed, channel).await {
-                return Ended::Broken;
+                return Ended::Broken("a subscription failed");
             }
         }
         // Releases published while disconnected are lost: every waiter checks again.
@@ -232,7 +237,7 @@ impl Task {
                         let payload: String = message.get_payload().unwrap_or_default();
                         self.listeners.notify(message.get_channel_name(), &payload);
                     }
-                    None => return Ended::Broken,
+                    None => return Ended::Broken("the server closed the connection"),
                 },
                 Some((channel, done)) = self.requests.recv() => {
                     let ok = self.reconcile(&mut sink, &mut subscribed, channel.clone()).await;
@@ -242,12 +247,12 @@ impl Task {
                         self.listeners.notify_channel(&channel);
                     }
                     if !ok {
-                        return Ended::Broken;
+                        return Ended::Broken("a subscription failed");
                     }
                 }
                 Some(channel) = self.emptied.recv() => {
                     if !self.reconcile(&mut sink, &mut subscribed, channel).await {
-                        return Ended::Broken;
+                        return Ended::Broken("an unsubscription failed");
                     }
                 }
             }
@@ -275,7 +280,7 @@ impl Task {
         match result {
             Ok(Ok(())) => true,
             Ok(Err(error)) => {
-                tracing::debug!(error = %format_args!("{error:#}"), "subscription change failed");
+                tracing::debug!(server = %self.target.describe(), error = %format_args!("{error:#}"), "subscription change failed");
                 false
             }
             Err(_) => false,

@@ -427,6 +427,13 @@ impl RedlockBackend {
                     let (node, skipped_until) = (&inner.nodes[index], &inner.skipped_until[index]);
                     let reply =
                         call_node(node, skipped_until, timeout, node.acquire(owned.grant())).await;
+                    // A node in its restart quarantine votes "held" until it ends.
+                    let reply = match reply {
+                        Err(error) if error.quarantine_ends().is_some() => Ok(AcquireReply::Held {
+                            ttl: error.retry_after(),
+                        }),
+                        reply => reply,
+                    };
                     (index, reply)
                 });
                 call
