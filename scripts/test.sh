@@ -7,9 +7,20 @@
 # clock with `test-util` too, then the Redis tests again as the crate's limited ACL user.
 # Extra arguments go to the first `cargo test`, e.g. `scripts/test.sh -- --nocapture`.
 #
+# Every test binary of every pass runs, even after a failure (`cargo test --no-fail-fast`).
+# The script ends with a summary: the binaries run, the tests passed, failed and ignored, each
+# failing binary and test, and the time taken. Its last line is always
+# `summary: N passed, M failed`, where M also counts a binary that ended without a result (a
+# crash) and a pass that failed without running its tests (a build error); the exit status is
+# non-zero whenever M is.
+#
 # Environment: REDIS_SERVER_BIN picks the redis-server binary (default: `redis-server` on PATH).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# A run that stops before its summary (a missing tool, an interrupt) still ends with the line.
+summarized=false
+trap '[ "$summarized" = true ] || echo "summary: 0 passed, 1 failed"' EXIT
 
 have_redis() {
   command -v "${REDIS_SERVER_BIN:-redis-server}" >/dev/null 2>&1
@@ -70,16 +81,31 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 
+started=$SECONDS
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"; [ "$summarized" = true ] || echo "summary: 0 passed, 1 failed"' EXIT
+passes=()
+
+# Runs `cargo test --no-fail-fast` with the arguments after $1 (the pass's name), showing its
+# output as it goes and keeping it in "$logs/<n>.log" for the summary; the pass's exit status
+# goes to "$logs/<n>.status".
+pass() {
+  local name=$1 n=${#passes[@]}
+  shift
+  passes+=("$name")
+  echo "==> [$name] cargo test --no-fail-fast $*"
+  local status=0
+  cargo test --no-fail-fast "$@" 2>&1 | tee "$logs/$n.log" || status=$?
+  echo "$status" >"$logs/$n.status"
+}
+
 # Every feature but test-util: lock deadlines on the boot clock alone, as in applications.
 features=tower-lock/sentinel,tower-lock/cluster,tower-lock/keyed-hash,tower-lock/metrics,tower-lock/tls,tower-lock/macros
-echo "==> cargo test --workspace --features $features $*"
-cargo test --workspace --features "$features" "$@"
+pass main --workspace --features "$features" "$@"
 
 # With test-util: the tests on tokio's paused clock (the interleavings, the testing guide's).
-echo "==> cargo test --all-features --test interleavings"
-cargo test --all-features --test interleavings
-echo "==> cargo test --all-features --doc -- guide::testing"
-cargo test --all-features --doc -- guide::testing
+pass test-util --all-features --test interleavings
+pass test-util-doc --all-features --doc -- guide::testing
 
 # Second pass, same binaries: the Redis tests again, with every client logged in as
 # the crate's limited ACL user (the README's line; tests/support/acl.rs). Any ACL denial fails
@@ -87,5 +113,63 @@ cargo test --all-features --doc -- guide::testing
 # users), harness (checks the fixture's plain URL), ui (no Redis).
 acl_tests=(cluster engine fair_rw inspect key_fuzz keyed_hash layer locked metrics multi_key quarantine
   redis_faults redlock replicas semaphore waiter_caps)
-echo "==> TOWER_LOCK_TEST_ACL=1 cargo test --workspace --features $features ${acl_tests[*]/#/--test }"
-TOWER_LOCK_TEST_ACL=1 cargo test --workspace --features "$features" "${acl_tests[@]/#/--test=}"
+TOWER_LOCK_TEST_ACL=1 pass acl --workspace --features "$features" "${acl_tests[@]/#/--test=}"
+
+# The summary, from each pass's output: a binary starts at cargo's `Running` or `Doc-tests`
+# line and ends at libtest's `test result:` line, after which the last `failures:` list names
+# its failed tests. A binary with no result line crashed.
+summary=$(
+  for n in "${!passes[@]}"; do
+    awk -v pass="${passes[$n]}" -v status="$(cat "$logs/$n.status")" '
+      function finish() {
+        if (bin != "" && !done) { crashed++; binaries++; print "F " pass ": " bin " ended without a test result" }
+        bin = ""; done = 0; listing = 0
+      }
+      # `Running tests/x.rs (path)`, or `Running unittests src/lib.rs (path/crate-hash)`.
+      /^ *Running / {
+        finish(); bin = $2
+        if ($2 == "unittests") { stem = $NF; sub(/.*\//, "", stem); sub(/-[0-9a-f]+\)$/, "", stem); bin = "unittests " $3 " (" stem ")" }
+        next
+      }
+      /^ *Doc-tests / { finish(); bin = "doc-tests " $2; next }
+      bin != "" && /^failures:$/ { listing = 1; delete names; count = 0; next }
+      listing && /^    [^ ]/ { names[++count] = substr($0, 5); next }
+      listing && /^$/ { next }
+      bin != "" && /^test result: / {
+        line = $0
+        sub(/^test result: [A-Za-z]+\. /, "", line)
+        split(line, parts, /; /)
+        p = parts[1] + 0; f = parts[2] + 0; i = parts[3] + 0
+        passed += p; failed += f; ignored += i; binaries++
+        if (f > 0) {
+          print "F " pass ": " bin ", " f " failed:"
+          for (k = 1; k <= count; k++) print "T " pass ": " names[k]
+        }
+        done = 1; listing = 0; delete names; count = 0
+        next
+      }
+      { listing = 0 }
+      END {
+        finish()
+        # A failing cargo with nothing to show for it: the build (or cargo itself) failed.
+        if (status != 0 && failed == 0 && crashed == 0) {
+          crashed++; print "F " pass ": cargo test failed (exit status " status ") with no test failed: see its output"
+        }
+        print "C " binaries + 0, passed + 0, failed + 0, ignored + 0, crashed + 0
+      }' "$logs/$n.log"
+  done
+)
+read -r binaries passed failed ignored broken < <(
+  awk '/^C / { b += $2; p += $3; f += $4; i += $5; c += $6 } END { print b + 0, p + 0, f + 0, i + 0, c + 0 }' <<<"$summary"
+)
+elapsed=$((SECONDS - started))
+echo
+echo "==> summary of ${#passes[@]} passes (${passes[*]}) in $((elapsed / 60)) min $((elapsed % 60)) s"
+echo "    binaries run: $binaries; tests: $passed passed, $failed failed, $ignored ignored"
+if grep -q '^F ' <<<"$summary"; then
+  echo "    failed:"
+  sed -n -e 's/^F /      /p' -e 's/^T [^:]*: /        /p' <<<"$summary"
+fi
+summarized=true
+echo "summary: $passed passed, $((failed + broken)) failed"
+[ "$((failed + broken))" -eq 0 ]

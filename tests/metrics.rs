@@ -5,7 +5,10 @@
 
 mod support;
 
-use std::{collections::HashMap, time::Duration};
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
 
 use http::{Request, Response, StatusCode};
 use metrics_util::debugging::{DebugValue, Snapshotter};
@@ -42,6 +45,10 @@ fn get(values: &HashMap<String, f64>, name: &str) -> f64 {
     values.get(name).copied().unwrap_or(0.0)
 }
 
+/// The watchdog lease of the holder: long enough that a renewal delayed by a busy machine
+/// still lands within it.
+const LEASE: Duration = Duration::from_millis(1500);
+
 #[test]
 fn metrics_follow_the_engine() {
     let server = RedisServer::start();
@@ -56,7 +63,7 @@ async fn scenario(server: &RedisServer, snapshotter: &Snapshotter) {
             .expect("connect")
     };
     let a = LockClient::builder(connect().await)
-        .lease(Lease::watchdog(Duration::from_millis(150)))
+        .lease(Lease::watchdog(LEASE))
         .build()
         .unwrap();
     let b = LockClient::builder(connect().await).build().unwrap();
@@ -94,8 +101,14 @@ async fn scenario(server: &RedisServer, snapshotter: &Snapshotter) {
         1.0
     );
 
-    // Renewals: the watchdog renews every 50 ms.
-    tokio::time::sleep(Duration::from_millis(220)).await;
+    // Renewals: two of them, each moving the guard's deadline on.
+    for _ in 0..2 {
+        let deadline = Instant::now() + guard.remaining();
+        support::eventually(LEASE, "the watchdog renewed the lock", || {
+            Instant::now() + guard.remaining() > deadline + LEASE / 10
+        })
+        .await;
+    }
     guard.release().await.expect("release");
     let handed = waiting.await.expect("task").expect("the waiter gets it");
     handed.release().await.expect("release");

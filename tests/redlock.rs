@@ -56,17 +56,23 @@ impl Nodes {
             .expect("valid configuration")
     }
 
-    /// The keys left on every node that still runs, as `port: key` lines.
+    /// The keys left on every node that still runs, as `port: key` lines. The record of an
+    /// attempt voided on a node (`…:void`, made when a reply came too late, which a busy
+    /// machine decides) is not one while it expires on its own.
     fn leftovers(&self) -> Vec<String> {
         self.servers
             .iter()
             .filter_map(|server| match server.try_cmd(&["KEYS", "*"]) {
-                Ok(RespValue::Array(Some(keys))) => Some((server.port(), keys)),
+                Ok(RespValue::Array(Some(keys))) => Some((server, keys)),
                 _ => None,
             })
-            .flat_map(|(port, keys)| {
+            .flat_map(|(server, keys)| {
                 keys.into_iter()
-                    .map(move |key| format!("{port}: {}", key.as_str().unwrap_or_default()))
+                    .map(|key| key.as_str().unwrap_or_default())
+                    .filter(|key| {
+                        !key.ends_with(":void") || server.cmd(&["PTTL", key]).as_int() < 0
+                    })
+                    .map(move |key| format!("{}: {key}", server.port()))
             })
             .collect()
     }

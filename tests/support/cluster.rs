@@ -206,14 +206,7 @@ impl RedisCluster {
     /// # Panics
     /// When `i` has no replica or the promotion does not happen in time.
     pub fn kill_master(&mut self, i: usize) -> usize {
-        let replica = self
-            .running()
-            .find(|&r| {
-                self.nodes_seen_by(r)
-                    .iter()
-                    .any(|line| line.id == self.ids[r] && line.master == self.ids[i])
-            })
-            .unwrap_or_else(|| panic!("node {i} has no replica"));
+        let replica = self.replica_of(i);
         self.nodes[i].kill();
         let deadline = Instant::now() + ELECTION_TIMEOUT;
         while !self.is_master(replica) && Instant::now() < deadline {
@@ -225,6 +218,41 @@ impl RedisCluster {
         self.wait("the replica to be promoted", || self.is_master(replica));
         self.wait_settled();
         replica
+    }
+
+    /// Waits until the replica of master `i` has applied every write `i` made before the call
+    /// (its replication offset reaches the master's), so that a failover from then on loses
+    /// none of them. Replication is asynchronous: without this, a write made just before the
+    /// master dies may never reach the replica.
+    ///
+    /// # Panics
+    /// When `i` has no replica or the replica does not catch up in time.
+    pub fn wait_replicated(&self, i: usize) {
+        let replica = self.replica_of(i);
+        let written = self.replication_offset(i, "master_repl_offset");
+        self.wait("the replica to apply its master's writes", || {
+            self.replication_offset(replica, "slave_repl_offset") >= written
+        });
+    }
+
+    /// The running replica of master `i`.
+    fn replica_of(&self, i: usize) -> usize {
+        self.running()
+            .find(|&r| {
+                self.nodes_seen_by(r)
+                    .iter()
+                    .any(|line| line.id == self.ids[r] && line.master == self.ids[i])
+            })
+            .unwrap_or_else(|| panic!("node {i} has no replica"))
+    }
+
+    /// The `field` of node `i`'s `INFO replication`, a replication offset.
+    fn replication_offset(&self, i: usize, field: &str) -> u64 {
+        let info = text(&self.nodes[i].cmd(&["INFO", "replication"]));
+        info.lines()
+            .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|offset| offset.trim().parse().ok())
+            .unwrap_or_else(|| panic!("node {i}: no {field} in INFO replication"))
     }
 
     /// Indexes of the nodes still running.

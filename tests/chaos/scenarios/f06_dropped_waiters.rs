@@ -33,7 +33,7 @@ async fn f06_dropped_waiters_leave_nothing() {
     let waiter = bed.client().await;
     let lease = Lease::watchdog(Duration::from_secs(5));
     // Connections and the pub/sub task belong in the baseline.
-    super::warm_up(&holder, &waiter).await;
+    super::warm_up(&bed, &holder, &waiter).await;
     let baseline = checker::tasks();
 
     let held = join_all((0..KEYS).map(|i| {

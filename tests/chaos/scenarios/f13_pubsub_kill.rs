@@ -24,21 +24,7 @@ async fn f13_pubsub_kill_strands_nobody() {
     let lease = Lease::watchdog(LEASE);
     // Both pools grown to their size and one wait cycle done, so the pooled connections and
     // the pub/sub task are in the baseline.
-    for client in [&holder, &waiter] {
-        let burst = join_all((0..16).map(|i| async move {
-            let guard = client.lock(format!("burst{i}")).acquire().await;
-            guard.expect("acquire").release().await.expect("release");
-        }));
-        burst.await;
-    }
-    let warm = holder.lock("warm").acquire().await.expect("acquire");
-    let busy = waiter
-        .lock("warm")
-        .wait(Duration::from_millis(20))
-        .acquire()
-        .await;
-    assert!(busy.is_err(), "warm-up lock was free");
-    warm.release().await.expect("release");
+    super::warm_up(&bed, &holder, &waiter).await;
     let baseline = checker::tasks();
     let (mut wakes, mut stranded) = (Vec::new(), 0);
     for run in 0..runs {

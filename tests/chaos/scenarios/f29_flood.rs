@@ -32,7 +32,7 @@ async fn f29_flood_is_capped_with_constant_connections() {
     let holder = bed.client().await;
     let client = bed.client().await;
     // Pools grown and pub/sub open before counting connections.
-    super::warm_up(&holder, &client).await;
+    super::warm_up(&bed, &holder, &client).await;
     let before = connections(&bed);
 
     // One key, held, and far more waiters than the cap.

@@ -177,8 +177,13 @@ impl Bed {
 }
 
 /// Brings two clients to their steady state before a baseline is taken: both pools grown by a
-/// burst of 16 locks each, and one wait cycle done (so `waiter`'s pub/sub task runs).
-pub(crate) async fn warm_up(holder: &LockClient<RedisBackend>, waiter: &LockClient<RedisBackend>) {
+/// burst of 16 locks each, and one wait that the release ends (so `waiter`'s pub/sub connection
+/// is open: the server counts its subscription before the release).
+pub(crate) async fn warm_up(
+    bed: &Bed,
+    holder: &LockClient<RedisBackend>,
+    waiter: &LockClient<RedisBackend>,
+) {
     for client in [holder, waiter] {
         futures_util::future::join_all((0..16).map(|i| async move {
             let guard = client.lock(format!("burst{i}")).acquire().await;
@@ -187,13 +192,21 @@ pub(crate) async fn warm_up(holder: &LockClient<RedisBackend>, waiter: &LockClie
         .await;
     }
     let warm = holder.lock("warm").acquire().await.expect("acquire");
-    let waited = waiter
-        .lock("warm")
-        .wait(Duration::from_millis(20))
-        .acquire()
-        .await;
-    assert!(waited.is_err(), "the warm-up lock was not held");
-    warm.release().await.expect("release");
+    let channel = format!("{}:released", bed.lock_key("warm"));
+    let subscribed = || match bed.redis.cmd(&["PUBSUB", "NUMSUB", &channel]) {
+        crate::support::RespValue::Array(Some(items)) if items.len() == 2 => items[1].as_int() == 1,
+        other => panic!("unexpected PUBSUB NUMSUB reply: {other:?}"),
+    };
+    let (waited, ()) = tokio::join!(
+        waiter.lock("warm").wait(Duration::from_secs(30)).acquire(),
+        async {
+            let listening = eventually(Duration::from_secs(30), subscribed).await;
+            assert!(listening, "the waiter subscribed to the release");
+            warm.release().await.expect("release");
+        }
+    );
+    let waited = waited.expect("the waiter gets the lock once released");
+    waited.release().await.expect("release");
 }
 
 /// Polls `check` every 5 ms until it holds or `within` passes; returns whether it held.
