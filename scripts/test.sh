@@ -82,6 +82,7 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 
 started=$SECONDS
+summarized=false
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"; [ "$summarized" = true ] || echo "summary: 0 passed, 1 failed"' EXIT
 passes=()
@@ -100,7 +101,7 @@ pass() {
 }
 
 # Every feature but test-util: lock deadlines on the boot clock alone, as in applications.
-features=tower-lock/sentinel,tower-lock/cluster,tower-lock/keyed-hash,tower-lock/metrics,tower-lock/tls,tower-lock/macros
+features=tower-lock/sentinel,tower-lock/cluster,tower-lock/keyed-hash,tower-lock/metrics,tower-lock/tls,tower-lock/macros,tower-lock/serde
 pass main --workspace --features "$features" "$@"
 
 # With test-util: the tests on tokio's paused clock (the interleavings, the testing guide's).
@@ -111,8 +112,8 @@ pass test-util-doc --all-features --doc -- guide::testing
 # the crate's limited ACL user (the README's line; tests/support/acl.rs). Any ACL denial fails
 # the test. Not run here: sentinel and tls (their own servers and grants), acl (makes its own
 # users), harness (checks the fixture's plain URL), ui (no Redis).
-acl_tests=(cluster engine fair_rw inspect key_fuzz keyed_hash layer locked metrics multi_key quarantine
-  redis_faults redlock replicas semaphore waiter_caps)
+acl_tests=(bad_input cluster engine fair_rw fixed_lease inspect key_fuzz keyed_hash late_commands layer
+  locked metrics multi_key names quarantine redis_faults redlock reentry replicas semaphore waiter_caps)
 TOWER_LOCK_TEST_ACL=1 pass acl --workspace --features "$features" "${acl_tests[@]/#/--test=}"
 
 # The summary, from each pass's output: a binary starts at cargo's `Running` or `Doc-tests`
