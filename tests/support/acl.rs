@@ -88,6 +88,8 @@ pub const TEST_PREFIXES: &[&str] = &[
     "t16:",
     "t17:",
     "t18:",
+    "t19f:",
+    "t19p:",
     "fo:",
     "frw:",
     "mig:",

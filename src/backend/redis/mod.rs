@@ -398,7 +398,9 @@ impl RedisBackend {
                             return Ok((Vec::new(), None));
                         };
                         let grant = single.grant;
-                        let pxat = clock.expiry(&grant.lease);
+                        let Some(pxat) = clock.expiry(&grant.lease) else {
+                            return Ok((Vec::new(), None));
+                        };
                         let sending = self.inner.unanswered.sending(
                             grant.attempt,
                             pxat,

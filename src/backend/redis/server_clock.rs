@@ -11,9 +11,10 @@
 //! clock between the request leaving and the reply arriving, so its clock now is at least the
 //! reading plus the local time elapsed since the reply, and at most that plus the round trip
 //! (clock rates differ by far less than the lease's drift margin). The expiry is the lower
-//! bound plus the lease, plus whatever of the round trip the drift margin does not cover: the
-//! key lives at least as long as the client trusts the hold (the lease less that margin, from
-//! the send), and when the reading's round trip fits in the margin, no longer than the lease.
+//! bound plus the lease: the key lives at least as long as the client trusts the hold (the
+//! lease less that margin, from the send), and no longer than the lease. A reading whose round
+//! trip does not fit in a lease's margin (taken while the server stalled) is not used for that
+//! lease: the acquire script grants such a hold.
 
 use std::{
     collections::HashMap,
@@ -69,18 +70,18 @@ impl ServerClock {
 
     /// The absolute expiry (server ms) of a hold of `lease` sent now: no earlier than the
     /// server's clock now plus the lease less its drift margin, and no later than the server's
-    /// clock now plus the lease when the reading's round trip fits in that margin.
-    pub(super) fn expiry(&self, lease: &Lease) -> u64 {
+    /// clock now plus the lease. `None` when the reading's round trip does not fit in that
+    /// margin (it was read while the server or the machine stalled): the acquire script,
+    /// which takes the server's own clock, grants the hold instead, so that it never outlives
+    /// its lease.
+    pub(super) fn expiry(&self, lease: &Lease) -> Option<u64> {
         let at_least = self
             .server_ms
             .saturating_add(whole_ms(self.answered.elapsed()));
         // What the server's clock may be past `at_least`: the round trip, rounded up, and a
         // millisecond for each rounding down (the reading, the time elapsed, the lease).
         let spread = whole_ms(self.round_trip) + 1 + 3;
-        let beyond = spread.saturating_sub(whole_ms(lease.drift()));
-        at_least
-            .saturating_add(lease.millis())
-            .saturating_add(beyond)
+        (spread <= whole_ms(lease.drift())).then(|| at_least.saturating_add(lease.millis()))
     }
 }
 
@@ -189,13 +190,19 @@ mod tests {
         tokio::time::advance(Duration::from_millis(7)).await;
         // The server's clock is now within 1_000_007 and 1_000_009 (a reading rounded down
         // and the round trip): the lease from the lower bound, the margin covers the rest.
-        assert_eq!(clock.expiry(&lease), 1_000_007 + 10_000);
-        // A slow reading: what the margin (102 ms) does not cover is added.
+        assert_eq!(clock.expiry(&lease), Some(1_000_007 + 10_000));
+        // A slow reading that the margin (102 ms) does not cover is not used: the hold would
+        // outlive its lease by what it does not cover.
         let slow = ServerClock {
             round_trip: Duration::from_millis(500),
             ..clock
         };
-        assert_eq!(slow.expiry(&lease), 1_000_007 + 10_000 + 500 + 4 - 102);
+        assert_eq!(slow.expiry(&lease), None);
+        // A longer lease's margin covers it.
+        assert!(
+            slow.expiry(&Lease::fixed(Duration::from_secs(60)))
+                .is_some()
+        );
     }
 
     #[test]
