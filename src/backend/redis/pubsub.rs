@@ -26,6 +26,9 @@ use tokio_util::sync::CancellationToken;
 use super::target::Target;
 use crate::backend::{Listener, Listeners};
 
+/// How often the connection is pinged to find out that its server went away.
+const PING_EVERY: Duration = Duration::from_secs(1);
+
 /// A request to the task: make sure `channel` is subscribed, then answer.
 pub(super) type Subscribe = (String, oneshot::Sender<()>);
 
@@ -229,9 +232,21 @@ impl Task {
         // Releases published while disconnected are lost: every waiter checks again.
         self.connected.store(true, Ordering::Release);
         self.listeners.notify_all();
+        // A connection whose server went away is not always closed on this side until
+        // something is written to it: a ping finds out, so waiters hear of the outage (and
+        // check their locks again on reconnect) within a ping's interval.
+        let mut ping =
+            tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 () = self.stop.cancelled() => return Ended::Stopped,
+                _ = ping.tick() => {
+                    let pong = tokio::time::timeout(self.timeout, sink.ping::<redis::Value>()).await;
+                    if !matches!(pong, Ok(Ok(_))) {
+                        return Ended::Broken("the server did not answer a ping");
+                    }
+                }
                 message = stream.next() => match message {
                     Some(message) => {
                         let payload: String = message.get_payload().unwrap_or_default();

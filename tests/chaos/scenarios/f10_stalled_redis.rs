@@ -106,7 +106,13 @@ async fn f10_stalled_redis_holder_lost_first() {
         }
         assert!(matches!(guard.release().await, Err(LockError::Lost)));
     }
-    let leaks = checker::server_drains(&bed.redis, &bed.prefix, LEASE * 2).await;
+    let mut leaks = checker::server_drains(&bed.redis, &bed.prefix, LEASE * 2).await;
+    // A record of an attempt given up during the stall lives a lease from the last undo that
+    // reached the server (the undos queued during the stall land after it): it must go on
+    // its own within one more lease.
+    if leaks.channels.is_empty() && leaks.keys.iter().all(|key| key.ends_with(":void")) {
+        leaks = checker::server_drains(&bed.redis, &bed.prefix, LEASE + TOLERANCE).await;
+    }
     let s = &mut bed.scenario;
     s.figure("runs", runs * 2);
     s.figure_ms("margin_min_ms", &margins, 0.0);
@@ -125,5 +131,10 @@ async fn f10_stalled_redis_holder_lost_first() {
         *longest <= WAIT + 2 * COMMAND_TIMEOUT + TOLERANCE,
         "caller waited {longest:?}"
     );
-    assert_eq!(leaks.count(), 0, "left in Redis: {leaks:?}");
+    let ttls: Vec<i64> = leaks
+        .keys
+        .iter()
+        .map(|k| bed.redis.cmd(&["PTTL", k]).as_int())
+        .collect();
+    assert_eq!(leaks.count(), 0, "left in Redis: {leaks:?} ttls {ttls:?}");
 }
