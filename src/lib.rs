@@ -162,6 +162,8 @@ mod client;
 mod clock;
 mod engine;
 pub mod error;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 mod guard;
 pub mod guide;
 mod holder;

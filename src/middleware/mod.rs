@@ -63,6 +63,7 @@
 
 #[cfg(feature = "macros")]
 pub(crate) mod attribute;
+pub mod body;
 mod context;
 #[cfg(feature = "macros")]
 mod erased;
