@@ -79,7 +79,8 @@ pub struct Header(HeaderName);
 
 /// The value of the header `name` (any case: `X-Tenant-Id` and `x-tenant-id` are one header).
 /// A header that is missing, or has bytes outside visible ASCII, gives no key. Trust it only if
-/// your proxy sets or checks it.
+/// your proxy sets or checks it. In a gRPC call, this is the call's metadata entry of that name
+/// (metadata travel as headers); a binary (`-bin`) entry's key is its base64 text.
 ///
 /// # Examples
 ///

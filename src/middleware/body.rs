@@ -15,7 +15,7 @@
 //! | fails | released, then the error is passed on |
 //! | is dropped (the client went away, the connection broke) | released in the background |
 //! | is over before it began (an empty body, a gRPC trailers-only status) | released before the response is handed back, as without the option |
-//! | the lock is lost while it streams | the body ends: with the rejection's gRPC trailers (`ABORTED`) when the layer answers in gRPC ([`GrpcRejection`](crate::grpc::GrpcRejection)), else with an error, which cuts the response short so that the client sees it incomplete; with [`continue_on_lost`](super::LockLayer::continue_on_lost), it streams on |
+//! | the lock is lost while it streams | the body ends: with the rejection's gRPC trailers (`ABORTED`) when the layer answers in gRPC (`grpc::GrpcRejection`), else with an error, which cuts the response short so that the client sees it incomplete; with [`continue_on_lost`](super::LockLayer::continue_on_lost), it streams on |
 
 use std::{
     fmt,

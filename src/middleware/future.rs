@@ -329,7 +329,7 @@ where
 /// The response future of a [`LockService`](super::LockService) whose layer holds the lock
 /// until the response body ends ([`LockLayer::hold_until_body_ends`](super::LockLayer::hold_until_body_ends)):
 /// it waits for the lock and runs the inner service as [`ResponseFuture`] does, then hands the
-/// lock to the response's [`LockBody`](super::body::LockBody) instead of releasing it.
+/// lock to the response's [`LockBody`] instead of releasing it.
 ///
 /// Dropping it releases what it holds, as dropping [`ResponseFuture`] does.
 #[pin_project]
