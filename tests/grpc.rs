@@ -708,3 +708,35 @@ async fn an_http_body_holds_its_lock_until_it_ends() {
         "released before the end reached the client"
     );
 }
+
+/// The end of a stream (its status trailers) is sent only once the release is done: with the
+/// store frozen, the client does not see the end; once it runs again, the end arrives and the
+/// lock is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_end_of_a_stream_waits_for_its_release() {
+    // Well under the store's 1 s command timeout, past which the release would give up.
+    const FROZEN: Duration = Duration::from_millis(300);
+    let server = RedisServer::start();
+    let locks = redis_locks(&server, Lease::default()).await;
+    let other = redis_locks(&server, Lease::default()).await;
+    let (bank, steer) = test_bank(&locks);
+    let layer = account_layer(&locks, Duration::ZERO).hold_until_body_ends();
+    let mut client = serve_grpc(layer.layer(BankServer::new(bank))).await;
+
+    let mut stream = client.statement(statement("7")).await.unwrap().into_inner();
+    steer.feed.send(balance(1)).await.unwrap();
+    assert_eq!(stream.message().await.unwrap(), Some(balance(1)));
+    tokio::task::block_in_place(|| server.pause());
+    drop(steer.feed);
+    let early = tokio::time::timeout(FROZEN, stream.message()).await;
+    tokio::task::block_in_place(|| server.resume());
+    assert!(
+        early.is_err(),
+        "the end arrived before the release: {early:?}"
+    );
+    assert_eq!(stream.message().await.unwrap(), None);
+    assert!(
+        is_free(&other).await,
+        "released before the end reached the client"
+    );
+}
