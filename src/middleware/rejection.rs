@@ -23,6 +23,9 @@ use crate::{
 /// | [`Lost`](Self::Lost), [`ShutDown`](Self::ShutDown) | 503 | |
 /// | [`Conflict`](Self::Conflict) (a read lock asked for a write lock) | 409 | |
 /// | [`Misconfigured`](Self::Misconfigured) (lease too short, a lock kind the backend refuses) | 500 | |
+///
+/// With feature `grpc`, `grpc::GrpcRejection` answers each as a gRPC status instead
+/// (`LockRejection::grpc_code` lists them; the `grpc` guide says why).
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum LockRejection {
