@@ -128,7 +128,8 @@
 //! `guide::attribute` (`#[locked]`), [`guide::locks`] (leases, guards, reentrancy, fair and
 //! read-write locks, fencing), `guide::backends`, `guide::failover` (Sentinel, replica
 //! acknowledgement, the quarantine after a restart), `guide::redlock`, `guide::cluster`,
-//! [`guide::security`], [`guide::errors`], `guide::metrics` and [`guide::testing`]. The guides
+//! [`guide::security`], [`guide::errors`], `guide::metrics`, `guide::grpc` (tonic services) and
+//! [`guide::testing`]. The guides
 //! about a feature are built with it: `cargo doc --open --all-features` builds them all.
 //!
 //! # Features
@@ -144,6 +145,8 @@
 //! | `tls` | no | `rediss://` URLs and custom CAs for the Redis backend (rustls) |
 //! | `macros` | no | the `#[locked(...)]` attribute and `AnyLockClient` (implies `axum`) |
 //! | `serde` | no | `Serialize` and `Deserialize` for [`LockInfo`] and its parts |
+//! | `grpc` | no | `grpc::GrpcRejection`: rejections as gRPC statuses with a retry pushback, `key::grpc_method`; no gRPC library needed |
+//! | `tonic` | no | implies `grpc`: `LockError` and `LockRejection` into `tonic::Status` (tonic 0.14), `NamedService` for a layered service |
 //!
 //! The minimum supported Rust version is 1.88.
 
@@ -162,6 +165,8 @@ mod client;
 mod clock;
 mod engine;
 pub mod error;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 mod guard;
 pub mod guide;
 mod holder;

@@ -16,6 +16,7 @@
 //! | `security` | untrusted keys, keyed hashing, caps, the Redis ACL, TLS | |
 //! | `errors` | what each error means and what the layer answers | |
 //! | `metrics` | the metrics recorded through the `metrics` facade | `metrics` |
+//! | `grpc` | a tonic gRPC service: rejections as gRPC statuses, keys from metadata, the method or the message, server streams | `grpc` |
 //! | `testing` | testing code that takes locks; how the crate itself is tested | |
 //! | `protocol` | for maintainers: the invariants, the store layout of each lock kind, each script's contract, what a client keeps, and which mechanism handles which fault | |
 
@@ -54,6 +55,10 @@ pub mod errors {}
 #[cfg(feature = "metrics")]
 #[doc = include_str!("metrics.md")]
 pub mod metrics {}
+
+#[cfg(feature = "grpc")]
+#[doc = include_str!("grpc.md")]
+pub mod grpc {}
 
 #[doc = include_str!("testing.md")]
 pub mod testing {}

@@ -79,7 +79,8 @@ pub struct Header(HeaderName);
 
 /// The value of the header `name` (any case: `X-Tenant-Id` and `x-tenant-id` are one header).
 /// A header that is missing, or has bytes outside visible ASCII, gives no key. Trust it only if
-/// your proxy sets or checks it.
+/// your proxy sets or checks it. In a gRPC call, this is the call's metadata entry of that name
+/// (metadata travel as headers); a binary (`-bin`) entry's key is its base64 text.
 ///
 /// # Examples
 ///
@@ -193,6 +194,45 @@ impl MakeKey for PathSegment {
     }
 }
 
+/// The gRPC method of a call. Made by [`grpc_method`].
+#[cfg(feature = "grpc")]
+#[derive(Clone, Copy, Debug)]
+pub struct GrpcMethod;
+
+/// The gRPC method the call is for, as its request path says: `/bank.Bank/Withdraw`. One lock
+/// per method, across every instance: for a method that must never run twice at once (a
+/// nightly reindex), whatever its message says. The key names its resource itself (the
+/// method), so [`LockClient::lock`](crate::LockClient::lock) on the same path takes the same
+/// lock; [`prefixed`](MakeKey::prefixed) sets it apart from other keys.
+///
+/// ```
+/// use tower_lock::{LockClient, LockLayer, grpc::GrpcRejection, key};
+///
+/// // Each method of the service runs one call at a time, across instances.
+/// let layer = LockLayer::new(LockClient::in_memory())
+///     .key(key::grpc_method())
+///     .on_rejected(GrpcRejection);
+/// # let _ = layer;
+/// ```
+#[cfg(feature = "grpc")]
+pub fn grpc_method() -> GrpcMethod {
+    GrpcMethod
+}
+
+#[cfg(feature = "grpc")]
+impl MakeKey for GrpcMethod {
+    /// The request path, which gRPC sets to `/package.Service/Method`.
+    fn make_key(&self, parts: &mut Parts) -> Option<Vec<u8>> {
+        let path = parts.uri.path();
+        (path.len() > 1).then(|| path.as_bytes().to_vec())
+    }
+
+    /// None: the method names its resource, wherever the layer runs.
+    fn namespace(&self, _parts: &Parts, _route: &str) -> String {
+        String::new()
+    }
+}
+
 /// `prefixed` as an inherent method too, so it needs no `use tower_lock::key::MakeKey`.
 macro_rules! prefixed_without_import {
     ($($ty:ty),* $(,)?) => {$(
@@ -207,6 +247,8 @@ macro_rules! prefixed_without_import {
 }
 
 prefixed_without_import!(Header, Query, PathSegment);
+#[cfg(feature = "grpc")]
+prefixed_without_import!(GrpcMethod);
 
 impl<F> FromFn<F>
 where

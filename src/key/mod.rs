@@ -13,6 +13,8 @@ pub use extract::{
     FromFn, Header, Keys, MakeKey, PathSegment, Prefixed, Query, from_fn, header, path_segment,
     query,
 };
+#[cfg(feature = "grpc")]
+pub use extract::{GrpcMethod, grpc_method};
 #[cfg(feature = "axum")]
 pub use extract::{PathParam, path_param};
 #[cfg(feature = "macros")]

@@ -15,6 +15,7 @@ use tower_service::Service;
 
 use super::{
     LockRejection, OnRejected,
+    body::LockBody,
     hold::{Hold, HoldRelease},
     layer::LayerConfig,
 };
@@ -46,6 +47,11 @@ where
     started: Option<BootInstant>,
     /// When its acquire resolved: its hold time counts from here.
     acquired: Option<BootInstant>,
+    /// Whether a response's lock goes with its body (`hold_until_body_ends`) rather than
+    /// being released before the response is handed back.
+    hand_over: bool,
+    /// The lock of a response whose body holds it, for [`BodyResponseFuture`] to take.
+    handed: Option<Hold<B>>,
 }
 
 #[pin_project(project = StateProj)]
@@ -92,6 +98,7 @@ where
         on_rejected: R,
         config: Arc<LayerConfig>,
         span: tracing::Span,
+        hand_over: bool,
     ) -> Self {
         Self {
             state: State::Acquiring {
@@ -104,6 +111,8 @@ where
             started: (!span.is_disabled()).then(BootInstant::now),
             span,
             acquired: None,
+            hand_over,
+            handed: None,
         }
     }
 
@@ -128,6 +137,8 @@ where
             span: tracing::Span::none(),
             started: None,
             acquired: None,
+            hand_over: false,
+            handed: None,
         }
     }
 }
@@ -213,6 +224,12 @@ where
                         // One clock reading for the hold's time and the deadline check below.
                         let now = BootInstant::now();
                         let acquired = *this.acquired;
+                        if *this.hand_over && result.is_ok() && !guard_lost_at(guard, lost, now) {
+                            // The body holds the lock from here; it records the hold's time.
+                            *this.handed = guard.take();
+                            this.span.record("outcome", "streaming");
+                            return Poll::Ready(result);
+                        }
                         this.span.record("held_ms", held_ms(acquired, now));
                         if let (Some(config), Some(acquired)) = (this.config.as_ref(), acquired) {
                             config.holds.record(now.duration_since(acquired));
@@ -282,6 +299,15 @@ where
     }
 }
 
+/// Whether the hold is watched for a loss (`lost` set) and is lost by `now`.
+fn guard_lost_at<B: Backend>(
+    guard: &Option<Hold<B>>,
+    lost: &Option<Lost>,
+    now: BootInstant,
+) -> bool {
+    lost.is_some() && guard.as_ref().is_some_and(|guard| guard.is_lost_at(now))
+}
+
 fn millis(duration: std::time::Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
@@ -297,5 +323,92 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+/// The response future of a [`LockService`](super::LockService) whose layer holds the lock
+/// until the response body ends ([`LockLayer::hold_until_body_ends`](super::LockLayer::hold_until_body_ends)):
+/// it waits for the lock and runs the inner service as [`ResponseFuture`] does, then hands the
+/// lock to the response's [`LockBody`] instead of releasing it.
+///
+/// Dropping it releases what it holds, as dropping [`ResponseFuture`] does.
+#[pin_project]
+pub struct BodyResponseFuture<S, B, ReqBody, R>
+where
+    S: Service<Request<ReqBody>>,
+    B: Backend,
+{
+    #[pin]
+    future: ResponseFuture<S, B, ReqBody, R>,
+    /// The release of a body that was over before it began, as without the option (a body
+    /// that is over may never be polled), and the response handed back after it.
+    release: Option<(HoldRelease, Option<S::Response>)>,
+}
+
+impl<S, B, ReqBody, R> BodyResponseFuture<S, B, ReqBody, R>
+where
+    S: Service<Request<ReqBody>>,
+    B: Backend,
+{
+    pub(crate) fn new(future: ResponseFuture<S, B, ReqBody, R>) -> Self {
+        Self {
+            future,
+            release: None,
+        }
+    }
+}
+
+impl<S, B, ReqBody, R, ResBody> Future for BodyResponseFuture<S, B, ReqBody, R>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    B: Backend,
+    R: OnRejected<ResBody>,
+    ResBody: http_body::Body,
+{
+    type Output = Result<Response<LockBody<ResBody, B, R>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            if let Some((release, response)) = this.release.as_mut() {
+                if let Err(error) = ready!(Pin::new(release).poll(cx)) {
+                    tracing::debug!(error = %format_args!("{error:#}"), "release after the response failed");
+                }
+                let response = response.take().expect("polled after completion");
+                return Poll::Ready(Ok(response.map(LockBody::unlocked)));
+            }
+            // An `Err` never hands its lock over: it was released as without the option.
+            let response = ready!(this.future.as_mut().poll(cx))?;
+            let future = this.future.as_mut().project();
+            let Some(hold) = future.handed.take() else {
+                return Poll::Ready(Ok(response.map(LockBody::unlocked)));
+            };
+            let config = future.config.clone().expect("set while locking");
+            if !response.body().is_end_stream() {
+                let on_rejected = future.on_rejected.take().expect("set while locking");
+                let acquired = future.acquired.unwrap_or_else(BootInstant::now);
+                return Poll::Ready(Ok(response
+                    .map(|body| LockBody::holding(body, hold, on_rejected, config, acquired))));
+            }
+            let now = BootInstant::now();
+            if let Some(acquired) = *future.acquired {
+                config.holds.record(now.duration_since(acquired));
+            }
+            if config.release_in_background {
+                drop(hold);
+                return Poll::Ready(Ok(response.map(LockBody::unlocked)));
+            }
+            *this.release = Some((hold.release(now), Some(response)));
+        }
+    }
+}
+
+impl<S, B, ReqBody, R> fmt::Debug for BodyResponseFuture<S, B, ReqBody, R>
+where
+    S: Service<Request<ReqBody>>,
+    B: Backend,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BodyResponseFuture").finish_non_exhaustive()
     }
 }

@@ -4,7 +4,11 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use tower_layer::Layer;
 
-use super::{DefaultRejection, LockRejection, LockService, MakeKeyUnset, service::LayerParts};
+use super::{
+    DefaultRejection, LockRejection, LockService, MakeKeyUnset,
+    body::{UntilBodyEnds, UntilResponse},
+    service::LayerParts,
+};
 use crate::{Backend, LockClient, key::MakeKey, lease::Lease};
 
 /// Which lock a request takes.
@@ -153,12 +157,16 @@ impl Default for LayerConfig {
 /// # Ok(())
 /// # }
 /// ```
+///
+/// The last type parameter says how long a request's lock is held: [`UntilResponse`] (the
+/// default) or [`UntilBodyEnds`] ([`hold_until_body_ends`](Self::hold_until_body_ends)).
 #[must_use]
-pub struct LockLayer<B: Backend, K = MakeKeyUnset, R = DefaultRejection> {
+pub struct LockLayer<B: Backend, K = MakeKeyUnset, R = DefaultRejection, H = UntilResponse> {
     pub(crate) locks: LockClient<B>,
     pub(crate) key: K,
     pub(crate) on_rejected: R,
     pub(crate) config: Arc<LayerConfig>,
+    pub(crate) hold: H,
 }
 
 impl<B: Backend> LockLayer<B> {
@@ -189,34 +197,70 @@ impl<B: Backend> LockLayer<B> {
             key: MakeKeyUnset::default(),
             on_rejected: DefaultRejection,
             config: Arc::new(config),
+            hold: UntilResponse,
         }
     }
 }
 
-impl<B: Backend, K, R> LockLayer<B, K, R> {
+impl<B: Backend, K, R, H> LockLayer<B, K, R, H> {
     fn config(mut self, f: impl FnOnce(&mut LayerConfig)) -> Self {
         f(Arc::make_mut(&mut self.config));
         self
     }
 
     /// Where the lock key comes from: an extractor from [`key`](crate::key).
-    pub fn key<K2: MakeKey>(self, key: K2) -> LockLayer<B, K2, R> {
+    pub fn key<K2: MakeKey>(self, key: K2) -> LockLayer<B, K2, R, H> {
         LockLayer {
             locks: self.locks,
             key,
             on_rejected: self.on_rejected,
             config: self.config,
+            hold: self.hold,
         }
     }
 
     /// Builds the response for rejected requests (default: the status, `Retry-After` where
     /// known, and a one-line text body where the body type can carry one).
-    pub fn on_rejected<R2>(self, on_rejected: R2) -> LockLayer<B, K, R2> {
+    pub fn on_rejected<R2>(self, on_rejected: R2) -> LockLayer<B, K, R2, H> {
         LockLayer {
             locks: self.locks,
             key: self.key,
             on_rejected,
             config: self.config,
+            hold: self.hold,
+        }
+    }
+
+    /// Hold each request's lock until its response body ends, instead of releasing it when
+    /// the response is ready: for a body made while it is sent (a streamed download,
+    /// server-sent events, a gRPC server stream). The body is a
+    /// [`LockBody`](super::body::LockBody), which releases the lock when it ends (before its
+    /// last frame is sent), fails, or is dropped (the client went away); the watchdog renews
+    /// the lock while it streams. A response that has no body to stream is released before it
+    /// is handed back, as by default. See [`body`](super::body).
+    ///
+    /// ```
+    /// # #[cfg(feature = "axum")] {
+    /// use axum::{Router, routing::get};
+    /// use tower_lock::{LockClient, LockLayer, key};
+    ///
+    /// async fn export() -> &'static str { "a body streamed while the lock is held" }
+    ///
+    /// // One export per tenant at a time, for as long as the download lasts.
+    /// let app: Router = Router::new().route("/export", get(export)).route_layer(
+    ///     LockLayer::new(LockClient::in_memory())
+    ///         .key(key::header("x-tenant-id").prefixed("export:"))
+    ///         .hold_until_body_ends(),
+    /// );
+    /// # }
+    /// ```
+    pub fn hold_until_body_ends(self) -> LockLayer<B, K, R, UntilBodyEnds> {
+        LockLayer {
+            locks: self.locks,
+            key: self.key,
+            on_rejected: self.on_rejected,
+            config: self.config,
+            hold: UntilBodyEnds,
         }
     }
 
@@ -307,18 +351,19 @@ impl<B: Backend, K, R> LockLayer<B, K, R> {
     }
 }
 
-impl<B: Backend, K: Clone, R: Clone> Clone for LockLayer<B, K, R> {
+impl<B: Backend, K: Clone, R: Clone, H: Clone> Clone for LockLayer<B, K, R, H> {
     fn clone(&self) -> Self {
         Self {
             locks: self.locks.clone(),
             key: self.key.clone(),
             on_rejected: self.on_rejected.clone(),
             config: self.config.clone(),
+            hold: self.hold.clone(),
         }
     }
 }
 
-impl<B: Backend, K: fmt::Debug, R> fmt::Debug for LockLayer<B, K, R> {
+impl<B: Backend, K: fmt::Debug, R, H> fmt::Debug for LockLayer<B, K, R, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockLayer")
             .field("key", &self.key)
@@ -327,12 +372,13 @@ impl<B: Backend, K: fmt::Debug, R> fmt::Debug for LockLayer<B, K, R> {
     }
 }
 
-impl<S, B: Backend, K: MakeKey, R: Clone> Layer<S> for LockLayer<B, K, R> {
-    type Service = LockService<S, B, K, R>;
+impl<S, B: Backend, K: MakeKey, R: Clone, H: Copy> Layer<S> for LockLayer<B, K, R, H> {
+    type Service = LockService<S, B, K, R, H>;
 
     fn layer(&self, inner: S) -> Self::Service {
         LockService {
             inner,
+            hold: self.hold,
             layer: Arc::new(LayerParts {
                 announced: super::names::Announced::new(),
                 locks: self.locks.clone(),

@@ -36,6 +36,7 @@
 //! | response ready (`Ok` or `Err`) | released, then the response is handed back |
 //! | lock lost while running | the handler's future is dropped, 503 (or it continues, if configured) |
 //! | future dropped (client gone, timeout) | released in the background |
+//! | response body streams | with [`LockLayer::hold_until_body_ends`]: held and renewed until the body ends, fails or is dropped ([`body`]) |
 //!
 //! # Rejections
 //!
@@ -63,6 +64,7 @@
 
 #[cfg(feature = "macros")]
 pub(crate) mod attribute;
+pub mod body;
 mod context;
 #[cfg(feature = "macros")]
 mod erased;

@@ -23,6 +23,9 @@ use crate::{
 /// | [`Lost`](Self::Lost), [`ShutDown`](Self::ShutDown) | 503 | |
 /// | [`Conflict`](Self::Conflict) (a read lock asked for a write lock) | 409 | |
 /// | [`Misconfigured`](Self::Misconfigured) (lease too short, a lock kind the backend refuses) | 500 | |
+///
+/// With feature `grpc`, `grpc::GrpcRejection` answers each as a gRPC status instead
+/// (`LockRejection::grpc_code` lists them; the `grpc` guide says why).
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum LockRejection {
@@ -95,10 +98,7 @@ impl LockRejection {
     /// text body saying what happened when `B` can carry text (axum's `Body`, `String`,
     /// `Vec<u8>`); an empty body otherwise.
     pub fn into_text_response<B: Default + 'static>(self) -> Response<B> {
-        let mut text = self.to_string();
-        if let Some(secs) = self.retry_after_secs() {
-            text.push_str(&format!("; retry in about {secs} s"));
-        }
+        let mut text = self.message();
         text.push('\n');
         let body = text_body(text);
         let carries_text = body.is_some();
@@ -110,6 +110,15 @@ impl LockRejection {
             );
         }
         response
+    }
+
+    /// What happened, in one line: `locked; retry in about 3 s`.
+    pub(crate) fn message(&self) -> String {
+        let mut text = self.to_string();
+        if let Some(secs) = self.retry_after_secs() {
+            text.push_str(&format!("; retry in about {secs} s"));
+        }
+        text
     }
 
     /// `Retry-After` in whole seconds, rounded up, at least one.

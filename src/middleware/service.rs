@@ -12,7 +12,8 @@ use tower_service::Service;
 
 use super::{
     LockRejection, OnRejected,
-    future::{Acquire, ResponseFuture},
+    body::{LockBody, UntilBodyEnds, UntilResponse},
+    future::{Acquire, BodyResponseFuture, ResponseFuture},
     hold::Hold,
     layer::{LayerConfig, Mode},
 };
@@ -22,9 +23,11 @@ use crate::{
     key::{Keys, MakeKey},
 };
 
-/// The service made by [`LockLayer`](super::LockLayer).
-pub struct LockService<S, B: Backend, K, R> {
+/// The service made by [`LockLayer`](super::LockLayer). `H` says how long a request's lock
+/// is held ([`UntilResponse`], the default, or [`UntilBodyEnds`]).
+pub struct LockService<S, B: Backend, K, R, H = UntilResponse> {
     pub(crate) inner: S,
+    pub(crate) hold: H,
     /// The layer's parts, behind one pointer: routers clone the service for every request, and
     /// a clone then touches one shared count instead of one per part.
     pub(crate) layer: Arc<LayerParts<B, K, R>>,
@@ -60,6 +63,48 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        self.start(request, false)
+    }
+}
+
+/// As without the option, but the response's body holds the lock until it ends.
+impl<S, B, K, R, ReqBody, ResBody> Service<Request<ReqBody>>
+    for LockService<S, B, K, R, UntilBodyEnds>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    B: Backend,
+    K: MakeKey,
+    R: OnRejected<ResBody>,
+    ResBody: http_body::Body,
+{
+    type Response = Response<LockBody<ResBody, B, R>>;
+    type Error = S::Error;
+    type Future = BodyResponseFuture<S, B, ReqBody, R>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        BodyResponseFuture::new(self.start(request, true))
+    }
+}
+
+impl<S, B, K, R, H> LockService<S, B, K, R, H>
+where
+    B: Backend,
+    K: MakeKey,
+{
+    /// The request's response future: its key taken and named, its acquire started.
+    fn start<ReqBody, ResBody>(
+        &mut self,
+        request: Request<ReqBody>,
+        hand_over: bool,
+    ) -> ResponseFuture<S, B, ReqBody, R>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+        R: OnRejected<ResBody>,
+    {
         // The ready service goes with this request; the clone waits for the next poll_ready.
         let clone = self.inner.clone();
         let inner = mem::replace(&mut self.inner, clone);
@@ -165,6 +210,7 @@ where
             layer.on_rejected.clone(),
             config.clone(),
             span,
+            hand_over,
         )
     }
 }
@@ -191,16 +237,17 @@ pub(crate) fn route(parts: &http::request::Parts) -> &str {
     ""
 }
 
-impl<S: Clone, B: Backend, K, R> Clone for LockService<S, B, K, R> {
+impl<S: Clone, B: Backend, K, R, H: Copy> Clone for LockService<S, B, K, R, H> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
+            hold: self.hold,
             layer: self.layer.clone(),
         }
     }
 }
 
-impl<S: fmt::Debug, B: Backend, K: fmt::Debug, R> fmt::Debug for LockService<S, B, K, R> {
+impl<S: fmt::Debug, B: Backend, K: fmt::Debug, R, H> fmt::Debug for LockService<S, B, K, R, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockService")
             .field("inner", &self.inner)
