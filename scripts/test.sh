@@ -101,7 +101,7 @@ pass() {
 }
 
 # Every feature but test-util: lock deadlines on the boot clock alone, as in applications.
-features=tower-lock/sentinel,tower-lock/cluster,tower-lock/keyed-hash,tower-lock/metrics,tower-lock/tls,tower-lock/macros,tower-lock/serde
+features=tower-lock/sentinel,tower-lock/cluster,tower-lock/keyed-hash,tower-lock/metrics,tower-lock/tls,tower-lock/macros,tower-lock/serde,tower-lock/tonic
 pass main --workspace --features "$features" "$@"
 
 # With test-util: the tests on tokio's paused clock (the interleavings, the testing guide's).
