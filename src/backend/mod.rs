@@ -171,6 +171,12 @@ pub struct Release<'a> {
     /// made for one particular hold, retried or sent after the hold was lost, then never frees a
     /// newer hold of the same holder. `None` releases whatever the holder holds.
     pub attempt: Option<&'a str>,
+    /// The attempt that took the hold given back: the grant's or a re-entry's. Where the
+    /// backend keeps a lease per hold (read-write locks and semaphores), that hold's lease goes
+    /// with it and the holds left keep theirs; `None` (or an attempt it does not know) gives
+    /// back the hold whose lease ends first. Ignored with `all`, and by the kinds that keep one
+    /// lease per lock.
+    pub hold: Option<&'a str>,
 }
 
 /// The answer to a release.
