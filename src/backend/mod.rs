@@ -52,6 +52,14 @@ impl LockKind {
     pub fn queues(self) -> bool {
         matches!(self, Self::Fair | Self::Write)
     }
+
+    /// Whether the store keeps a lease per hold of this kind, so that a holder's hold given
+    /// back ([`Release::hold`]) takes its own lease with it: the sides of a read-write lock
+    /// and a semaphore's permits. A plain or fair lock lives as long as the longest lease any
+    /// of its holds had.
+    pub(crate) fn lease_per_hold(self) -> bool {
+        matches!(self, Self::Read | Self::Write | Self::Semaphore)
+    }
 }
 
 /// Who is to own a lock, as the backend records it.

@@ -292,7 +292,9 @@ impl<B: Backend> Engine<B> {
             }) => {
                 in_flight.settle();
                 let hold = request.want.attempt.clone();
-                held.reentered(&hold, (request.want.lease, token), session, sent_at);
+                if held.reentered(&hold, (request.want.lease, token), session, sent_at) {
+                    self.watch(held.next_event());
+                }
                 held.end_reentry();
                 return Ok(Some(Acquired {
                     held,

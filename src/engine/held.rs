@@ -267,23 +267,33 @@ impl Held {
         self.deadline.fetch_max(until.as_nanos(), Ordering::AcqRel);
     }
 
-    /// The guard whose hold `hold` took is being released: its lease no longer counts, and
-    /// the entry lives until the latest lease of the holds left. Returns true when that moved
-    /// the deadline earlier (the watchdog must look at the entry sooner). Holds on a shared
-    /// lease all end with it: their deadline stays.
+    /// The guard whose hold `hold` took is being released: where the store keeps a lease per
+    /// hold ([`LockKind::lease_per_hold`]), its lease no longer counts, and the entry lives
+    /// until the latest lease of the holds left. Returns true when that moved the deadline
+    /// earlier (the watchdog must look at the entry sooner). The store keeps a plain or fair
+    /// lock as long as the longest lease any of its holds had, and holds on a shared lease all
+    /// end with it: their deadline stays.
     pub(crate) fn end_hold(&self, hold: &str) -> bool {
         let mut state = self.state();
         if let Some(at) = state.holds.iter().position(|(took, _)| **took == *hold) {
             state.holds.remove(at);
         }
+        self.settle_deadline(&state)
+    }
+
+    /// Where each hold keeps its own lease, makes the deadline the latest of the live holds'
+    /// (under the state's mutex, passed in); returns true when that moved it earlier. While no
+    /// hold is known (a re-entry is on its way after the other guards went) it stays.
+    fn settle_deadline(&self, state: &HeldState) -> bool {
         let Some(latest) = state.holds.iter().map(|(_, until)| *until).max() else {
             return false;
         };
-        if self.session != 0 || latest >= self.deadline() {
+        if !self.kind.lease_per_hold() || self.session != 0 {
             return false;
         }
+        let earlier = latest < self.deadline();
         self.deadline.store(latest.as_nanos(), Ordering::Release);
-        true
+        earlier
     }
     /// When the watchdog must look at this entry next.
     pub(crate) fn next_event(&self) -> BootInstant {
@@ -312,14 +322,16 @@ impl Held {
     /// the new hold that long, and the lock at least that long (a re-entry never shortens a
     /// lease). A hold that lives on a shared lease lives as long as that lease, whose length is
     /// the hold's own, and only a re-entry on the same one extended it. A hold taken without a
-    /// token has the one its re-entry was issued.
+    /// token has the one its re-entry was issued. Returns true when the deadline moved earlier:
+    /// where each hold keeps its own lease, the guards released while the re-entry was on its
+    /// way took theirs with them.
     pub(crate) fn reentered(
         &self,
         attempt: &Arc<str>,
         (lease, token): (Lease, Option<u64>),
         session: u64,
         sent_at: BootInstant,
-    ) {
+    ) -> bool {
         if let Some(token) = token {
             // The store has one token per hold: one already known is the same.
             let _ = self.token.set(token);
@@ -335,6 +347,7 @@ impl Held {
         };
         self.extend_deadline(until);
         state.holds.push((attempt.clone(), until));
+        self.settle_deadline(&state)
     }
 
     /// One guard fewer; returns how many remain. The last one marks the entry released.
