@@ -211,8 +211,12 @@ struct Outcome {
     notified: bool,
 }
 
+/// What `inspect` reports of a lock, reduced to what both stores must agree on: its holders
+/// (id, kind, hold count), sorted, its queue's length and its permits in use and limit.
+type Holds = (Vec<(String, String, u64)>, u64, Option<(u64, u64)>);
+
 /// The holds of a lock as `inspect` reports them, sorted.
-fn holds(info: &LockInfo) -> (Vec<(String, String, u64)>, u64, Option<(u64, u64)>) {
+fn holds(info: &LockInfo) -> Holds {
     let mut holders: Vec<_> = info
         .holders
         .iter()
