@@ -111,6 +111,36 @@ macro_rules! reentry_semantics {
                     drop(first);
                 }
             }
+
+            /// A plain or fair lock keeps one lease for all its holds: after a re-entry with a
+            /// longer lease is released, the guard left believes in the lock as long as the
+            /// store keeps it, so its release is sent and frees the lock at once (a guard lost
+            /// earlier would leave the lock to the re-entry's lease).
+            #[tokio::test]
+            async fn a_plain_or_fair_lock_keeps_the_longest_lease_for_its_guards() {
+                let env = $env.await;
+                let (short, long) = (Duration::from_secs(3), Duration::from_secs(60));
+                for kind in ["plain", "fair"] {
+                    let key = format!("one-lease-{kind}");
+                    let h = env.a.holder();
+                    let first = request(&env.a, &key, kind)
+                        .holder(&h)
+                        .lease(Lease::fixed(short))
+                        .acquire()
+                        .await
+                        .unwrap();
+                    let again = request(&env.a, &key, kind)
+                        .holder(&h)
+                        .lease(Lease::fixed(long))
+                        .try_acquire()
+                        .await
+                        .unwrap();
+                    again.release().await.unwrap();
+                    assert!(first.remaining() > short, "{kind}: its guard gave up early");
+                    first.release().await.unwrap();
+                    support::kinds::assert_free_for(&env.b, &key, kind).await;
+                }
+            }
         }
     };
 }
