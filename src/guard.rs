@@ -50,6 +50,9 @@ use crate::{
 pub struct LockGuard<B: Backend> {
     client: Arc<EngineRef<B>>,
     held: Option<Arc<Held>>,
+    /// The attempt that took this guard's hold: its release names it, so that the hold's own
+    /// lease goes with it.
+    hold: Arc<str>,
     count: u64,
     /// When the acquire heard of the grant.
     acquired_at: BootInstant,
@@ -58,13 +61,14 @@ pub struct LockGuard<B: Backend> {
 impl<B: Backend> LockGuard<B> {
     pub(crate) fn new(
         client: Arc<EngineRef<B>>,
-        held: Arc<Held>,
+        (held, hold): (Arc<Held>, Arc<str>),
         count: u64,
         acquired_at: BootInstant,
     ) -> Self {
         Self {
             client,
             held: Some(held),
+            hold,
             count,
             acquired_at,
         }
@@ -161,7 +165,7 @@ impl<B: Backend> LockGuard<B> {
     pub(crate) fn into_release(mut self, now: BootInstant) -> FinishOnDrop {
         let held = self.held.take().expect("guard released twice");
         let shared = self.client.engine.clone();
-        let releasing = match shared.begin_release(held, now) {
+        let releasing = match shared.begin_release(held, self.hold.clone(), now) {
             Ok(releasing) => shared.release_at_once(releasing),
             Err(error) => AtOnce::Done(Err(error)),
         };
@@ -188,7 +192,7 @@ impl<B: Backend> Drop for LockGuard<B> {
             return;
         };
         // Renewal stops here, synchronously; only the backend call is spawned.
-        self.client.engine.release_detached(held);
+        self.client.engine.release_detached(held, self.hold.clone());
     }
 }
 

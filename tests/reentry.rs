@@ -3,7 +3,9 @@
 
 mod support;
 
-use tower_lock::{Backend, LockClient};
+use std::time::Duration;
+
+use tower_lock::{Backend, Lease, LockClient};
 
 use support::kinds::request;
 
@@ -52,6 +54,91 @@ macro_rules! reentry_semantics {
                         .unwrap();
                     assert!(next.fencing_token() > token, "{kind}");
                     next.release().await.unwrap();
+                }
+            }
+
+            /// Each hold keeps its own lease (read and write sides, semaphore permits): a hold
+            /// of 3 s re-entered with a 60 s lease, the re-entry released, ends with its own
+            /// 3 s lease again. Its guard believes in it no longer, the store keeps it no
+            /// longer, and another holder waiting elsewhere gets in then, long before the
+            /// re-entry's lease would have ended.
+            #[tokio::test]
+            async fn a_released_reentry_leaves_each_hold_its_own_lease() {
+                let env = $env.await;
+                let (short, long) = (Duration::from_secs(3), Duration::from_secs(60));
+                for kind in ["read", "write", "semaphore"] {
+                    let key = format!("own-lease-{kind}");
+                    let h = env.a.holder();
+                    let first = request(&env.a, &key, kind)
+                        .holder(&h)
+                        .lease(Lease::fixed(short))
+                        .acquire()
+                        .await
+                        .unwrap();
+                    let again = request(&env.a, &key, kind)
+                        .holder(&h)
+                        .lease(Lease::fixed(long))
+                        .try_acquire()
+                        .await
+                        .unwrap();
+                    assert_eq!(again.hold_count(), 2, "{kind}");
+                    assert!(
+                        first.remaining() > short,
+                        "{kind}: the re-entry keeps the lock"
+                    );
+                    again.release().await.unwrap();
+                    assert!(
+                        first.remaining() <= short,
+                        "{kind}: its guard counts the re-entry"
+                    );
+                    let info = env.b.inspect(&key).await.unwrap();
+                    let holder = info.holder(h.id()).expect("still held");
+                    let left = holder.remaining_lease.expect("a lease");
+                    assert!(
+                        left <= short,
+                        "{kind}: the store counts the re-entry: {left:?}"
+                    );
+                    let other = if kind == "read" { "write" } else { kind };
+                    let next = request(&env.b, &key, other)
+                        .wait(long / 2)
+                        .acquire()
+                        .await
+                        .unwrap_or_else(|error| {
+                            panic!("{kind}: the re-entry's lease held on: {error:?}")
+                        });
+                    assert!(first.is_lost(), "{kind}: its guard outlived its lease");
+                    next.release().await.unwrap();
+                    drop(first);
+                }
+            }
+
+            /// A plain or fair lock keeps one lease for all its holds: after a re-entry with a
+            /// longer lease is released, the guard left believes in the lock as long as the
+            /// store keeps it, so its release is sent and frees the lock at once (a guard lost
+            /// earlier would leave the lock to the re-entry's lease).
+            #[tokio::test]
+            async fn a_plain_or_fair_lock_keeps_the_longest_lease_for_its_guards() {
+                let env = $env.await;
+                let (short, long) = (Duration::from_secs(3), Duration::from_secs(60));
+                for kind in ["plain", "fair"] {
+                    let key = format!("one-lease-{kind}");
+                    let h = env.a.holder();
+                    let first = request(&env.a, &key, kind)
+                        .holder(&h)
+                        .lease(Lease::fixed(short))
+                        .acquire()
+                        .await
+                        .unwrap();
+                    let again = request(&env.a, &key, kind)
+                        .holder(&h)
+                        .lease(Lease::fixed(long))
+                        .try_acquire()
+                        .await
+                        .unwrap();
+                    again.release().await.unwrap();
+                    assert!(first.remaining() > short, "{kind}: its guard gave up early");
+                    first.release().await.unwrap();
+                    support::kinds::assert_free_for(&env.b, &key, kind).await;
                 }
             }
         }

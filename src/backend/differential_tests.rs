@@ -4,7 +4,8 @@
 //! Each seed draws a sequence of calls by three holders on four locks (plain, fair, read-write,
 //! a semaphore of two permits): acquires with long or short leases, re-entries, takeovers of
 //! an earlier attempt (`supersedes`), acquires sent only after their undo (a late delivery),
-//! releases of one hold or all, naming their grant or an older attempt or none, hand-offs,
+//! releases of one hold or all, naming their grant or an older attempt or none, and the hold
+//! given back (whose own lease goes with it) or none, hand-offs,
 //! renewals of holds and of queue places, undos of attempts, leaving a queue, and the short
 //! leases running out. Every step runs on both stores; their replies, reduced to what the
 //! protocol promises (not timing or subscriber counts), must be equal, and so must what
@@ -170,6 +171,8 @@ enum Step {
         kind: LockKind,
         all: bool,
         attempt: Option<String>,
+        /// The attempt that took the hold given back (its lease goes with it).
+        hold: Option<String>,
         handoff: Option<Sent>,
     },
     Renew {
@@ -208,8 +211,12 @@ struct Outcome {
     notified: bool,
 }
 
+/// What `inspect` reports of a lock, reduced to what both stores must agree on: its holders
+/// (id, kind, hold count), sorted, its queue's length and its permits in use and limit.
+type Holds = (Vec<(String, String, u64)>, u64, Option<(u64, u64)>);
+
 /// The holds of a lock as `inspect` reports them, sorted.
-fn holds(info: &LockInfo) -> (Vec<(String, String, u64)>, u64, Option<(u64, u64)>) {
+fn holds(info: &LockInfo) -> Holds {
     let mut holders: Vec<_> = info
         .holders
         .iter()
@@ -299,6 +306,7 @@ async fn run<B: Backend>(store: &B, keys: &Keys, fair: &LockKey, step: &Step) ->
             kind,
             all,
             attempt,
+            hold,
             handoff,
         } => {
             let key = keys.of(*kind, fair);
@@ -310,6 +318,7 @@ async fn run<B: Backend>(store: &B, keys: &Keys, fair: &LockKey, step: &Step) ->
                     handoff: handoff.as_ref().map(|sent| sent.grant(&key)),
                     kind: *kind,
                     attempt: attempt.as_deref(),
+                    hold: hold.as_deref(),
                 })
                 .await;
             match reply {
@@ -427,6 +436,17 @@ impl Program {
                     1 => earlier.last().map(|sent| sent.attempt.clone()),
                     _ => earlier.first().map(|sent| sent.attempt.clone()),
                 };
+                // The hold given back: the last or an earlier one, or none named.
+                let hold = match self.rng.below(3) {
+                    0 => None,
+                    1 => earlier.last().map(|sent| sent.attempt.clone()),
+                    _ if earlier.is_empty() => None,
+                    _ => {
+                        let at = self.rng.below(earlier.len() as u64);
+                        // Below the length: the cast cannot truncate.
+                        Some(earlier[at as usize].attempt.clone())
+                    }
+                };
                 let handoff = (kind == LockKind::Exclusive && self.rng.chance(20))
                     .then(|| {
                         let other = self.rng.pick(&HOLDERS);
@@ -443,6 +463,7 @@ impl Program {
                     kind,
                     all: self.rng.chance(15),
                     attempt,
+                    hold,
                     handoff,
                 }
             }

@@ -52,6 +52,14 @@ impl LockKind {
     pub fn queues(self) -> bool {
         matches!(self, Self::Fair | Self::Write)
     }
+
+    /// Whether the store keeps a lease per hold of this kind, so that a holder's hold given
+    /// back ([`Release::hold`]) takes its own lease with it: the sides of a read-write lock
+    /// and a semaphore's permits. A plain or fair lock lives as long as the longest lease any
+    /// of its holds had.
+    pub(crate) fn lease_per_hold(self) -> bool {
+        matches!(self, Self::Read | Self::Write | Self::Semaphore)
+    }
 }
 
 /// Who is to own a lock, as the backend records it.
@@ -171,6 +179,12 @@ pub struct Release<'a> {
     /// made for one particular hold, retried or sent after the hold was lost, then never frees a
     /// newer hold of the same holder. `None` releases whatever the holder holds.
     pub attempt: Option<&'a str>,
+    /// The attempt that took the hold given back: the grant's or a re-entry's. Where the
+    /// backend keeps a lease per hold (read-write locks and semaphores), that hold's lease goes
+    /// with it and the holds left keep theirs; `None` (or an attempt it does not know) gives
+    /// back the hold whose lease ends first. Ignored with `all`, and by the kinds that keep one
+    /// lease per lock.
+    pub hold: Option<&'a str>,
 }
 
 /// The answer to a release.

@@ -268,15 +268,20 @@ impl<B: Backend> LockRequest<'_, B> {
             let waited = started.map_or(Duration::ZERO, |started| started.elapsed());
             crate::metrics::acquire_finished(kind, result.as_ref().map(|_| ()), waited);
             match result {
-                Ok(Acquired { held, .. }) if shared.stop.is_cancelled() => {
+                Ok(Acquired { held, hold, .. }) if shared.stop.is_cancelled() => {
                     // The client shut down while this acquire was on its way, perhaps after its
                     // held locks were released: a guard now would have no watchdog to tell it
                     // of a loss. The hold is given back as a dropped guard's is.
                     tracing::debug!(key = %held.key, "lock acquired as the client shut down; giving it back");
-                    shared.release_detached(held);
+                    shared.release_detached(held, hold);
                     Err(LockError::ShutDown)
                 }
-                Ok(Acquired { held, count, at }) => {
+                Ok(Acquired {
+                    held,
+                    hold,
+                    count,
+                    at,
+                }) => {
                     tracing::debug!(
                         key = %held.key,
                         count,
@@ -284,7 +289,7 @@ impl<B: Backend> LockRequest<'_, B> {
                         token = held.token(),
                         "lock acquired"
                     );
-                    Ok(LockGuard::new(inner, held, count, at))
+                    Ok(LockGuard::new(inner, (held, hold), count, at))
                 }
                 Err(error) => {
                     tracing::debug!(

@@ -20,10 +20,12 @@ use crate::{
     lock_key::LockKey,
 };
 
-/// A granted acquire: the hold, how many holds its holder now has, and when the grant was
-/// heard of (where a hold's own time starts).
+/// A granted acquire: the entry, the attempt that took the new hold (its release names it),
+/// how many holds its holder now has, and when the grant was heard of (where a hold's own
+/// time starts).
 pub(crate) struct Acquired {
     pub(crate) held: Arc<Held>,
+    pub(crate) hold: Arc<str>,
     pub(crate) count: u64,
     pub(crate) at: BootInstant,
 }
@@ -289,10 +291,14 @@ impl<B: Backend> Engine<B> {
                 session,
             }) => {
                 in_flight.settle();
-                held.reentered((request.want.lease, token), session, sent_at);
+                let hold = request.want.attempt.clone();
+                if held.reentered(&hold, (request.want.lease, token), session, sent_at) {
+                    self.watch(held.next_event());
+                }
                 held.end_reentry();
                 return Ok(Some(Acquired {
                     held,
+                    hold,
                     count,
                     at: BootInstant::now(),
                 }));
@@ -441,6 +447,7 @@ impl<B: Backend> Engine<B> {
                             self.watch(held.next_event());
                             return Ok(Acquired {
                                 held,
+                                hold: want.attempt.clone(),
                                 count,
                                 at: replied_at,
                             });
@@ -566,6 +573,7 @@ impl<B: Backend> Engine<B> {
                 Woke::Stopped => return Err(LockError::ShutDown),
                 Woke::HandedOff(held) => {
                     return Ok(Acquired {
+                        hold: held.grant_attempt().clone(),
                         held,
                         count: 1,
                         at: BootInstant::now(),

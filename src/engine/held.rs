@@ -1,9 +1,10 @@
 //! One lock held by one holder in a client, shared by the guards of a holder that re-entered
 //! it.
 //!
-//! The deadline counts from when the last successful acquire or renewal was *sent*, minus a
-//! drift margin, on a clock that keeps counting through suspend; so a holder whose process or
-//! network stalled learns about it from its own clock, not from a reply that may never come.
+//! Each guard's hold has its own lease; the entry's deadline is the latest of them. A hold's
+//! lease counts from when its acquire or the last renewal was *sent*, minus a drift margin, on
+//! a clock that keeps counting through suspend; so a holder whose process or network stalled
+//! learns about it from its own clock, not from a reply that may never come.
 
 use std::{
     sync::{
@@ -41,8 +42,9 @@ pub(crate) struct Held {
     /// Wakes what waits for the loss ([`until_lost`](Self::until_lost)).
     lost_wake: Notify,
     /// When the lock must be considered gone unless a renewal succeeds first
-    /// ([`BootInstant::as_nanos`]); only ever moved later. Outside the state's mutex: every
-    /// poll of a locked request reads it.
+    /// ([`BootInstant::as_nanos`]): the latest end of its holds' leases, so moved earlier only
+    /// when a guard whose hold ended last is released. Written under the state's mutex, read
+    /// outside it: every poll of a locked request reads it.
     deadline: AtomicU64,
     /// The attempt that granted the hold (or handed it over): the backend records it with the
     /// hold, so a release meant for this entry alone can check that the hold is still its.
@@ -78,6 +80,9 @@ struct HeldState {
     /// still being resolved there. Meanwhile no other re-entry is sent: the backend records
     /// only a hold's last re-entry, and a resolution needs that record to undo its attempt.
     reentering: bool,
+    /// The holds of this entry's guards: the attempt that took each (what its release names)
+    /// and until when its lease may be trusted. Renewals extend them all.
+    holds: Vec<(Arc<str>, BootInstant)>,
 }
 
 impl Held {
@@ -119,8 +124,14 @@ impl Held {
                 count_unsure: false,
                 released: false,
                 reentering: false,
+                holds: vec![(attempt.clone(), lease.valid_until(sent_at))],
             }),
         })
+    }
+
+    /// The attempt that granted the entry's first hold (or handed it over).
+    pub(crate) fn grant_attempt(&self) -> &Arc<str> {
+        &self.grant_attempt
     }
 
     /// The hold's fencing token, if one was asked for by its grant or a re-entry.
@@ -136,11 +147,13 @@ impl Held {
         self.first_hold.then_some(&*self.grant_attempt)
     }
 
-    /// A release of one hold of this entry, naming [`release_check`](Self::release_check).
-    pub(crate) fn release_one(&self) -> Release<'_> {
+    /// A release of one hold of this entry, the one `hold` took, naming
+    /// [`release_check`](Self::release_check).
+    pub(crate) fn release_one<'a>(&'a self, hold: &'a str) -> Release<'a> {
         Release {
             all: false,
             attempt: self.release_check(),
+            hold: Some(hold),
             ..self.release_all()
         }
     }
@@ -154,6 +167,7 @@ impl Held {
             handoff: None,
             kind: self.kind,
             attempt: None,
+            hold: None,
         }
     }
 
@@ -248,11 +262,39 @@ impl Held {
         BootInstant::from_nanos(self.deadline.load(Ordering::Acquire))
     }
 
-    /// Moves the deadline to `until` unless it is later already.
+    /// Moves the deadline to `until` unless it is later already (under the state's mutex).
     fn extend_deadline(&self, until: BootInstant) {
         self.deadline.fetch_max(until.as_nanos(), Ordering::AcqRel);
     }
 
+    /// The guard whose hold `hold` took is being released: where the store keeps a lease per
+    /// hold ([`LockKind::lease_per_hold`]), its lease no longer counts, and the entry lives
+    /// until the latest lease of the holds left. Returns true when that moved the deadline
+    /// earlier (the watchdog must look at the entry sooner). The store keeps a plain or fair
+    /// lock as long as the longest lease any of its holds had, and holds on a shared lease all
+    /// end with it: their deadline stays.
+    pub(crate) fn end_hold(&self, hold: &str) -> bool {
+        let mut state = self.state();
+        if let Some(at) = state.holds.iter().position(|(took, _)| **took == *hold) {
+            state.holds.remove(at);
+        }
+        self.settle_deadline(&state)
+    }
+
+    /// Where each hold keeps its own lease, makes the deadline the latest of the live holds'
+    /// (under the state's mutex, passed in); returns true when that moved it earlier. While no
+    /// hold is known (a re-entry is on its way after the other guards went) it stays.
+    fn settle_deadline(&self, state: &HeldState) -> bool {
+        let Some(latest) = state.holds.iter().map(|(_, until)| *until).max() else {
+            return false;
+        };
+        if !self.kind.lease_per_hold() || self.session != 0 {
+            return false;
+        }
+        let earlier = latest < self.deadline();
+        self.deadline.store(latest.as_nanos(), Ordering::Release);
+        earlier
+    }
     /// When the watchdog must look at this entry next.
     pub(crate) fn next_event(&self) -> BootInstant {
         let state = self.state();
@@ -275,26 +317,37 @@ impl Held {
         self.state().refs += 1;
     }
 
-    /// A re-entry sent at `sent_at` with `lease` was granted, on the backend's shared lease
-    /// `session` (0: none), with the fencing token it asked for: the backend keeps the lock at
-    /// least that long (a re-entry never shortens a lease). A hold that lives on a shared lease
-    /// lives as long as that lease, whose length is the hold's own, and only a re-entry on the
-    /// same one extended it. A hold taken without a token has the one its re-entry was issued.
+    /// A re-entry by `attempt`, sent at `sent_at` with `lease`, was granted, on the backend's
+    /// shared lease `session` (0: none), with the fencing token it asked for: the backend keeps
+    /// the new hold that long, and the lock at least that long (a re-entry never shortens a
+    /// lease). A hold that lives on a shared lease lives as long as that lease, whose length is
+    /// the hold's own, and only a re-entry on the same one extended it. A hold taken without a
+    /// token has the one its re-entry was issued. Returns true when the deadline moved earlier:
+    /// where each hold keeps its own lease, the guards released while the re-entry was on its
+    /// way took theirs with them.
     pub(crate) fn reentered(
         &self,
+        attempt: &Arc<str>,
         (lease, token): (Lease, Option<u64>),
         session: u64,
         sent_at: BootInstant,
-    ) {
+    ) -> bool {
         if let Some(token) = token {
             // The store has one token per hold: one already known is the same.
             let _ = self.token.set(token);
         }
-        if self.session == 0 {
-            self.extend_deadline(lease.valid_until(sent_at));
+        let mut state = self.state();
+        let until = if self.session == 0 {
+            lease.valid_until(sent_at)
         } else if session == self.session {
-            self.extend_deadline(self.lease.valid_until(sent_at));
-        }
+            self.lease.valid_until(sent_at)
+        } else {
+            // Not known to live any longer than the entry's holds: it ends with them.
+            self.deadline()
+        };
+        self.extend_deadline(until);
+        state.holds.push((attempt.clone(), until));
+        self.settle_deadline(&state)
     }
 
     /// One guard fewer; returns how many remain. The last one marks the entry released.
@@ -333,10 +386,15 @@ impl Held {
         Check::Later(next)
     }
 
+    /// A renewal sent at `sent_at` succeeded: it extended every hold of the entry.
     pub(crate) fn renewed(&self, sent_at: BootInstant) {
         let mut state = self.state();
         state.renewing = false;
-        self.extend_deadline(self.lease.valid_until(sent_at));
+        let until = self.lease.valid_until(sent_at);
+        for hold in &mut state.holds {
+            hold.1 = hold.1.max(until);
+        }
+        self.extend_deadline(until);
         state.next_renew = sent_at + self.lease.renew_interval();
     }
 

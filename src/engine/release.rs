@@ -29,6 +29,8 @@ pub(crate) enum Loss {
 /// A release decided locally (renewal already stopped), with its backend call still to make.
 pub(crate) struct Releasing {
     held: Arc<Held>,
+    /// The attempt that took the hold given back.
+    hold: Arc<str>,
     handoff: Option<Slot>,
     /// The hand-off streak ended: local waiters let other processes go first.
     yield_turn: bool,
@@ -59,7 +61,7 @@ impl Releasing {
                 .handoff
                 .as_ref()
                 .map(|slot| slot.want.grant(&self.held.key, None)),
-            ..self.held.release_one()
+            ..self.held.release_one(&self.hold)
         }
     }
 
@@ -104,11 +106,13 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// The synchronous half of a release at `now`: stop renewing and pick a waiter to hand off
-    /// to.
+    /// The synchronous half of the release at `now` of the hold `hold` took: stop renewing (at
+    /// the entry's last guard) and pick a waiter to hand off to. The hold's lease no longer
+    /// keeps the entry: the guards left hold it until the latest of their own leases ends.
     pub(crate) fn begin_release(
         self: &Arc<Self>,
         held: Arc<Held>,
+        hold: Arc<str>,
         now: BootInstant,
     ) -> Result<Releasing, LockError> {
         if held.is_lost_at(now) {
@@ -118,9 +122,13 @@ impl<B: Backend> Engine<B> {
             held.drop_ref();
             return Err(LockError::Lost);
         }
+        if held.end_hold(&hold) {
+            self.watch(held.next_event());
+        }
         let (handoff, yield_turn) = self.table.release_ref(&held, self.config.handoff_streak);
         Ok(Releasing {
             held,
+            hold,
             handoff,
             yield_turn,
             sent: None,
@@ -163,7 +171,12 @@ impl<B: Backend> Engine<B> {
             Some(reply) => reply,
             None => self.backend.release(releasing.request()).await,
         };
-        let Releasing { held, handoff, .. } = releasing;
+        let Releasing {
+            held,
+            hold,
+            handoff,
+            ..
+        } = releasing;
         let handoff = match (&reply, handoff) {
             (Err(error), Some(mut slot)) => {
                 if error.outcome_unknown() {
@@ -192,7 +205,7 @@ impl<B: Backend> Engine<B> {
             };
             if retry {
                 reply = self
-                    .release_again(&held, error.outcome_unknown(), last)
+                    .release_again(&held, &hold, error.outcome_unknown(), last)
                     .await;
             }
             if let Err(error) = &reply
@@ -259,7 +272,8 @@ impl<B: Backend> Engine<B> {
                 tracing::debug!(key = %held.key, "lock handed to a local waiter");
                 let engine = self.clone();
                 slot.deliver(Handoff::new(next, move |orphan| {
-                    engine.release_detached(orphan)
+                    let hold = orphan.grant_attempt().clone();
+                    engine.release_detached(orphan, hold);
                 }));
                 Ok(())
             }
@@ -316,13 +330,14 @@ impl<B: Backend> Engine<B> {
     async fn release_again(
         self: &Arc<Self>,
         held: &Arc<Held>,
+        hold: &Arc<str>,
         unknown: bool,
         last: bool,
     ) -> Result<ReleaseReply, BackendError> {
         let inline_until = tokio::time::Instant::now() + RELEASE_RETRY_INLINE;
         let pause = Duration::from_millis(10);
         let (unknown, pause) = match self
-            .retry_release(held, unknown, last, pause, Some(inline_until))
+            .retry_release((held, hold), unknown, last, pause, Some(inline_until))
             .await
         {
             Retried::Answered(reply) => return reply,
@@ -330,9 +345,9 @@ impl<B: Backend> Engine<B> {
         };
         // Go on on the runtime until the lock's deadline.
         if let Some(runtime) = self.runtime() {
-            let (shared, held) = (self.clone(), held.clone());
+            let (shared, held, hold) = (self.clone(), held.clone(), hold.clone());
             runtime.spawn(async move {
-                let retried = shared.retry_release(&held, unknown, last, pause, None);
+                let retried = shared.retry_release((&held, &hold), unknown, last, pause, None);
                 match retried.await {
                     Retried::Answered(Ok(reply)) => {
                         tracing::info!(key = %held.key, ?reply, "released after retrying");
@@ -352,7 +367,7 @@ impl<B: Backend> Engine<B> {
     /// hand over to the background.
     async fn retry_release(
         &self,
-        held: &Arc<Held>,
+        (held, hold): (&Arc<Held>, &str),
         mut unknown: bool,
         last: bool,
         mut pause: Duration,
@@ -373,7 +388,7 @@ impl<B: Backend> Engine<B> {
             // grant still has; otherwise the same one-hold release is sent again.
             let release = match unknown {
                 true => held.release_if_granted(),
-                false => held.release_one(),
+                false => held.release_one(hold),
             };
             match self.backend.release(release).await {
                 Err(error) if !last && !certainly_unsent(&error) => {
@@ -394,11 +409,11 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// Releases one hold of `held` without a caller to tell: a dropped guard, or a lock handed
-    /// to a waiter that gave up before taking it. Renewal stops now; a backend call that must
-    /// wait runs on the runtime (without one, the lease frees the lock).
-    pub(crate) fn release_detached(self: &Arc<Self>, held: Arc<Held>) {
-        let Ok(releasing) = self.begin_release(held, BootInstant::now()) else {
+    /// Releases the hold of `held` that `hold` took without a caller to tell: a dropped guard,
+    /// or a lock handed to a waiter that gave up before taking it. Renewal stops now; a backend
+    /// call that must wait runs on the runtime (without one, the lease frees the lock).
+    pub(crate) fn release_detached(self: &Arc<Self>, held: Arc<Held>, hold: Arc<str>) {
+        let Ok(releasing) = self.begin_release(held, hold, BootInstant::now()) else {
             return;
         };
         let releasing = match self.release_at_once(releasing) {

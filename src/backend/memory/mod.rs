@@ -162,6 +162,57 @@ impl Clears {
     }
 }
 
+/// The lease of each hold of one side of a holder (a read-write lock's side, a semaphore's
+/// permit): the attempt that took it and when its lease ends, in the order the holds were
+/// taken; as `hold_ends` in the scripts' prelude. The holder's own end is the latest of them.
+#[derive(Debug, Default)]
+pub(super) struct HoldEnds(Vec<(String, Instant)>);
+
+impl HoldEnds {
+    /// The hold `attempt` took, or else the one whose lease ends first (the first such).
+    fn at(&self, attempt: Option<&str>) -> Option<usize> {
+        let mut at: Option<usize> = None;
+        for (index, (took, until)) in self.0.iter().enumerate() {
+            if attempt == Some(took.as_str()) {
+                return Some(index);
+            }
+            if at.is_none_or(|first| *until < self.0[first].1) {
+                at = Some(index);
+            }
+        }
+        at
+    }
+
+    /// A hold `attempt` took until `until`: a new one, or with `taken_over` (an earlier
+    /// attempt recorded as having taken a hold) that hold, whose lease ends at the later end.
+    pub(super) fn add(&mut self, attempt: &str, taken_over: Option<&str>, until: Instant) {
+        match taken_over.and_then(|earlier| self.at(Some(earlier))) {
+            Some(at) => {
+                let hold = &mut self.0[at];
+                attempt.clone_into(&mut hold.0);
+                hold.1 = hold.1.max(until);
+            }
+            None => self.0.push((attempt.to_owned(), until)),
+        }
+    }
+
+    /// Every hold lives until at least `until`.
+    pub(super) fn renew(&mut self, until: Instant) {
+        for hold in &mut self.0 {
+            hold.1 = hold.1.max(until);
+        }
+    }
+
+    /// Gives back the hold `attempt` took (or else the one that ends first): the latest end of
+    /// the holds left, if any.
+    pub(super) fn remove(&mut self, attempt: Option<&str>) -> Option<Instant> {
+        if let Some(at) = self.at(attempt) {
+            self.0.remove(at);
+        }
+        self.0.iter().map(|(_, until)| *until).max()
+    }
+}
+
 /// Whether `supersedes`, an earlier attempt of an acquisition whose reply was lost, is a
 /// hold's grant or last re-entry (its records): it took that hold, and the attempt that
 /// supersedes it takes the hold over instead of adding one (the scripts' `recorded`).
@@ -241,14 +292,20 @@ impl MemoryBackend {
                     release.holder,
                     release.kind,
                     release.all,
-                    release.attempt.map_or(Named::Any, Named::Grant),
+                    (
+                        release.attempt.map_or(Named::Any, Named::Grant),
+                        release.hold,
+                    ),
                     now,
                 ),
                 LockKind::Semaphore => state.sem_release(
                     release.key,
                     release.holder,
                     release.all,
-                    release.attempt.map_or(Named::Any, Named::Grant),
+                    (
+                        release.attempt.map_or(Named::Any, Named::Grant),
+                        release.hold,
+                    ),
                     now,
                 ),
                 _ => state.release_owned(release, now),
@@ -626,7 +683,7 @@ impl Backend for MemoryBackend {
                     grant.holder,
                     grant.kind,
                     false,
-                    Named::Undo(grant.attempt),
+                    (Named::Undo(grant.attempt), Some(grant.attempt)),
                     now,
                 );
                 (reply != ReleaseReply::NotHeld, publish)
@@ -635,7 +692,7 @@ impl Backend for MemoryBackend {
                     grant.key,
                     grant.holder,
                     false,
-                    Named::Undo(grant.attempt),
+                    (Named::Undo(grant.attempt), Some(grant.attempt)),
                     now,
                 );
                 (reply != ReleaseReply::NotHeld, publish)

@@ -4,7 +4,7 @@ use std::{collections::HashMap, time::Duration};
 
 use tokio::time::Instant;
 
-use super::{Named, Publish, State, reenter_hold, takes_over};
+use super::{HoldEnds, Named, Publish, State, reenter_hold, takes_over};
 use crate::{
     backend::{AcquireReply, Grant, LockKind, Reentry, ReleaseReply, Renew, RenewReply},
     clock::after,
@@ -27,6 +27,9 @@ pub(super) struct RwLock {
     /// re-entry's. Readers take holds side by side, so one record for the whole lock could
     /// not tell whose attempt it was.
     attempts: HashMap<(bool, String), (String, String)>,
+    /// The lease of each hold, by side and holder: the writer's and each reader's own end is
+    /// the latest of its holds'.
+    ends: HashMap<(bool, String), HoldEnds>,
     token: Option<u64>,
     waiting_writers: HashMap<String, Instant>,
 }
@@ -40,10 +43,12 @@ impl RwLock {
             self.end_writer();
         }
         let (readers, writer) = (&self.readers, &self.writer);
-        self.attempts.retain(|(write, holder), _| match write {
+        let holds = |(write, holder): &(bool, String)| match write {
             true => writer.as_ref().is_some_and(|(w, _)| w == holder),
             false => readers.contains_key(holder),
-        });
+        };
+        self.attempts.retain(|side, _| holds(side));
+        self.ends.retain(|side, _| holds(side));
         if self.expires.is_some_and(|until| until <= now) {
             self.end_writer();
             self.readers.clear();
@@ -111,10 +116,14 @@ impl State {
             .attempts
             .get(&(write, holder.to_owned()))
             .is_some_and(|(first, last)| takes_over(first, last, grant.supersedes));
+        // Only a hold the holder has can be taken over.
+        let taken_over = (taken_over && holds_side)
+            .then_some(grant.supersedes)
+            .flatten();
         let refused = match grant.reentry {
             Reentry::Allowed => false,
             Reentry::Only => !holds_side,
-            Reentry::Refused => holds_side && !taken_over,
+            Reentry::Refused => holds_side && taken_over.is_none(),
         };
         if refused {
             return AcquireReply::Held {
@@ -173,6 +182,11 @@ impl State {
             record.1.clear();
         }
         let count = *count;
+        // Each hold keeps its own lease: a re-entry's ends with it.
+        lock.ends
+            .entry((write, holder.to_owned()))
+            .or_default()
+            .add(grant.attempt, taken_over, until);
         let token = match (grant.kind, grant.fencing, lock.token) {
             (LockKind::Write, true, Some(token)) => Some(token),
             (LockKind::Write, true, None) => {
@@ -191,13 +205,16 @@ impl State {
         }
     }
 
+    /// Gives back one hold (every hold, with `all`) of `holder`'s side, if it is the one
+    /// `named`; the lease of the hold `hold` took goes with it (`None`, or one not recorded:
+    /// the lease that ends first), as `rw_release.lua` does.
     pub(super) fn rw_release(
         &mut self,
         key: &LockKey,
         holder: &str,
         kind: LockKind,
         all: bool,
-        named: Named<'_>,
+        (named, hold): (Named<'_>, Option<&str>),
         now: Instant,
     ) -> (ReleaseReply, Publish) {
         let lock = self.rw_entry(key, now);
@@ -224,9 +241,27 @@ impl State {
             if let Some((grant, reentry)) = lock.attempts.get_mut(&record) {
                 clears.apply(grant, reentry);
             }
-            return (ReleaseReply::Decremented { remaining }, None);
+            // The holds left keep the side until the latest of their own leases ends.
+            let ends = lock
+                .ends
+                .get_mut(&record)
+                .and_then(|ends| ends.remove(hold));
+            if ends.is_none_or(|ends| ends > now) {
+                match (kind, ends) {
+                    (_, None) => {}
+                    (LockKind::Write, ends) => lock.writer_until = ends,
+                    (_, Some(ends)) => {
+                        if let Some(reader) = lock.readers.get_mut(holder) {
+                            reader.1 = ends;
+                        }
+                    }
+                }
+                return (ReleaseReply::Decremented { remaining }, None);
+            }
+            // Every hold left has run out: the holder's side is over.
         }
         lock.attempts.remove(&record);
+        lock.ends.remove(&record);
         let publish = Some((key.clone(), None));
         let reply = match kind {
             LockKind::Write => {
@@ -271,6 +306,11 @@ impl State {
         };
         if !held {
             return RenewReply::NotHeld;
+        }
+        // A renewal keeps every hold of that side.
+        let side = (renew.kind == LockKind::Write, renew.holder.to_owned());
+        if let Some(ends) = lock.ends.get_mut(&side) {
+            ends.renew(until);
         }
         lock.extend(until);
         RenewReply::Renewed
@@ -356,6 +396,7 @@ impl State {
         lock.writer_until = None;
         lock.readers.clear();
         lock.attempts.clear();
+        lock.ends.clear();
         lock.expires = None;
         lock.token = None;
         if lock.is_idle() {

@@ -4,7 +4,7 @@ use std::{collections::HashMap, time::Duration};
 
 use tokio::time::Instant;
 
-use super::{Named, Publish, State, reenter_hold, takes_over};
+use super::{HoldEnds, Named, Publish, State, reenter_hold, takes_over};
 use crate::{
     backend::{AcquireReply, Grant, Reentry, ReleaseReply, Renew, RenewReply},
     clock::after,
@@ -29,6 +29,8 @@ pub(super) struct Permit {
     grant: String,
     /// The last re-entry's attempt.
     reentry: String,
+    /// The lease of each hold: `until` is the latest of them.
+    ends: HoldEnds,
 }
 
 impl Semaphore {
@@ -72,10 +74,11 @@ impl State {
         let held = permit.is_some();
         let taken_over = permit
             .is_some_and(|permit| takes_over(&permit.grant, &permit.reentry, grant.supersedes));
+        let taken_over = taken_over.then_some(grant.supersedes).flatten();
         let refused = match grant.reentry {
             Reentry::Allowed => false,
             Reentry::Only => !held,
-            Reentry::Refused => held && !taken_over,
+            Reentry::Refused => held && taken_over.is_none(),
         };
         let full = !held && semaphore.holders.len() >= grant.permits as usize;
         if refused || full {
@@ -93,6 +96,7 @@ impl State {
                 until,
                 grant: String::new(),
                 reentry: String::new(),
+                ends: HoldEnds::default(),
             });
         reenter_hold(
             &mut permit.count,
@@ -106,8 +110,10 @@ impl State {
             grant.attempt.clone_into(&mut permit.grant);
             permit.reentry.clear();
         }
-        // A re-entry with a shorter lease never cuts the earlier lease short.
+        // A re-entry with a shorter lease never cuts the earlier lease short; each hold keeps
+        // its own.
         permit.until = permit.until.max(until);
+        permit.ends.add(grant.attempt, taken_over, until);
         AcquireReply::Acquired {
             count: permit.count,
             token: None,
@@ -116,13 +122,14 @@ impl State {
     }
 
     /// Gives back one hold (every hold, with `all`) of `holder`'s permit, if it is the one
-    /// `named`.
+    /// `named`; the lease of the hold `hold` took goes with it (see
+    /// [`rw_release`](State::rw_release)).
     pub(super) fn sem_release(
         &mut self,
         key: &LockKey,
         holder: &str,
         all: bool,
-        named: Named<'_>,
+        (named, hold): (Named<'_>, Option<&str>),
         now: Instant,
     ) -> (ReleaseReply, Publish) {
         let semaphore = self.semaphore(key, now);
@@ -137,7 +144,14 @@ impl State {
         if permit.count > 0 {
             clears.apply(&mut permit.grant, &mut permit.reentry);
             let remaining = permit.count;
-            return (ReleaseReply::Decremented { remaining }, None);
+            // The permit lasts until the latest lease of the holds left ends.
+            let ends = permit.ends.remove(hold);
+            if ends.is_none_or(|ends| ends > now) {
+                if let Some(ends) = ends {
+                    permit.until = ends;
+                }
+                return (ReleaseReply::Decremented { remaining }, None);
+            }
         }
         semaphore.holders.remove(holder);
         self.drop_idle_semaphore(key);
@@ -149,7 +163,9 @@ impl State {
         let semaphore = self.semaphore(renew.key, now);
         let reply = match semaphore.holders.get_mut(renew.holder) {
             Some(permit) => {
-                permit.until = permit.until.max(after(now, renew.lease.duration()));
+                let until = after(now, renew.lease.duration());
+                permit.until = permit.until.max(until);
+                permit.ends.renew(until);
                 RenewReply::Renewed
             }
             None => RenewReply::NotHeld,

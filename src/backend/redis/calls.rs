@@ -202,15 +202,15 @@ pub(super) fn release(
             key,
             (release.holder, release.kind),
             release.all,
-            attempt,
-            RELEASE_NAMES_GRANT,
+            (attempt, RELEASE_NAMES_GRANT),
+            release.hold.unwrap_or(""),
         ),
         LockKind::Semaphore => sem_release(
             scripts,
             key,
             (release.holder, release.all),
-            attempt,
-            RELEASE_NAMES_GRANT,
+            (attempt, RELEASE_NAMES_GRANT),
+            release.hold.unwrap_or(""),
         ),
         // One hold, no hand-off: the common call, in the compact form (the attempt, if any,
         // written after the holder, as in a single hold).
@@ -250,14 +250,15 @@ pub(super) fn release(
 
 /// `lua/rw_release.lua`: gives back the hold of `holder` on its side, for one attempt when
 /// `attempt` is not `''`: an undo, where a non-matching attempt is remembered as given up for
-/// `void_ms`, or with `void_ms` 0 a release of the hold that attempt granted.
+/// `void_ms`, or with `void_ms` 0 a release of the hold that attempt granted. The lease of
+/// the hold `hold` took goes with it (`''`: the one that ends first).
 fn rw_release(
     scripts: &'static Scripts,
     key: &LockKey,
     (holder, kind): (&str, LockKind),
     all: bool,
-    attempt: &str,
-    void_ms: u64,
+    (attempt, void_ms): (&str, u64),
+    hold: &str,
 ) -> Call {
     let mut call = scripts.rw_release.prepare_invoke(3);
     call.key(key.as_str())
@@ -268,19 +269,21 @@ fn rw_release(
         .arg(Derived(key, CHANNEL))
         .arg(flag(all))
         .arg(attempt)
-        .arg(void_ms);
+        .arg(void_ms)
+        .arg(hold);
     call
 }
 
 /// `lua/sem_release.lua`: gives back `holder`'s permit (every hold of it with `all`), for one
 /// attempt when `attempt` is not `''`: an undo, where a non-matching attempt is remembered as
 /// given up for `void_ms`, or with `void_ms` 0 a release of the permit that attempt granted.
+/// The lease of the hold `hold` took goes with it (`''`: the one that ends first).
 fn sem_release(
     scripts: &'static Scripts,
     key: &LockKey,
     (holder, all): (&str, bool),
-    attempt: &str,
-    void_ms: u64,
+    (attempt, void_ms): (&str, u64),
+    hold: &str,
 ) -> Call {
     let mut call = scripts.sem_release.prepare_invoke(3);
     call.key(key.as_str())
@@ -290,7 +293,8 @@ fn sem_release(
         .arg(Derived(key, CHANNEL))
         .arg(flag(all))
         .arg(attempt)
-        .arg(void_ms);
+        .arg(void_ms)
+        .arg(hold);
     call
 }
 
@@ -307,15 +311,15 @@ pub(super) fn abandon(scripts: &'static Scripts, grant: &Grant<'_>, pxat: Option
             key,
             (grant.holder, grant.kind),
             false,
+            (grant.attempt, grant.lease.millis()),
             grant.attempt,
-            grant.lease.millis(),
         ),
         LockKind::Semaphore => sem_release(
             scripts,
             key,
             (grant.holder, false),
+            (grant.attempt, grant.lease.millis()),
             grant.attempt,
-            grant.lease.millis(),
         ),
         kind => {
             let fair = kind == LockKind::Fair;

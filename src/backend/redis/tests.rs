@@ -110,6 +110,7 @@ async fn a_retry_takes_over_the_hold_of_a_lost_attempt() {
                 handoff: None,
                 kind,
                 attempt: None,
+                hold: None,
             };
             let reply = backend.release(release).await.unwrap();
             if remaining == 0 {
@@ -144,6 +145,7 @@ fn release_naming<'a>(key: &'a LockKey, kind: LockKind, attempt: &'a str) -> Rel
         handoff: None,
         kind,
         attempt: Some(attempt),
+        hold: None,
     }
 }
 
@@ -283,6 +285,7 @@ async fn a_single_hold_is_freed_by_its_holder_only() {
         handoff: None,
         kind: LockKind::Exclusive,
         attempt,
+        hold: None,
     };
     for (holder, attempt) in [
         ("h", None),
@@ -603,6 +606,7 @@ async fn every_script_round_trips_through_its_typed_call() {
             handoff: None,
             kind,
             attempt: None,
+            hold: None,
         };
         let value: Value = run_call(&calls::release(scripts, &release, None), &mut conn)
             .await
@@ -645,6 +649,7 @@ async fn every_script_round_trips_through_its_typed_call() {
         handoff: None,
         kind: LockKind::Exclusive,
         attempt: Some("h1#9"),
+        hold: None,
     };
     let value: Value = run_call(&calls::release(scripts, &release, Some(&next)), &mut conn)
         .await
@@ -844,6 +849,7 @@ async fn a_hold_on_the_client_lease_lives_and_ends_with_the_lease_key() {
             handoff: None,
             kind: LockKind::Exclusive,
             attempt: None,
+            hold: None,
         })
         .await
         .unwrap();
@@ -1030,4 +1036,159 @@ async fn writers_read_hold_ends_with_its_own_lease<B: Backend>(backend: &B) {
     let info = backend.inspect(&key, LockKind::Read).await.unwrap();
     let kinds: Vec<LockKind> = info.holders.iter().map(|holder| holder.kind).collect();
     assert_eq!(kinds, [LockKind::Write], "{info:?}");
+}
+
+/// Each hold of a read-write side or a semaphore permit keeps its own lease, on both stores:
+/// a re-entry with a longer lease keeps the holder's side that long only while it is held;
+/// released, the hold left ends with its own lease again. Releasing the first hold instead
+/// leaves the re-entry's lease, and a renewal extends every hold. Checked by inspection, not
+/// against a clock.
+#[tokio::test]
+async fn each_hold_keeps_its_own_lease() {
+    let server = support::RedisServer::start();
+    for kind in [LockKind::Read, LockKind::Write, LockKind::Semaphore] {
+        holds_keep_their_own_leases(&connect(&server).await, kind).await;
+        holds_keep_their_own_leases(&crate::MemoryBackend::new(), kind).await;
+    }
+}
+
+async fn holds_keep_their_own_leases<B: Backend>(backend: &B, kind: LockKind) {
+    let store = std::any::type_name::<B>();
+    let key = kind_key(&format!("own-lease-{kind:?}"), kind);
+    let (short, long) = (Duration::from_secs(5), Duration::from_secs(60));
+    let acquire = |attempt, lease| Grant {
+        lease: Lease::fixed(lease),
+        ..contended(&key, kind, attempt, None)
+    };
+    let left = || async {
+        let info = backend.inspect(&key, kind).await.unwrap();
+        let holder = info
+            .holder("h1")
+            .unwrap_or_else(|| panic!("{store} {kind:?}: {info:?}"));
+        holder.remaining_lease.expect("a lease")
+    };
+    let release = |hold| Release {
+        hold: Some(hold),
+        ..release_naming(&key, kind, "g1")
+    };
+
+    // The re-entry is released: its lease no longer counts.
+    assert_eq!(
+        count(backend.acquire(acquire("g1", short)).await.unwrap()),
+        1
+    );
+    assert_eq!(
+        count(backend.acquire(acquire("r1", long)).await.unwrap()),
+        2
+    );
+    assert!(
+        left().await > short,
+        "{store} {kind:?}: the re-entry's lease counts"
+    );
+    let reply = backend.release(release("r1")).await.unwrap();
+    assert_eq!(
+        reply,
+        ReleaseReply::Decremented { remaining: 1 },
+        "{store} {kind:?}"
+    );
+    assert!(
+        left().await <= short,
+        "{store} {kind:?}: the released re-entry's lease lives on"
+    );
+
+    // The first hold is released: the re-entry keeps its own lease.
+    assert_eq!(
+        count(backend.acquire(acquire("r2", long)).await.unwrap()),
+        2
+    );
+    let reply = backend.release(release("g1")).await.unwrap();
+    assert_eq!(
+        reply,
+        ReleaseReply::Decremented { remaining: 1 },
+        "{store} {kind:?}"
+    );
+    assert!(
+        left().await > short,
+        "{store} {kind:?}: the re-entry was cut short"
+    );
+    let all = Release {
+        all: true,
+        ..release("g1")
+    };
+    assert_freed(backend.release(all).await.unwrap(), kind);
+
+    // A renewal keeps every hold: the one left after a release lives the renewed lease.
+    assert_eq!(
+        count(backend.acquire(acquire("g1", short)).await.unwrap()),
+        1
+    );
+    assert_eq!(
+        count(backend.acquire(acquire("r3", short)).await.unwrap()),
+        2
+    );
+    let renew = Renew::hold(&key, "h1", Lease::fixed(long), kind);
+    assert_eq!(
+        backend.renew(&[renew]).await.unwrap(),
+        [RenewReply::Renewed]
+    );
+    let reply = backend.release(release("r3")).await.unwrap();
+    assert_eq!(
+        reply,
+        ReleaseReply::Decremented { remaining: 1 },
+        "{store} {kind:?}"
+    );
+    assert!(
+        left().await > short,
+        "{store} {kind:?}: a renewed hold was cut short"
+    );
+    let all = Release {
+        all: true,
+        ..release("g1")
+    };
+    assert_freed(backend.release(all).await.unwrap(), kind);
+}
+
+/// A re-entry released after the holder's other holds ran out frees the lock at once, on
+/// both stores: its lease was all that kept the side, and another holder gets in.
+#[tokio::test]
+async fn the_last_live_hold_released_frees_the_lock() {
+    let server = support::RedisServer::start();
+    for kind in [LockKind::Read, LockKind::Write, LockKind::Semaphore] {
+        last_live_hold_released_frees_the_lock(&connect(&server).await, kind).await;
+        last_live_hold_released_frees_the_lock(&crate::MemoryBackend::new(), kind).await;
+    }
+}
+
+async fn last_live_hold_released_frees_the_lock<B: Backend>(backend: &B, kind: LockKind) {
+    let store = std::any::type_name::<B>();
+    let key = kind_key(&format!("last-live-{kind:?}"), kind);
+    let short = Duration::from_millis(300);
+    let first = Grant {
+        lease: Lease::fixed(short),
+        ..contended(&key, kind, "g1", None)
+    };
+    assert_eq!(count(backend.acquire(first).await.unwrap()), 1);
+    let reentry = contended(&key, kind, "r1", None);
+    assert_eq!(count(backend.acquire(reentry).await.unwrap()), 2);
+    // The first hold's lease runs out in the store (any wait past it will do).
+    tokio::time::sleep(short * 2).await;
+    let release = Release {
+        hold: Some("r1"),
+        ..release_naming(&key, kind, "g1")
+    };
+    let reply = backend.release(release).await.unwrap();
+    assert_freed(reply, kind);
+    let info = backend.inspect(&key, kind).await.unwrap();
+    assert!(info.holders.is_empty(), "{store} {kind:?}: {info:?}");
+    let other = Grant {
+        holder: "h2",
+        kind: if kind == LockKind::Read {
+            LockKind::Write
+        } else {
+            kind
+        },
+        ..contended(&key, kind, "o1", None)
+    };
+    let reply = backend.acquire(other).await.unwrap();
+    assert_eq!(count(reply), 1, "{store} {kind:?}");
 }

@@ -755,6 +755,7 @@ impl Inner {
                         handoff: None,
                         kind,
                         attempt: attempt.as_deref(),
+                        hold: None,
                     };
                     let released = inner
                         .until_answered(node, until, |node| node.release(again))

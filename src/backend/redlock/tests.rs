@@ -37,6 +37,7 @@ fn release<'a>(key: &'a LockKey, holder: &'a str) -> Release<'a> {
         handoff: None,
         kind: LockKind::Exclusive,
         attempt: None,
+        hold: None,
     }
 }
 

@@ -262,16 +262,88 @@ local function give_back(lock, field, all)
   return redis.call('HINCRBY', lock, field, -1)
 end
 
+-- The lease of each hold of one side of a holder of a read-write lock (or of a semaphore's
+-- permit), in the field 'l:<field>' of the lock: a JSON list of, for each hold in the order they
+-- were taken, the attempt that took it and the server time (ms) its lease ends. The holder's
+-- own end (its score, or the writer's '~w') is the latest of them, so a release that names its
+-- hold takes that hold's lease away and leaves the others theirs. A holder without the field
+-- (taken by a version that kept one lease per holder) keeps the end it has.
+local function hold_ends(lock, field)
+  local list = redis.call('HGET', lock, 'l:' .. field)
+  return list and cjson.decode(list) or {}
+end
+
+-- Stores `list` (see hold_ends) and returns the latest end in it, or nil when it is empty.
+local function save_ends(lock, field, list)
+  local latest
+  for i = 2, #list, 2 do
+    local ends = tonumber(list[i])
+    if not latest or ends > latest then
+      latest = ends
+    end
+  end
+  if latest then
+    redis.call('HSET', lock, 'l:' .. field, cjson.encode(list))
+  else
+    redis.call('HDEL', lock, 'l:' .. field)
+  end
+  return latest
+end
+
+-- The position in `list` of the hold `attempt` took, or else of the hold whose lease ends
+-- first (the first such in the list), or nil when the list is empty.
+local function hold_at(list, attempt)
+  local at
+  for i = 1, #list, 2 do
+    if list[i] == attempt then
+      return i
+    end
+    if not at or tonumber(list[i + 1]) < tonumber(list[at + 1]) then
+      at = i
+    end
+  end
+  return at
+end
+
+-- Records the lease of a hold of `field` that `attempt` took until `ends` (server ms): a new
+-- hold, or with `taken_over` (an earlier attempt of the same acquisition, recorded as having
+-- taken a hold) that hold, now `attempt`'s, whose lease ends at the later of the two.
+local function add_hold_end(lock, field, attempt, taken_over, ends)
+  local list = hold_ends(lock, field)
+  local at = taken_over and hold_at(list, taken_over)
+  if at then
+    list[at] = attempt
+    list[at + 1] = string.format('%d', math.max(tonumber(list[at + 1]), ends))
+  else
+    list[#list + 1] = attempt
+    list[#list + 1] = string.format('%d', ends)
+  end
+  save_ends(lock, field, list)
+end
+
+-- Makes every hold of `field` last until at least `ends` (server ms): a renewal keeps all of
+-- them alive.
+local function renew_hold_ends(lock, field, ends)
+  local list = hold_ends(lock, field)
+  for i = 2, #list, 2 do
+    if tonumber(list[i]) < ends then
+      list[i] = string.format('%d', ends)
+    end
+  end
+  save_ends(lock, field, list)
+end
+
 -- Gives back one hold counted in `field` (every hold, with `all`) for an undo of `attempt`
 -- ('' for any hold): the record it must match is the hold's grant ('a:<field>') or, for one
 -- hold, its last re-entry ('e:<field>'), and goes with it. An attempt that matches neither is
 -- remembered in the set `void` for `void_ms`, so that it is refused should it still arrive.
 -- With `void_ms` 0 it is the release of the hold `attempt` granted instead: only the grant's
 -- record matches, a mismatch (the holder took the lock anew) is not remembered, and the record
--- stays while holds remain.
--- Returns nil when nothing was given back, otherwise how many holds remain; the last takes its
--- records with it.
-local function give_back_attempt(lock, field, all, attempt, void, void_ms)
+-- stays while holds remain. The lease that goes with the hold given back is that of the hold
+-- `hold` took (an undo: `attempt`'s), or else the one that ends first (see hold_ends).
+-- Returns nil when nothing was given back, otherwise how many holds remain and, when some do,
+-- the latest end of their leases (nil when not recorded); the last takes its records with it.
+local function give_back_attempt(lock, field, all, attempt, void, void_ms, hold)
   local grant, reentry = 'a:' .. field, 'e:' .. field
   local undo = tonumber(void_ms) > 0
   local record
@@ -298,9 +370,15 @@ local function give_back_attempt(lock, field, all, attempt, void, void_ms)
     if record and undo then
       redis.call('HDEL', lock, record)
     end
-  else
-    redis.call('HDEL', lock, field, grant, reentry)
+    local list = hold_ends(lock, field)
+    local at = hold_at(list, undo and attempt or hold)
+    if at then
+      table.remove(list, at)
+      table.remove(list, at)
+    end
+    return remaining, save_ends(lock, field, list)
   end
+  redis.call('HDEL', lock, field, grant, reentry, 'l:' .. field)
   return remaining
 end
 
@@ -308,7 +386,7 @@ end
 -- its lease ends) whose lease ended by `now`, with their holds and records in `lock`.
 local function purge_readers(lock, readers, now)
   for _, reader in ipairs(redis.call('ZRANGEBYSCORE', readers, '-inf', now)) do
-    redis.call('HDEL', lock, 'r:' .. reader, 'a:r:' .. reader, 'e:r:' .. reader)
+    redis.call('HDEL', lock, 'r:' .. reader, 'a:r:' .. reader, 'e:r:' .. reader, 'l:r:' .. reader)
     redis.call('ZREM', readers, reader)
   end
 end
@@ -323,7 +401,8 @@ local function purge_writer(lock, readers, now)
   end
   for _, field in ipairs(redis.call('HKEYS', lock)) do
     local prefix = string.sub(field, 1, 4)
-    if string.sub(field, 1, 2) == 'w:' or prefix == 'a:w:' or prefix == 'e:w:' then
+    if string.sub(field, 1, 2) == 'w:' or prefix == 'a:w:' or prefix == 'e:w:'
+        or prefix == 'l:w:' then
       redis.call('HDEL', lock, field)
     end
   end

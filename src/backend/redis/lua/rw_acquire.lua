@@ -2,10 +2,11 @@
 --
 -- The hash holds '~m' = 'read' or 'write', 'r:<holder>' and 'w:<holder>' = hold counts,
 -- 'a:<side>:<holder>' = the attempt that granted that hold, 'e:<side>:<holder>' = its last
--- re-entry's attempt, '~f' = the writer's
--- fencing token, '~w' = when the writer's own lease ends (server time in ms). Each reader's own lease is its
--- score in the readers set, so one dead reader expires without cutting the others short; the
--- hash lives as long as the longest lease. Writers waiting for the lock are in a set of their
+-- re-entry's attempt, 'l:<side>:<holder>' = the lease of each of that side's holds (see
+-- hold_ends), '~f' = the writer's fencing token, '~w' = when the writer's own lease ends
+-- (server time in ms: the latest of its holds'). Each reader's own lease is its score in the
+-- readers set (the latest of its holds'), so one dead reader expires without cutting the
+-- others short; the hash lives as long as the longest lease. Writers waiting for the lock are in a set of their
 -- own, and while one is waiting no new reader gets in (writers are not starved).
 --
 -- KEYS[1]  the lock hash
@@ -98,7 +99,10 @@ if not allowed then
 end
 
 local field = side == 'w' and wfield or rfield
+local taken_over = recorded(lock, ARGV[7], 'a:' .. field, 'e:' .. field) and ARGV[7] or nil
 local count = reenter(lock, field, ARGV[4], ARGV[7], 'a:' .. field, 'e:' .. field)
+-- Each hold keeps its own lease: a re-entry's ends with it (see hold_ends).
+add_hold_end(lock, field, ARGV[4], taken_over, now + lease)
 if count == 1 then
   -- A new hold: its grant is recorded as such.
   redis.call('HSET', lock, 'a:' .. field, ARGV[4])

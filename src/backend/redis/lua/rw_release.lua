@@ -14,11 +14,13 @@
 --          one hold its last re-entry ('e:<side>:<holder>') too; '' for any
 -- ARGV[6]  with an attempt id: how long to remember it as given up, in milliseconds; 0 for a
 --          release that names the hold's grant (see give_back_attempt)
+-- ARGV[7]  the attempt that took the hold given back (its grant's or a re-entry's), whose
+--          lease goes with it; '' for the hold whose lease ends first
 --
 -- Readers whose lease ended are dropped first (as every read-write script does).
 --
 -- Returns {0} when the holder does not hold that side (or its lease ended), {1, remaining}
--- when holds remain,
+-- when holds remain (and one of their leases has not ended),
 -- {2, n} when the change may let waiters in (n: subscribers notified), {3} when the holder's
 -- holds are gone but the lock stays held by others.
 local lock, readers = KEYS[1], KEYS[2]
@@ -30,12 +32,24 @@ local field = side .. ':' .. holder
 local now = now_ms()
 purge_readers(lock, readers, now)
 purge_writer(lock, readers, now)
-local remaining = give_back_attempt(lock, field, ARGV[4] == '1', ARGV[5], KEYS[3], ARGV[6])
+local remaining, ends = give_back_attempt(lock, field, ARGV[4] == '1', ARGV[5], KEYS[3],
+  ARGV[6], ARGV[7])
 if not remaining then
   return {0}
 end
 if remaining > 0 then
-  return {1, remaining}
+  -- The holds left keep the side until the latest of their own leases ends: the lease of the
+  -- hold given back no longer counts.
+  if not ends or ends > now then
+    if ends and side == 'r' then
+      redis.call('ZADD', readers, ends, holder)
+    elseif ends then
+      redis.call('HSET', lock, '~w', ends)
+    end
+    return {1, remaining}
+  end
+  -- Every hold left has run out: the holder's side is over.
+  redis.call('HDEL', lock, field, 'a:' .. field, 'e:' .. field, 'l:' .. field)
 end
 if side == 'r' then
   redis.call('ZREM', readers, holder)

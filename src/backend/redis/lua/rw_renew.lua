@@ -18,6 +18,8 @@ purge_readers(lock, readers, now)
 if redis.call('HEXISTS', lock, side .. ':' .. holder) == 0 then
   return 0
 end
+-- Every hold of that side lives on: a renewal keeps all the holder's holds.
+renew_hold_ends(lock, side .. ':' .. holder, now + lease)
 if side == 'r' then
   redis.call('ZADD', readers, 'GT', now + lease, holder)
 else

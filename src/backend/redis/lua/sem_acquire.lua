@@ -3,7 +3,8 @@
 -- Laid out as the read side of a read-write lock (rw_acquire.lua) with a cap on the readers:
 -- the hash holds 'r:<holder>' = the holder's hold count (a holder that acquires again nests in
 -- the permit it has), 'a:r:<holder>' = the attempt that granted the permit, 'e:r:<holder>' = its
--- last re-entry's attempt, and '~p' = the permit count the last grant was made under (for
+-- last re-entry's attempt, 'l:r:<holder>' = the lease of each of its holds (see hold_ends in
+-- the prelude), and '~p' = the permit count the last grant was made under (for
 -- inspection). Each holder's own lease is its score in the holders set, so one dead holder's
 -- permit comes back without cutting the others short; the hash lives as long as the longest
 -- lease. rw_renew.lua (side 'r') renews a permit.
@@ -44,7 +45,10 @@ if not holds and redis.call('ZCARD', holders) >= tonumber(ARGV[4]) then
   local first = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
   return {0, tonumber(first[2]) - now}
 end
+local taken_over = recorded(sem, ARGV[5], grant, reentry) and ARGV[5] or nil
 local count = reenter(sem, field, ARGV[3], ARGV[5], grant, reentry)
+-- Each hold keeps its own lease (see hold_ends in the prelude).
+add_hold_end(sem, field, ARGV[3], taken_over, now + lease)
 if count == 1 then
   redis.call('HSET', sem, grant, ARGV[3])
   redis.call('HDEL', sem, reentry)
