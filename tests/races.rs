@@ -2,12 +2,12 @@
 //! acquire, a re-entry with a shorter lease, a re-entry racing a release of the same holder, a
 //! renewal reply about a hold that ended, a handler resumed past its lease, a release whose
 //! reply was lost, a first attempt made before queueing that found the lock held while another
-//! task queued behind it.
+//! task queued behind it, a re-entry answered after its hold's deadline or undone.
 //!
-//! Each interleaving is forced, not hoped for: [`Gated`] wraps the in-memory backend and holds
-//! one chosen call at its arrival and again before its reply, so the test decides what happens
-//! in between. On Redis, the faults are real: a future dropped with its script on the wire, a
-//! server frozen with SIGSTOP.
+//! Each interleaving is forced, not hoped for: [`Gated`] wraps a backend (most often the
+//! in-memory one) and holds one chosen call at its arrival and again before its reply, so the
+//! test decides what happens in between. On Redis, the faults are also real: a future dropped
+//! with its script on the wire, a server frozen with SIGSTOP.
 
 mod support;
 
@@ -25,7 +25,7 @@ use support::{
 use tokio::sync::oneshot;
 use tower_lock::{
     Backend, Lease, LockClient, LockError, MemoryBackend, RedisBackend,
-    backend::{AcquireReply, Grant, Listener, Release, ReleaseReply, Renew, RenewReply},
+    backend::{AcquireReply, Grant, Release, ReleaseReply, Renew, RenewReply},
     key::LockKey,
 };
 
@@ -71,15 +71,22 @@ struct Gate {
     reply: oneshot::Receiver<()>,
 }
 
-/// The in-memory backend with a gate in front: the next call of a chosen kind waits at its
-/// arrival and before its reply until the test lets it go.
-#[derive(Clone, Default)]
-struct Gated {
-    inner: MemoryBackend,
+/// A backend (the in-memory one unless told) with a gate in front: the next call of a chosen
+/// kind waits at its arrival and before its reply until the test lets it go.
+#[derive(Clone)]
+struct Gated<B = MemoryBackend> {
+    inner: B,
     gate: Arc<Mutex<Option<Gate>>>,
 }
 
-impl Gated {
+impl<B> Gated<B> {
+    fn new(inner: B) -> Self {
+        Self {
+            inner,
+            gate: Arc::default(),
+        }
+    }
+
     fn hold_next(&self, call: Call) -> Held {
         let (arrived_tx, arrived) = oneshot::channel();
         let (run, run_rx) = oneshot::channel();
@@ -122,8 +129,8 @@ impl Gated {
     }
 }
 
-impl Backend for Gated {
-    type Listener = Listener;
+impl<B: Backend> Backend for Gated<B> {
+    type Listener = B::Listener;
 
     async fn acquire(&self, grant: Grant<'_>) -> Result<AcquireReply, tower_lock::BackendError> {
         self.pass(Call::Acquire, self.inner.acquire(grant)).await
@@ -160,7 +167,7 @@ impl Backend for Gated {
         &self,
         key: &LockKey,
         only_for: Option<&str>,
-    ) -> Result<Listener, tower_lock::BackendError> {
+    ) -> Result<B::Listener, tower_lock::BackendError> {
         self.inner.listen(key, only_for).await
     }
 
@@ -216,7 +223,7 @@ async fn pending_after_one_poll<F: Future>(future: &mut std::pin::Pin<Box<F>>) -
 /// 30 s lease.
 #[tokio::test(flavor = "current_thread")]
 async fn cancelled_acquire_in_flight_does_not_strand_the_lock() {
-    let backend = Gated::default();
+    let backend = Gated::new(MemoryBackend::new());
     let a = client(backend.clone(), Lease::DEFAULT);
     let b = client(backend.clone(), Lease::DEFAULT);
     let held = backend.hold_next(Call::Acquire);
@@ -257,7 +264,7 @@ async fn cancelled_acquire_in_flight_does_not_strand_the_lock() {
 /// seed 34075).
 #[tokio::test(flavor = "current_thread")]
 async fn an_acquire_granted_after_shutdown_gives_the_lock_back() {
-    let backend = Gated::default();
+    let backend = Gated::new(MemoryBackend::new());
     let a = client(backend.clone(), Lease::DEFAULT);
     let b = client(backend.clone(), Lease::DEFAULT);
     let mut held = backend.hold_next(Call::Acquire);
@@ -372,7 +379,7 @@ async fn short_reentry_keeps_the_outer_hold_on_redis() {
 /// The acquire takes the lock afresh instead, and the new guard is renewed like any other.
 #[tokio::test(flavor = "current_thread")]
 async fn reentry_racing_the_last_release_holds_a_renewed_lock() {
-    let backend = Gated::default();
+    let backend = Gated::new(MemoryBackend::new());
     let lease = Lease::watchdog(Duration::from_millis(150));
     let a = client(backend.clone(), lease);
     let b = client(backend.clone(), lease);
@@ -439,7 +446,7 @@ async fn reentry_racing_a_release_on_redis() {
 /// meanwhile.
 #[tokio::test(flavor = "current_thread")]
 async fn stale_renewal_does_not_free_a_newer_hold() {
-    let backend = Gated::default();
+    let backend = Gated::new(MemoryBackend::new());
     let lease = Lease::watchdog(Duration::from_millis(150));
     let a = client(backend.clone(), lease);
     let b = client(backend.clone(), lease);
@@ -469,7 +476,7 @@ async fn stale_renewal_does_not_free_a_newer_hold() {
 #[tokio::test(flavor = "current_thread")]
 async fn late_release_does_not_free_a_newer_hold() {
     for kind in KINDS {
-        let backend = Gated::default();
+        let backend = Gated::new(MemoryBackend::new());
         let lease = Lease::fixed(Duration::from_millis(100));
         let a = client(backend.clone(), lease);
         let b = client(backend.clone(), lease);
@@ -523,7 +530,7 @@ async fn a_release_leaves_the_holds_taken_through_another_client() {
 #[tokio::test(flavor = "current_thread")]
 async fn two_releases_of_one_hold_close_together_both_succeed() {
     for kind in KINDS {
-        let backend = Gated::default();
+        let backend = Gated::new(MemoryBackend::new());
         let (a, b) = (
             client(backend.clone(), Lease::DEFAULT),
             client(backend, Lease::DEFAULT),
@@ -543,6 +550,137 @@ async fn two_releases_of_one_hold_close_together_both_succeed() {
             .await
             .unwrap();
     }
+}
+
+/// How long the re-entries of the next two tests ask the store to keep the lock: far longer
+/// than the tests wait for it to be free.
+const LONG_REENTRY: Duration = Duration::from_secs(20);
+
+/// Takes `key` as the kind `kind` is refused to (a read hold: the write side) through `other`
+/// within `wait`, and releases it.
+async fn free_within<B: Backend>(other: &LockClient<B>, key: &str, kind: &str, wait: Duration) {
+    let kind = if kind == "read" { "write" } else { kind };
+    request(other, key, kind)
+        .wait(wait)
+        .acquire()
+        .await
+        .unwrap_or_else(|error| panic!("{kind}: still held after its holder lost it: {error:?}"))
+        .release()
+        .await
+        .expect("released");
+}
+
+/// A re-entry with a long lease, granted by the store before its hold's fixed lease ended but
+/// answered after the holder's deadline: the hold was reported lost, so the store must not keep
+/// it for the re-entry's lease. The re-entry reports the loss too, and the lock is free long
+/// before that lease ends. Every kind of lock.
+async fn reentry_answered_after_the_deadline<B: Backend + Clone>(backend: Gated<B>) {
+    for kind in KINDS {
+        let (a, b) = (
+            client(backend.clone(), Lease::DEFAULT),
+            client(backend.clone(), Lease::DEFAULT),
+        );
+        let key = format!("doc:late-reentry:{kind}");
+        let holder = a.holder();
+        let outer = request(&a, &key, kind)
+            .holder(&holder)
+            .lease(Lease::fixed(Duration::from_millis(300)))
+            .acquire()
+            .await
+            .unwrap();
+        let mut held = backend.hold_next(Call::Acquire);
+        let reentry = tokio::spawn({
+            let (a, key, holder) = (a.clone(), key.clone(), holder.clone());
+            async move {
+                let request = request(&a, &key, kind).holder(&holder);
+                request.lease(Lease::fixed(LONG_REENTRY)).acquire().await
+            }
+        });
+        held.arrived().await;
+        let reply = held.run().await;
+        outer.lost().await;
+        let _ = reply.send(());
+        let reentered = reentry.await.unwrap();
+        assert!(
+            matches!(reentered, Err(LockError::Lost)),
+            "{kind}: the re-entry of a lost hold: {reentered:?}"
+        );
+        assert!(
+            matches!(outer.release().await, Err(LockError::Lost)),
+            "{kind}"
+        );
+        free_within(&b, &key, kind, LONG_REENTRY / 4).await;
+        assert_eq!(a.active_keys(), 0, "{kind}");
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_reentry_answered_after_the_deadline_leaves_nothing_held() {
+    reentry_answered_after_the_deadline(Gated::new(MemoryBackend::new())).await;
+}
+
+#[tokio::test]
+async fn a_reentry_answered_after_the_deadline_leaves_nothing_held_on_redis() {
+    let server = RedisServer::start();
+    let backend = support::redis_backend(server.url())
+        .connect()
+        .await
+        .unwrap();
+    reentry_answered_after_the_deadline(Gated::new(backend)).await;
+}
+
+/// A re-entry with a long lease dropped after the store granted it is undone, which leaves its
+/// lease in the store; once the hold's fixed lease ends and the holder hears the lock was lost,
+/// the store must not keep it for the undone re-entry's lease. Every kind of lock.
+async fn undone_reentry_of_a_lost_hold<B: Backend + Clone>(backend: Gated<B>) {
+    for kind in KINDS {
+        let (a, b) = (
+            client(backend.clone(), Lease::DEFAULT),
+            client(backend.clone(), Lease::DEFAULT),
+        );
+        let key = format!("doc:undone-reentry:{kind}");
+        let holder = a.holder();
+        let outer = request(&a, &key, kind)
+            .holder(&holder)
+            .lease(Lease::fixed(Duration::from_millis(300)))
+            .acquire()
+            .await
+            .unwrap();
+        let mut held = backend.hold_next(Call::Acquire);
+        let reentry = tokio::spawn({
+            let (a, key, holder) = (a.clone(), key.clone(), holder.clone());
+            async move {
+                let request = request(&a, &key, kind).holder(&holder);
+                request.lease(Lease::fixed(LONG_REENTRY)).acquire().await
+            }
+        });
+        held.arrived().await;
+        let _reply = held.run().await;
+        // Dropped while its reply is on its way: undone in the background.
+        reentry.abort();
+        assert!(reentry.await.unwrap_err().is_cancelled());
+        outer.lost().await;
+        assert!(
+            matches!(outer.release().await, Err(LockError::Lost)),
+            "{kind}"
+        );
+        free_within(&b, &key, kind, LONG_REENTRY / 4).await;
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_undone_reentry_leaves_nothing_held_once_the_hold_is_lost() {
+    undone_reentry_of_a_lost_hold(Gated::new(MemoryBackend::new())).await;
+}
+
+#[tokio::test]
+async fn an_undone_reentry_leaves_nothing_held_once_the_hold_is_lost_on_redis() {
+    let server = RedisServer::start();
+    let backend = support::redis_backend(server.url())
+        .connect()
+        .await
+        .unwrap();
+    undone_reentry_of_a_lost_hold(Gated::new(backend)).await;
 }
 
 /// A release whose reply is lost (the server froze past the command timeout) is sent again
@@ -886,7 +1024,7 @@ async fn only_a_first_try_is_a_set() {
 /// held elsewhere, the first task still goes first: it joins ahead of the one that came later.
 #[tokio::test(flavor = "current_thread")]
 async fn a_first_try_that_finds_the_lock_held_keeps_its_turn() {
-    let backend = Gated::default();
+    let backend = Gated::new(MemoryBackend::new());
     let a = client(backend.clone(), Lease::DEFAULT);
     let b = client(backend.clone(), Lease::DEFAULT);
     let elsewhere = b.lock("turn").acquire().await.unwrap();

@@ -281,10 +281,18 @@ impl<B: Backend> Engine<B> {
             reentry: Reentry::Only,
             ..request.want.grant(&request.key, None)
         };
-        let mut in_flight = InFlight::new(self, &request.key, &request.want, Some(held.clone()));
         let sent_at = BootInstant::now();
+        if !held.reentry_sent(request.want.lease, sent_at) {
+            self.reentry_over(&held).await;
+            return Err(LockError::Lost);
+        }
+        let mut in_flight = InFlight::new(self, &request.key, &request.want, Some(held.clone()));
         let reply = self.backend.acquire(grant).await;
         let outcome = match reply {
+            // The entry was lost while the re-entry was on its way (its deadline passed before
+            // the reply came): the new guard would be lost from the start. Its lease made the
+            // loss free the hold in the backend.
+            Ok(AcquireReply::Acquired { .. }) if held.is_marked_lost() => Err(LockError::Lost),
             Ok(AcquireReply::Acquired {
                 count,
                 token,

@@ -46,6 +46,11 @@ pub(crate) struct Held {
     /// when a guard whose hold ended last is released. Written under the state's mutex, read
     /// outside it: every poll of a locked request reads it.
     deadline: AtomicU64,
+    /// The latest [`Lease::valid_until`] of the grant and of every re-entry sent for this
+    /// entry, answered or not: a re-entry whose reply came after the loss, or that was undone
+    /// (which leaves its lease in the store), may keep the hold in the backend past the
+    /// deadline. Only ever moved later.
+    kept_until: AtomicU64,
     /// The attempt that granted the hold (or handed it over): the backend records it with the
     /// hold, so a release meant for this entry alone can check that the hold is still its.
     grant_attempt: Arc<str>,
@@ -112,6 +117,7 @@ impl Held {
             marked_lost: AtomicBool::new(false),
             lost_wake: Notify::new(),
             deadline: AtomicU64::new(lease.valid_until(sent_at).as_nanos()),
+            kept_until: AtomicU64::new(lease.valid_until(sent_at).as_nanos()),
             grant_attempt: attempt.clone(),
             first_hold,
             reentry_ended: Notify::new(),
@@ -239,7 +245,9 @@ impl Held {
 
     /// Marks the lock lost and wakes whoever waits for that; false if it already was.
     pub(crate) fn mark_lost(&self) -> bool {
-        let first = !self.marked_lost.swap(true, Ordering::AcqRel);
+        // Sequentially consistent with `reentry_sent`: a loss either sees a re-entry's lease
+        // or stops the re-entry from being sent.
+        let first = !self.marked_lost.swap(true, Ordering::SeqCst);
         self.lost_wake.notify_waiters();
         first
     }
@@ -295,6 +303,24 @@ impl Held {
         self.deadline.store(latest.as_nanos(), Ordering::Release);
         earlier
     }
+
+    /// A re-entry with `lease` is about to be sent at `sent_at`: the backend may keep the hold
+    /// that long whatever becomes of the reply. False when the entry was lost already: the
+    /// re-entry must not be sent (the loss may not have seen its lease, see
+    /// [`kept_past`](Self::kept_past)).
+    pub(crate) fn reentry_sent(&self, lease: Lease, sent_at: BootInstant) -> bool {
+        let until = lease.valid_until(sent_at).as_nanos();
+        self.kept_until.fetch_max(until, Ordering::SeqCst);
+        !self.marked_lost.load(Ordering::SeqCst)
+    }
+
+    /// Whether the backend may keep the hold past `now` by more than the drift margin of the
+    /// lease that keeps it there: a grant or re-entry sent for this entry has a lease that
+    /// runs past `now` (after a loss, the deadline did not count it).
+    pub(crate) fn kept_past(&self, now: BootInstant) -> bool {
+        BootInstant::from_nanos(self.kept_until.load(Ordering::SeqCst)) > now
+    }
+
     /// When the watchdog must look at this entry next.
     pub(crate) fn next_event(&self) -> BootInstant {
         let state = self.state();

@@ -77,8 +77,9 @@ impl Releasing {
 }
 
 impl<B: Backend> Engine<B> {
-    /// Marks `held` lost and stops renewing it. A renewed hold whose deadline passed is also
-    /// freed in the backend if it is still there for this very entry.
+    /// Marks `held` lost and stops renewing it. A hold whose deadline passed is also freed in
+    /// the backend, if it is still there for this very entry, when it is renewed or when the
+    /// backend may keep it for longer than the lease that set the deadline.
     pub(crate) fn lose(self: &Arc<Self>, held: &Arc<Held>, loss: Loss) {
         // A released entry has ended: a late reply about it is no loss.
         if held.is_released() || !held.mark_lost() {
@@ -95,8 +96,10 @@ impl<B: Backend> Engine<B> {
         // now rather than leave it for a whole lease, but only if it is still this entry's
         // hold, never one the holder took anew since. A fixed lease is not cut short: the
         // store lets it run out, as `Lease::fixed` says (the deadline is a little earlier).
+        // Unless a re-entry gave it a lease the deadline did not count (its reply came after
+        // the deadline, or it was undone): the store would keep a lock reported lost.
         if let (Loss::Expired, Some(runtime)) = (loss, self.runtime())
-            && held.lease.is_renewed()
+            && (held.lease.is_renewed() || held.kept_past(BootInstant::now()))
         {
             let shared = self.clone();
             let held = held.clone();
