@@ -10,13 +10,37 @@
 //! protocol promises (not timing or subscriber counts), must be equal, and so must what
 //! `inspect` then reports.
 //!
-//! One property is checked on each store's replies too: once an acquire of a lock was refused
-//! (someone may be waiting), the release that frees it must notify the lock's listener (a
-//! lost wake-up otherwise). Every lock has a listener on both stores.
+//! Holders also crash. A hold with a short lease that nobody renews or releases runs out; two
+//! more holders make one acquire each (a short lease, and a short waiter timeout for the fair
+//! lock and the write side) and are never heard of again, so that a waiter dies in the queue
+//! or a holder holding the lock; and the program's own queued acquires sometimes give their
+//! place a short timeout.
+//!
+//! Three properties are checked on each store's replies too:
+//!
+//! - **Wake-up**: once an acquire of a lock was refused (someone may be waiting), the release
+//!   that frees it must notify the lock's listener (a lost wake-up otherwise). Every lock has a
+//!   listener on both stores.
+//! - **No stranding**, against a model of its own ([`Model`]), not by comparing the stores:
+//!   the model keeps the holds the program was granted (a late copy's grant counts as a crashed
+//!   holder's), follows re-entries, takeovers, hand-offs, undos, releases and renewals as the
+//!   answers tell, and ends a hold once every lease it was given has run out; it keeps the
+//!   queue places the same way. Whenever the model says that a newcomer must get a lock at once
+//!   (the plain or the fair lock, or the write side, with no live hold; the fair lock with no
+//!   live queue place either; the read side with no live writer nor waiting writer; the
+//!   semaphore with fewer live permits than its limit), a probe acquire by a fresh holder
+//!   (long lease, not queued) must be granted on both stores; it is released at once, naming
+//!   its grant. Probes run at random points (one step in ten), and at the end of every
+//!   program, after every holder released what the model says it holds and left its live queue
+//!   places, and the crashed holds and places ran out: then every lock is probed.
+//! - **Lease**: no store answers for a hold (a re-entry, a release, a renewal, an undo) the
+//!   model says ran out, and no late copy of an attempt given up on with a long lease is
+//!   granted (its undo's record lasts that lease).
 //!
 //! A step never runs while a short lease may be running out on one store and not yet on the
 //! other: it waits until the lease is over on both (`Expiries`), so both stores see the same
-//! history whatever the machine's load. A failure prints the seed and the steps so far:
+//! history whatever the machine's load. A failure prints the seed, the steps so far and the
+//! model's view:
 //!
 //! ```text
 //! DIFFERENTIAL_SEED=17 cargo test --lib differential -- --nocapture
@@ -24,15 +48,15 @@
 //! ```
 
 use std::{
-    collections::HashMap,
-    fmt::Write as _,
+    collections::{HashMap, VecDeque},
+    fmt::{self, Write as _},
     time::{Duration, Instant},
 };
 
 use crate::{
     Lease,
     backend::{
-        AcquireReply, Backend, Grant, LockKind, Reentry, Release, ReleaseReply, Renew,
+        AcquireReply, Backend, Grant, LockKind, Reentry, Release, ReleaseReply, Renew, RenewReply,
         memory::MemoryBackend, redis::RedisBackend,
     },
     inspect::LockInfo,
@@ -52,6 +76,9 @@ const MARGIN: Duration = Duration::from_millis(60);
 /// The semaphore's permits.
 const PERMITS: u32 = 2;
 const HOLDERS: [&str; 3] = ["h1", "h2", "h3"];
+/// Holders that crash right after their one acquire: what it took (a hold with a short lease,
+/// or a queue place with a short waiter timeout) is never renewed, released or left.
+const CRASHING: [&str; 2] = ["c1", "c2"];
 
 /// SplitMix64: the same seed, the same program.
 struct Rng(u64);
@@ -132,12 +159,15 @@ struct Sent {
     attempt: String,
     lease: Duration,
     fencing: bool,
-    queue: bool,
+    /// The waiter timeout of a queued acquire (long, or short: a waiter that dies queued).
+    queue: Option<Duration>,
     supersedes: Option<String>,
     reentry: Reentry,
     contended: bool,
     /// Sent after its undo: its caller gave up on it and waits for nothing.
     late: bool,
+    /// Its caller crashes once it is sent.
+    crashes: bool,
 }
 
 impl Sent {
@@ -149,7 +179,7 @@ impl Sent {
             lease: Lease::fixed(self.lease),
             fencing: self.fencing,
             kind: self.kind,
-            queue: self.queue.then_some(QUEUE),
+            queue: self.queue,
             supersedes: self.supersedes.as_deref(),
             reentry: self.reentry,
             contended: self.contended,
@@ -184,6 +214,10 @@ enum Step {
     },
     /// Every short lease runs out.
     Expire,
+    /// An acquire by a fresh holder that the model says must be granted at once.
+    Probe(Sent),
+    /// The release of a probe's hold, naming its grant.
+    Unprobe(Sent),
 }
 
 /// What a store answered to a step, reduced to what the protocol promises.
@@ -197,7 +231,7 @@ enum Answer {
     Released,
     HandedOff { token: bool },
     Undone(bool),
-    Renewed(crate::backend::RenewReply),
+    Renewed(RenewReply),
     Done,
     Error(String),
 }
@@ -235,12 +269,11 @@ fn holds(info: &LockInfo) -> (Vec<(String, String, u64)>, u64, Option<(u64, u64)
 struct Expiries(Vec<(Instant, Instant)>);
 
 impl Expiries {
-    /// A short lease set by a call sent at `sent` and answered at `answered`.
-    fn add(&mut self, lease: Duration, sent: Instant, answered: Instant) {
-        if lease == SHORT {
-            self.0
-                .push((sent + lease - MARGIN, answered + lease + MARGIN));
-        }
+    /// A short lease (or waiter timeout) set by a call sent at `sent` and answered at
+    /// `answered`.
+    fn add(&mut self, sent: Instant, answered: Instant) {
+        self.0
+            .push((sent + SHORT - MARGIN, answered + SHORT + MARGIN));
     }
 
     /// Waits until no short lease is ending.
@@ -275,7 +308,7 @@ async fn run<B: Backend>(store: &B, keys: &Keys, fair: &LockKey, step: &Step) ->
         notified: false,
     };
     match step {
-        Step::Acquire(sent) => {
+        Step::Acquire(sent) | Step::Probe(sent) => {
             let key = keys.of(sent.kind, fair);
             plain(match store.acquire(sent.grant(&key)).await {
                 Ok(AcquireReply::Acquired { count, token, .. }) => Answer::Acquired {
@@ -294,22 +327,27 @@ async fn run<B: Backend>(store: &B, keys: &Keys, fair: &LockKey, step: &Step) ->
                 Err(error) => Answer::Error(format!("{:?}", error.kind())),
             })
         }
-        Step::Release {
-            holder,
-            kind,
-            all,
-            attempt,
-            handoff,
-        } => {
-            let key = keys.of(*kind, fair);
+        Step::Release { .. } | Step::Unprobe(_) => {
+            let (holder, kind, all, attempt, handoff) = match step {
+                Step::Release {
+                    holder,
+                    kind,
+                    all,
+                    attempt,
+                    handoff,
+                } => (*holder, *kind, *all, attempt.as_deref(), handoff.as_ref()),
+                Step::Unprobe(sent) => (sent.holder, sent.kind, false, Some(&*sent.attempt), None),
+                _ => unreachable!("a release"),
+            };
+            let key = keys.of(kind, fair);
             let reply = store
                 .release(Release {
                     key: &key,
                     holder,
-                    all: *all,
-                    handoff: handoff.as_ref().map(|sent| sent.grant(&key)),
-                    kind: *kind,
-                    attempt: attempt.as_deref(),
+                    all,
+                    handoff: handoff.map(|sent| sent.grant(&key)),
+                    kind,
+                    attempt,
                 })
                 .await;
             match reply {
@@ -384,7 +422,10 @@ impl Program {
             attempt: self.attempt(),
             lease: if self.rng.chance(35) { SHORT } else { LONG },
             fencing: kind != LockKind::Semaphore && self.rng.chance(40),
-            queue: kind.queues() && self.rng.chance(70),
+            queue: (kind.queues() && self.rng.chance(70)).then(|| {
+                // One queued waiter in four dies queued: its place lasts a short timeout.
+                if self.rng.chance(25) { SHORT } else { QUEUE }
+            }),
             supersedes,
             reentry: self.rng.pick(&[
                 Reentry::Allowed,
@@ -394,6 +435,25 @@ impl Program {
             ]),
             contended: self.rng.chance(30),
             late: false,
+            crashes: false,
+        }
+    }
+
+    /// The one acquire of a holder that crashes once it is sent.
+    fn crashing(&mut self) -> Sent {
+        let kind = self.rng.pick(&KINDS);
+        Sent {
+            holder: self.rng.pick(&CRASHING),
+            kind,
+            attempt: self.attempt(),
+            lease: SHORT,
+            fencing: false,
+            queue: kind.queues().then_some(SHORT),
+            supersedes: None,
+            reentry: Reentry::Allowed,
+            contended: self.rng.chance(30),
+            late: false,
+            crashes: true,
         }
     }
 
@@ -403,6 +463,9 @@ impl Program {
         let earlier = self.sent.get(&(holder, kind)).cloned().unwrap_or_default();
         match self.rng.below(100) {
             0..=39 => {
+                if self.rng.chance(15) {
+                    return Step::Acquire(self.crashing());
+                }
                 if !self.forgotten.is_empty() && self.rng.chance(25) {
                     // Sent as after a refusal: a late first try at a free lock (the Redis
                     // backend's `SET NX`, which no script sees) lands as a hold that others
@@ -472,21 +535,370 @@ impl Program {
     }
 }
 
-/// The lease a step sets, for [`Expiries`].
-fn lease_set(step: &Step) -> Option<Duration> {
+/// Whether a step sets a short lease or waiter timeout, for [`Expiries`].
+fn sets_short(step: &Step) -> bool {
     match step {
-        Step::Acquire(sent) => Some(sent.lease),
+        Step::Acquire(sent) => sent.lease == SHORT || sent.queue == Some(SHORT),
         Step::Release {
             handoff: Some(sent),
             ..
-        } => Some(sent.lease),
-        Step::Renew { lease, .. } => Some(*lease),
-        _ => None,
+        } => sent.lease == SHORT,
+        Step::Renew { lease, .. } => *lease == SHORT,
+        _ => false,
     }
 }
 
+/// When something the model keeps is over for sure: the end of the last window of the short
+/// leases (or waiter timeouts) it was given, or `None` while it may live for the rest of the
+/// program (it was given a long one).
+type Ends = Option<Instant>;
+
+/// The end of a lease or waiter timeout of `length` set by a call answered at `answered`.
+fn ends(length: Duration, answered: Instant) -> Ends {
+    (length == SHORT).then(|| answered + SHORT + MARGIN)
+}
+
+/// The later of two ends: a hold given several leases lives until the last one ends.
+fn later(a: Ends, b: Ends) -> Ends {
+    a.zip(b).map(|(a, b)| a.max(b))
+}
+
+/// One holder's hold of one lock (one side of a read-write lock), as the model keeps it.
+#[derive(Clone, Debug)]
+struct Hold {
+    count: u64,
+    ends: Ends,
+    /// Granted to a holder that crashed, or to a late copy of an attempt given up on, and not
+    /// taken since by a call somebody waits on: nobody releases it, it runs out.
+    crashed: bool,
+}
+
+/// Which holds and queue places are live, kept from the program's answers alone, to tell when
+/// a newcomer must get a lock at once (no stranding). It errs towards "maybe live": a hold
+/// lives until every lease it was given ran out, unless an answer says it is gone.
+#[derive(Default)]
+struct Model {
+    /// By side (the kind acquired) and holder.
+    holds: HashMap<(LockKind, &'static str), Hold>,
+    /// Fair waiters' and waiting writers' places, by kind and holder: a place lives until the
+    /// timeout it was last given ends (a refresh sets it anew).
+    places: HashMap<(LockKind, &'static str), Ends>,
+}
+
+impl Model {
+    /// Forgets what is over at `now`.
+    fn prune(&mut self, now: Instant) {
+        let live = |ends: &Ends| ends.is_none_or(|end| now < end);
+        self.holds
+            .retain(|_, hold| hold.count > 0 && live(&hold.ends));
+        self.places.retain(|_, ends| live(ends));
+    }
+
+    fn holds(&self, side: LockKind) -> usize {
+        self.holds.keys().filter(|(kind, _)| *kind == side).count()
+    }
+
+    fn places(&self, kind: LockKind) -> usize {
+        self.places.keys().filter(|(k, _)| *k == kind).count()
+    }
+
+    /// The kinds a fresh holder must be granted at once, as of the last [`prune`](Self::prune).
+    fn free(&self) -> Vec<LockKind> {
+        let mut free = Vec::new();
+        if self.holds(LockKind::Exclusive) == 0 {
+            free.push(LockKind::Exclusive);
+        }
+        // A queued waiter is in front of a newcomer, until its place's timeout ends.
+        if self.holds(LockKind::Fair) == 0 && self.places(LockKind::Fair) == 0 {
+            free.push(LockKind::Fair);
+        }
+        let writers = self.holds(LockKind::Write);
+        if writers == 0 && self.holds(LockKind::Read) == 0 {
+            free.push(LockKind::Write);
+        }
+        // A waiting writer holds new readers back.
+        if writers == 0 && self.places(LockKind::Write) == 0 {
+            free.push(LockKind::Read);
+        }
+        if self.holds(LockKind::Semaphore) < PERMITS as usize {
+            free.push(LockKind::Semaphore);
+        }
+        free
+    }
+
+    /// When the last thing the model keeps with a short lease or timeout is over.
+    fn last_end(&self) -> Option<Instant> {
+        let holds = self.holds.values().filter_map(|hold| hold.ends);
+        holds.chain(self.places.values().flatten().copied()).max()
+    }
+
+    /// The hold of `holder` on `side` that an answer says the store has.
+    fn held(
+        &mut self,
+        side: LockKind,
+        holder: &'static str,
+        answer: &Answer,
+    ) -> Result<&mut Hold, String> {
+        self.holds.get_mut(&(side, holder)).ok_or_else(|| {
+            format!(
+                "the stores answered {answer:?} for {holder}'s {side:?} hold, which the model \
+                 says was never granted, or is released or ran out"
+            )
+        })
+    }
+
+    /// An acquire answered with a hold of `count`.
+    fn granted(&mut self, sent: &Sent, count: u64, answered: Instant) -> Result<(), String> {
+        let lease = ends(sent.lease, answered);
+        let (side, holder) = (sent.kind, sent.holder);
+        if sent.late && sent.lease == LONG {
+            return Err(format!(
+                "the late copy of {}, given up on, took the lock: its undo's record lasts its \
+                 lease",
+                sent.attempt
+            ));
+        }
+        match self.holds.get_mut(&(side, holder)) {
+            // A re-entry or a takeover (or a hold anew, where the model keeps a hold that may
+            // have run out: the later end is kept).
+            Some(hold) => {
+                hold.count = count;
+                hold.ends = later(hold.ends, lease);
+                hold.crashed &= sent.late || sent.crashes;
+            }
+            None if count > 1 => {
+                return Err(format!(
+                    "{holder} re-entered its {side:?} hold ({count} holds), which the model says \
+                     was never granted, or is released or ran out"
+                ));
+            }
+            None => {
+                self.holds.insert(
+                    (side, holder),
+                    Hold {
+                        count,
+                        ends: lease,
+                        crashed: sent.late || sent.crashes,
+                    },
+                );
+                // A grant anew takes the holder out of the fair queue.
+                if side == LockKind::Fair {
+                    self.places.remove(&(side, holder));
+                }
+            }
+        }
+        // Any write grant ends the holder's wait as a writer.
+        if side == LockKind::Write {
+            self.places.remove(&(side, holder));
+        }
+        // Whom this grant excludes no longer holds the lock.
+        let excluded: &[LockKind] = match side {
+            LockKind::Exclusive | LockKind::Fair => &[side],
+            LockKind::Write => &[LockKind::Read, LockKind::Write],
+            LockKind::Read => &[LockKind::Write],
+            _ => &[],
+        };
+        self.holds
+            .retain(|(kind, other), _| *other == holder || !excluded.contains(kind));
+        Ok(())
+    }
+
+    /// Follows what `step` did, as its `answer` (the same on both stores) tells.
+    fn observe(&mut self, step: &Step, answer: &Answer, answered: Instant) -> Result<(), String> {
+        match (step, answer) {
+            (Step::Acquire(sent) | Step::Probe(sent), Answer::Acquired { count, .. }) => {
+                self.granted(sent, *count, answered)?;
+            }
+            // A refused queued acquire joins the queue or refreshes its place (unless it was a
+            // re-entry only, or refused for another reason: the model keeps the later end).
+            (Step::Acquire(sent), Answer::Busy) if sent.reentry != Reentry::Only => {
+                if let Some(timeout) = sent.queue {
+                    let place = ends(timeout, answered);
+                    self.places
+                        .entry((sent.kind, sent.holder))
+                        .and_modify(|ends| *ends = later(*ends, place))
+                        .or_insert(place);
+                }
+            }
+            (Step::Forget(sent) | Step::Abandon(sent), Answer::Undone(true)) => {
+                let hold = self.held(sent.kind, sent.holder, answer)?;
+                hold.count -= 1;
+            }
+            (
+                Step::Release {
+                    holder,
+                    kind,
+                    attempt,
+                    handoff,
+                    ..
+                },
+                _,
+            ) => match answer {
+                // Without an attempt named, the holder holds nothing.
+                Answer::NotHeld if attempt.is_none() => {
+                    self.holds.remove(&(*kind, *holder));
+                }
+                Answer::Decremented(remaining) => {
+                    self.held(*kind, holder, answer)?.count = *remaining;
+                }
+                Answer::Released => {
+                    self.held(*kind, holder, answer)?;
+                    self.holds.remove(&(*kind, *holder));
+                }
+                Answer::HandedOff { .. } => {
+                    self.held(*kind, holder, answer)?;
+                    self.holds.remove(&(*kind, *holder));
+                    if let Some(next) = handoff {
+                        self.granted(next, 1, answered)?;
+                    }
+                }
+                _ => {}
+            },
+            (Step::Unprobe(sent), Answer::Released) => {
+                self.holds.remove(&(sent.kind, sent.holder));
+            }
+            (
+                Step::Renew {
+                    holder,
+                    kind,
+                    lease,
+                    queued: true,
+                },
+                _,
+            ) => {
+                // A refresh sets the place's timeout anew, from now.
+                if matches!(
+                    answer,
+                    Answer::Renewed(RenewReply::Renewed | RenewReply::Ready)
+                ) {
+                    self.places.insert((*kind, holder), ends(*lease, answered));
+                } else {
+                    self.places.remove(&(*kind, *holder));
+                }
+            }
+            (
+                Step::Renew {
+                    holder,
+                    kind,
+                    lease,
+                    queued: false,
+                },
+                Answer::Renewed(reply),
+            ) => {
+                if *reply == RenewReply::NotHeld {
+                    self.holds.remove(&(*kind, *holder));
+                } else {
+                    let hold = self.held(*kind, holder, answer)?;
+                    hold.ends = later(hold.ends, ends(*lease, answered));
+                }
+            }
+            (Step::Leave { holder, kind }, Answer::Done) => {
+                self.places.remove(&(*kind, *holder));
+            }
+            _ => {}
+        }
+        self.holds.retain(|_, hold| hold.count > 0);
+        Ok(())
+    }
+
+    /// What the program's holders hold at the end: their releases (of every hold) and the
+    /// leaving of their live queue places. Crashed holds and places with a short timeout are
+    /// left to run out.
+    fn wind_up(&self) -> Vec<Step> {
+        let mut holds: Vec<_> = self
+            .holds
+            .iter()
+            .filter(|(_, hold)| !hold.crashed)
+            .map(|((kind, holder), _)| (format!("{kind:?}"), *kind, *holder))
+            .collect();
+        holds.sort_by(|a, b| (&a.0, a.2).cmp(&(&b.0, b.2)));
+        let mut places: Vec<_> = self
+            .places
+            .iter()
+            .filter(|(_, ends)| ends.is_none())
+            .map(|((kind, holder), _)| (format!("{kind:?}"), *kind, *holder))
+            .collect();
+        places.sort_by(|a, b| (&a.0, a.2).cmp(&(&b.0, b.2)));
+        let releases = holds.into_iter().map(|(_, kind, holder)| Step::Release {
+            holder,
+            kind,
+            all: true,
+            attempt: None,
+            handoff: None,
+        });
+        let leaves = places
+            .into_iter()
+            .map(|(_, kind, holder)| Step::Leave { holder, kind });
+        releases.chain(leaves).collect()
+    }
+}
+
+/// The model's view, for a failure message: ends are counted from when it was printed.
+struct View<'a>(&'a Model, Instant);
+
+impl fmt::Display for View<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let View(model, now) = self;
+        let ends = |ends: &Ends| match ends {
+            None => "long".to_owned(),
+            Some(end) if end > now => format!("over in {:?}", *end - *now),
+            Some(end) => format!("over {:?} ago", *now - *end),
+        };
+        let mut lines: Vec<_> = model
+            .holds
+            .iter()
+            .map(|((kind, holder), hold)| {
+                format!(
+                    "  hold  {kind:?} {holder} x{} ({}{})",
+                    hold.count,
+                    ends(&hold.ends),
+                    if hold.crashed { ", crashed" } else { "" }
+                )
+            })
+            .chain(model.places.iter().map(|((kind, holder), place)| {
+                format!("  place {kind:?} {holder} ({})", ends(place))
+            }))
+            .collect();
+        lines.sort();
+        if lines.is_empty() {
+            lines.push("  nothing held, nobody queued".to_owned());
+        }
+        write!(f, "{}", lines.join("\n"))
+    }
+}
+
+/// A fresh holder's acquire of `kind`: a long lease, not queued, never a re-entry.
+fn probe(kind: LockKind, number: u64) -> Sent {
+    // One name per probe, for the length of the test run: a few bytes per probe.
+    let holder: &'static str = Box::leak(format!("p{number}").into_boxed_str());
+    Sent {
+        holder,
+        kind,
+        attempt: format!("p{number}#1"),
+        lease: LONG,
+        fencing: false,
+        queue: None,
+        supersedes: None,
+        reentry: Reentry::Refused,
+        contended: false,
+        late: false,
+        crashes: false,
+    }
+}
+
+/// Where a program stands once its drawn steps are done.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// The program's steps (and probes at random points) are being run.
+    Running,
+    /// The holders give back what they hold and leave their live queue places.
+    WindingUp,
+    /// Every lock is probed once the crashed holds and places ran out.
+    Probing,
+}
+
 /// Runs the program of `seed` on both stores. Returns the first disagreement or violation,
-/// with the steps that led to it.
+/// with the steps that led to it and the model's view.
 async fn compare(seed: u64, redis: &RedisBackend, steps: usize) -> Result<(), String> {
     let memory = MemoryBackend::new();
     let keys = Keys::new(seed);
@@ -503,12 +915,67 @@ async fn compare(seed: u64, redis: &RedisBackend, steps: usize) -> Result<(), St
         sent: HashMap::new(),
         forgotten: Vec::new(),
     };
+    // Probe points come from a generator of their own: the program is the same with or
+    // without them.
+    let mut probing = Rng(seed ^ 0x70B3_5EED_D1FF_0001);
+    let mut probes = 0;
+    let mut model = Model::default();
+    let mut pending = VecDeque::new();
+    let mut drawn = 0;
+    let mut end = End::Running;
     let mut expiries = Expiries::default();
     // Locks an acquire was refused on since they were last freed: their release must notify.
     let mut refused: HashMap<LockKind, bool> = HashMap::new();
     let mut log = String::new();
-    for index in 0..steps {
-        let step = program.step();
+    for index in 0.. {
+        let failed = |what: String, model: &Model, log: &str| {
+            let view = View(model, Instant::now());
+            Err(format!(
+                "seed {seed}, step {index}: {what}\nthe model's view:\n{view}\n{log}"
+            ))
+        };
+        let (step, drawn_now) = match pending.pop_front() {
+            Some(step) => (step, false),
+            None if drawn < steps => {
+                drawn += 1;
+                (program.step(), true)
+            }
+            None if end == End::Running => {
+                end = End::WindingUp;
+                model.prune(Instant::now());
+                pending.extend(model.wind_up());
+                let _ = writeln!(
+                    log,
+                    "     (the holders give back what the model says they hold)"
+                );
+                continue;
+            }
+            None if end == End::WindingUp => {
+                end = End::Probing;
+                // The crashed holds and queue places run out.
+                if let Some(last) = model.last_end() {
+                    tokio::time::sleep_until(last.into()).await;
+                }
+                expiries.clear_of_endings().await;
+                model.prune(Instant::now());
+                let free = model.free();
+                if free.len() < 5 {
+                    return failed(
+                        "the model still keeps holds or places at the end".to_owned(),
+                        &model,
+                        &log,
+                    );
+                }
+                for kind in free {
+                    probes += 1;
+                    let sent = probe(kind, probes);
+                    pending.extend([Step::Probe(sent.clone()), Step::Unprobe(sent)]);
+                }
+                let _ = writeln!(log, "     (every lock is probed)");
+                continue;
+            }
+            None => break,
+        };
         if matches!(step, Step::Expire) {
             expiries.all_over().await;
             refused.clear();
@@ -516,22 +983,23 @@ async fn compare(seed: u64, redis: &RedisBackend, steps: usize) -> Result<(), St
             expiries.clear_of_endings().await;
         }
         let sent = Instant::now();
+        model.prune(sent);
         let on_memory = run(&memory, &keys, &fair, &step).await;
         let on_redis = run(redis, &keys, &fair, &step).await;
         let answered = Instant::now();
-        if let Some(lease) = lease_set(&step) {
-            expiries.add(lease, sent, answered);
+        if sets_short(&step) {
+            expiries.add(sent, answered);
         }
         let _ = writeln!(
             log,
             "{index:>3}: {step:?}\n     memory {:?}, Redis {:?}",
             on_memory.answer, on_redis.answer
         );
-        let failed = |what: String| Err(format!("seed {seed}, step {index}: {what}\n{log}"));
         if on_memory.answer != on_redis.answer {
-            return failed("the stores disagree".to_owned());
+            return failed("the stores disagree".to_owned(), &model, &log);
         }
         let mut free = HashMap::new();
+        let mut inspected = Vec::new();
         for kind in [
             LockKind::Exclusive,
             LockKind::Fair,
@@ -545,12 +1013,18 @@ async fn compare(seed: u64, redis: &RedisBackend, steps: usize) -> Result<(), St
             );
             let (in_memory, in_redis) = match (in_memory, in_redis) {
                 (Ok(a), Ok(b)) => (holds(&a), holds(&b)),
-                (a, b) => return failed(format!("inspect of {kind:?}: {a:?} / {b:?}")),
+                (a, b) => {
+                    return failed(format!("inspect of {kind:?}: {a:?} / {b:?}"), &model, &log);
+                }
             };
             if in_memory != in_redis {
-                return failed(format!(
-                    "inspect of {kind:?} disagrees: memory {in_memory:?}, Redis {in_redis:?}"
-                ));
+                return failed(
+                    format!(
+                        "inspect of {kind:?} disagrees: memory {in_memory:?}, Redis {in_redis:?}"
+                    ),
+                    &model,
+                    &log,
+                );
             }
             // Whether a waiter refused before could now get in.
             let room = match kind {
@@ -558,13 +1032,105 @@ async fn compare(seed: u64, redis: &RedisBackend, steps: usize) -> Result<(), St
                 _ => in_memory.0.is_empty(),
             };
             free.insert(kind, room);
+            inspected.push((kind, in_memory));
+        }
+        if let Err(what) = model.observe(&step, &on_memory.answer, answered) {
+            return failed(what, &model, &log);
+        }
+        // The stores keep no hold the model says ran out, with the holds the answers told,
+        // and no queue place the model does not know of.
+        for (kind, (holders, queued, _)) in &inspected {
+            for (holder, side, count) in holders {
+                let known = model
+                    .holds
+                    .iter()
+                    .find(|((k, h), _)| format!("{k:?}") == *side && h == holder);
+                match known {
+                    Some((_, hold)) if hold.count == *count => {}
+                    Some((_, hold)) => {
+                        return failed(
+                            format!(
+                                "the stores count {count} {side} holds of {holder}, the answers \
+                                 told {}",
+                                hold.count
+                            ),
+                            &model,
+                            &log,
+                        );
+                    }
+                    None => {
+                        return failed(
+                            format!(
+                                "the stores keep a {side} hold of {holder} that the model says \
+                                 was never granted, or is released or ran out"
+                            ),
+                            &model,
+                            &log,
+                        );
+                    }
+                }
+            }
+            let places = model.places(*kind);
+            if *queued > places as u64 {
+                return failed(
+                    format!(
+                        "the stores keep {queued} places in the queue of {kind:?}, the model \
+                         knows of {places}"
+                    ),
+                    &model,
+                    &log,
+                );
+            }
+        }
+        match (&step, &on_memory.answer) {
+            (Step::Probe(sent), Answer::Acquired { count: 1, .. }) => {
+                // The lock was free: refusals before it are over (their waiters were told
+                // when the lease in their way ends, and look again then).
+                if sent.kind != LockKind::Read {
+                    refused.remove(&lock_of(sent.kind));
+                }
+            }
+            (Step::Probe(sent), answer) => {
+                return failed(
+                    format!(
+                        "stranded: the model says nothing holds a newcomer back from {:?}, yet \
+                         the stores answered {answer:?}",
+                        sent.kind
+                    ),
+                    &model,
+                    &log,
+                );
+            }
+            (Step::Unprobe(_), Answer::Released) => {}
+            (Step::Unprobe(_), answer) => {
+                return failed(
+                    format!("the probe's release answered {answer:?}"),
+                    &model,
+                    &log,
+                );
+            }
+            _ => {}
+        }
+        if drawn_now && probing.chance(10) {
+            // A probe point: every lock the model says is free for a newcomer.
+            expiries.clear_of_endings().await;
+            model.prune(Instant::now());
+            for kind in model.free() {
+                probes += 1;
+                let sent = probe(kind, probes);
+                pending.extend([Step::Probe(sent.clone()), Step::Unprobe(sent)]);
+            }
         }
         let (kind, released) = match &step {
             // Waiting follows a refusal, but not of a re-entry only (nothing to wait for) or
-            // of a call delivered late (nobody waits for its answer).
-            Step::Acquire(sent) if sent.late || sent.reentry == Reentry::Only => continue,
+            // of a call delivered late or made by a holder that crashed (nobody waits for its
+            // answer).
+            Step::Acquire(sent) if sent.late || sent.crashes || sent.reentry == Reentry::Only => {
+                continue;
+            }
             Step::Acquire(sent) => (lock_of(sent.kind), false),
             Step::Release { kind, .. } => (lock_of(*kind), on_memory.answer == Answer::Released),
+            Step::Unprobe(sent) => (lock_of(sent.kind), on_memory.answer == Answer::Released),
             _ => continue,
         };
         if on_memory.answer == Answer::Busy {
@@ -575,9 +1141,13 @@ async fn compare(seed: u64, redis: &RedisBackend, steps: usize) -> Result<(), St
         if released && kind != LockKind::Fair && free[&kind] && refused.remove(&kind).is_some() {
             for (store, outcome) in [("memory", &on_memory), ("Redis", &on_redis)] {
                 if !outcome.notified {
-                    return failed(format!(
-                        "{store}: the release that let a refused waiter in notified nobody"
-                    ));
+                    return failed(
+                        format!(
+                            "{store}: the release that let a refused waiter in notified nobody"
+                        ),
+                        &model,
+                        &log,
+                    );
                 }
             }
         }
