@@ -183,6 +183,7 @@ async fn expired_release(name: &'static str, plain_del: bool, runs: usize) -> (u
     };
     let history = bed.scenario.history();
     let mut outcomes = Vec::new();
+    let stalls = super::StallMeter::start();
     for batch in (0..runs).collect::<Vec<_>>().chunks(10) {
         let batch = batch
             .iter()
@@ -211,8 +212,10 @@ async fn expired_release(name: &'static str, plain_del: bool, runs: usize) -> (u
     if !plain_del {
         assert_eq!(leaks.count(), 0, "{leaks:?}");
         assert!(
-            run::quantile_ms(&delays, 0.99) <= 100.0,
-            "B took the lock late after A's expiry: {delays:?}"
+            run::quantile_ms(&delays, 0.99) <= 100.0 + stalls.worst().as_secs_f64() * 1000.0,
+            "B took the lock late after A's expiry: {delays:?} (the runtime woke timers up to \
+             {:?} late)",
+            stalls.worst()
         );
     }
     (violations, wrong)

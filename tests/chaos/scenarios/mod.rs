@@ -296,3 +296,42 @@ pub(crate) fn double_grant_figures(
     );
     (without_wait, with_wait)
 }
+
+/// How late this runtime wakes a 5 ms timer, at worst, while it runs: what a loaded machine
+/// adds to any wake-up the tests time, so that a bound can allow for it instead of counting
+/// on an idle machine.
+pub(crate) struct StallMeter {
+    worst_us: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StallMeter {
+    pub(crate) fn start() -> Self {
+        let worst_us = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let task = tokio::spawn({
+            let worst_us = worst_us.clone();
+            async move {
+                const TICK: Duration = Duration::from_millis(5);
+                loop {
+                    let asked = tokio::time::Instant::now();
+                    tokio::time::sleep(TICK).await;
+                    let late = asked.elapsed().saturating_sub(TICK);
+                    let late_us = u64::try_from(late.as_micros()).unwrap_or(u64::MAX);
+                    worst_us.fetch_max(late_us, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        });
+        Self { worst_us, task }
+    }
+
+    /// The worst lateness seen so far.
+    pub(crate) fn worst(&self) -> Duration {
+        Duration::from_micros(self.worst_us.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+impl Drop for StallMeter {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
