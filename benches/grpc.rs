@@ -27,30 +27,36 @@
 #[path = "../examples/common/bank.rs"]
 mod bank;
 mod common;
+#[path = "common/load.rs"]
+mod load;
 #[path = "common/measure.rs"]
 mod measure;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::BTreeMap,
     convert::Infallible,
     fmt::Write as _,
     future::Future,
     pin::Pin,
-    sync::{Arc, Mutex},
     task::{Context, Poll},
     time::{Duration, Instant},
 };
 
 use bank::{Account, Balance, BalanceStream, BankClient, BankServer, Change, with_metadata};
-use measure::{Errors, Spread, cpu_time, lock_selected, ms, quantile, rotated, selected, us};
+use load::{
+    Balances, Figure, Load, Sample, Seen, Variant as _, Xorshift, added_p50, per_rep, show,
+};
+use measure::{Errors, ms};
 use tonic::{Request, Response, Status, body::Body, server::NamedService, transport::server};
 use tower::Layer;
 use tower_lock::{LockClient, LockLayer, grpc::GrpcRejection, key};
 
 /// The environment variable that makes the bench binary the load generator.
 const WORKER_ENV: &str = "TOWER_LOCK_BENCH_GRPC_LOADGEN";
+/// The prefix of the variables that tell the load generator its load.
+const LOAD_ENV: &str = "BENCH_GRPC";
 /// The metadata entry the locks take the account from.
 const ACCOUNT_ID: &str = "account-id";
 /// Lock lease (tower-lock's default watchdog lease; rslock's TTL) and the longest wait.
@@ -69,7 +75,9 @@ enum Variant {
 
 impl Variant {
     const ALL: [Self; 3] = [Self::NoLock, Self::Redis, Self::Rslock];
+}
 
+impl load::Variant for Variant {
     fn name(self) -> &'static str {
         match self {
             Self::NoLock => "(a) no lock",
@@ -78,7 +86,6 @@ impl Variant {
         }
     }
 
-    /// Its tag in `BENCH_LOCKS`.
     fn tag(self) -> &'static str {
         match self {
             Self::NoLock => "none",
@@ -89,116 +96,54 @@ impl Variant {
 }
 
 /// One workload: calls in flight and the accounts they spread over.
-#[derive(Clone, Copy)]
-struct Workload {
-    name: &'static str,
-    what: &'static str,
-    in_flight: usize,
-    accounts: usize,
-}
+type Workload = load::Workload<Variant, ()>;
 
 const WORKLOADS: [Workload; 3] = [
     Workload {
         name: "G1",
         what: "32 calls in flight over 1000 accounts",
+        call: (),
+        variants: &Variant::ALL,
         in_flight: 32,
         accounts: 1000,
     },
     Workload {
         name: "G2",
         what: "16 calls in flight on one account",
+        call: (),
+        variants: &Variant::ALL,
         in_flight: 16,
         accounts: 1,
     },
     Workload {
         name: "G3",
         what: "one call at a time over 1000 accounts",
+        call: (),
+        variants: &Variant::ALL,
         in_flight: 1,
         accounts: 1000,
     },
 ];
 
 fn main() {
-    if std::env::var_os(WORKER_ENV).is_some() {
-        load_generator();
-        return;
-    }
-    let window = common::window();
-    let reps = measure::reps(3);
-    let runtime = common::runtime();
-    let server = support::RedisServer::start();
-    runtime.block_on(async {
-        let url = server.url();
-        let rtt = common::ping_rtt(&url).await;
-        let version: Vec<String> = support::redis_version()
-            .iter()
-            .map(u32::to_string)
-            .collect();
-        println!(
-            "redis-server {}, PING round trip {:.1} µs; {reps} repetitions of {:.1} s windows; {} CPUs",
-            version.join("."),
-            us(rtt),
-            window.as_secs_f64(),
-            std::thread::available_parallelism().map_or(0, |n| n.get()),
-        );
+    load::main(WORKER_ENV, load_generator, async |url, reps, window| {
         println!(
             "(c) rslock: {RSLOCK_RETRY_COUNT} retries per lock() with a random delay below {RSLOCK_RETRY_DELAY:?}, acquire() looping, TTL {LEASE:?}"
         );
-        let mut summary = Vec::new();
-        for workload in WORKLOADS {
-            if !selected(workload.name) {
-                continue;
-            }
-            println!();
-            println!("{}: {}", workload.name, workload.what);
-            let mut runs: Vec<(Variant, Run)> = Vec::new();
-            let mut pings: Vec<f64> = Vec::new();
-            for rep in 0..reps {
-                pings.push(us(common::ping_rtt(&url).await));
-                for variant in rotated(&Variant::ALL, rep) {
-                    if !lock_selected(variant.tag()) {
-                        continue;
-                    }
-                    match run(variant, &url, workload, window).await {
-                        Ok(mut run) => {
-                            run.rep = rep;
-                            runs.push((variant, run));
-                        }
-                        Err(e) => println!("  {} rep {rep}: {e}", variant.name()),
-                    }
-                }
-            }
-            summary.extend(report(workload, &runs, &pings));
-        }
+        let summary = load::drive(
+            url,
+            reps,
+            &WORKLOADS,
+            |variant, workload| run(variant, url, workload, window),
+            report,
+        )
+        .await;
         print_summary(&summary);
     });
-    drop(server);
 }
 
-/// Balances held in process memory; read and written in separate steps, as with a database.
-#[derive(Clone, Default)]
-struct Ledger {
-    balances: Arc<Mutex<HashMap<String, i64>>>,
-}
-
-impl Ledger {
-    fn read(&self, account: &str) -> i64 {
-        let balances = self.balances.lock().unwrap_or_else(|e| e.into_inner());
-        balances.get(account).copied().unwrap_or(0)
-    }
-
-    fn write(&self, account: &str, balance: i64) {
-        let mut balances = self.balances.lock().unwrap_or_else(|e| e.into_inner());
-        balances.insert(account.to_owned(), balance);
-    }
-
-    fn total(&self) -> i64 {
-        let balances = self.balances.lock().unwrap_or_else(|e| e.into_inner());
-        balances.values().sum()
-    }
-}
-
-impl bank::Bank for Ledger {
+/// Deposits on balances held in process memory.
+impl bank::Bank for Balances {
     async fn withdraw(&self, _: Request<Change>) -> Result<Response<Balance>, Status> {
         Err(Status::unimplemented("deposits only"))
     }
@@ -298,7 +243,7 @@ where
 async fn app(
     variant: Variant,
     url: &str,
-    ledger: Ledger,
+    ledger: Balances,
 ) -> Result<(server::Router, Option<LockClient<tower_lock::RedisBackend>>), String> {
     let mut builder = tonic::transport::Server::builder();
     let service = BankServer::new(ledger);
@@ -330,12 +275,10 @@ async fn app(
 /// One run of one variant.
 #[derive(Debug, Default)]
 struct Run {
-    rep: usize,
     /// Successful calls per second.
     ok_rate: f64,
     p50: Duration,
     p99: Duration,
-    ok: u64,
     /// Successes − the sum of the balances' increase.
     lost: i64,
     /// Failed calls by gRPC status code.
@@ -353,15 +296,9 @@ async fn run(
     workload: Workload,
     window: Duration,
 ) -> Result<Run, String> {
-    let ledger = Ledger::default();
+    let ledger = Balances::default();
     let (router, locks) = app(variant, url, ledger.clone()).await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| format!("bind: {e}"))?;
-    let base = format!(
-        "http://{}",
-        listener.local_addr().map_err(|e| e.to_string())?
-    );
+    let (listener, base) = load::bind_loopback().await?;
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
@@ -370,19 +307,8 @@ async fn run(
     // One warm-up call: connections and scripts ready before the window.
     warm_up(&base).await;
     let warm = ledger.total();
-    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    let cpu = cpu_time();
-    let output = tokio::process::Command::new(exe)
-        .env(WORKER_ENV, "1")
-        .env("BENCH_GRPC_BASE", &base)
-        .env("BENCH_GRPC_IN_FLIGHT", workload.in_flight.to_string())
-        .env("BENCH_GRPC_ACCOUNTS", workload.accounts.to_string())
-        .env("BENCH_GRPC_SECS", window.as_secs_f64().to_string())
-        .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(|e| format!("load generator: {e}"))?;
-    let cpu = cpu_time().saturating_sub(cpu);
+    let load = Load::new(base, &workload, window);
+    let (output, cpu) = load.generate(WORKER_ENV, LOAD_ENV, &[]).await?;
     let _ = stop.send(());
     if tokio::time::timeout(Duration::from_secs(5), server)
         .await
@@ -393,39 +319,21 @@ async fn run(
     if let Some(locks) = locks {
         locks.shutdown().await;
     }
-    if !output.status.success() {
-        return Err(format!(
-            "load generator exited with {}: {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        ));
-    }
     let mut run = Run::default();
-    let mut calls = 0u64;
-    let mut secs = 0.0;
-    for line in String::from_utf8_lossy(&output.stdout).lines() {
-        let fields: Vec<&str> = line.split('\t').collect();
-        let field = |i: usize| fields.get(i).copied().unwrap_or("");
-        let num = |i: usize| field(i).parse::<f64>().unwrap_or(0.0);
-        match field(0) {
-            "calls" => calls = num(1) as u64,
-            "ok" => run.ok = num(1) as u64,
-            "secs" => secs = num(1),
-            "p50" => run.p50 = Duration::from_nanos(num(1) as u64),
-            "p99" => run.p99 = Duration::from_nanos(num(1) as u64),
-            "code" => {
-                run.codes.insert(field(1).to_owned(), num(2) as u64);
-                run.first.insert(field(1).to_owned(), field(3).to_owned());
-            }
-            "error" => run.errors.add_n(field(1), num(2) as u64, field(3)),
-            _ => {}
+    let seen = Seen::read(&load::stdout(&output)?, |fields| {
+        if fields[0] == "code" {
+            let field = |i: usize| fields.get(i).copied().unwrap_or("");
+            run.codes
+                .insert(field(1).to_owned(), load::num(fields, 2) as u64);
+            run.first.insert(field(1).to_owned(), field(3).to_owned());
         }
-    }
-    if secs > 0.0 {
-        run.ok_rate = run.ok as f64 / secs;
-    }
-    run.lost = run.ok as i64 - (ledger.total() - warm);
-    run.server_cpu_us = us(cpu) / calls.max(1) as f64;
+    });
+    run.ok_rate = seen.ok_rate();
+    run.lost = seen.ok as i64 - (ledger.total() - warm);
+    run.server_cpu_us = seen.cpu_per_call(cpu);
+    run.p50 = seen.p50;
+    run.p99 = seen.p99;
+    run.errors = seen.errors;
     Ok(run)
 }
 
@@ -445,11 +353,12 @@ async fn warm_up(base: &str) {
 /// The load generator process: keeps `BENCH_GRPC_IN_FLIGHT` calls in flight on one HTTP/2
 /// channel for `BENCH_GRPC_SECS`, then prints what it saw.
 fn load_generator() {
-    let var = |name: &str| std::env::var(name).unwrap_or_default();
-    let base = var("BENCH_GRPC_BASE");
-    let in_flight: usize = var("BENCH_GRPC_IN_FLIGHT").parse().unwrap_or(1);
-    let accounts: u64 = var("BENCH_GRPC_ACCOUNTS").parse().unwrap_or(1).max(1);
-    let window = Duration::from_secs_f64(var("BENCH_GRPC_SECS").parse().unwrap_or(2.0));
+    let Load {
+        base,
+        in_flight,
+        accounts,
+        window,
+    } = Load::from_env(LOAD_ENV);
     let runtime = common::runtime();
     let report = runtime.block_on(async move {
         let mut report = String::new();
@@ -465,18 +374,13 @@ fn load_generator() {
         for task in 0..in_flight {
             let mut client = client.clone();
             tasks.spawn(async move {
-                // xorshift: a spread of accounts, the same in every run.
-                let mut state = 0x9e37_79b9_7f4a_7c15_u64
-                    ^ (task as u64 + 1).wrapping_mul(0x2545_f491_4f6c_dd1d);
+                let mut accounts_at = Xorshift::new(task);
                 let mut latencies = Vec::new();
                 let mut ok = 0u64;
                 // Failed calls by code, with the first message of each.
                 let mut codes = Errors::default();
                 while start.elapsed() < window {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    let account = (state % accounts).to_string();
+                    let account = (accounts_at.next() % accounts).to_string();
                     let change = Change {
                         account: account.clone(),
                         amount: 1,
@@ -509,46 +413,24 @@ fn load_generator() {
                 Err(e) => errors.add("task", || e.to_string()),
             }
         }
-        let elapsed = start.elapsed();
+        let secs = start.elapsed().as_secs_f64();
         latencies.sort_unstable();
-        let _ = writeln!(report, "calls\t{}", latencies.len());
-        let _ = writeln!(report, "ok\t{ok}");
-        let _ = writeln!(report, "secs\t{}", elapsed.as_secs_f64());
-        let _ = writeln!(report, "p50\t{}", quantile(&latencies, 0.5).as_nanos());
-        let _ = writeln!(report, "p99\t{}", quantile(&latencies, 0.99).as_nanos());
+        Seen::of(&latencies, ok, secs, errors).write(&mut report);
         for (code, n, first) in codes.entries() {
             let first = first.replace(['\t', '\n'], " ");
             let _ = writeln!(report, "code\t{code}\t{n}\t{first}");
-        }
-        for (kind, n, first) in errors.entries() {
-            let first = first.replace(['\t', '\n'], " ");
-            let _ = writeln!(report, "error\t{kind}\t{n}\t{first}");
         }
         report
     });
     print!("{report}");
 }
 
-/// One summary figure: its label, whether it is a count (summed over the repetitions in the
-/// summary), and per variant its value in each repetition.
-struct Figure {
-    label: String,
-    summed: bool,
-    cells: Vec<(Variant, Vec<f64>)>,
-}
-
-impl Figure {
-    fn new(label: String, summed: bool) -> Self {
-        Self {
-            label,
-            summed,
-            cells: Vec::new(),
-        }
-    }
-}
-
 /// Prints one workload's figures; returns its summary rows.
-fn report(workload: Workload, runs: &[(Variant, Run)], pings: &[f64]) -> Vec<Figure> {
+fn report(
+    workload: Workload,
+    runs: &[Sample<Variant, Run>],
+    pings: &[f64],
+) -> Vec<Figure<Variant>> {
     let name = workload.name;
     println!(
         "  {:<22} {:>22} {:>18} {:>18} {:>14} {:>20} {:>8}",
@@ -565,21 +447,13 @@ fn report(workload: Workload, runs: &[(Variant, Run)], pings: &[f64]) -> Vec<Fig
     for variant in Variant::ALL {
         let mine: Vec<&Run> = runs
             .iter()
-            .filter(|r| r.0 == variant)
-            .map(|r| &r.1)
+            .filter(|s| s.variant == variant)
+            .map(|s| &s.run)
             .collect();
         if mine.is_empty() {
             continue;
         }
-        let of = |f: &dyn Fn(&Run) -> f64| -> Vec<f64> {
-            (0..pings.len())
-                .map(|rep| {
-                    runs.iter()
-                        .find(|(v, r)| *v == variant && r.rep == rep)
-                        .map_or(f64::NAN, |(_, r)| f(r))
-                })
-                .collect()
-        };
+        let of = |f: &dyn Fn(&Run) -> f64| per_rep(runs, variant, pings.len(), f);
         let failed_of = |r: &Run| (r.codes.values().sum::<u64>() + r.errors.total()) as f64;
         let values = [
             of(&|r| r.ok_rate),
@@ -629,33 +503,14 @@ fn report(workload: Workload, runs: &[(Variant, Run)], pings: &[f64]) -> Vec<Fig
     }
     if workload.in_flight == 1 {
         // The latency each lock adds to (a), per repetition, in µs and in PING round trips.
-        println!(
-            "  PING round trip per repetition: {} µs",
-            Spread::of(pings.iter().copied()).show(1)
-        );
         let mut added = Figure::new(format!("{name} added p50 µs"), false);
-        for variant in [Variant::Redis, Variant::Rslock] {
-            let mut micros = Vec::new();
-            let mut rtts = Vec::new();
-            for (rep, ping) in pings.iter().enumerate() {
-                let p50 = |v: Variant| {
-                    runs.iter()
-                        .find(|(w, r)| *w == v && r.rep == rep)
-                        .map(|(_, r)| us(r.p50))
-                };
-                let added = match (p50(Variant::NoLock), p50(variant)) {
-                    (Some(base), Some(with)) => with - base,
-                    _ => f64::NAN,
-                };
-                micros.push(added);
-                rtts.push(added / ping);
-            }
-            println!(
-                "  {:<22} adds {} µs at p50 over (a) = {} PING round trips",
-                variant.name(),
-                show(&micros, 0),
-                show(&rtts, 2)
-            );
+        for (variant, micros, _) in added_p50(
+            runs,
+            pings,
+            Variant::NoLock,
+            &[Variant::Redis, Variant::Rslock],
+            |r| r.p50,
+        ) {
             added.cells.push((variant, micros));
         }
         figures.push(added);
@@ -663,14 +518,9 @@ fn report(workload: Workload, runs: &[(Variant, Run)], pings: &[f64]) -> Vec<Fig
     figures
 }
 
-/// `median (min–max)` of per-repetition values.
-fn show(values: &[f64], decimals: usize) -> String {
-    Spread::of(values.iter().copied()).show(decimals)
-}
-
 /// The summary table: medians per variant (sums for counts), and (b) / (c), tower-lock's layer
 /// to the rslock layer, of the medians and within each repetition.
-fn print_summary(figures: &[Figure]) {
+fn print_summary(figures: &[Figure<Variant>]) {
     println!();
     println!("Summary: medians over the repetitions (lost updates and failures: sums).");
     println!(
@@ -679,48 +529,5 @@ fn print_summary(figures: &[Figure]) {
     println!(
         "ratio within each repetition; > 1 is better for tower-lock on rates, < 1 on times and costs."
     );
-    print!("  {:<30}", "figure");
-    for variant in Variant::ALL {
-        print!(" {:>21}", variant.name());
-    }
-    println!(" {:>7} {:>18}", "ratio", "per-rep ratio");
-    for Figure {
-        label,
-        summed,
-        cells,
-    } in figures
-    {
-        print!("  {label:<30}");
-        let cell = |v: Variant| {
-            cells
-                .iter()
-                .find(|(w, _)| *w == v)
-                .map(|(_, x)| x.as_slice())
-        };
-        for variant in Variant::ALL {
-            match cell(variant) {
-                Some(x) if *summed => {
-                    print!(" {:>21.0}", x.iter().filter(|v| !v.is_nan()).sum::<f64>())
-                }
-                Some(x) => match Spread::of(x.iter().copied()).median {
-                    m if m.is_nan() => print!(" {:>21}", "-"),
-                    m => print!(" {:>21}", measure::cell(m, 3)),
-                },
-                None => print!(" {:>21}", "-"),
-            }
-        }
-        match (cell(Variant::Redis), cell(Variant::Rslock)) {
-            (Some(b), Some(c)) if !summed => {
-                let median = |v: &[f64]| Spread::of(v.iter().copied()).median;
-                let per_rep = Spread::of(
-                    b.iter()
-                        .zip(c)
-                        .map(|(b, c)| b / c)
-                        .filter(|r| r.is_finite()),
-                );
-                println!(" {:>7.2} {:>18}", median(b) / median(c), per_rep.show(2));
-            }
-            _ => println!(" {:>7} {:>18}", "-", "-"),
-        }
-    }
+    load::print_table(figures, &Variant::ALL, (Variant::Redis, Variant::Rslock));
 }

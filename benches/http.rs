@@ -32,6 +32,8 @@
 //!   among 4 accounts (opposite transfers at once are common).
 
 mod common;
+#[path = "common/load.rs"]
+mod load;
 #[path = "common/measure.rs"]
 mod measure;
 #[path = "../tests/support/mod.rs"]
@@ -40,7 +42,6 @@ mod support;
 use std::{
     collections::{BTreeMap, HashMap},
     fmt::Write as _,
-    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -55,11 +56,16 @@ use axum::{
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
-use measure::{Errors, Spread, cpu_time, lock_selected, ms, quantile, rotated, selected, us};
+use load::{
+    Balances, Figure, Load, Sample, Seen, Variant as _, Xorshift, added_p50, per_rep, ratios, show,
+};
+use measure::{Errors, Spread, ms};
 use tower_lock::{Backend, LockClient, LockLayer, MemoryBackend, key};
 
 /// The environment variable that makes the bench binary the load generator.
 const WORKER_ENV: &str = "TOWER_LOCK_BENCH_LOADGEN";
+/// The prefix of the variables that tell the load generator its load.
+const LOAD_ENV: &str = "BENCH_HTTP";
 /// Lock lease (tower-lock's default watchdog lease; rslock's TTL) and the longest wait.
 const LEASE: Duration = Duration::from_secs(30);
 const WAIT: Duration = Duration::from_secs(30);
@@ -89,7 +95,9 @@ impl Variant {
     ];
     /// One key per request: a request order to get wrong needs two.
     const DEPOSITS: &[Self] = &[Self::NoLock, Self::Memory, Self::Redis, Self::Rslock];
+}
 
+impl load::Variant for Variant {
     fn name(self) -> &'static str {
         match self {
             Self::NoLock => "(a) no lock",
@@ -100,7 +108,6 @@ impl Variant {
         }
     }
 
-    /// Its tag in `BENCH_LOCKS`.
     fn tag(self) -> &'static str {
         match self {
             Self::NoLock => "none",
@@ -131,21 +138,13 @@ impl Route {
 }
 
 /// One workload: its route, requests in flight and the accounts they spread over.
-#[derive(Clone, Copy)]
-struct Workload {
-    name: &'static str,
-    what: &'static str,
-    route: Route,
-    variants: &'static [Variant],
-    in_flight: usize,
-    accounts: usize,
-}
+type Workload = load::Workload<Variant, Route>;
 
 const WORKLOADS: [Workload; 5] = [
     Workload {
         name: "H1",
         what: "32 in flight over 1000 accounts",
-        route: Route::Deposit,
+        call: Route::Deposit,
         variants: Variant::DEPOSITS,
         in_flight: 32,
         accounts: 1000,
@@ -153,7 +152,7 @@ const WORKLOADS: [Workload; 5] = [
     Workload {
         name: "H2",
         what: "16 in flight on one account",
-        route: Route::Deposit,
+        call: Route::Deposit,
         variants: Variant::DEPOSITS,
         in_flight: 16,
         accounts: 1,
@@ -161,7 +160,7 @@ const WORKLOADS: [Workload; 5] = [
     Workload {
         name: "H3",
         what: "one request at a time over 1000 accounts",
-        route: Route::Deposit,
+        call: Route::Deposit,
         variants: Variant::DEPOSITS,
         in_flight: 1,
         accounts: 1000,
@@ -169,7 +168,7 @@ const WORKLOADS: [Workload; 5] = [
     Workload {
         name: "T1",
         what: "transfers, 32 in flight between random pairs of 1000 accounts",
-        route: Route::Transfer,
+        call: Route::Transfer,
         variants: &Variant::ALL,
         in_flight: 32,
         accounts: 1000,
@@ -177,7 +176,7 @@ const WORKLOADS: [Workload; 5] = [
     Workload {
         name: "T2",
         what: "transfers, 16 in flight among 4 accounts",
-        route: Route::Transfer,
+        call: Route::Transfer,
         variants: &Variant::ALL,
         in_flight: 16,
         accounts: 4,
@@ -185,97 +184,27 @@ const WORKLOADS: [Workload; 5] = [
 ];
 
 fn main() {
-    if std::env::var_os(WORKER_ENV).is_some() {
-        load_generator();
-        return;
-    }
-    let window = common::window();
-    let reps = measure::reps(3);
-    let runtime = common::runtime();
-    let server = support::RedisServer::start();
-    runtime.block_on(async {
-        let url = server.url();
-        let rtt = common::ping_rtt(&url).await;
-        let version: Vec<String> = support::redis_version()
-            .iter()
-            .map(u32::to_string)
-            .collect();
-        println!(
-            "redis-server {}, PING round trip {:.1} µs; {reps} repetitions of {:.1} s windows; {} CPUs",
-            version.join("."),
-            us(rtt),
-            window.as_secs_f64(),
-            std::thread::available_parallelism().map_or(0, |n| n.get()),
-        );
+    load::main(WORKER_ENV, load_generator, async |url, reps, window| {
         println!(
             "(d) rslock: {RSLOCK_RETRY_COUNT} retries per lock() with a random delay below {RSLOCK_RETRY_DELAY:?}, acquire() looping, TTL {LEASE:?}"
         );
         println!(
             "transfers: (d) locks in sorted order, lock() looping until a {WAIT:?} deadline; (e) in request order, {NAIVE_WAIT:?} deadline"
         );
-        let mut summary = Vec::new();
-        for workload in WORKLOADS {
-            if !selected(workload.name) {
-                continue;
-            }
-            println!();
-            println!("{}: {}", workload.name, workload.what);
-            let mut runs: Vec<(Variant, Run)> = Vec::new();
-            let mut pings: Vec<f64> = Vec::new();
-            for rep in 0..reps {
-                pings.push(us(common::ping_rtt(&url).await));
-                for variant in rotated(workload.variants, rep) {
-                    if !lock_selected(variant.tag()) {
-                        continue;
-                    }
-                    match run(variant, &url, workload, window).await {
-                        Ok(mut run) => {
-                            run.rep = rep;
-                            runs.push((variant, run));
-                        }
-                        Err(e) => println!("  {} rep {rep}: {e}", variant.name()),
-                    }
-                }
-            }
-            summary.extend(report(workload, &runs, &pings));
-        }
+        let summary = load::drive(
+            url,
+            reps,
+            &WORKLOADS,
+            |variant, workload| run(variant, url, workload, window),
+            report,
+        )
+        .await;
         print_summary(&summary);
     });
-    drop(server);
-}
-
-/// Balances held in process memory; read and written in separate steps, as with a database.
-#[derive(Clone, Default)]
-struct Bank {
-    balances: Arc<Mutex<HashMap<String, i64>>>,
-}
-
-impl Bank {
-    fn read(&self, account: &str) -> i64 {
-        let balances = self.balances.lock().unwrap_or_else(|e| e.into_inner());
-        balances.get(account).copied().unwrap_or(0)
-    }
-
-    fn write(&self, account: &str, balance: i64) {
-        let mut balances = self.balances.lock().unwrap_or_else(|e| e.into_inner());
-        balances.insert(account.to_owned(), balance);
-    }
-
-    fn total(&self) -> i64 {
-        let balances = self.balances.lock().unwrap_or_else(|e| e.into_inner());
-        balances.values().sum()
-    }
-
-    fn snapshot(&self) -> HashMap<String, i64> {
-        self.balances
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
 }
 
 /// Deposits 1: read the balance, await, write it back.
-async fn deposit(State(bank): State<Bank>, Path(id): Path<String>) -> &'static str {
+async fn deposit(State(bank): State<Balances>, Path(id): Path<String>) -> &'static str {
     let balance = bank.read(&id);
     tokio::task::yield_now().await;
     bank.write(&id, balance + 1);
@@ -284,7 +213,7 @@ async fn deposit(State(bank): State<Bank>, Path(id): Path<String>) -> &'static s
 
 /// Transfers 1: read both balances, await, write both back.
 async fn transfer(
-    State(bank): State<Bank>,
+    State(bank): State<Balances>,
     Path((from, to)): Path<(String, String)>,
 ) -> Result<&'static str, StatusCode> {
     // One account on both sides would write two stale balances to one key.
@@ -378,7 +307,7 @@ async fn release_all(locks: Vec<rslock::Lock>) {
 }
 
 /// The unlocked routes of `route`.
-fn routes(route: Route) -> Router<Bank> {
+fn routes(route: Route) -> Router<Balances> {
     match route {
         Route::Deposit => Router::new().route("/accounts/{id}/deposit", post(deposit)),
         Route::Transfer => Router::new().route("/transfers/{from}/{to}", post(transfer)),
@@ -388,7 +317,7 @@ fn routes(route: Route) -> Router<Bank> {
 /// `route` under a `LockLayer` on `locks`. Keys are prefixed `account:`, so the lock of an
 /// account is `account:<id>` for a deposit and for either side of a transfer alike (a set's
 /// namespace is otherwise the matched route, as its two parameters' differ).
-fn locked<B: Backend>(route: Route, locks: &LockClient<B>) -> Router<Bank> {
+fn locked<B: Backend>(route: Route, locks: &LockClient<B>) -> Router<Balances> {
     let layer = LockLayer::new(locks.clone()).wait(WAIT);
     match route {
         Route::Deposit => {
@@ -407,7 +336,7 @@ async fn app(
     variant: Variant,
     route: Route,
     url: &str,
-    bank: Bank,
+    bank: Balances,
 ) -> Result<(Router, Stop), String> {
     let rslock = || {
         let mut locks = rslock::LockManager::new(vec![url.to_owned()]);
@@ -468,14 +397,12 @@ enum Stop {
 /// One run of one variant.
 #[derive(Debug, Default)]
 struct Run {
-    rep: usize,
     /// Responses per second, whatever their status.
     rate: f64,
     /// 2xx responses per second: for transfers, the transfers made.
     ok_rate: f64,
     p50: Duration,
     p99: Duration,
-    ok: u64,
     /// Deposits: successes − the sum of the balances' increase. Transfers: the sum over the
     /// accounts of |balance − what the successful transfers make it|; unlike the drift, lost
     /// writes of opposite signs do not cancel in it.
@@ -495,86 +422,43 @@ async fn run(
     workload: Workload,
     window: Duration,
 ) -> Result<Run, String> {
-    let bank = Bank::default();
-    let (router, stop) = app(variant, workload.route, url, bank.clone()).await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| format!("bind: {e}"))?;
-    let base = format!(
-        "http://{}",
-        listener.local_addr().map_err(|e| e.to_string())?
-    );
+    let bank = Balances::default();
+    let (router, stop) = app(variant, workload.call, url, bank.clone()).await?;
+    let (listener, base) = load::bind_loopback().await?;
     let server = tokio::spawn(async move { axum::serve(listener, router).await });
     // One warm-up request: connections and scripts ready before the window.
-    warm_up(&base, workload.route).await;
+    warm_up(&base, workload.call).await;
     let warm = bank.snapshot();
-    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    let cpu = cpu_time();
-    let output = tokio::process::Command::new(exe)
-        .env(WORKER_ENV, "1")
-        .env("BENCH_HTTP_BASE", &base)
-        .env("BENCH_HTTP_ROUTE", workload.route.as_str())
-        .env("BENCH_HTTP_IN_FLIGHT", workload.in_flight.to_string())
-        .env("BENCH_HTTP_ACCOUNTS", workload.accounts.to_string())
-        .env("BENCH_HTTP_SECS", window.as_secs_f64().to_string())
-        .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(|e| format!("load generator: {e}"))?;
-    let cpu = cpu_time().saturating_sub(cpu);
+    let load = Load::new(base, &workload, window);
+    let route = [("ROUTE", workload.call.as_str())];
+    let (output, cpu) = load.generate(WORKER_ENV, LOAD_ENV, &route).await?;
     server.abort();
     match stop {
         Stop::Nothing => {}
         Stop::Memory(locks) => locks.shutdown().await,
         Stop::Redis(locks) => locks.shutdown().await,
     }
-    if !output.status.success() {
-        return Err(format!(
-            "load generator exited with {}: {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        ));
-    }
     let mut run = Run::default();
-    let mut requests = 0u64;
-    let mut secs = 0.0;
     // Per account, what the successful transfers added.
     let mut net: HashMap<String, i64> = HashMap::new();
-    for line in String::from_utf8_lossy(&output.stdout).lines() {
-        let fields: Vec<&str> = line.split('\t').collect();
-        let num = |i: usize| {
-            fields
-                .get(i)
-                .and_then(|f| f.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        };
-        match fields.first().copied() {
-            Some("requests") => requests = num(1) as u64,
-            Some("ok") => run.ok = num(1) as u64,
-            Some("secs") => secs = num(1),
-            Some("rate") => run.rate = num(1),
-            Some("p50") => run.p50 = Duration::from_nanos(num(1) as u64),
-            Some("p99") => run.p99 = Duration::from_nanos(num(1) as u64),
-            Some("status") => {
-                run.statuses.insert(num(1) as u16, num(2) as u64);
-            }
-            Some("net") => {
-                net.insert(fields.get(1).unwrap_or(&"?").to_string(), num(2) as i64);
-            }
-            Some("error") => run.errors.add_n(
-                fields.get(1).unwrap_or(&"?"),
-                num(2) as u64,
-                fields.get(3).unwrap_or(&""),
-            ),
-            _ => {}
+    let seen = Seen::read(&load::stdout(&output)?, |fields| match fields[0] {
+        "rate" => run.rate = load::num(fields, 1),
+        "status" => {
+            run.statuses
+                .insert(load::num(fields, 1) as u16, load::num(fields, 2) as u64);
         }
-    }
-    if secs > 0.0 {
-        run.ok_rate = run.ok as f64 / secs;
-    }
+        "net" => {
+            let account = fields.get(1).unwrap_or(&"?").to_string();
+            net.insert(account, load::num(fields, 2) as i64);
+        }
+        _ => {}
+    });
+    run.ok_rate = seen.ok_rate();
+    run.p50 = seen.p50;
+    run.p99 = seen.p99;
     let warm_total: i64 = warm.values().sum();
-    match workload.route {
-        Route::Deposit => run.lost = run.ok as i64 - (bank.total() - warm_total),
+    match workload.call {
+        Route::Deposit => run.lost = seen.ok as i64 - (bank.total() - warm_total),
         Route::Transfer => {
             let after = bank.snapshot();
             run.drift = after.values().sum::<i64>() - warm_total;
@@ -590,7 +474,8 @@ async fn run(
                 .sum();
         }
     }
-    run.server_cpu_us = us(cpu) / requests.max(1) as f64;
+    run.server_cpu_us = seen.cpu_per_call(cpu);
+    run.errors = seen.errors;
     Ok(run)
 }
 
@@ -612,12 +497,14 @@ async fn warm_up(base: &str, route: Route) {
 /// The load generator process: keeps `BENCH_HTTP_IN_FLIGHT` requests in flight for
 /// `BENCH_HTTP_SECS`, then prints what it saw.
 fn load_generator() {
-    let var = |name: &str| std::env::var(name).unwrap_or_default();
-    let base = var("BENCH_HTTP_BASE");
-    let transfers = var("BENCH_HTTP_ROUTE") == Route::Transfer.as_str();
-    let in_flight: usize = var("BENCH_HTTP_IN_FLIGHT").parse().unwrap_or(1);
-    let accounts: u64 = var("BENCH_HTTP_ACCOUNTS").parse().unwrap_or(1).max(1);
-    let window = Duration::from_secs_f64(var("BENCH_HTTP_SECS").parse().unwrap_or(2.0));
+    let Load {
+        base,
+        in_flight,
+        accounts,
+        window,
+    } = Load::from_env(LOAD_ENV);
+    let transfers =
+        std::env::var(format!("{LOAD_ENV}_ROUTE")).is_ok_and(|r| r == Route::Transfer.as_str());
     let runtime = common::runtime();
     let report = runtime.block_on(async move {
         let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
@@ -626,18 +513,14 @@ fn load_generator() {
         for task in 0..in_flight {
             let (client, base) = (client.clone(), base.clone());
             tasks.spawn(async move {
-                // xorshift: a spread of accounts, the same in every run.
-                let mut state = 0x9e37_79b9_7f4a_7c15_u64
-                    ^ (task as u64 + 1).wrapping_mul(0x2545_f491_4f6c_dd1d);
+                let mut accounts_at = Xorshift::new(task);
                 let mut latencies = Vec::new();
                 let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
                 let mut errors = Errors::default();
                 // Transfers: per account, what the successful ones added.
                 let mut net: HashMap<u64, i64> = HashMap::new();
                 while start.elapsed() < window {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
+                    let state = accounts_at.next();
                     let from = state % accounts;
                     // Another account, uniformly: never a transfer to itself.
                     let to = (from + 1 + (state / accounts) % (accounts - 1).max(1)) % accounts;
@@ -690,7 +573,7 @@ fn load_generator() {
                 Err(e) => errors.add("task", || e.to_string()),
             }
         }
-        let elapsed = start.elapsed();
+        let secs = start.elapsed().as_secs_f64();
         latencies.sort_unstable();
         let ok: u64 = statuses
             .iter()
@@ -698,54 +581,27 @@ fn load_generator() {
             .map(|(_, n)| n)
             .sum();
         let mut report = String::new();
-        let _ = writeln!(report, "requests\t{}", latencies.len());
-        let _ = writeln!(report, "ok\t{ok}");
-        let _ = writeln!(report, "secs\t{}", elapsed.as_secs_f64());
-        let _ = writeln!(
-            report,
-            "rate\t{}",
-            latencies.len() as f64 / elapsed.as_secs_f64()
-        );
-        let _ = writeln!(report, "p50\t{}", quantile(&latencies, 0.5).as_nanos());
-        let _ = writeln!(report, "p99\t{}", quantile(&latencies, 0.99).as_nanos());
+        let _ = writeln!(report, "rate\t{}", latencies.len() as f64 / secs);
+        Seen::of(&latencies, ok, secs, errors).write(&mut report);
         for (status, n) in statuses.iter().filter(|(s, _)| !(200..300).contains(*s)) {
             let _ = writeln!(report, "status\t{status}\t{n}");
         }
         for (account, n) in &net {
             let _ = writeln!(report, "net\t{account}\t{n}");
         }
-        for (kind, n, first) in errors.entries() {
-            let first = first.replace(['\t', '\n'], " ");
-            let _ = writeln!(report, "error\t{kind}\t{n}\t{first}");
-        }
         report
     });
     print!("{report}");
 }
 
-/// One summary figure: its label, whether it is a count (summed over the repetitions in the
-/// summary), and per variant its value in each repetition.
-struct Figure {
-    label: String,
-    summed: bool,
-    /// Per variant, the figure in each repetition.
-    cells: Vec<(Variant, Vec<f64>)>,
-}
-
-impl Figure {
-    fn new(label: String, summed: bool) -> Self {
-        Self {
-            label,
-            summed,
-            cells: Vec::new(),
-        }
-    }
-}
-
 /// Prints one workload's figures; returns its summary rows.
-fn report(workload: Workload, runs: &[(Variant, Run)], pings: &[f64]) -> Vec<Figure> {
+fn report(
+    workload: Workload,
+    runs: &[Sample<Variant, Run>],
+    pings: &[f64],
+) -> Vec<Figure<Variant>> {
     let name = workload.name;
-    let transfers = workload.route == Route::Transfer;
+    let transfers = workload.call == Route::Transfer;
     if transfers {
         println!(
             "  {:<22} {:>22} {:>24} {:>24} {:>12} {:>14} {:>20} {:>10}",
@@ -780,18 +636,10 @@ fn report(workload: Workload, runs: &[(Variant, Run)], pings: &[f64]) -> Vec<Fig
     for &variant in workload.variants {
         let mine: Vec<&Run> = runs
             .iter()
-            .filter(|r| r.0 == variant)
-            .map(|r| &r.1)
+            .filter(|s| s.variant == variant)
+            .map(|s| &s.run)
             .collect();
-        let of = |f: fn(&Run) -> f64| -> Vec<f64> {
-            (0..pings.len())
-                .map(|rep| {
-                    runs.iter()
-                        .find(|(v, r)| *v == variant && r.rep == rep)
-                        .map_or(f64::NAN, |(_, r)| f(r))
-                })
-                .collect()
-        };
+        let of = |f: fn(&Run) -> f64| per_rep(runs, variant, pings.len(), f);
         let (rate, p50, p99, cpu) = (
             if transfers {
                 of(|r| r.ok_rate)
@@ -867,36 +715,8 @@ fn report(workload: Workload, runs: &[(Variant, Run)], pings: &[f64]) -> Vec<Fig
         // The latency each lock adds to (a), per repetition, in µs and in PING round trips.
         let mut added = Figure::new(format!("{name} added p50 µs"), false);
         let mut in_rtt = Figure::new(format!("{name} added p50 in RTTs"), false);
-        println!(
-            "  PING round trip per repetition: {} µs",
-            Spread::of(pings.iter().copied()).show(1)
-        );
-        for &variant in workload.variants.iter().skip(1) {
-            let mut micros = Vec::new();
-            let mut rtts = Vec::new();
-            for (rep, ping) in pings.iter().enumerate() {
-                let p50 = |v: Variant| {
-                    runs.iter()
-                        .find(|(w, r)| *w == v && r.rep == rep)
-                        .map(|(_, r)| us(r.p50))
-                };
-                match (p50(Variant::NoLock), p50(variant)) {
-                    (Some(base), Some(with)) => {
-                        micros.push(with - base);
-                        rtts.push((with - base) / ping);
-                    }
-                    _ => {
-                        micros.push(f64::NAN);
-                        rtts.push(f64::NAN);
-                    }
-                }
-            }
-            println!(
-                "  {:<22} adds {} µs at p50 over (a) = {} PING round trips",
-                variant.name(),
-                show(&micros, 0),
-                show(&rtts, 2)
-            );
+        let others = &workload.variants[1..];
+        for (variant, micros, rtts) in added_p50(runs, pings, Variant::NoLock, others, |r| r.p50) {
             added.cells.push((variant, micros));
             in_rtt.cells.push((variant, rtts));
         }
@@ -906,14 +726,9 @@ fn report(workload: Workload, runs: &[(Variant, Run)], pings: &[f64]) -> Vec<Fig
     figures
 }
 
-/// `median (min–max)` of per-repetition values.
-fn show(values: &[f64], decimals: usize) -> String {
-    Spread::of(values.iter().copied()).show(decimals)
-}
-
 /// The summary table: medians per variant (sums for counts), and (c) / (d), tower-lock's layer
 /// to rslock's middleware, of the medians and within each repetition.
-fn print_summary(figures: &[Figure]) {
+fn print_summary(figures: &[Figure<Variant>]) {
     println!();
     println!(
         "Summary: medians over the repetitions (lost updates, drift, balances off and errors: sums)."
@@ -929,13 +744,8 @@ fn print_summary(figures: &[Figure]) {
         .into_iter()
         .filter(|v| figures.iter().any(|f| f.cells.iter().any(|(w, _)| w == v)))
         .collect();
-    print!("  {:<30}", "figure");
-    for variant in &columns {
-        print!(" {:>21}", variant.name());
-    }
-    println!(" {:>7} {:>18}", "ratio", "per-rep ratio");
     // Figures with one cell per row (errors) are merged by label.
-    let mut rows: Vec<Figure> = Vec::new();
+    let mut rows: Vec<Figure<Variant>> = Vec::new();
     for figure in figures {
         match rows.iter_mut().find(|r| r.label == figure.label) {
             Some(row) => row.cells.extend(figure.cells.iter().cloned()),
@@ -946,72 +756,22 @@ fn print_summary(figures: &[Figure]) {
             }),
         }
     }
-    for Figure {
-        label,
-        summed,
-        cells,
-    } in &rows
-    {
-        print!("  {label:<30}");
-        let cell = |v: Variant| {
-            cells
-                .iter()
-                .find(|(w, _)| *w == v)
-                .map(|(_, x)| x.as_slice())
-        };
-        for &variant in &columns {
-            match cell(variant) {
-                Some(x) if *summed => {
-                    print!(" {:>21.0}", x.iter().filter(|v| !v.is_nan()).sum::<f64>())
-                }
-                Some(x) => match Spread::of(x.iter().copied()).median {
-                    m if m.is_nan() => print!(" {:>21}", "-"),
-                    m => print!(" {:>21}", measure::cell(m, 3)),
-                },
-                None => print!(" {:>21}", "-"),
-            }
-        }
-        match (cell(Variant::Redis), cell(Variant::Rslock)) {
-            (Some(c), Some(d)) if !summed => {
-                let (of_medians, per_rep) = ratios(c, d);
-                println!(" {of_medians:>7.2} {:>18}", per_rep.show(2));
-            }
-            _ => println!(" {:>7} {:>18}", "-", "-"),
-        }
-    }
+    load::print_table(&rows, &columns, (Variant::Redis, Variant::Rslock));
     print_layer_cost(&rows);
-}
-
-/// `x / y` of the medians, and the spread of `x / y` within each repetition.
-fn ratios(x: &[f64], y: &[f64]) -> (f64, Spread) {
-    let median = |v: &[f64]| Spread::of(v.iter().copied()).median;
-    let per_rep = Spread::of(
-        x.iter()
-            .zip(y)
-            .map(|(x, y)| x / y)
-            .filter(|r| r.is_finite()),
-    );
-    (median(x) / median(y), per_rep)
 }
 
 /// (b) / (a): what `LockLayer` on the in-memory backend costs against no lock, of the medians
 /// and within each repetition (the machine's noise moves both variants of one repetition
 /// together).
-fn print_layer_cost(rows: &[Figure]) {
+fn print_layer_cost(rows: &[Figure<Variant>]) {
     let pairs: Vec<(&str, &[f64], &[f64])> = rows
         .iter()
         .filter(|row| !row.summed)
         .filter_map(|row| {
-            let cell = |v: Variant| {
-                row.cells
-                    .iter()
-                    .find(|(w, _)| *w == v)
-                    .map(|(_, x)| x.as_slice())
-            };
             Some((
                 row.label.as_str(),
-                cell(Variant::Memory)?,
-                cell(Variant::NoLock)?,
+                row.cell(Variant::Memory)?,
+                row.cell(Variant::NoLock)?,
             ))
         })
         // Only the figures both variants measured.
