@@ -382,9 +382,11 @@ fn close_dead(scenario: &Scenario, pid: u32, t_kill: u64) -> usize {
     let sections = History::read(&scenario.history_path());
     let mut closed = 0;
     for open in sections.iter().filter(|s| s.pid == pid && s.is_open()) {
-        let ended = sections
-            .iter()
-            .any(|s| s.holder == open.holder && s.key == open.key && !s.is_open());
+        // The same section's closing record: a holder may hold the same key many times over
+        // (and record refused tries), so only its grant time tells its sections apart.
+        let ended = sections.iter().any(|s| {
+            s.holder == open.holder && s.key == open.key && s.t_ok == open.t_ok && !s.is_open()
+        });
         if !ended {
             history.record(&Section {
                 t_lost: Some(t_kill),
