@@ -24,7 +24,7 @@ use support::{
 };
 use tokio::sync::oneshot;
 use tower_lock::{
-    Backend, Lease, LockClient, LockError, MemoryBackend, RedisBackend,
+    Backend, Lease, LockClient, LockError, LockGuard, MemoryBackend, RedisBackend,
     backend::{AcquireReply, Grant, Release, ReleaseReply, Renew, RenewReply},
     key::LockKey,
 };
@@ -570,34 +570,67 @@ async fn free_within<B: Backend>(other: &LockClient<B>, key: &str, kind: &str, w
         .expect("released");
 }
 
+/// A hold of `key` with a 300 ms fixed lease by a client `a`, and its re-entry with a long
+/// lease, which the store has run and whose reply is held back until the returned sender is
+/// used (or dropped); `b` is a second client on the same store.
+async fn reentry_held_in_the_store<B: Backend + Clone>(
+    backend: &Gated<B>,
+    key: &str,
+    kind: &'static str,
+) -> HeldReentry<Gated<B>> {
+    let (a, b) = (
+        client(backend.clone(), Lease::DEFAULT),
+        client(backend.clone(), Lease::DEFAULT),
+    );
+    let holder = a.holder();
+    let outer = request(&a, key, kind)
+        .holder(&holder)
+        .lease(Lease::fixed(Duration::from_millis(300)))
+        .acquire()
+        .await
+        .unwrap();
+    let mut held = backend.hold_next(Call::Acquire);
+    let reentry = tokio::spawn({
+        let (a, key, holder) = (a.clone(), key.to_owned(), holder.clone());
+        async move {
+            let request = request(&a, &key, kind).holder(&holder);
+            request.lease(Lease::fixed(LONG_REENTRY)).acquire().await
+        }
+    });
+    held.arrived().await;
+    let reply = held.run().await;
+    HeldReentry {
+        a,
+        b,
+        outer,
+        reentry,
+        reply,
+    }
+}
+
+/// What [`reentry_held_in_the_store`] set up.
+struct HeldReentry<B: Backend> {
+    a: LockClient<B>,
+    b: LockClient<B>,
+    outer: LockGuard<B>,
+    reentry: tokio::task::JoinHandle<Result<LockGuard<B>, LockError>>,
+    reply: oneshot::Sender<()>,
+}
+
 /// A re-entry with a long lease, granted by the store before its hold's fixed lease ended but
 /// answered after the holder's deadline: the hold was reported lost, so the store must not keep
 /// it for the re-entry's lease. The re-entry reports the loss too, and the lock is free long
 /// before that lease ends. Every kind of lock.
 async fn reentry_answered_after_the_deadline<B: Backend + Clone>(backend: Gated<B>) {
     for kind in KINDS {
-        let (a, b) = (
-            client(backend.clone(), Lease::DEFAULT),
-            client(backend.clone(), Lease::DEFAULT),
-        );
         let key = format!("doc:late-reentry:{kind}");
-        let holder = a.holder();
-        let outer = request(&a, &key, kind)
-            .holder(&holder)
-            .lease(Lease::fixed(Duration::from_millis(300)))
-            .acquire()
-            .await
-            .unwrap();
-        let mut held = backend.hold_next(Call::Acquire);
-        let reentry = tokio::spawn({
-            let (a, key, holder) = (a.clone(), key.clone(), holder.clone());
-            async move {
-                let request = request(&a, &key, kind).holder(&holder);
-                request.lease(Lease::fixed(LONG_REENTRY)).acquire().await
-            }
-        });
-        held.arrived().await;
-        let reply = held.run().await;
+        let HeldReentry {
+            a,
+            b,
+            outer,
+            reentry,
+            reply,
+        } = reentry_held_in_the_store(&backend, &key, kind).await;
         outer.lost().await;
         let _ = reply.send(());
         let reentered = reentry.await.unwrap();
@@ -634,28 +667,14 @@ async fn a_reentry_answered_after_the_deadline_leaves_nothing_held_on_redis() {
 /// the store must not keep it for the undone re-entry's lease. Every kind of lock.
 async fn undone_reentry_of_a_lost_hold<B: Backend + Clone>(backend: Gated<B>) {
     for kind in KINDS {
-        let (a, b) = (
-            client(backend.clone(), Lease::DEFAULT),
-            client(backend.clone(), Lease::DEFAULT),
-        );
         let key = format!("doc:undone-reentry:{kind}");
-        let holder = a.holder();
-        let outer = request(&a, &key, kind)
-            .holder(&holder)
-            .lease(Lease::fixed(Duration::from_millis(300)))
-            .acquire()
-            .await
-            .unwrap();
-        let mut held = backend.hold_next(Call::Acquire);
-        let reentry = tokio::spawn({
-            let (a, key, holder) = (a.clone(), key.clone(), holder.clone());
-            async move {
-                let request = request(&a, &key, kind).holder(&holder);
-                request.lease(Lease::fixed(LONG_REENTRY)).acquire().await
-            }
-        });
-        held.arrived().await;
-        let _reply = held.run().await;
+        let HeldReentry {
+            a: _a,
+            b,
+            outer,
+            reentry,
+            reply: _reply,
+        } = reentry_held_in_the_store(&backend, &key, kind).await;
         // Dropped while its reply is on its way: undone in the background.
         reentry.abort();
         assert!(reentry.await.unwrap_err().is_cancelled());
