@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use tower_lock::{Backend, Lease, LockClient};
+use tower_lock::{Backend, Holder, Lease, LockClient, LockGuard};
 
 use support::kinds::request;
 
@@ -68,19 +68,7 @@ macro_rules! reentry_semantics {
                 let (short, long) = (Duration::from_secs(3), Duration::from_secs(60));
                 for kind in ["read", "write", "semaphore"] {
                     let key = format!("own-lease-{kind}");
-                    let h = env.a.holder();
-                    let first = request(&env.a, &key, kind)
-                        .holder(&h)
-                        .lease(Lease::fixed(short))
-                        .acquire()
-                        .await
-                        .unwrap();
-                    let again = request(&env.a, &key, kind)
-                        .holder(&h)
-                        .lease(Lease::fixed(long))
-                        .try_acquire()
-                        .await
-                        .unwrap();
+                    let (h, first, again) = reentered(&env.a, &key, kind, short, long).await;
                     assert_eq!(again.hold_count(), 2, "{kind}");
                     assert!(
                         first.remaining() > short,
@@ -122,19 +110,7 @@ macro_rules! reentry_semantics {
                 let (short, long) = (Duration::from_secs(3), Duration::from_secs(60));
                 for kind in ["plain", "fair"] {
                     let key = format!("one-lease-{kind}");
-                    let h = env.a.holder();
-                    let first = request(&env.a, &key, kind)
-                        .holder(&h)
-                        .lease(Lease::fixed(short))
-                        .acquire()
-                        .await
-                        .unwrap();
-                    let again = request(&env.a, &key, kind)
-                        .holder(&h)
-                        .lease(Lease::fixed(long))
-                        .try_acquire()
-                        .await
-                        .unwrap();
+                    let (_, first, again) = reentered(&env.a, &key, kind, short, long).await;
                     again.release().await.unwrap();
                     assert!(first.remaining() > short, "{kind}: its guard gave up early");
                     first.release().await.unwrap();
@@ -143,6 +119,26 @@ macro_rules! reentry_semantics {
             }
         }
     };
+}
+
+/// A hold of `key` by a new holder of `client` with a fixed lease `first`, and its re-entry
+/// with a fixed lease `again`: the holder and both guards.
+async fn reentered<B: Backend>(
+    client: &LockClient<B>,
+    key: &str,
+    kind: &str,
+    first: Duration,
+    again: Duration,
+) -> (Holder, LockGuard<B>, LockGuard<B>) {
+    let holder = client.holder();
+    let hold = |lease| {
+        request(client, key, kind)
+            .holder(&holder)
+            .lease(Lease::fixed(lease))
+    };
+    let first = hold(first).acquire().await.unwrap();
+    let again = hold(again).try_acquire().await.unwrap();
+    (holder, first, again)
 }
 
 fn builder<B: Backend>(backend: B) -> LockClient<B> {
