@@ -87,19 +87,38 @@ impl ToRedisArgs for SingleHold<'_> {
     }
 }
 
+/// The acquire scripts' last argument: the latest server time (ms) at which the request may
+/// act, or `''` for no bound.
+#[derive(Clone, Copy)]
+struct NotAfter(Option<u64>);
+
+impl ToRedisArgs for NotAfter {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        match self.0 {
+            Some(ms) => ms.write_redis_args(out),
+            None => out.write_arg(b""),
+        }
+    }
+}
+
 /// `lua/acquire.lua`, `lua/fair_acquire.lua`, `lua/rw_acquire.lua` or `lua/sem_acquire.lua`,
 /// by the grant's kind;
-/// `marker` is the server's boot check (see `quarantine::boot_check`), or `''`; `lease` the client lease an exclusive hold is
-/// to live on, by name and length in milliseconds (the grant's lease is then how long the
-/// lock's key lives).
+/// `marker` is the server's boot check (see `quarantine::boot_check`), or `''`; `lease` the
+/// client lease an exclusive hold is to live on, by name and length in milliseconds (the
+/// grant's lease is then how long the lock's key lives); `not_after` the latest server time
+/// (ms) at which the request may still act (see [`ServerClock::expiry`]), when known.
+///
+/// [`ServerClock::expiry`]: super::server_clock::ServerClock::expiry
 pub(super) fn acquire(
     scripts: &'static Scripts,
     grant: &Grant<'_>,
     marker: &str,
     lease: Option<(&str, u64)>,
+    not_after: Option<u64>,
 ) -> Call {
     let key = grant.key;
     let supersedes = grant.supersedes.unwrap_or("");
+    let not_after = NotAfter(not_after);
     match grant.kind {
         LockKind::Fair => {
             let mut call = scripts.fair_acquire.prepare_invoke(5);
@@ -115,7 +134,8 @@ pub(super) fn acquire(
                 .arg(queue_millis(grant))
                 .arg(supersedes)
                 .arg(grant.reentry.as_arg())
-                .arg(marker);
+                .arg(marker)
+                .arg(not_after);
             call
         }
         LockKind::Read | LockKind::Write => {
@@ -133,7 +153,8 @@ pub(super) fn acquire(
                 .arg(queue_millis(grant))
                 .arg(supersedes)
                 .arg(grant.reentry.as_arg())
-                .arg(marker);
+                .arg(marker)
+                .arg(not_after);
             call
         }
         LockKind::Semaphore => {
@@ -147,7 +168,8 @@ pub(super) fn acquire(
                 .arg(grant.permits)
                 .arg(supersedes)
                 .arg(grant.reentry.as_arg())
-                .arg(marker);
+                .arg(marker)
+                .arg(not_after);
             call
         }
         _ => {
@@ -167,9 +189,11 @@ pub(super) fn acquire(
                 .arg(supersedes)
                 .arg(grant.reentry.as_arg())
                 .arg(marker);
-            if let Some((_, millis)) = lease {
-                call.arg(millis);
-            }
+            match lease {
+                Some((_, millis)) => call.arg(millis),
+                None => call.arg(""),
+            };
+            call.arg(not_after);
             call
         }
     }

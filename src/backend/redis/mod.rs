@@ -100,7 +100,10 @@ const FENCE: &str = ":fence";
 /// Suffix of the set of attempts given up on.
 const VOID: &str = ":void";
 /// The reply of an acquire held back by the restart quarantine: nothing was sent.
-const QUARANTINED: i64 = -4;
+const QUARANTINED: i64 = -100;
+/// The acquire scripts' reply to a request that arrived too late to act (see `lua/acquire.lua`,
+/// ARGV[9]).
+const ARRIVED_LATE: i64 = -4;
 /// Suffix of the release channel.
 const CHANNEL: &str = ":released";
 /// Suffix of a fair lock's waiter queue.
@@ -391,7 +394,18 @@ impl RedisBackend {
                     return Ok((vec![QUARANTINED, retry_ms], None));
                 }
                 let reply: Vec<i64> = match attempt {
-                    Attempt::Script(call) => run_call(call, conn).await?,
+                    Attempt::Script { grant, boot, lease } => {
+                        let not_after = conn.clock().and_then(|clock| clock.expiry(&grant.lease));
+                        let call = calls::acquire(self.scripts(), grant, boot, *lease, not_after);
+                        let reply: Vec<i64> = run_call(&call, conn).await?;
+                        if reply.first() == Some(&ARRIVED_LATE) {
+                            // It did nothing. Its caller, still there, was slower than its
+                            // lease, or the server's clock moved on by more than this
+                            // connection's reading allows: read it again on a new one.
+                            conn.mark_broken();
+                        }
+                        reply
+                    }
                     Attempt::Single(single) => {
                         // Without the server's clock, the script takes the lock.
                         let Some(clock) = conn.clock() else {
@@ -474,8 +488,11 @@ impl RedisBackend {
             Some(single) => single,
             None => {
                 let lease = session.map(|session| (&*session.key, session.millis));
-                let invocation = calls::acquire(self.scripts(), &grant, boot, lease);
-                let attempt = Attempt::Script(&invocation);
+                let attempt = Attempt::Script {
+                    grant: &grant,
+                    boot,
+                    lease,
+                };
                 self.invoke_acquire(&attempt, key).await?
             }
         };
@@ -536,6 +553,10 @@ impl RedisBackend {
                 ttl: u64::try_from(*retry).ok().map(Duration::from_millis),
             }),
             [-1] => Ok(AcquireReply::WouldDeadlock),
+            // Nothing was done; the next try goes at once, on a new connection.
+            [ARRIVED_LATE] => Ok(AcquireReply::Held {
+                ttl: Some(Duration::from_millis(1)),
+            }),
             // The server started less than a quarantine ago: the script's boot check, or the
             // connection's own (see `invoke_acquire`).
             [-2 | QUARANTINED, left] => {
@@ -851,7 +872,14 @@ fn reply_of<T: FromRedisValue>(value: Value) -> Result<T, RedisError> {
 
 /// One try at acquiring: the acquire script of the lock's kind, or a single hold's `SET NX`.
 enum Attempt<'a> {
-    Script(&'a Call),
+    /// The script, for `grant` with the boot check `boot`, on the client lease `lease` (name,
+    /// milliseconds) when given; built for the connection it goes on, whose clock bounds when
+    /// it may still act (see [`calls::acquire`]).
+    Script {
+        grant: &'a Grant<'a>,
+        boot: &'a str,
+        lease: Option<(&'a str, u64)>,
+    },
     Single(SingleSet<'a>),
 }
 

@@ -1,4 +1,7 @@
-//! The server's clock as a client can bound it, for the single hold's absolute expiry.
+//! The server's clock as a client can bound it, for the single hold's absolute expiry and
+//! the time after which an acquire script does nothing (`lua/acquire.lua`, ARGV[9]: the same
+//! moment, so a script held back on its way never grants a hold that outlives the record of
+//! its undo, nor one whose undo never got through).
 //!
 //! A single hold (`SET NX`, see `lua/acquire.lua`) is written with `PXAT`: an absolute expiry
 //! on the server's clock, the send time's upper bound plus the lease. A copy of that `SET`

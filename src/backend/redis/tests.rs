@@ -438,6 +438,7 @@ async fn a_hold_in_its_last_millisecond_never_becomes_a_lock_without_a_lease() {
                     },
                     "",
                     None,
+                    None,
                 );
                 let _: redis::Value = run_call(&call, &mut conn).await.unwrap();
             }
@@ -536,7 +537,7 @@ async fn every_script_round_trips_through_its_typed_call() {
 
         // A grant with a fencing token (not for readers or a semaphore's permits, which are
         // shared): {1, count, token}.
-        let call = calls::acquire(scripts, &grant("h1", "h1#1", None), "", None);
+        let call = calls::acquire(scripts, &grant("h1", "h1#1", None), "", None, None);
         let reply: Vec<i64> = run_call(&call, &mut conn).await.unwrap();
         assert_eq!(reply[..2], [1, 1], "{kind:?} acquire: {reply:?}");
         let fenced = !matches!(kind, LockKind::Read | LockKind::Semaphore);
@@ -545,7 +546,7 @@ async fn every_script_round_trips_through_its_typed_call() {
         // Another holder, queued where the kind queues: refused with the lease left.
         let queue = kind.queues().then_some(Duration::from_secs(5));
         if kind != LockKind::Read {
-            let call = calls::acquire(scripts, &grant("h2", "h2#1", queue), "", None);
+            let call = calls::acquire(scripts, &grant("h2", "h2#1", queue), "", None, None);
             let reply: Vec<i64> = run_call(&call, &mut conn).await.unwrap();
             assert_eq!(reply[0], 0, "{kind:?} refuses another holder: {reply:?}");
             assert!(reply[1] > 0, "{kind:?} tells the lease left: {reply:?}");
@@ -633,7 +634,7 @@ async fn every_script_round_trips_through_its_typed_call() {
         contended: false,
         permits: 0,
     };
-    let _: Vec<i64> = run_call(&calls::acquire(scripts, &first, "", None), &mut conn)
+    let _: Vec<i64> = run_call(&calls::acquire(scripts, &first, "", None, None), &mut conn)
         .await
         .unwrap();
     let next = Grant {
@@ -682,7 +683,7 @@ async fn every_script_round_trips_through_its_typed_call() {
             permits: 2,
             ..first
         };
-        let _: Vec<i64> = run_call(&calls::acquire(scripts, &grant, "", None), &mut conn)
+        let _: Vec<i64> = run_call(&calls::acquire(scripts, &grant, "", None, None), &mut conn)
             .await
             .unwrap();
         let value: Value = run_call(&calls::inspect(scripts, &key, kind), &mut conn)
@@ -1191,4 +1192,81 @@ async fn last_live_hold_released_frees_the_lock<B: Backend>(backend: &B, kind: L
     };
     let reply = backend.acquire(other).await.unwrap();
     assert_eq!(count(reply), 1, "{store} {kind:?}");
+}
+
+/// An acquire queued on a server that stalls past the acquire's lease, whose caller gave up
+/// and whose undo never got through, grants nothing when the server resumes: it arrived after
+/// the latest time it may act. Granted, it would be a hold nobody holds, refusing everyone
+/// for a lease. Each kind's acquire script, sent together during one stall.
+#[tokio::test]
+async fn an_acquire_arriving_after_its_lease_grants_nothing() {
+    let server = support::RedisServer::start();
+    let backend = support::redis_backend(server.url())
+        .command_timeout(Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap();
+    let kinds = [
+        LockKind::Exclusive,
+        LockKind::Fair,
+        LockKind::Write,
+        LockKind::Semaphore,
+    ];
+    let keys: Vec<LockKey> = kinds
+        .iter()
+        .map(|&kind| kind_key(&format!("arrives-late-{kind:?}"), kind))
+        .collect();
+    // Every script is loaded, and connections know the server's clock, before the stall.
+    for (&kind, key) in kinds.iter().zip(&keys) {
+        let warm = contended(key, kind, "w1", None);
+        assert_eq!(count(backend.acquire(warm).await.unwrap()), 1);
+        let reply = backend
+            .release(release_naming(key, kind, "w1"))
+            .await
+            .unwrap();
+        assert_freed(reply, kind);
+    }
+    let scripts = server.calls("evalsha");
+    let lease = Duration::from_millis(800);
+    server.pause();
+    let stalled = std::time::Instant::now();
+    let late = kinds.iter().zip(&keys).map(|(&kind, key)| {
+        let backend = &backend;
+        async move {
+            let grant = Grant {
+                lease: Lease::fixed(lease),
+                queue: Some(Duration::from_secs(5)).filter(|_| kind.queues()),
+                ..contended(key, kind, "late1", None)
+            };
+            backend.acquire(grant).await
+        }
+    });
+    for answer in futures_util::future::join_all(late).await {
+        let error = answer.expect_err("the server is stalled");
+        assert_eq!(
+            *error.kind(),
+            crate::error::BackendErrorKind::Timeout,
+            "{error}"
+        );
+    }
+    // The stall outlasts the lease: the server's clock goes on while it is stopped.
+    tokio::time::sleep((lease + Duration::from_millis(200)).saturating_sub(stalled.elapsed()))
+        .await;
+    server.resume();
+    support::eventually(Duration::from_secs(10), "the held-back scripts run", || {
+        server.calls("evalsha") >= scripts + kinds.len() as u64
+    })
+    .await;
+    for (&kind, key) in kinds.iter().zip(&keys) {
+        let info = backend.inspect(key, kind).await.unwrap();
+        assert!(
+            info.holders.is_empty(),
+            "{kind:?}: a late acquire granted {info:?}"
+        );
+        let other = Grant {
+            holder: "h2",
+            ..contended(key, kind, "o1", None)
+        };
+        assert_eq!(count(backend.acquire(other).await.unwrap()), 1, "{kind:?}");
+    }
 }

@@ -52,8 +52,8 @@ if redis.call('HINCRBY', lock, ARGV[1], -1) <= 0 then
   free()
 elseif record == '~a' then
   -- Holds remain (joined through another client): the grant's record stays, naming no
-  -- attempt. A lock's hash has '~a' for as long as it exists, so every acquire refused
-  -- meanwhile still marks it waited for ('~q'), and its release is published.
+  -- attempt (a lock's hash has '~a' for as long as it exists: it tells a lock from foreign
+  -- data).
   redis.call('HSET', lock, '~a', '')
 else
   redis.call('HDEL', lock, record)

@@ -12,8 +12,7 @@
 --
 -- KEYS[1]  the lock: a single hold, or a hash: field <holder> = hold count, '~a' = the attempt
 --          that granted the hold ('' once that attempt was undone while other holds remain:
---          every lock hash has '~a'), '~r' = the last re-entry's attempt, '~f' = token, '~q' =
---          present once an acquire was refused (someone may wait for the release), '~s' =
+--          every lock hash has '~a'), '~r' = the last re-entry's attempt, '~f' = token, '~s' =
 --          the client lease the holds live on, if any
 -- KEYS[2]  the fencing record (the last token issued; lives 5 s after a grant)
 -- KEYS[3]  attempts given up on (set), so one that arrives late is refused
@@ -30,19 +29,31 @@
 --          the lock), 'free' to take only a new hold (a hold the holder still has counts as
 --          another owner's), '' for either
 -- ARGV[7]  the server's boot check, or '' (see `boot_unverified`)
--- ARGV[8]  with KEYS[4]: the client lease's length in milliseconds; a grant extends it
+-- ARGV[8]  with KEYS[4]: the client lease's length in milliseconds; a grant extends it ('')
+-- ARGV[9]  the latest server time (ms) at which this request may still act, or '': the time
+--          it was sent (a lower bound of the server's clock then) plus the lease. A request
+--          delivered later than that (held back on its connection, or queued on a server that
+--          stalled, while its caller gave up and its undo could not get through) would grant
+--          a hold that nobody holds; it does nothing and answers {-4}
 --
 -- Returns {1, count, token} when the holder now holds the lock (token -1 without fencing;
 -- {1, count, token, 0} when a grant meant for the client lease re-entered a hold that has a
 -- lease of its own, and stays there),
 -- {0, pttl} when another holder has it (pttl -1 when the key has no expiry), {-2, left} when the
--- server started less than a quarantine ago (left: milliseconds to go), or {-3} when the
--- client lease in KEYS[4] has run out (nothing was granted: the client starts a new one).
+-- server started less than a quarantine ago (left: milliseconds to go), {-3} when the
+-- client lease in KEYS[4] has run out (nothing was granted: the client starts a new one), or
+-- {-4} when the request arrived too late to act (ARGV[9]).
 local lock = KEYS[1]
 local holder = ARGV[1]
 local lease = KEYS[4]
 -- The common case first, before the helpers are defined: a free lock, and no attempt given up
--- on (no set of them), granted in three commands.
+-- on (no set of them), granted in four commands. (prelude.lua's `arrived_late`, inline.)
+if ARGV[9] ~= '' then
+  local time = redis.call('TIME')
+  if tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) > tonumber(ARGV[9]) then
+    return {-4}
+  end
+end
 -- The boot check passes in one GET when the marker holds LASTSAVE; in full after the helpers.
 local booted = ARGV[7] == ''
   or tonumber(redis.call('GET', string.match(ARGV[7], ':(.*)$'))) == redis.call('LASTSAVE')
@@ -93,12 +104,12 @@ if ARGV[6] ~= 'held' and redis.call('EXISTS', lock) == 0 then
   end
   return granted(lock, ARGV[2], 1, ARGV[4], KEYS[2])
 end
-local found = redis.call('HMGET', lock, holder, '~a', '~q')
+local holds = redis.call('HEXISTS', lock, holder) == 1
 -- A hold on a client lease that this grant does not renew (the holder's, taken through
 -- another client) cannot be joined but by a re-entry of the client that has it ('held'): the
 -- hold would end with a lease its client does not keep.
 local foreign = held_on and held_on ~= lease and ARGV[6] ~= 'held'
-if found[1] and not foreign and may_reenter(lock, ARGV[6], ARGV[5], '~a', '~r') then
+if holds and not foreign and may_reenter(lock, ARGV[6], ARGV[5], '~a', '~r') then
   local count = reenter(lock, holder, ARGV[3], ARGV[5], '~a', '~r')
   if not lease or held_on == lease then
     return granted(lock, ARGV[2], count, ARGV[4], KEYS[2])
@@ -109,10 +120,6 @@ if found[1] and not foreign and may_reenter(lock, ARGV[6], ARGV[5], '~a', '~r') 
   table.insert(reply, 0)
   return reply
 end
--- Refused: the lock is held (or, re-entering only, not held by this holder). The caller may
--- wait, so the release that frees this lock must be published ('~q', written once); a hash
--- that is not a lock (it has no grant record, which no undo removes) is left as it is.
-if found[2] and not found[3] then
-  redis.call('HSET', lock, '~q', 1)
-end
+-- Refused: the lock is held (or, re-entering only, not held by this holder). It is a hash
+-- now, whose release is always published (release.lua), so the caller may wait for that.
 return {0, time_left(lock, held_on)}

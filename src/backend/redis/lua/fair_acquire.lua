@@ -14,12 +14,17 @@
 -- ARGV[6]  an earlier attempt of this acquisition whose reply was lost, or ''
 -- ARGV[7]  re-entry, as in acquire.lua ('held': nothing is queued either)
 -- ARGV[8]  the server's boot check, or '' (as in acquire.lua, which also says what {-2} means)
+-- ARGV[9]  the latest server time at which this request may act, or '' (as ARGV[9] of
+--          acquire.lua: a later one does nothing and answers {-4})
 --
 -- Returns {1, count, token} when the holder now holds the lock (token -1 without fencing), or
 -- {0, retry} when it must wait: retry is the lock's remaining lease, or while the lock is free
 -- but another waiter is first, the time that waiter may still take to claim it (-1: unknown).
 local lock, queue, timeouts = KEYS[1], KEYS[2], KEYS[3]
 local holder = ARGV[1]
+if arrived_late(ARGV[9]) then
+  return {-4}
+end
 local left = boot_unverified(ARGV[8])
 if left then
   return {-2, left}

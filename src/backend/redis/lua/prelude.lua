@@ -6,6 +6,12 @@ local function now_ms()
   return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 end
 
+-- Whether a request that may act until `not_after` (server ms; '' for no bound) arrived after
+-- that: see ARGV[9] of acquire.lua.
+local function arrived_late(not_after)
+  return not_after ~= '' and now_ms() > tonumber(not_after)
+end
+
 -- How long a boot marker lives, in milliseconds: a marker that expired costs one uptime check.
 local BOOT_MARKER_MS = 86400000
 

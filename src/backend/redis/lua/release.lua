@@ -25,10 +25,11 @@
 -- deleted, and the release answers {0}.
 --
 -- Returns {0} when the holder does not hold the lock (nothing changed), {1, remaining} when
--- holds remain, {2} when the lock was freed and the release published, {3, token} when it was
--- handed off (token -1 without fencing). {2, n} also says how many subscribers the release
--- reached; a release that nobody may wait for (no refused acquire, '~q') publishes nothing
--- and answers {2, 0}, or the bare integer 2 for a single hold freed without a hand-off.
+-- holds remain, {2, n} when the lock was freed and the release published (n: the subscribers
+-- it reached), {3, token} when it was handed off (token -1 without fencing), or the bare
+-- integer 2 for a single hold freed without a hand-off. A hash that becomes free is always
+-- published: whether anyone waits is not recorded, so no undo can lose it. A single hold is
+-- never published: nobody waits for one, since a refused acquire turns it into a hash.
 local lock = KEYS[1]
 local compact = not ARGV[2]
 local owner, attempt = ARGV[5], ARGV[4]
@@ -39,7 +40,6 @@ if compact then
 end
 -- The common cases first, before the helpers are defined: a single hold (nobody waits for
 -- one: a refused acquire turns it into a hash), or one read of the hash, then the release.
-local waited
 local single = redis.pcall('GET', lock)
 if type(single) == 'string' then
   if string.find(single, owner, 1, true) ~= 1 then
@@ -64,7 +64,6 @@ if type(single) == 'string' then
   if not ARGV[6] then
     return 2
   end
-  waited = false
 elseif not single then
   return {0}
 else
@@ -73,15 +72,13 @@ else
     -- prelude.lua's holder_in, which is defined only below.
     holder = string.sub(owner, string.find(owner, ':', 1, true) + 1)
   end
-  local found = redis.call('HMGET', lock, holder, '~a', '~q', '~s')
+  local found = redis.call('HMGET', lock, holder, '~a', '~s')
   local count = tonumber(found[1])
-  if found[4] and redis.call('EXISTS', found[4]) == 0 then
+  if found[3] and redis.call('EXISTS', found[3]) == 0 then
     -- The client lease the holds lived on ran out: nobody holds the lock. Whoever waits for
     -- it may take it now.
     redis.call('DEL', lock)
-    if found[3] then
-      publish(ARGV[2] or (lock .. ':released'), 'released')
-    end
+    publish(ARGV[2] or (lock .. ':released'), 'released')
     return {0}
   end
   if not count or (attempt ~= '' and found[2] ~= attempt) then
@@ -91,29 +88,18 @@ else
     return {1, redis.call('HINCRBY', lock, holder, -1)}
   end
   redis.call('DEL', lock)
-  waited = found[3]
 end
 if not ARGV[6] then
-  if not waited then
-    return {2, 0}
-  end
   return {2, publish(ARGV[2] or (lock .. ':released'), 'released')}
 end
 -- @helpers
 if redis.call('SISMEMBER', KEYS[3], ARGV[8]) == 0 then
   redis.call('HSET', lock, ARGV[6], 1, '~a', ARGV[8])
-  if waited then
-    -- Waiters elsewhere still wait: the hand-off holder's release must reach them.
-    redis.call('HSET', lock, '~q', 1)
-  end
   redis.call('PEXPIRE', lock, ARGV[7])
   local token = -1
   if ARGV[9] == '1' then
     token = fencing_token(lock, KEYS[2])
   end
   return {3, token}
-end
-if not waited then
-  return {2, 0}
 end
 return {2, publish(ARGV[2], 'released')}

@@ -23,6 +23,8 @@
 -- ARGV[7]  an earlier attempt of this acquisition whose reply was lost, or ''
 -- ARGV[8]  re-entry of that side, as in acquire.lua
 -- ARGV[9]  the server's boot check, or '' (as in acquire.lua, which also says what {-2} means)
+-- ARGV[10]  the latest server time at which this request may act, or '' (as ARGV[9] of
+--          acquire.lua: a later one does nothing and answers {-4})
 --
 -- Returns {1, count, token} when granted (token -1 without one), {0, retry} when the holder
 -- must wait (retry: ms until the first lease or waiting writer's place in the way ends: the
@@ -32,6 +34,9 @@
 local lock, readers, writers = KEYS[1], KEYS[2], KEYS[3]
 local holder, side = ARGV[1], ARGV[2]
 local lease = tonumber(ARGV[3])
+if arrived_late(ARGV[10]) then
+  return {-4}
+end
 local left = boot_unverified(ARGV[9])
 if left then
   return {-2, left}

@@ -19,12 +19,17 @@
 -- ARGV[5]  an earlier attempt of this acquisition whose reply was lost, or ''
 -- ARGV[6]  re-entry, as in acquire.lua
 -- ARGV[7]  the server's boot check, or '' (as in acquire.lua, which also says what {-2} means)
+-- ARGV[8]  the latest server time at which this request may act, or '' (as ARGV[9] of
+--          acquire.lua: a later one does nothing and answers {-4})
 --
 -- Returns {1, count, -1} when granted, or {0, retry} when every permit is taken (retry: ms
 -- until the first holder's lease ends).
 local sem, holders = KEYS[1], KEYS[2]
 local holder = ARGV[1]
 local lease = tonumber(ARGV[2])
+if arrived_late(ARGV[8]) then
+  return {-4}
+end
 local left = boot_unverified(ARGV[7])
 if left then
   return {-2, left}

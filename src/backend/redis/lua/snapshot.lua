@@ -22,7 +22,8 @@
 -- lease left in ms (-1: no expiry). Nil when KEYS[1] holds data that is not a lock of that
 -- layout.
 
--- The fields of an exclusive or fair lock's hash that are not holders.
+-- The fields of an exclusive or fair lock's hash that are not holders ('~q', a waiter mark,
+-- is written by earlier versions only).
 local LOCK_FIELDS = {
   ['~a'] = true, ['~r'] = true, ['~f'] = true, ['~q'] = true, ['~k'] = true, ['~s'] = true,
 }
