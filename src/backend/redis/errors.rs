@@ -120,6 +120,18 @@ pub(super) fn quarantined(left: std::time::Duration) -> BackendError {
         .reported()
 }
 
+/// An acquire that reached the server after the time it may act (its lease from when it was
+/// sent), twice: it did nothing, and the caller learns that the server answers too slowly for
+/// the lease, as from a timeout.
+pub(super) fn arrived_late(lease: std::time::Duration) -> BackendError {
+    BackendError::new(
+        BackendErrorKind::Timeout,
+        format!(
+            "the acquire reached the server after its lease of {lease:?} had run out; nothing was done"
+        ),
+    )
+}
+
 pub(super) fn protocol_error(what: &'static str) -> BackendError {
     BackendError::new(BackendErrorKind::Protocol, what)
 }

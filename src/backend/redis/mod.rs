@@ -399,9 +399,9 @@ impl RedisBackend {
                         let call = calls::acquire(self.scripts(), grant, boot, *lease, not_after);
                         let reply: Vec<i64> = run_call(&call, conn).await?;
                         if reply.first() == Some(&ARRIVED_LATE) {
-                            // It did nothing. Its caller, still there, was slower than its
-                            // lease, or the server's clock moved on by more than this
-                            // connection's reading allows: read it again on a new one.
+                            // It did nothing: the call took longer than its lease, or the
+                            // server's clock moved on by more than this connection's reading
+                            // allows. A new connection reads it again.
                             conn.mark_broken();
                         }
                         reply
@@ -493,7 +493,14 @@ impl RedisBackend {
                     boot,
                     lease,
                 };
-                self.invoke_acquire(&attempt, key).await?
+                let answer = self.invoke_acquire(&attempt, key).await?;
+                if answer.0 != [ARRIVED_LATE] {
+                    answer
+                } else {
+                    // It did nothing, and its connection was dropped: once more, on a new
+                    // connection with a fresh reading of the server's clock.
+                    self.invoke_acquire(&attempt, key).await?
+                }
             }
         };
         if reply == [-3] {
@@ -553,10 +560,10 @@ impl RedisBackend {
                 ttl: u64::try_from(*retry).ok().map(Duration::from_millis),
             }),
             [-1] => Ok(AcquireReply::WouldDeadlock),
-            // Nothing was done; the next try goes at once, on a new connection.
-            [ARRIVED_LATE] => Ok(AcquireReply::Held {
-                ttl: Some(Duration::from_millis(1)),
-            }),
+            // Twice too late to act: nothing was done, but the server is slower than the lease.
+            [ARRIVED_LATE] => {
+                Err(errors::arrived_late(grant.lease.duration()).with_key(key.as_str()))
+            }
             // The server started less than a quarantine ago: the script's boot check, or the
             // connection's own (see `invoke_acquire`).
             [-2 | QUARANTINED, left] => {
