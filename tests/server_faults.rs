@@ -1,34 +1,44 @@
 //! Random programs against real `redis-server`s whose *servers* fail: Redlock nodes stalled
 //! (`SIGSTOP`) and resumed, killed and restarted empty; a single Redis killed (`SIGKILL`) and
 //! restarted empty, or from a snapshot (`SAVE`, RDB) taken at a random earlier moment, so that
-//! it comes back with old locks, old void records, an old boot marker and old fencing records.
-//! The protocol guide (`src/guide/protocol.md`, "A store restarted empty, or from an older
-//! snapshot" and "Redlock") says what must hold under those faults; this file checks it.
+//! it comes back with old locks, old void records, an old boot marker and old fencing records;
+//! a single Redis stalled (`SIGSTOP`) for less than a lease or past the longest, and resumed,
+//! so that the acquires, undos and releases sent meanwhile run late, after their callers may
+//! have timed out. The protocol guide (`src/guide/protocol.md`, "A store restarted empty, or
+//! from an older snapshot", "A command delivered late", acquire.lua and "Redlock") says what
+//! must hold under those faults; this file checks it.
 //!
 //! Each seed builds a program: two or three clients (each with a backend of its own: a separate
 //! process's connections; on the single Redis one more, through an application's pool), two
-//! tasks per client, one or two keys. A task acquires with a random
-//! wait and lease (watchdog or fixed), stays inside its critical section a random short time
-//! (sometimes past a fixed lease), and releases or drops its guard. A fault driver, drawn from
-//! the same seed, injects server faults at random moments while the program runs, and heals
-//! them when it ends. The Redlock nodes have a quarantine of the longest lease; the single
-//! Redis's clients keep the default (the longest lease each backend asked for, which each asks
-//! for once before the program), and the pool client's quarantine goes through the boot
-//! marker. On the single Redis half the acquires ask for a fencing token.
+//! tasks per client, one or two keys (on the single Redis, one more: `f0`, a fair lock). A task
+//! acquires with a random wait and lease (watchdog or fixed), stays inside its critical section
+//! a random short time (sometimes past a fixed lease), and releases or drops its guard. On the
+//! single Redis a section sometimes re-enters its hold (the same key, its guard's holder, a
+//! lease and wait of its own) and releases or drops the re-entry's guard before it leaves. A
+//! fault driver, drawn from the same seed, injects server faults at random moments while the
+//! program runs, and heals them when it ends. The Redlock nodes have a quarantine of the longest
+//! lease; the single Redis's clients keep the default (the longest lease each backend asked
+//! for, which each asks for once before the program), and the pool client's quarantine goes
+//! through the boot marker. On the single Redis half the acquires ask for a fencing token, the
+//! first client's commands time out after 150 ms and the second's after the default (1 s), the
+//! others draw one of the two.
 //!
 //! The checker never looks inside the engine; it sees only what callers see:
 //! 1. **Exclusion.** Every section records when it was entered (a timestamp taken after the
 //!    grant returned) and the last moment its guard was seen not lost (timestamps taken inside
 //!    the section before each `is_lost()` that answered "not lost"; a loss is final, so the
 //!    guard believed in its hold over that whole interval). Two sections of one key by
-//!    different holders whose intervals overlap both believed they held the lock at one time.
-//!    The same is checked live: when a holder enters, everyone else inside that key must
-//!    already be lost.
+//!    different holders whose intervals overlap both believed they held the lock at one time
+//!    (a re-entry is a section of the holder it re-entered). The same is checked live: when a
+//!    holder enters, everyone else inside that key must already be lost.
 //! 2. **Liveness.** Once the program is over and every fault healed, a fresh client takes every
 //!    key within the longest lease + the quarantine + the uptime rounding of the quarantine
-//!    (whole seconds) + a Redlock node's skip time + slack, never later.
-//! 3. **Fencing** (single Redis). A section entered before another's acquire was sent was
-//!    granted first: its token must be lower, across restarts and snapshots too.
+//!    (whole seconds) + a Redlock node's skip time + slack, never later; a fair key within one
+//!    waiter timeout more (a waiter's place left behind holds its queue up that long). A stall
+//!    adds nothing: a late acquire does nothing, so it strands no lock.
+//! 3. **Fencing** (single Redis). A section entered before another's acquire was sent by
+//!    another holder was granted first: its token must be lower, across restarts and snapshots
+//!    too.
 //!
 //! Errors from acquires under faults (timeouts, quorum or quarantine refusals, refused
 //! connections) are allowed; panics and other errors are failures. Time is real: a seed's
@@ -61,7 +71,7 @@ use std::{
 use support::{RedisServer, RespValue};
 use tokio::time::Instant;
 use tower_lock::{
-    Backend, Lease, LockClient, LockError, LockGuard, RedisBackend, RedlockBackend,
+    Backend, Lease, LockClient, LockError, LockGuard, LockRequest, RedisBackend, RedlockBackend,
     error::BackendErrorKind,
 };
 
@@ -83,6 +93,14 @@ const NODE_TIMEOUT: Duration = Duration::from_millis(150);
 const UPTIME_ROUNDING: Duration = Duration::from_secs(2);
 /// How long a Redlock node that could not be reached is skipped.
 const NODE_SKIP: Duration = Duration::from_secs(1);
+/// How long a fair waiter's place lives unless its client keeps it alive (the single Redis's
+/// clients): a place left behind (a waiter whose leave was lost, or whose join landed late)
+/// holds the queue up for at most this.
+const WAITER_TIMEOUT: Duration = Duration::from_secs(1);
+/// The command timeout of some single-Redis clients (the others keep the default, 1 s): an
+/// acquire sent to a stalled server times out and is undone while the server still has it
+/// queued.
+const SHORT_COMMAND_TIMEOUT: Duration = Duration::from_millis(150);
 /// Scheduling slack past a computed bound, on a busy machine.
 const SLACK: Duration = Duration::from_millis(1500);
 /// How many seeds each family runs by default.
@@ -128,6 +146,8 @@ impl Rng {
 #[derive(Clone, Debug)]
 struct Record {
     section: u64,
+    /// Whose hold it is: the section that took it (a re-entry names its first section).
+    holder: u64,
     task: usize,
     key: &'static str,
     /// When the acquire was sent: the grant came later.
@@ -143,6 +163,10 @@ struct Record {
 #[derive(Debug, Default)]
 struct Stats {
     sections: u64,
+    /// Sections that re-entered a hold (counted in `sections` too).
+    reentries: u64,
+    /// Sections of a fair lock (counted in `sections` too).
+    fair: u64,
     lost_inside: u64,
     errors: BTreeMap<String, u64>,
     faults: BTreeMap<&'static str, u64>,
@@ -153,6 +177,8 @@ struct Stats {
 impl Stats {
     fn add(&mut self, other: &Self) {
         self.sections += other.sections;
+        self.reentries += other.reentries;
+        self.fair += other.fair;
         self.lost_inside += other.lost_inside;
         for (kind, n) in &other.errors {
             *self.errors.entry(kind.clone()).or_default() += n;
@@ -167,6 +193,7 @@ impl Stats {
 /// Who is inside a key's section right now, with their guards.
 struct Inside<B: Backend> {
     section: u64,
+    holder: u64,
     task: usize,
     guard: Arc<LockGuard<B>>,
 }
@@ -272,25 +299,28 @@ impl<B: Backend> Checker<B> {
         }
     }
 
-    /// `task` enters the section of `key` with `guard`, whose acquire was sent at `sent`.
-    /// Returns the section's number, the guard, and when it was seen believing (if it was).
+    /// `task` enters the section of `key` with `guard`, whose acquire was sent at `sent`; a
+    /// re-entry names the section whose hold it re-entered (`of`). Returns the section's
+    /// number, the guard, and when it was seen believing (if it was).
     fn enter(
         &self,
         key: &'static str,
         task: usize,
         sent: Instant,
         guard: LockGuard<B>,
+        of: Option<u64>,
     ) -> (u64, Arc<LockGuard<B>>, Option<Instant>) {
         // The timestamp first: a guard not lost now was not lost then (a loss is final).
         let entered = Instant::now();
         let believed = (!guard.is_lost()).then_some(entered);
         let section = self.next_section.fetch_add(1, Ordering::Relaxed);
+        let holder = of.unwrap_or(section);
         let guard = Arc::new(guard);
         let mut inside = locked(&self.inside);
         let entries = inside.entry(key).or_default();
         if believed.is_some() {
             for other in entries.iter() {
-                if !other.guard.is_lost() {
+                if other.holder != holder && !other.guard.is_lost() {
                     self.violation(format!(
                         "key {key}: t{task} entered section {section} while t{} (section {}) \
                          was inside with its guard not lost",
@@ -301,16 +331,26 @@ impl<B: Backend> Checker<B> {
         }
         entries.push(Inside {
             section,
+            holder,
             task,
             guard: guard.clone(),
         });
         drop(inside);
         let token = guard.fencing_token();
-        locked(&self.stats).sections += 1;
+        {
+            let mut stats = locked(&self.stats);
+            stats.sections += 1;
+            stats.reentries += u64::from(of.is_some());
+            stats.fair += u64::from(is_fair(key));
+        }
         self.note(
             &format!("t{task}"),
             format_args!(
-                "enter {key} section {section} token {token:?} (sent at {:.1} ms){}",
+                "{} {key} section {section} token {token:?} (sent at {:.1} ms){}",
+                of.map_or("enter".to_owned(), |of| format!(
+                    "re-enter (count {}) section {of}'s hold of",
+                    guard.hold_count()
+                )),
                 self.at(sent),
                 if believed.is_none() {
                     " already lost"
@@ -321,6 +361,7 @@ impl<B: Backend> Checker<B> {
         );
         let record = Record {
             section,
+            holder,
             task,
             key,
             sent,
@@ -367,7 +408,8 @@ impl<B: Backend> Checker<B> {
         let records = locked(&self.records).clone();
         for (i, a) in records.iter().enumerate() {
             for b in &records[i + 1..] {
-                if a.key != b.key {
+                // A re-entry shares its hold with the section it re-entered.
+                if a.key != b.key || a.holder == b.holder {
                     continue;
                 }
                 if let (Some(a_until), Some(b_until)) = (a.believed_until, b.believed_until)
@@ -427,9 +469,86 @@ struct Task<B: Backend> {
     checker: Arc<Checker<B>>,
     rng: Rng,
     keys: &'static [&'static str],
-    /// Whether some acquires ask for a fencing token (not on Redlock, which refuses them).
-    fencing: bool,
+    mix: Mix,
     until: Instant,
+}
+
+/// What a program's tasks do besides plain acquires.
+#[derive(Clone, Copy, Debug)]
+struct Mix {
+    /// Some acquires ask for a fencing token (not on Redlock, which refuses them).
+    fencing: bool,
+    /// Some sections re-enter their hold (the single Redis).
+    reentry: bool,
+}
+
+/// A re-entry a section makes: the same key, the section's holder, its own lease and wait.
+#[derive(Debug)]
+struct Reentry {
+    /// How long after entering the section (or at its end, when that is sooner).
+    after: Duration,
+    wait: Duration,
+    lease: Lease,
+    hold: Duration,
+    fencing: bool,
+    release: bool,
+}
+
+/// A guard inside its section, and what its holder saw of it.
+struct Held<B: Backend> {
+    guard: Arc<LockGuard<B>>,
+    /// The last moment it was seen not lost.
+    believed: Option<Instant>,
+    lost: bool,
+}
+
+impl<B: Backend> Held<B> {
+    fn new(guard: Arc<LockGuard<B>>, believed: Option<Instant>) -> Self {
+        let lost = believed.is_none();
+        Self {
+            guard,
+            believed,
+            lost,
+        }
+    }
+
+    /// Looks at the guard: the timestamp first, so a guard not lost now was not lost then.
+    fn look(&mut self) {
+        let seen = Instant::now();
+        if self.guard.is_lost() {
+            self.lost = true;
+        } else {
+            self.believed = Some(seen);
+        }
+    }
+}
+
+/// Stays inside until `until`, looking at every guard every [`SAMPLE`]; leaves at once when
+/// one is seen lost (as the middleware does).
+async fn stay<B: Backend>(held: &mut [&mut Held<B>], until: Instant) {
+    while !held.iter().any(|h| h.lost) {
+        let now = Instant::now();
+        if now >= until {
+            break;
+        }
+        tokio::time::sleep((until - now).min(SAMPLE)).await;
+        for h in held.iter_mut() {
+            h.look();
+        }
+    }
+}
+
+/// A request for `key` of the kind its name says: `f…` names a fair lock, others a plain one
+/// (a key keeps one kind).
+fn request<'a, B: Backend>(client: &'a LockClient<B>, key: &str) -> LockRequest<'a, B> {
+    match is_fair(key) {
+        true => client.fair_lock(key),
+        false => client.lock(key),
+    }
+}
+
+fn is_fair(key: &str) -> bool {
+    key.starts_with('f')
 }
 
 impl<B: Backend> Task<B> {
@@ -437,29 +556,38 @@ impl<B: Backend> Task<B> {
         let who = format!("t{}", self.id);
         while Instant::now() < self.until {
             let key = self.rng.pick(self.keys);
-            let length = Duration::from_millis(self.rng.pick(&LEASES_MS));
-            let lease = if self.rng.chance(0.5) {
-                Lease::watchdog(length)
-            } else {
-                Lease::fixed(length)
-            };
-            let wait = Duration::from_millis(self.rng.pick(&[0, 100, 500, 2000]));
-            let hold = Duration::from_millis(self.rng.pick(&[0, 10, 50, 200, 500, 1500]));
-            let fencing = self.fencing && self.rng.chance(0.5);
+            let lease = self.lease();
+            let wait = self.wait();
+            let hold = self.hold();
+            let fencing = self.mix.fencing && self.rng.chance(0.5);
             let release = self.rng.chance(0.6);
+            let reentry = (self.mix.reentry && self.rng.chance(0.35)).then(|| Reentry {
+                after: Duration::from_millis(self.rng.pick(&[0, 10, 100])),
+                wait: self.wait(),
+                lease: self.lease(),
+                hold: self.hold(),
+                fencing: self.mix.fencing && self.rng.chance(0.5),
+                release: self.rng.chance(0.6),
+            });
             self.checker.note(
                 &who,
                 format_args!(
-                    "acquire {key} wait {wait:?} lease {lease:?} fencing {fencing} hold {hold:?}"
+                    "acquire {key} wait {wait:?} lease {lease:?} fencing {fencing} hold {hold:?}\
+                     {}",
+                    reentry
+                        .as_ref()
+                        .map_or(String::new(), |r| format!(", then {r:?}"))
                 ),
             );
-            let mut request = self.client.lock(key).wait(wait).lease(lease);
+            let mut request = request(&self.client, key).wait(wait).lease(lease);
             if fencing {
                 request = request.fencing();
             }
             let sent = Instant::now();
             match request.acquire().await {
-                Ok(guard) => self.section(key, sent, guard, hold, release).await,
+                Ok(guard) => {
+                    self.section(key, sent, guard, hold, release, reentry).await;
+                }
                 Err(error) => self.checker.acquire_failed(self.id, key, &error),
             }
             let pause = self.rng.pick(&[0, 5, 30]);
@@ -467,8 +595,28 @@ impl<B: Backend> Task<B> {
         }
     }
 
-    /// Inside `key` for `hold`, looking at the guard every [`SAMPLE`]; a holder that sees its
-    /// guard lost leaves at once (as the middleware does). Then releases or drops the guard.
+    /// A lease of the program's lengths, watchdog or fixed.
+    fn lease(&mut self) -> Lease {
+        let length = Duration::from_millis(self.rng.pick(&LEASES_MS));
+        if self.rng.chance(0.5) {
+            Lease::watchdog(length)
+        } else {
+            Lease::fixed(length)
+        }
+    }
+
+    fn wait(&mut self) -> Duration {
+        Duration::from_millis(self.rng.pick(&[0, 100, 500, 2000]))
+    }
+
+    /// How long to stay inside (sometimes past a fixed lease).
+    fn hold(&mut self) -> Duration {
+        Duration::from_millis(self.rng.pick(&[0, 10, 50, 200, 500, 1500]))
+    }
+
+    /// Inside `key` for `hold`, looking at the guard every [`SAMPLE`] (and re-entering it
+    /// meanwhile, when `reentry` says so); a holder that sees its guard lost leaves at once (as
+    /// the middleware does). Then releases or drops the guard.
     async fn section(
         &self,
         key: &'static str,
@@ -476,30 +624,70 @@ impl<B: Backend> Task<B> {
         guard: LockGuard<B>,
         hold: Duration,
         release: bool,
+        reentry: Option<Reentry>,
     ) {
         let who = format!("t{}", self.id);
-        let (section, guard, mut believed) = self.checker.enter(key, self.id, sent, guard);
+        let (section, guard, believed) = self.checker.enter(key, self.id, sent, guard, None);
         let until = Instant::now() + hold;
-        let mut lost = believed.is_none();
-        while !lost {
-            let now = Instant::now();
-            if now >= until {
-                break;
-            }
-            tokio::time::sleep((until - now).min(SAMPLE)).await;
-            let seen = Instant::now();
-            if guard.is_lost() {
-                lost = true;
-            } else {
-                believed = Some(seen);
+        let mut held = Held::new(guard, believed);
+        if let Some(reentry) = reentry {
+            stay(&mut [&mut held], until.min(Instant::now() + reentry.after)).await;
+            if !held.lost {
+                self.reenter(key, section, &mut held, reentry).await;
             }
         }
-        if lost {
+        stay(&mut [&mut held], until).await;
+        if held.lost {
             locked(&self.checker.stats).lost_inside += 1;
             self.checker
                 .note(&who, format_args!("section {section} saw its guard lost"));
         }
-        let guard = self.checker.leave(key, self.id, section, believed, guard);
+        let guard = self
+            .checker
+            .leave(key, self.id, section, held.believed, held.guard);
+        self.give_back(key, guard, release).await;
+    }
+
+    /// Re-enters the hold of section `of` (`outer`) with its holder, stays inside for the
+    /// re-entry's hold (looking at both guards), and releases or drops the re-entry's guard.
+    async fn reenter(&self, key: &'static str, of: u64, outer: &mut Held<B>, reentry: Reentry) {
+        let who = format!("t{}", self.id);
+        let mut request = request(&self.client, key)
+            .holder(outer.guard.holder())
+            .wait(reentry.wait)
+            .lease(reentry.lease);
+        if reentry.fencing {
+            request = request.fencing();
+        }
+        let sent = Instant::now();
+        let guard = match request.acquire().await {
+            Ok(guard) => guard,
+            Err(error) => {
+                self.checker.acquire_failed(self.id, key, &error);
+                return;
+            }
+        };
+        let (section, guard, believed) = self.checker.enter(key, self.id, sent, guard, Some(of));
+        let mut inner = Held::new(guard, believed);
+        stay(
+            &mut [&mut *outer, &mut inner],
+            Instant::now() + reentry.hold,
+        )
+        .await;
+        if inner.lost {
+            locked(&self.checker.stats).lost_inside += 1;
+            self.checker
+                .note(&who, format_args!("section {section} saw its guard lost"));
+        }
+        let guard = self
+            .checker
+            .leave(key, self.id, section, inner.believed, inner.guard);
+        self.give_back(key, guard, reentry.release).await;
+    }
+
+    /// Releases the guard, or drops it.
+    async fn give_back(&self, key: &str, guard: LockGuard<B>, release: bool) {
+        let who = format!("t{}", self.id);
         if release {
             let released = guard.release().await;
             self.checker
@@ -518,7 +706,7 @@ fn spawn_tasks<B: Backend>(
     checker: &Arc<Checker<B>>,
     rng: &mut Rng,
     keys: &'static [&'static str],
-    fencing: bool,
+    mix: Mix,
     until: Instant,
 ) {
     for (id, client) in clients.iter().flat_map(|c| [c, c]).enumerate() {
@@ -528,7 +716,7 @@ fn spawn_tasks<B: Backend>(
             checker: checker.clone(),
             rng: Rng(rng.next()),
             keys,
-            fencing,
+            mix,
             until,
         };
         tasks.spawn(task.run());
@@ -544,8 +732,9 @@ async fn join_all<B: Backend>(tasks: &mut tokio::task::JoinSet<()>, checker: &Ch
     }
 }
 
-/// Once the faults are healed, a fresh client takes every key within `bound` (retrying on
-/// errors a store that just came back may answer), never later.
+/// Once the faults are healed, a fresh client takes every key within `bound` (a fair key:
+/// within `bound` + [`WAITER_TIMEOUT`], as a place a waiter left behind holds the queue up
+/// that long) (retrying on errors a store that just came back may answer), never later.
 async fn check_liveness<B: Backend>(
     client: &LockClient<B>,
     keys: &[&'static str],
@@ -554,10 +743,13 @@ async fn check_liveness<B: Backend>(
 ) {
     let healed = Instant::now();
     for key in keys {
+        let bound = match is_fair(key) {
+            true => bound + WAITER_TIMEOUT,
+            false => bound,
+        };
         loop {
             let left = bound.saturating_sub(healed.elapsed());
-            let taken = client
-                .lock(key)
+            let taken = request(client, key)
                 .lease(Lease::fixed(LONGEST_LEASE))
                 .wait(left)
                 .acquire()
@@ -779,7 +971,7 @@ async fn redlock_driver(
     }
 }
 
-/// Stalls `nodes` (`SIGSTOP`) for `stall`, then resumes them.
+/// Stalls `nodes` (`SIGSTOP`) for `stall`, then resumes them (the single Redis is node 0).
 async fn stall_nodes(servers: &Arc<Mutex<Vec<RedisServer>>>, nodes: &[usize], stall: Duration) {
     let (s, stalled) = (servers.clone(), nodes.to_vec());
     off_runtime(move || stalled.iter().for_each(|&node| locked(&s)[node].pause())).await;
@@ -824,7 +1016,11 @@ async fn redlock_seed(nodes: &Nodes, seed: u64) -> Outcome {
     let clients: Vec<_> = (0..client_count).map(|_| nodes.client(&prefix)).collect();
     let until = Instant::now() + PROGRAM;
     let mut tasks = tokio::task::JoinSet::new();
-    spawn_tasks(&mut tasks, &clients, &checker, &mut rng, keys, false, until);
+    let mix = Mix {
+        fencing: false,
+        reentry: false,
+    };
+    spawn_tasks(&mut tasks, &clients, &checker, &mut rng, keys, mix, until);
     tasks.spawn(redlock_driver(
         nodes.servers.clone(),
         checker.clone(),
@@ -873,38 +1069,37 @@ impl Single {
         }
     }
 
-    /// A client over connections its backend opens itself (quarantine by default).
-    async fn own_client(&self, prefix: &str) -> LockClient<RedisBackend> {
-        let backend = control(RedisBackend::builder(self.url.clone()))
-            .connect()
-            .await
-            .expect("connect");
-        LockClient::builder(backend)
-            .prefix(prefix)
-            .build()
-            .expect("valid configuration")
+    /// A client over connections its backend opens itself (quarantine by default), with the
+    /// [`SHORT_COMMAND_TIMEOUT`] when `short`.
+    async fn own_client(&self, prefix: &str, short: bool) -> LockClient<RedisBackend> {
+        let backend = connect(|| async {
+            command_timeout(control(RedisBackend::builder(self.url.clone())), short)
+                .connect()
+                .await
+        })
+        .await;
+        single_client(backend, prefix)
     }
 
     /// A client over an application's pool: the acquire scripts check the server's start
     /// against the boot marker.
-    async fn pool_client(&self, prefix: &str) -> LockClient<RedisBackend> {
+    async fn pool_client(&self, prefix: &str, short: bool) -> LockClient<RedisBackend> {
         use tower_lock::backend::redis::{bb8, bb8_redis::RedisConnectionManager};
 
-        let manager = RedisConnectionManager::new(self.url.clone()).expect("manager");
-        let pool = bb8::Pool::builder()
-            .connection_timeout(Duration::from_secs(1))
-            .build(manager)
-            .await
-            .expect("pool");
-        let backend = control(RedisBackend::builder(self.url.clone()))
-            .pool(pool)
-            .connect()
-            .await
-            .expect("connect through the application's pool");
-        LockClient::builder(backend)
-            .prefix(prefix)
-            .build()
-            .expect("valid configuration")
+        let backend = connect(|| async {
+            let manager = RedisConnectionManager::new(self.url.clone()).expect("manager");
+            let pool = bb8::Pool::builder()
+                .connection_timeout(Duration::from_secs(1))
+                .build(manager)
+                .await
+                .expect("pool");
+            command_timeout(control(RedisBackend::builder(self.url.clone())), short)
+                .pool(pool)
+                .connect()
+                .await
+        })
+        .await;
+        single_client(backend, prefix)
     }
 
     /// The server's snapshot file.
@@ -924,6 +1119,45 @@ impl Single {
     }
 }
 
+/// Connects with `connect`, tried three times: a first command may take longer than a short
+/// command timeout on a busy machine (no fault is injected yet).
+async fn connect<F, Fut>(mut connect: F) -> RedisBackend
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<RedisBackend, tower_lock::BackendError>>,
+{
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match connect().await {
+            Ok(backend) => return backend,
+            Err(error) if tries < 3 => eprintln!("connect, try {tries}: {error}"),
+            Err(error) => panic!("connect: {error}"),
+        }
+    }
+}
+
+/// A single-Redis program's client over `backend`: fair waiters' places live
+/// [`WAITER_TIMEOUT`].
+fn single_client(backend: RedisBackend, prefix: &str) -> LockClient<RedisBackend> {
+    LockClient::builder(backend)
+        .prefix(prefix)
+        .waiter_timeout(WAITER_TIMEOUT)
+        .build()
+        .expect("valid configuration")
+}
+
+/// The builder with the [`SHORT_COMMAND_TIMEOUT`] when `short`, else as it is (the default).
+fn command_timeout(
+    builder: tower_lock::RedisBackendBuilder,
+    short: bool,
+) -> tower_lock::RedisBackendBuilder {
+    match short {
+        true => builder.command_timeout(SHORT_COMMAND_TIMEOUT),
+        false => builder,
+    }
+}
+
 /// The builder as it is, or with the quarantine off for the negative control.
 fn control(builder: tower_lock::RedisBackendBuilder) -> tower_lock::RedisBackendBuilder {
     match quarantine_off() {
@@ -933,8 +1167,11 @@ fn control(builder: tower_lock::RedisBackendBuilder) -> tower_lock::RedisBackend
 }
 
 /// The single-Redis fault driver: until the program's time is up, at random moments, takes a
-/// snapshot (`SAVE`, copied aside), or kills the server (`SIGKILL`) and restarts it from one of
-/// the snapshots taken so far (the older data) or empty. When it returns, the server runs.
+/// snapshot (`SAVE`, copied aside); kills the server (`SIGKILL`) and restarts it from one of
+/// the snapshots taken so far (the older data) or empty; or stalls it (`SIGSTOP`) for less
+/// than the shortest lease, for less than the longest, or for up to 1.5 times the longest,
+/// then resumes it, so that the commands sent meanwhile (acquires whose callers timed out,
+/// their undos, releases) run late, in one burst. When it returns, the server runs.
 async fn single_driver(
     single: Arc<Single>,
     checker: Arc<Checker<RedisBackend>>,
@@ -945,7 +1182,7 @@ async fn single_driver(
     while Instant::now() < until {
         tokio::time::sleep(rng.millis(100, 1000)).await;
         match rng.below(20) {
-            0..=9 => {
+            0..=7 => {
                 let copy = single.dir.join(format!("snapshot-{}.rdb", snapshots.len()));
                 checker.fault("save", format_args!("SAVE as {}", copy.display()));
                 let (s, from, to) = (single.clone(), single.dump(), copy.clone());
@@ -957,7 +1194,7 @@ async fn single_driver(
                 .await;
                 snapshots.push(copy);
             }
-            10..=13 if !snapshots.is_empty() => {
+            8..=11 if !snapshots.is_empty() => {
                 let snapshot = snapshots[rng.below(snapshots.len() as u64) as usize].clone();
                 let down = rng.millis(0, 200);
                 checker.fault(
@@ -970,7 +1207,7 @@ async fn single_driver(
                 restart_single(&single, &checker, Some(snapshot), down).await;
                 checker.note("fault", "the server is back from the snapshot");
             }
-            10..=16 => {
+            8..=14 => {
                 let down = rng.millis(0, 200);
                 checker.fault(
                     "restart empty",
@@ -979,7 +1216,21 @@ async fn single_driver(
                 restart_single(&single, &checker, None, down).await;
                 checker.note("fault", "the server is back, empty");
             }
-            _ => {}
+            _ => {
+                let shortest = LEASES_MS[0];
+                let longest = LONGEST_LEASE.as_millis() as u64;
+                let (kind, stall) = match rng.below(3) {
+                    0 => ("pause < shortest lease", rng.millis(20, shortest - 1)),
+                    1 => ("pause < longest lease", rng.millis(shortest, longest - 1)),
+                    _ => (
+                        "pause > longest lease",
+                        rng.millis(longest, longest * 3 / 2),
+                    ),
+                };
+                checker.fault(kind, format_args!("pause (SIGSTOP) for {stall:?}"));
+                stall_nodes(&single.servers, &[0], stall).await;
+                checker.note("fault", "the server runs again");
+            }
         }
     }
 }
@@ -1023,20 +1274,30 @@ async fn single_seed(single: &Arc<Single>, seed: u64) -> Outcome {
     let checker = Checker::<RedisBackend>::new();
     let prefix = format!("sf{seed}:");
     let own = 2 + rng.below(2) as usize;
+    // `f0` is a fair lock, the others plain ones.
     let keys: &'static [&'static str] = if rng.chance(0.5) {
-        &["k0"]
+        &["k0", "f0"]
     } else {
-        &["k0", "k1"]
+        &["k0", "k1", "f0"]
     };
     checker.note(
         "setup",
         format_args!("seed {seed}: {own} clients + 1 through a pool, x 2 tasks on {keys:?}"),
     );
+    // The first own client has a short command timeout, the second the default; the others
+    // draw theirs.
+    let short: Vec<bool> = (0..=own)
+        .map(|i| i == 0 || (i > 1 && rng.chance(0.5)))
+        .collect();
+    checker.note(
+        "setup",
+        format_args!("short command timeouts (the pool's last): {short:?}"),
+    );
     let mut clients = Vec::new();
-    for _ in 0..own {
-        clients.push(single.own_client(&prefix).await);
+    for &short in &short[..own] {
+        clients.push(single.own_client(&prefix, short).await);
     }
-    clients.push(single.pool_client(&prefix).await);
+    clients.push(single.pool_client(&prefix, short[own]).await);
     // Each backend's quarantine follows the longest lease its clients asked for: every client
     // asks for the longest once, so every backend's covers every lease in the program.
     for client in &clients {
@@ -1044,7 +1305,11 @@ async fn single_seed(single: &Arc<Single>, seed: u64) -> Outcome {
     }
     let until = Instant::now() + PROGRAM;
     let mut tasks = tokio::task::JoinSet::new();
-    spawn_tasks(&mut tasks, &clients, &checker, &mut rng, keys, true, until);
+    let mix = Mix {
+        fencing: true,
+        reentry: true,
+    };
+    spawn_tasks(&mut tasks, &clients, &checker, &mut rng, keys, mix, until);
     tasks.spawn(single_driver(
         single.clone(),
         checker.clone(),
@@ -1053,7 +1318,7 @@ async fn single_seed(single: &Arc<Single>, seed: u64) -> Outcome {
     ));
     join_all(&mut tasks, &checker).await;
     checker.note("setup", "program over, the server runs");
-    let fresh = single.own_client(&prefix).await;
+    let fresh = single.own_client(&prefix, false).await;
     check_liveness(&fresh, keys, SINGLE_BOUND, &checker).await;
     for client in clients.iter().chain([&fresh]) {
         client.shutdown().await;
@@ -1064,17 +1329,32 @@ async fn single_seed(single: &Arc<Single>, seed: u64) -> Outcome {
 
 /// Acquires and releases a key of its own with the longest lease: the backend's quarantine now
 /// covers it.
+/// A short command timeout may run out on a busy machine (no fault is injected yet): such an
+/// acquire is tried again.
 async fn warm_up(client: &LockClient<RedisBackend>) {
-    client
-        .lock("warm-up")
-        .lease(Lease::fixed(LONGEST_LEASE))
-        .wait(QUARANTINE + UPTIME_ROUNDING + SLACK)
-        .acquire()
-        .await
-        .expect("a warm-up acquire on a server past its quarantine")
-        .release()
-        .await
-        .expect("release the warm-up lock");
+    let deadline = Instant::now() + QUARANTINE + UPTIME_ROUNDING + SLACK;
+    let guard = loop {
+        let taken = client
+            .lock("warm-up")
+            .lease(Lease::fixed(LONGEST_LEASE))
+            .wait(deadline.saturating_duration_since(Instant::now()))
+            .acquire()
+            .await;
+        match taken {
+            Ok(guard) => break guard,
+            Err(LockError::Backend(error))
+                if matches!(error.kind(), BackendErrorKind::Timeout)
+                    && Instant::now() < deadline =>
+            {
+                eprintln!("warm-up acquire: {error}");
+            }
+            Err(error) => panic!("a warm-up acquire on a server past its quarantine: {error}"),
+        }
+    };
+    // A release that timed out leaves the warm-up lock to its lease: the next warm-up waits.
+    if let Err(error) = guard.release().await {
+        eprintln!("warm-up release: {error}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1115,10 +1395,13 @@ where
         let seed_started = std::time::Instant::now();
         let outcome = run(seed).await;
         println!(
-            "{family} seed {seed}: {:.1} s, {} sections ({} saw their guard lost), faults {:?}, \
-             acquire errors {:?}, slowest fresh acquire after the heal {:?}{}",
+            "{family} seed {seed}: {:.1} s, {} sections ({} re-entries, {} fair; {} saw their \
+             guard lost), faults {:?}, acquire errors {:?}, slowest fresh acquire after the heal \
+             {:?}{}",
             seed_started.elapsed().as_secs_f64(),
             outcome.stats.sections,
+            outcome.stats.reentries,
+            outcome.stats.fair,
             outcome.stats.lost_inside,
             outcome.stats.faults,
             outcome.stats.errors,
@@ -1148,11 +1431,14 @@ where
         }
     }
     println!(
-        "{family}: {} seeds in {:.1} s, {} sections ({} saw their guard lost), faults {:?}, \
-         acquire errors {:?}, slowest fresh acquire after a heal {:?}, {} failing",
+        "{family}: {} seeds in {:.1} s, {} sections ({} re-entries, {} fair; {} saw their guard \
+         lost), faults {:?}, acquire errors {:?}, slowest fresh acquire after a heal {:?}, {} \
+         failing",
         seeds.len(),
         started.elapsed().as_secs_f64(),
         total.sections,
+        total.reentries,
+        total.fair,
         total.lost_inside,
         total.faults,
         total.errors,
@@ -1178,13 +1464,14 @@ async fn redlock_programs_with_nodes_stalled_killed_and_restarted() {
 }
 
 /// One Redis, killed and restarted empty or from a snapshot taken at a random earlier moment,
-/// with clients over their own connections and one over an application's pool.
+/// or stalled and resumed, with clients over their own connections (some with a short command
+/// timeout) and one over an application's pool; plain, re-entered and fair locks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn single_redis_programs_with_restarts_from_older_snapshots() {
+async fn single_redis_programs_with_restarts_from_older_snapshots_and_stalls() {
     let single = Arc::new(Single::start());
     run_seeds(
         "single",
-        "single_redis_programs_with_restarts_from_older_snapshots",
+        "single_redis_programs_with_restarts_from_older_snapshots_and_stalls",
         |seed| single_seed(&single, seed),
     )
     .await;
