@@ -51,7 +51,7 @@ use std::{
     time::Duration,
 };
 
-use support::{RedisServer, RespValue};
+use support::{RedisServer, RespValue, rng::Rng};
 use tokio::time::Instant;
 use tower_lock::{
     Backend, Lease, LockClient, LockError, LockGuard, MemoryBackend, MultiGuard,
@@ -59,36 +59,6 @@ use tower_lock::{
     error::BackendErrorKind,
     key::LockKey,
 };
-
-/// A small, seedable generator (SplitMix64): the same seed gives the same program.
-#[derive(Clone, Debug)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn chance(&mut self, p: f64) -> bool {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
-    }
-
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len() as u64) as usize]
-    }
-
-    fn millis(&mut self, max: u64) -> Duration {
-        Duration::from_millis(self.below(max + 1))
-    }
-}
 
 /// The in-memory store with a random delay before and after every call, drawn from the seed:
 /// calls are in flight long enough to be cancelled or raced. With `faults` on, one call in
@@ -126,7 +96,7 @@ impl Delayed {
         match rng.below(4) {
             0 | 1 => Duration::ZERO,
             2 => Duration::from_micros(500),
-            _ => rng.millis(3),
+            _ => rng.millis(0, 3),
         }
     }
 
@@ -593,7 +563,8 @@ fn ask(rng: &mut Rng, scale: Scale) -> Ask {
     let cancel = match rng.below(10) {
         0 => Some(Cancel::AfterPolls(1 + rng.below(4) as u32)),
         1 => Some(Cancel::After(
-            rng.millis(20).max(Duration::from_micros(300)) * scale.unit.as_millis().max(1) as u32,
+            rng.millis(0, 20).max(Duration::from_micros(300))
+                * scale.unit.as_millis().max(1) as u32,
         )),
         _ => None,
     };

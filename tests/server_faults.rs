@@ -68,7 +68,7 @@ use std::{
     time::Duration,
 };
 
-use support::{RedisServer, RespValue};
+use support::{RedisServer, RespValue, rng::Rng};
 use tokio::time::Instant;
 use tower_lock::{
     Backend, Lease, LockClient, LockError, LockGuard, LockRequest, RedisBackend, RedlockBackend,
@@ -109,37 +109,6 @@ const DEFAULT_SEEDS: u64 = 6;
 /// The negative control: `SERVER_FAULTS_NO_QUARANTINE=1` turns every backend's quarantine off.
 fn quarantine_off() -> bool {
     std::env::var("SERVER_FAULTS_NO_QUARANTINE").is_ok_and(|value| value == "1")
-}
-
-/// A small, seedable generator (SplitMix64): the same seed gives the same program.
-#[derive(Clone, Debug)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn chance(&mut self, p: f64) -> bool {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
-    }
-
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len() as u64) as usize]
-    }
-
-    /// A duration of `from..=to` milliseconds.
-    fn millis(&mut self, from: u64, to: u64) -> Duration {
-        Duration::from_millis(from + self.below(to - from + 1))
-    }
 }
 
 /// One critical section, as the checker recorded it.
@@ -626,7 +595,6 @@ impl<B: Backend> Task<B> {
         release: bool,
         reentry: Option<Reentry>,
     ) {
-        let who = format!("t{}", self.id);
         let (section, guard, believed) = self.checker.enter(key, self.id, sent, guard, None);
         let until = Instant::now() + hold;
         let mut held = Held::new(guard, believed);
@@ -637,21 +605,12 @@ impl<B: Backend> Task<B> {
             }
         }
         stay(&mut [&mut held], until).await;
-        if held.lost {
-            locked(&self.checker.stats).lost_inside += 1;
-            self.checker
-                .note(&who, format_args!("section {section} saw its guard lost"));
-        }
-        let guard = self
-            .checker
-            .leave(key, self.id, section, held.believed, held.guard);
-        self.give_back(key, guard, release).await;
+        self.end(key, section, held, release).await;
     }
 
     /// Re-enters the hold of section `of` (`outer`) with its holder, stays inside for the
     /// re-entry's hold (looking at both guards), and releases or drops the re-entry's guard.
     async fn reenter(&self, key: &'static str, of: u64, outer: &mut Held<B>, reentry: Reentry) {
-        let who = format!("t{}", self.id);
         let mut request = request(&self.client, key)
             .holder(outer.guard.holder())
             .wait(reentry.wait)
@@ -674,15 +633,22 @@ impl<B: Backend> Task<B> {
             Instant::now() + reentry.hold,
         )
         .await;
-        if inner.lost {
+        self.end(key, section, inner, reentry.release).await;
+    }
+
+    /// Ends section `section`: counts a loss its holder saw inside, records that it left, and
+    /// releases or drops its guard.
+    async fn end(&self, key: &'static str, section: u64, held: Held<B>, release: bool) {
+        if held.lost {
             locked(&self.checker.stats).lost_inside += 1;
+            let who = format!("t{}", self.id);
             self.checker
                 .note(&who, format_args!("section {section} saw its guard lost"));
         }
         let guard = self
             .checker
-            .leave(key, self.id, section, inner.believed, inner.guard);
-        self.give_back(key, guard, reentry.release).await;
+            .leave(key, self.id, section, held.believed, held.guard);
+        self.give_back(key, guard, release).await;
     }
 
     /// Releases the guard, or drops it.

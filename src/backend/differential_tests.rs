@@ -67,7 +67,7 @@ use crate::{
     },
     inspect::LockInfo,
     lock_key::LockKey,
-    test_support as support,
+    test_support::{self as support, rng::Rng},
 };
 
 /// A long lease: never runs out during a program.
@@ -85,32 +85,6 @@ const HOLDERS: [&str; 3] = ["h1", "h2", "h3"];
 /// Holders that crash right after their one acquire: what it took (a hold with a short lease,
 /// or a queue place with a short waiter timeout) is never renewed, released or left.
 const CRASHING: [&str; 2] = ["c1", "c2"];
-
-/// SplitMix64: the same seed, the same program.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        // The index is below the slice's length: the cast cannot truncate.
-        items[self.below(items.len() as u64) as usize]
-    }
-}
 
 /// The four locks of a program, by kind.
 struct Keys {
@@ -454,16 +428,16 @@ impl Program {
             .get(&(holder, kind))
             .and_then(|sent| sent.last())
             .map(|sent| sent.attempt.clone());
-        let supersedes = earlier.filter(|_| self.rng.chance(15));
+        let supersedes = earlier.filter(|_| self.rng.chance(0.15));
         Sent {
             holder,
             kind,
             attempt: self.attempt(),
-            lease: if self.rng.chance(35) { SHORT } else { LONG },
-            fencing: kind != LockKind::Semaphore && self.rng.chance(40),
-            queue: (kind.queues() && self.rng.chance(70)).then(|| {
+            lease: if self.rng.chance(0.35) { SHORT } else { LONG },
+            fencing: kind != LockKind::Semaphore && self.rng.chance(0.4),
+            queue: (kind.queues() && self.rng.chance(0.7)).then(|| {
                 // One queued waiter in four dies queued: its place lasts a short timeout.
-                if self.rng.chance(25) { SHORT } else { QUEUE }
+                if self.rng.chance(0.25) { SHORT } else { QUEUE }
             }),
             supersedes,
             reentry: self.rng.pick(&[
@@ -472,7 +446,7 @@ impl Program {
                 Reentry::Only,
                 Reentry::Refused,
             ]),
-            contended: self.rng.chance(30),
+            contended: self.rng.chance(0.3),
             late: false,
             crashes: false,
         }
@@ -490,7 +464,7 @@ impl Program {
             queue: kind.queues().then_some(SHORT),
             supersedes: None,
             reentry: Reentry::Allowed,
-            contended: self.rng.chance(30),
+            contended: self.rng.chance(0.3),
             late: false,
             crashes: true,
         }
@@ -502,10 +476,10 @@ impl Program {
         let earlier = self.sent.get(&(holder, kind)).cloned().unwrap_or_default();
         match self.rng.below(100) {
             0..=39 => {
-                if self.rng.chance(15) {
+                if self.rng.chance(0.15) {
                     return Step::Acquire(self.crashing());
                 }
-                if !self.forgotten.is_empty() && self.rng.chance(25) {
+                if !self.forgotten.is_empty() && self.rng.chance(0.25) {
                     // Sent as after a refusal: a late first try at a free lock (the Redis
                     // backend's `SET NX`, which no script sees) lands as a hold that others
                     // take over, and its expiry is the Redis backend's own tests' subject.
@@ -540,7 +514,7 @@ impl Program {
                         Some(earlier[at as usize].attempt.clone())
                     }
                 };
-                let handoff = (kind == LockKind::Exclusive && self.rng.chance(20))
+                let handoff = (kind == LockKind::Exclusive && self.rng.chance(0.2))
                     .then(|| {
                         let other = self.rng.pick(&HOLDERS);
                         let sent = self.acquire(other, kind);
@@ -554,14 +528,14 @@ impl Program {
                 Step::Release {
                     holder,
                     kind,
-                    all: self.rng.chance(15),
+                    all: self.rng.chance(0.15),
                     attempt,
                     hold,
                     handoff,
                 }
             }
             65..=74 => match earlier.last() {
-                Some(sent) if self.rng.chance(70) => Step::Abandon(sent.clone()),
+                Some(sent) if self.rng.chance(0.7) => Step::Abandon(sent.clone()),
                 _ => {
                     let sent = self.acquire(holder, kind);
                     self.forgotten.push(sent.clone());
@@ -571,8 +545,8 @@ impl Program {
             75..=84 => Step::Renew {
                 holder,
                 kind,
-                lease: if self.rng.chance(30) { SHORT } else { LONG },
-                queued: kind.queues() && self.rng.chance(30),
+                lease: if self.rng.chance(0.3) { SHORT } else { LONG },
+                queued: kind.queues() && self.rng.chance(0.3),
             },
             85..=92 if kind.queues() => Step::Leave { holder, kind },
             85..=92 => Step::Renew {
@@ -1220,7 +1194,7 @@ async fn compare(seed: u64, try_: u32, redis: &RedisBackend, steps: usize) -> Re
             }
             _ => {}
         }
-        if drawn_now && probing.chance(10) {
+        if drawn_now && probing.chance(0.1) {
             // A probe point: every lock the model says is free for a newcomer.
             expiries.clear_of_endings().await;
             model.prune(Instant::now());

@@ -36,6 +36,7 @@ pub mod cluster;
 pub mod kinds;
 #[cfg(feature = "metrics")]
 pub mod recorded;
+pub mod rng;
 pub mod stores;
 
 /// How long a server gets to answer `PING` after it is spawned.
