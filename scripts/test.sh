@@ -5,9 +5,12 @@
 # make a throwaway CA with it), then runs every test of the workspace with every feature but
 # `test-util` (so the suite runs the clock applications run), the tests that pause tokio's
 # clock with `test-util` too, then the Redis tests again as the crate's limited ACL user.
-# Extra arguments go to the first `cargo test`, e.g. `scripts/test.sh -- --nocapture`.
+# Each pass's test binaries are built first, then run side by side (TEST_JOBS at a time, 3 by
+# default), with the doc tests; each binary's output is shown whole once it is done. Extra
+# arguments go to each test binary of the first pass (libtest's options and name filters), e.g.
+# `scripts/test.sh --nocapture`.
 #
-# Every test binary of every pass runs, even after a failure (`cargo test --no-fail-fast`).
+# Every test binary of every pass runs, even after a failure.
 # The script ends with a summary: the binaries run, the tests passed, failed and ignored, each
 # failing binary and test, and the time taken. Its last line is always
 # `summary: N passed, M failed`, where M also counts a binary that ended without a result (a
@@ -87,35 +90,135 @@ logs=$(mktemp -d)
 trap 'rm -rf "$logs"; [ "$summarized" = true ] || echo "summary: 0 passed, 1 failed"' EXIT
 passes=()
 
-# Runs `cargo test --no-fail-fast` with the arguments after $1 (the pass's name), showing its
-# output as it goes and keeping it in "$logs/<n>.log" for the summary; the pass's exit status
-# goes to "$logs/<n>.status".
-pass() {
+# Test binaries run side by side (most of the suite waits on leases, timeouts and stalled
+# servers rather than on the CPU), longest first; TEST_JOBS sets how many at once.
+parallel=${TEST_JOBS:-3}
+# The binaries that take longest, started first so that none is left running alone at the end.
+slow_first=(chaos ui "unittests src/lib" server_faults quarantine cluster client_lease interleavings)
+
+# Builds a pass's test binaries: `cargo test --no-run` with the arguments after $1 (the
+# pass's name). Its output goes to "$logs/<n>.log", its exit status to "$logs/<n>.status", and
+# the binaries, one `<label> <executable>` per line, to "$logs/<n>.bins"; the label is what
+# cargo's `Running` line names (`tests/x.rs`, or `unittests src/lib.rs`).
+build() {
   local name=$1 n=${#passes[@]}
   shift
   passes+=("$name")
-  echo "==> [$name] cargo test --no-fail-fast $*"
+  echo "==> [$name] cargo test --no-run $*"
   local status=0
-  cargo test --no-fail-fast "$@" 2>&1 | tee "$logs/$n.log" || status=$?
+  cargo test --no-run --message-format=json-render-diagnostics "$@" >"$logs/$n.json" 2> >(tee "$logs/$n.log" >&2) || status=$?
+  wait
   echo "$status" >"$logs/$n.status"
+  # Test harness artifacts only (examples are built too, but not run).
+  grep '"executable":"' "$logs/$n.json" | grep '"test":true},"features"' |
+    sed -n 's/.*"manifest_path":"\([^"]*\)\/Cargo.toml","target":{"kind":\["\([a-z-]*\)".*"src_path":"\([^"]*\)".*"executable":"\([^"]*\)".*/\1 \2 \3 \4/p' |
+    while read -r dir kind src exe; do
+      src=${src#"$PWD/"}
+      [ "$kind" = test ] || src="unittests $src"
+      echo "$dir|$src|$exe"
+    done >"$logs/$n.bins"
 }
+
+# Queues a job for each binary of pass $1 (see build), or for those named after $2 (the ACL
+# mode, 0 or 1) only: "<pass n> <acl> <package dir>|<label>|<executable>". A doc-test job is
+# "<pass n> doc <cargo test arguments>".
+queue_bins() {
+  local n=$1 acl=$2
+  shift 2
+  local dir label exe
+  while IFS='|' read -r dir label exe; do
+    if [ $# -gt 0 ]; then
+      local wanted=false name=${label##*/}
+      name=${name%.rs}
+      for keep in "$@"; do [ "$keep" = "$name" ] && wanted=true; done
+      [ "$wanted" = true ] || continue
+    fi
+    echo "$n $acl $dir|$label|$exe"
+  done <"$logs/$n.bins" >>"$logs/jobs"
+}
+
+# Runs one job (line $2, numbered $1) as cargo would: in its package's directory, with
+# CARGO_MANIFEST_DIR set and the toolchain's libraries on the library path; prints its output
+# once it is done.
+run_job() {
+  local i=$1 n acl rest dir label exe
+  read -r n acl rest <<<"$2"
+  local out="$logs/job-$i.out"
+  if [ "$acl" = doc ]; then
+    # shellcheck disable=SC2086 # a doc job's cargo arguments, as queued
+    cargo test --no-fail-fast $rest >"$out" 2>&1 || true
+  else
+    IFS='|' read -r dir label exe <<<"$rest"
+    echo "     Running $label ($exe)" >"$out"
+    local extra=()
+    [ "$n" = 0 ] && extra=("${test_args[@]}")
+    (
+      cd "$dir"
+      export CARGO_MANIFEST_DIR="$dir"
+      # A proc-macro crate's test binary links the standard library dynamically.
+      export LD_LIBRARY_PATH="$rust_libs:${exe%/*}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      [ "$acl" = 1 ] && export TOWER_LOCK_TEST_ACL=1
+      "$exe" "${extra[@]}"
+    ) >>"$out" 2>&1 || true
+  fi
+  flock "$logs/print.lock" sh -c "echo '==> [${passes[$n]}] job $i done'; cat '$out'"
+}
+
+: >"$logs/jobs"
+test_args=("$@")
+sysroot=$(rustc --print sysroot)
+rust_libs="$sysroot/lib/rustlib/$(rustc -vV | sed -n 's/^host: //p')/lib:$sysroot/lib"
 
 # Every feature but test-util: lock deadlines on the boot clock alone, as in applications.
 features=tower-lock/sentinel,tower-lock/cluster,tower-lock/keyed-hash,tower-lock/metrics,tower-lock/tls,tower-lock/macros,tower-lock/serde,tower-lock/tonic
-pass main --workspace --features "$features" "$@"
+build main --workspace --features "$features"
+queue_bins 0 0
+echo "0 doc --workspace --features $features --doc" >>"$logs/jobs"
 
 # With test-util: the tests on tokio's paused clock (the interleavings, the testing guide's).
-pass test-util --all-features --test interleavings
-pass test-util-doc --all-features --doc -- guide::testing
+build test-util --all-features --test interleavings
+queue_bins 1 0
+echo "1 doc --all-features --doc -- guide::testing" >>"$logs/jobs"
 
-# Second pass, same binaries: the Redis tests again, with every client logged in as
-# the crate's limited ACL user (the README's line; tests/support/acl.rs). Any ACL denial fails
-# the test. Not run here: sentinel and tls (their own servers and grants), acl (makes its own
-# users), harness (checks the fixture's plain URL), late_commands (talks through a proxy to the
-# plain address), ui (no Redis).
-acl_tests=(bad_input cluster engine fair_rw fixed_lease inspect key_fuzz keyed_hash layer
-  locked metrics multi_key names quarantine redis_faults redlock reentry replicas semaphore waiter_caps)
-TOWER_LOCK_TEST_ACL=1 pass acl --workspace --features "$features" "${acl_tests[@]/#/--test=}"
+# The Redis tests again, same binaries, with every client logged in as the crate's limited
+# ACL user (the README's line; tests/support/acl.rs). Any ACL denial fails the test. Not run
+# here: sentinel and tls (their own servers and grants), acl (makes its own users), harness
+# (checks the fixture's plain URL), late_commands (talks through a proxy to the plain
+# address), ui (no Redis).
+passes+=(acl)
+cp "$logs/0.bins" "$logs/2.bins"
+cp "$logs/0.status" "$logs/2.status"
+: >"$logs/2.log"
+queue_bins 2 1 bad_input cluster engine fair_rw fixed_lease inspect key_fuzz keyed_hash layer \
+  locked metrics multi_key names quarantine redis_faults redlock reentry replicas semaphore waiter_caps
+
+# The doc tests (compiled as they run) and the slow binaries first, then the rest in the order
+# queued.
+{
+  grep -E '^[0-9]+ doc ' "$logs/jobs" || true
+  for slow in "${slow_first[@]}"; do
+    grep -E "[ /|]$slow(\.rs|/main\.rs)?\|" "$logs/jobs" || true
+  done
+  cat "$logs/jobs"
+} | awk '!seen[$0]++' >"$logs/ordered"
+total=$(wc -l <"$logs/ordered")
+echo "==> running $total test binaries and doc-test runs, $parallel at a time"
+i=0
+while read -r job; do
+  i=$((i + 1))
+  while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do
+    wait -n || true
+  done
+  run_job "$i" "$job" &
+  echo "$job" >"$logs/job-$i.line"
+done <"$logs/ordered"
+wait
+
+# Each pass's output in the order its jobs were queued, after its build's.
+for j in $(seq 1 "$i"); do
+  read -r n _ <"$logs/job-$j.line"
+  cat "$logs/job-$j.out" >>"$logs/$n.log"
+done
 
 # The summary, from each pass's output: a binary starts at cargo's `Running` or `Doc-tests`
 # line and ends at libtest's `test result:` line, after which the last `failures:` list names

@@ -269,8 +269,15 @@ impl RedisServer {
     }
 
     /// Like [`cmd`](Self::cmd), but returns I/O failures (server down, timeout, bad reply)
-    /// instead of panicking.
+    /// instead of panicking. A server this fixture killed is refused without connecting: its
+    /// port is free, and another test's server may have taken it.
     pub fn try_cmd(&self, args: &[&str]) -> io::Result<RespValue> {
+        if self.child.is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                format!("redis-server on port {} is not running", self.port),
+            ));
+        }
         let mut stream = TcpStream::connect(("127.0.0.1", self.port))?;
         stream.set_read_timeout(Some(CMD_TIMEOUT))?;
         stream.set_write_timeout(Some(CMD_TIMEOUT))?;
