@@ -97,9 +97,9 @@ parallel=${TEST_JOBS:-3}
 slow_first=(chaos ui "unittests src/lib" server_faults quarantine cluster client_lease interleavings)
 
 # Builds a pass's test binaries: `cargo test --no-run` with the arguments after $1 (the
-# pass's name). Its output goes to "$logs/<n>.log", its exit status to "$logs/<n>.status", and
-# the binaries, one `<label> <executable>` per line, to "$logs/<n>.bins"; the label is what
-# cargo's `Running` line names (`tests/x.rs`, or `unittests src/lib.rs`).
+# pass's name). Its messages go to "$logs/<n>.log", its exit status to "$logs/<n>.status", and
+# the binaries, one `<package dir>|<label>|<executable>` per line, to "$logs/<n>.bins"; the
+# label is what cargo's `Running` line names (`tests/x.rs`, or `unittests src/lib.rs`).
 build() {
   local name=$1 n=${#passes[@]}
   shift
@@ -119,9 +119,9 @@ build() {
     done >"$logs/$n.bins"
 }
 
-# Queues a job for each binary of pass $1 (see build), or for those named after $2 (the ACL
-# mode, 0 or 1) only: "<pass n> <acl> <package dir>|<label>|<executable>". A doc-test job is
-# "<pass n> doc <cargo test arguments>".
+# Queues a job for each binary of pass $1 (see build), run in the ACL mode when $2 is 1; with
+# more arguments, only for the binaries they name. A job is "<pass n> <0 or 1> <a line of the
+# .bins file>"; a doc-test job is "<pass n> doc <cargo test arguments>".
 queue_bins() {
   local n=$1 acl=$2
   shift 2
