@@ -135,6 +135,14 @@ queue_bins() {
     fi
     echo "$n $acl $dir|$label|$exe"
   done <"$logs/$n.bins" >>"$logs/jobs"
+  # A name that matches no binary (a test renamed, say) fails the pass, as cargo's `--test` does.
+  local keep
+  for keep in "$@"; do
+    if ! grep -q "/$keep\.rs|" "$logs/$n.bins"; then
+      echo "error: no test binary named $keep" | tee -a "$logs/$n.log" >&2
+      echo 1 >"$logs/$n.status"
+    fi
+  done
 }
 
 # Runs one job (line $2, numbered $1) as cargo would: in its package's directory, with
