@@ -274,6 +274,18 @@ pub(crate) fn server_leaks(node: &Node, prefix: &str) -> Leaks {
     Leaks { keys, channels }
 }
 
+/// [`server_leaks`] once no release channel under `prefix` is subscribed, waiting up to 5 s:
+/// a client unsubscribes from its own task after its last waiter leaves, so a check made right
+/// after the last acquire can still see the channel. Keys are not waited for: one left behind
+/// counts even if it would expire.
+pub(crate) async fn server_settled(node: &Node, prefix: &str) -> Leaks {
+    crate::scenarios::eventually(Duration::from_secs(5), || {
+        server_leaks(node, prefix).channels.is_empty()
+    })
+    .await;
+    server_leaks(node, prefix)
+}
+
 /// What a client still tracks: keys, waiters, queue places and subscribed channels (all 0
 /// once it is quiet).
 pub(crate) fn client_leaks(client: &LockClient<RedisBackend>) -> usize {

@@ -91,7 +91,7 @@ async fn contention(name: &'static str, flush_every: Option<Duration>) {
     let lost_updates = (ok as u64).abs_diff(seen.counted);
     let violations =
         sweep.violations as u64 + seen.overlaps + lost_updates + sweep.token_errors as u64;
-    let leaks = checker::server_leaks(&bed.redis, &bed.prefix);
+    let leaks = checker::server_settled(&bed.redis, &bed.prefix).await;
     let gaps = checker::handoffs(&sections, "hot");
 
     let s = &mut bed.scenario;

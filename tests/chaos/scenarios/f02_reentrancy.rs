@@ -97,7 +97,7 @@ async fn f02_reentrancy_under_load() {
     let mismatches: usize = join_all(tasks).await.into_iter().sum();
     let sweep = checker::sweep(&History::read(&bed.scenario.history_path()));
     let seen = bed.witness.seen().await;
-    let leaks = checker::server_leaks(&bed.redis, &bed.prefix);
+    let leaks = checker::server_settled(&bed.redis, &bed.prefix).await;
     let s = &mut bed.scenario;
     s.figure("sections", sweep.held);
     s.figure(

@@ -198,7 +198,7 @@ async fn expired_release(name: &'static str, plain_del: bool, runs: usize) -> (u
     let mut kinds: Vec<_> = outcomes.iter().map(|o| o.a_release.as_str()).collect();
     kinds.sort_unstable();
     kinds.dedup();
-    let leaks = checker::server_leaks(&bed.redis, &bed.prefix);
+    let leaks = checker::server_settled(&bed.redis, &bed.prefix).await;
     let s = &mut bed.scenario;
     s.figure("runs", runs);
     s.figure("wrong_deletions", format!("{wrong}/{runs}"));

@@ -163,7 +163,7 @@ async fn f07_fair_lock_purges_a_killed_waiter() {
         history.record(&section);
     }
     let sweep = checker::sweep(&History::read(&bed.scenario.history_path()));
-    let leaks = checker::server_leaks(&bed.redis, &bed.prefix);
+    let leaks = checker::server_settled(&bed.redis, &bed.prefix).await;
     let slowest = stalls.iter().max().copied().unwrap_or_default();
     let s = &mut bed.scenario;
     s.figure("runs", runs);
@@ -360,7 +360,7 @@ async fn live_waiter(name: &'static str, stall: Duration, stalls: u32, runs: usi
         least = least.min(watch.least);
     }
     let sweep = checker::sweep(&History::read(&bed.scenario.history_path()));
-    let leaks = checker::server_leaks(&bed.redis, &bed.prefix);
+    let leaks = checker::server_settled(&bed.redis, &bed.prefix).await;
     let shortest = waited.iter().min().copied().unwrap_or_default();
     let s = &mut bed.scenario;
     s.figure("runs", runs);

@@ -292,7 +292,7 @@ async fn f09_paused_service_answers_503() {
         guard.release().await.expect("release");
     }
     let seen = bed.witness.seen().await;
-    let leaks = checker::server_leaks(&bed.redis, &bed.prefix);
+    let leaks = checker::server_settled(&bed.redis, &bed.prefix).await;
     let s = &mut bed.scenario;
     s.figure("runs", runs);
     s.figure("responses_503", format!("{unavailable}/{runs}"));

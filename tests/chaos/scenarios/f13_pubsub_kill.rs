@@ -76,7 +76,7 @@ async fn f13_pubsub_kill_strands_nobody() {
     })
     .await;
     let settled = super::eventually(Duration::from_secs(2), || checker::tasks() <= baseline).await;
-    let leaks = checker::server_leaks(&bed.redis, &bed.prefix);
+    let leaks = checker::server_settled(&bed.redis, &bed.prefix).await;
     let s = &mut bed.scenario;
     s.figure("runs", runs);
     s.figure("waiters", runs * WAITERS);

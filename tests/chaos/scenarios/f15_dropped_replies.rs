@@ -100,7 +100,7 @@ async fn f15_dropped_replies_leave_nothing_ambiguous() {
     kinds.sort_unstable();
     kinds.dedup();
     let quiet = checker::client_settles(&client, Duration::from_secs(2)).await;
-    let leaks = checker::server_leaks(&bed.redis, &bed.prefix);
+    let leaks = checker::server_settled(&bed.redis, &bed.prefix).await;
     let s = &mut bed.scenario;
     s.figure("runs", runs);
     s.figure("orphan_holds", format!("{orphans}/{runs}"));

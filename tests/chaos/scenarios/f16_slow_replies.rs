@@ -63,7 +63,7 @@ async fn f16_late_acquire_reply_is_not_success() {
         assert!(gone, "run {run}: the late acquire's key stayed");
         cleanup.push(answered.elapsed());
     }
-    let leaks = checker::server_leaks(&bed.redis, &bed.prefix);
+    let leaks = checker::server_settled(&bed.redis, &bed.prefix).await;
     let s = &mut bed.scenario;
     s.figure("runs", runs);
     s.figure("false_successes", format!("{false_successes}/{runs}"));

@@ -215,7 +215,7 @@ async fn f19_failover_double_grants_with_and_without_wait() {
     sync(&replica, &master).await;
     let (without, with) = wait_overhead(&bed, &master, run::count(200, 2000)).await;
 
-    let leaks = checker::server_leaks(&master, &bed.prefix);
+    let leaks = checker::server_settled(&master, &bed.prefix).await;
     let (p50_without, p50_with) = (
         run::quantile_ms(&without, 0.5),
         run::quantile_ms(&with, 0.5),
@@ -488,7 +488,7 @@ async fn f19_coordinated_failover_loses_no_lock() {
     }
 
     let sweep = checker::sweep(&History::read(&bed.scenario.history_path()));
-    let leaks = checker::server_leaks(&master, &bed.prefix);
+    let leaks = checker::server_settled(&master, &bed.prefix).await;
     let settled = checker::client_settles(&holders, Duration::from_secs(5)).await;
     let total = runs * HELD_PER_FAILOVER;
     let s = &mut bed.scenario;

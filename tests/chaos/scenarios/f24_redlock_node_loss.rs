@@ -110,10 +110,12 @@ async fn f24_redlock_with_nodes_killed() {
     });
 
     let live = &order[3..];
-    let leaks: usize = live
-        .iter()
-        .map(|&node| checker::server_leaks(&bed.nodes[node], &bed.prefix).count())
-        .sum();
+    let mut leaks = 0;
+    for &node in live {
+        leaks += checker::server_settled(&bed.nodes[node], &bed.prefix)
+            .await
+            .count();
+    }
     bed.nodes[order[2]].kill();
     let mut failures = Vec::new();
     let mut wrong_errors = Vec::new();
@@ -135,10 +137,12 @@ async fn f24_redlock_with_nodes_killed() {
             other => wrong_errors.push(format!("{:?}", other.map(|_| "the lock"))),
         }
     }
-    let left_on_two: usize = live
-        .iter()
-        .map(|&node| checker::server_leaks(&bed.nodes[node], &bed.prefix).count())
-        .sum();
+    let mut left_on_two = 0;
+    for &node in live {
+        left_on_two += checker::server_settled(&bed.nodes[node], &bed.prefix)
+            .await
+            .count();
+    }
 
     let recorded = History::read(&bed.scenario.history_path());
     let sweep = checker::sweep(&recorded);

@@ -95,7 +95,7 @@ async fn f29_flood_is_capped_with_constant_connections() {
     let distinct_secs = started.elapsed().as_secs_f64();
     let after = connections(&bed);
     let quiet = checker::client_settles(&client, Duration::from_secs(2)).await;
-    let leaks = checker::server_leaks(&bed.redis, &bed.prefix);
+    let leaks = checker::server_settled(&bed.redis, &bed.prefix).await;
     let s = &mut bed.scenario;
     s.figure("waiters", flood);
     s.figure("rejected", rejects.len());
