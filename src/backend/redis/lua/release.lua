@@ -31,6 +31,13 @@
 -- published: whether anyone waits is not recorded, so no undo can lose it. A single hold is
 -- never published: nobody waits for one, since a refused acquire turns it into a hash.
 local lock = KEYS[1]
+local single = redis.pcall('GET', lock)
+-- The most common call of all: the compact form naming a single hold's whole value (it has no
+-- client lease, since ARGV[1] never carries one). Compared whole, without building strings.
+if single == ARGV[1] and not ARGV[2] then
+  redis.call('DEL', lock)
+  return 2
+end
 local compact = not ARGV[2]
 local owner, attempt = ARGV[5], ARGV[4]
 if compact then
@@ -38,9 +45,8 @@ if compact then
   local ends = colon + tonumber(string.sub(ARGV[1], 1, colon - 1))
   owner, attempt = string.sub(ARGV[1], 1, ends), string.sub(ARGV[1], ends + 1)
 end
--- The common cases first, before the helpers are defined: a single hold (nobody waits for
+-- The other common cases, before the helpers are defined: a single hold (nobody waits for
 -- one: a refused acquire turns it into a hash), or one read of the hash, then the release.
-local single = redis.pcall('GET', lock)
 if type(single) == 'string' then
   if string.find(single, owner, 1, true) ~= 1 then
     return {0}
