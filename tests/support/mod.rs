@@ -58,6 +58,9 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 pub struct RedisServer {
     /// The loopback port, kept across [`restart`](Self::restart)s.
     port: u16,
+    /// The claim on the port, kept while the server is killed or restarting (see
+    /// [`claim_free_port`]).
+    _claim: File,
     /// The server's working dir (`--dir`), holding `redis.log` and `stderr.log`.
     dir: PathBuf,
     /// The running process; `None` once killed.
@@ -103,7 +106,7 @@ impl RedisServer {
     fn start_configured(config: Option<&str>, extra_args: &[&str]) -> Self {
         let mut failures = String::new();
         for attempt in 1..=START_ATTEMPTS {
-            let port = free_port();
+            let (port, claim) = claim_free_port();
             let dir = std::env::temp_dir().join(format!(
                 "tower-lock-redis-{}-{}-{port}",
                 std::process::id(),
@@ -115,6 +118,7 @@ impl RedisServer {
                 .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
             let mut server = Self {
                 port,
+                _claim: claim,
                 dir,
                 child: None,
                 extra_args: extra_args.iter().map(|&arg| arg.to_owned()).collect(),
@@ -487,13 +491,39 @@ pub fn redis_version() -> &'static [u32] {
     })
 }
 
-/// Binds 127.0.0.1:0 and returns the port the OS picked; the listener is dropped, so the port
-/// is free for the server (unless another process takes it first, which callers handle).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("bind a free loopback port")
-        .port()
+/// How many ports [`claim_free_port`] looks at before it gives up.
+const CLAIM_ATTEMPTS: usize = 100;
+
+/// Binds 127.0.0.1:0 and returns the port the OS picked, claimed for this process's server:
+/// the listener is dropped, so the port is free for the server (unless another process takes
+/// it first, which callers handle), and a lock on a file named after the port, held until the
+/// returned file is dropped (or the process ends), keeps the fixture of every other test
+/// process off it. The OS hands a port freed by a killed server to the next bind of any
+/// process; without the claim another test's server could answer on a port whose server a
+/// test killed on purpose, and give it a quorum it should not have.
+fn claim_free_port() -> (u16, File) {
+    let dir = std::env::temp_dir().join("tower-lock-test-ports");
+    std::fs::create_dir_all(&dir)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    for _ in 0..CLAIM_ATTEMPTS {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("bind a free loopback port")
+            .port();
+        let path = dir.join(port.to_string());
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
+        match file.try_lock() {
+            Ok(()) => return (port, file),
+            Err(std::fs::TryLockError::WouldBlock) => continue,
+            Err(std::fs::TryLockError::Error(e)) => panic!("cannot lock {}: {e}", path.display()),
+        }
+    }
+    panic!("no free loopback port without a claim after {CLAIM_ATTEMPTS} tries");
 }
 
 /// Connects to the port, sends an inline `PING` and expects `+PONG`.
