@@ -70,6 +70,8 @@ impl Shared {
 #[derive(Debug)]
 pub(crate) struct Proxy {
     addr: SocketAddr,
+    /// The claim on its port (see `support::claimed_listener`).
+    _claim: std::fs::File,
     shared: Arc<Shared>,
     accept: JoinHandle<()>,
 }
@@ -78,7 +80,11 @@ impl Proxy {
     /// Starts a proxy to the Redis at `upstream_url` (`redis://host:port`).
     pub(crate) async fn start(upstream_url: &str) -> Self {
         let upstream = address(upstream_url);
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let (listener, claim) = crate::support::claimed_listener();
+        listener
+            .set_nonblocking(true)
+            .expect("a non-blocking listener");
+        let listener = TcpListener::from_std(listener).expect("a tokio listener");
         let addr = listener.local_addr().expect("proxy address");
         let shared = Arc::new(Shared {
             upstream: Mutex::new(upstream),
@@ -90,6 +96,7 @@ impl Proxy {
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         Self {
             addr,
+            _claim: claim,
             shared,
             accept,
         }

@@ -540,6 +540,20 @@ fn ping(port: u16) -> io::Result<()> {
     }
 }
 
+/// A listener on a claimed free loopback port (see [`claim_free_port`]), for a test's own
+/// server that speaks Redis (a proxy, say), with its claim: no other test process's fixture
+/// starts a server there while it lives.
+pub fn claimed_listener() -> (TcpListener, File) {
+    for _ in 0..CLAIM_ATTEMPTS {
+        let (port, claim) = claim_free_port();
+        // A process outside the fixture may have bound it meanwhile: claim another.
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+            return (listener, claim);
+        }
+    }
+    panic!("no claimed loopback port could be bound after {CLAIM_ATTEMPTS} tries");
+}
+
 /// A RESP2 reply, as returned by [`RedisServer::cmd`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RespValue {
