@@ -70,7 +70,7 @@ impl Shared {
 #[derive(Debug)]
 pub(crate) struct Proxy {
     addr: SocketAddr,
-    /// The claim on its port (see `support::claimed_listener`).
+    /// The claim on its port (see `support::claimed_listener`; every crate that includes this file has `support` beside it).
     _claim: std::fs::File,
     shared: Arc<Shared>,
     accept: JoinHandle<()>,
@@ -80,7 +80,7 @@ impl Proxy {
     /// Starts a proxy to the Redis at `upstream_url` (`redis://host:port`).
     pub(crate) async fn start(upstream_url: &str) -> Self {
         let upstream = address(upstream_url);
-        let (listener, claim) = crate::support::claimed_listener();
+        let (listener, claim) = super::support::claimed_listener();
         listener
             .set_nonblocking(true)
             .expect("a non-blocking listener");
