@@ -71,7 +71,7 @@ impl Shared {
 pub(crate) struct Proxy {
     addr: SocketAddr,
     /// The claim on its port (see `support::claimed_listener`; every crate that includes this file has `support` beside it).
-    _claim: std::fs::File,
+    _claim: super::support::PortClaim,
     shared: Arc<Shared>,
     accept: JoinHandle<()>,
 }

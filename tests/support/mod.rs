@@ -22,7 +22,7 @@ use std::{
     fmt::Write as _,
     fs::File,
     io::{self, BufRead, BufReader, Write},
-    net::{TcpListener, TcpStream},
+    net::{TcpListener, TcpStream, UdpSocket},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{
@@ -60,7 +60,7 @@ pub struct RedisServer {
     port: u16,
     /// The claim on the port, kept while the server is killed or restarting (see
     /// [`claim_free_port`]).
-    _claim: File,
+    _claim: PortClaim,
     /// The server's working dir (`--dir`), holding `redis.log` and `stderr.log`.
     dir: PathBuf,
     /// The running process; `None` once killed.
@@ -494,33 +494,26 @@ pub fn redis_version() -> &'static [u32] {
 /// How many ports [`claim_free_port`] looks at before it gives up.
 const CLAIM_ATTEMPTS: usize = 100;
 
+/// A port claimed for one test server: a UDP socket bound to the same loopback port number,
+/// held as long as the server (the OS frees it when the process ends, however it ends).
+pub type PortClaim = UdpSocket;
+
 /// Binds 127.0.0.1:0 and returns the port the OS picked, claimed for this process's server:
 /// the listener is dropped, so the port is free for the server (unless another process takes
-/// it first, which callers handle), and a lock on a file named after the port, held until the
-/// returned file is dropped (or the process ends), keeps the fixture of every other test
-/// process off it. The OS hands a port freed by a killed server to the next bind of any
-/// process; without the claim another test's server could answer on a port whose server a
-/// test killed on purpose, and give it a quorum it should not have.
-fn claim_free_port() -> (u16, File) {
-    let dir = std::env::temp_dir().join("tower-lock-test-ports");
-    std::fs::create_dir_all(&dir)
-        .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+/// it first, which callers handle), and a UDP socket bound to the same number, held until it is
+/// dropped, keeps the fixture of every other test process off it (TCP and UDP ports are
+/// separate, so the claim never stands in the server's way). The OS hands a TCP port freed by a
+/// killed server to the next bind of any process; without the claim another test's server could
+/// answer on a port whose server a test killed on purpose, and give it a quorum it should not
+/// have.
+fn claim_free_port() -> (u16, PortClaim) {
     for _ in 0..CLAIM_ATTEMPTS {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|listener| listener.local_addr())
             .expect("bind a free loopback port")
             .port();
-        let path = dir.join(port.to_string());
-        let file = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
-        match file.try_lock() {
-            Ok(()) => return (port, file),
-            Err(std::fs::TryLockError::WouldBlock) => continue,
-            Err(std::fs::TryLockError::Error(e)) => panic!("cannot lock {}: {e}", path.display()),
+        if let Ok(claim) = UdpSocket::bind(("127.0.0.1", port)) {
+            return (port, claim);
         }
     }
     panic!("no free loopback port without a claim after {CLAIM_ATTEMPTS} tries");
@@ -543,7 +536,7 @@ fn ping(port: u16) -> io::Result<()> {
 /// A listener on a claimed free loopback port (see [`claim_free_port`]), for a test's own
 /// server that speaks Redis (a proxy, say), with its claim: no other test process's fixture
 /// starts a server there while it lives.
-pub fn claimed_listener() -> (TcpListener, File) {
+pub fn claimed_listener() -> (TcpListener, PortClaim) {
     for _ in 0..CLAIM_ATTEMPTS {
         let (port, claim) = claim_free_port();
         // A process outside the fixture may have bound it meanwhile: claim another.
