@@ -246,6 +246,7 @@ impl RedisServer {
             panic!("{denials}");
         }
         self.signal("STOP");
+        wait_stopped(self.child.as_ref().map_or(0, Child::id));
         self.paused.store(true, Ordering::Relaxed);
     }
 
@@ -489,6 +490,42 @@ pub fn redis_version() -> &'static [u32] {
             .map(|version| version.split('.').filter_map(|n| n.parse().ok()).collect())
             .unwrap_or_default()
     })
+}
+
+/// How long [`wait_stopped`] waits for a process's threads to stop.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Returns once every thread of process `pid` is stopped (or the process is gone), as
+/// `/proc/<pid>/task/*/stat` tells. `kill -STOP` returns once the signal is queued; the threads
+/// stop only as each is next scheduled, and on a busy machine a running one can go on for
+/// milliseconds: a test that takes the time of the stop must read it after this.
+///
+/// # Panics
+/// When a thread still runs after [`STOP_TIMEOUT`].
+pub fn wait_stopped(pid: u32) {
+    let tasks = PathBuf::from(format!("/proc/{pid}/task"));
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    loop {
+        let Ok(entries) = std::fs::read_dir(&tasks) else {
+            return;
+        };
+        let running = entries.filter_map(Result::ok).any(|task| {
+            let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+            // The state follows the command name, which is in parentheses and may hold any.
+            let state = stat
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.bytes().next());
+            !matches!(state, None | Some(b'T' | b't' | b'Z' | b'X'))
+        });
+        if !running {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "process {pid} still runs {STOP_TIMEOUT:?} after SIGSTOP"
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
 }
 
 /// How many ports [`claim_free_port`] looks at before it gives up.
