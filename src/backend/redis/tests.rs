@@ -933,11 +933,21 @@ async fn an_attempt_given_up_on_the_client_lease_is_remembered_for_the_key_lease
 #[tokio::test]
 async fn a_release_after_the_undo_of_a_shared_holds_grant_is_published() {
     let server = support::RedisServer::start();
-    release_after_the_undo_of_a_shared_holds_grant(&connect(&server).await).await;
-    release_after_the_undo_of_a_shared_holds_grant(&crate::MemoryBackend::new()).await;
+    let channel = format!(
+        "{}:released",
+        kind_key("undone-grant", LockKind::Exclusive).as_str()
+    );
+    // A listener made while the pub/sub connection is still being set up is subscribed (and
+    // woken) once it is: the release below must find it subscribed.
+    let subscribed = || support::numsub(&server, &channel) == 1;
+    release_after_the_undo_of_a_shared_holds_grant(&connect(&server).await, subscribed).await;
+    release_after_the_undo_of_a_shared_holds_grant(&crate::MemoryBackend::new(), || true).await;
 }
 
-async fn release_after_the_undo_of_a_shared_holds_grant<B: Backend>(backend: &B) {
+async fn release_after_the_undo_of_a_shared_holds_grant<B: Backend>(
+    backend: &B,
+    subscribed: impl Fn() -> bool,
+) {
     let key = kind_key("undone-grant", LockKind::Exclusive);
     let acquire = |attempt| contended(&key, LockKind::Exclusive, attempt, None);
     assert_eq!(count(backend.acquire(acquire("g1")).await.unwrap()), 1);
@@ -945,6 +955,12 @@ async fn release_after_the_undo_of_a_shared_holds_grant<B: Backend>(backend: &B)
     let undone = backend.abandon(acquire("g1")).await.unwrap();
     assert!(undone, "the grant's attempt took a hold");
     let listener = backend.listen(&key, None).await.unwrap();
+    support::eventually(
+        Duration::from_secs(5),
+        "the listener subscribed",
+        &subscribed,
+    )
+    .await;
     let other = Grant {
         holder: "h2",
         ..acquire("o1")
