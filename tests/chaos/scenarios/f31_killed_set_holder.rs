@@ -435,10 +435,6 @@ async fn f31_paused_set_holder_told_lost() {
         tokio::time::sleep(rng.between(Duration::ZERO, LEASE)).await;
         let (t_stop, stopped_at) = (clock::now_ns(), tokio::time::Instant::now());
         victim.signal("STOP");
-        assert!(
-            stopped(victim.pid()).await,
-            "run {run}: the victim never showed as stopped"
-        );
         let second = second
             .await
             .expect("set task")
@@ -559,17 +555,4 @@ async fn f31_paused_set_holder_told_lost() {
     assert_eq!(intact, runs, "a stale release touched the second set");
     assert_eq!(stranded, 0, "a fresh client could not take the whole set");
     assert_eq!(leaks.count(), 0, "left in Redis: {leaks:?}");
-}
-
-/// Waits until `/proc` shows process `pid` stopped (`T`): `kill` returns once the signal is
-/// sent, not once it took effect.
-async fn stopped(pid: u32) -> bool {
-    super::eventually(Duration::from_secs(1), || {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-            // The state follows the command name, which is in parentheses.
-            stat.rsplit_once(')')
-                .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
-        })
-    })
-    .await
 }
