@@ -1,7 +1,9 @@
 //! Test fixture: real `redis-server` processes on free loopback ports.
 //!
 //! Each [`RedisServer`] runs in its own temporary directory with persistence off, is killed on
-//! drop, and can be killed, restarted on the same port, or paused on purpose. Commands are sent
+//! drop, and can be killed, restarted on the same port, or paused on purpose. Its port stays
+//! claimed for its whole life (see [`claim_free_port`]), so no other test process's server takes
+//! it while it is killed or restarting. Commands are sent
 //! over plain RESP, so the fixture needs no client library and no `redis-cli`; it uses only std.
 //!
 //! With `TOWER_LOCK_TEST_ACL=1`, clients log in as the crate's limited ACL user and any ACL
