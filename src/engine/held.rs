@@ -85,9 +85,24 @@ struct HeldState {
     /// still being resolved there. Meanwhile no other re-entry is sent: the backend records
     /// only a hold's last re-entry, and a resolution needs that record to undo its attempt.
     reentering: bool,
-    /// The holds of this entry's guards: the attempt that took each (what its release names)
-    /// and until when its lease may be trusted. Renewals extend them all.
-    holds: Vec<(Arc<str>, BootInstant)>,
+    /// The holds of this entry's guards. A renewal extends those the store had when it got
+    /// there: the ones known here when it was sent.
+    holds: Vec<Hold>,
+    /// Numbers the holds in the order they became known here.
+    next_hold: u64,
+    /// The holds numbered below this were known when the renewal in flight was sent.
+    renewal_covers: u64,
+}
+
+/// One hold of an entry.
+#[derive(Debug)]
+struct Hold {
+    /// The attempt that took it: what its release names.
+    attempt: Arc<str>,
+    /// Until when its lease may be trusted.
+    until: BootInstant,
+    /// Its number in the order the holds became known here.
+    number: u64,
 }
 
 impl Held {
@@ -130,7 +145,13 @@ impl Held {
                 count_unsure: false,
                 released: false,
                 reentering: false,
-                holds: vec![(attempt.clone(), lease.valid_until(sent_at))],
+                holds: vec![Hold {
+                    attempt: attempt.clone(),
+                    until: lease.valid_until(sent_at),
+                    number: 0,
+                }],
+                next_hold: 1,
+                renewal_covers: 0,
             }),
         })
     }
@@ -283,7 +304,7 @@ impl Held {
     /// end with it: their deadline stays.
     pub(crate) fn end_hold(&self, hold: &str) -> bool {
         let mut state = self.state();
-        if let Some(at) = state.holds.iter().position(|(took, _)| **took == *hold) {
+        if let Some(at) = state.holds.iter().position(|h| *h.attempt == *hold) {
             state.holds.remove(at);
         }
         self.settle_deadline(&state)
@@ -293,7 +314,7 @@ impl Held {
     /// (under the state's mutex, passed in); returns true when that moved it earlier. While no
     /// hold is known (a re-entry is on its way after the other guards went) it stays.
     fn settle_deadline(&self, state: &HeldState) -> bool {
-        let Some(latest) = state.holds.iter().map(|(_, until)| *until).max() else {
+        let Some(latest) = state.holds.iter().map(|hold| hold.until).max() else {
             return false;
         };
         if !self.kind.lease_per_hold() || self.session != 0 {
@@ -372,7 +393,13 @@ impl Held {
             self.deadline()
         };
         self.extend_deadline(until);
-        state.holds.push((attempt.clone(), until));
+        let number = state.next_hold;
+        state.next_hold += 1;
+        state.holds.push(Hold {
+            attempt: attempt.clone(),
+            until,
+            number,
+        });
         self.settle_deadline(&state)
     }
 
@@ -402,6 +429,7 @@ impl Held {
         let slack = self.lease.renew_interval() / 2;
         if renewable && state.next_renew <= now + slack {
             state.renewing = true;
+            state.renewal_covers = state.next_hold;
             return Check::Due(deadline);
         }
         let next = if renewable {
@@ -417,10 +445,18 @@ impl Held {
         let mut state = self.state();
         state.renewing = false;
         let until = self.lease.valid_until(sent_at);
-        for hold in &mut state.holds {
-            hold.1 = hold.1.max(until);
+        // A re-entry answered after the renewal was sent may have reached the store after it:
+        // it keeps its own lease.
+        let covers = state.renewal_covers;
+        for hold in state.holds.iter_mut().filter(|hold| hold.number < covers) {
+            hold.until = hold.until.max(until);
         }
-        self.extend_deadline(until);
+        if self.kind.lease_per_hold() && self.session == 0 {
+            // The entry lives as long as the latest of its holds' leases.
+            self.settle_deadline(&state);
+        } else {
+            self.extend_deadline(until);
+        }
         state.next_renew = sent_at + self.lease.renew_interval();
     }
 
@@ -443,4 +479,52 @@ pub(crate) enum Check {
     /// A renewal is due; the entry is lost at the deadline unless it succeeds first.
     Due(BootInstant),
     Later(BootInstant),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A renewal in flight while a re-entry with a short lease is answered and the hold it
+    /// nests in is released: the store may have seen the renewal before the re-entry, so the
+    /// renewal's reply does not extend the re-entry's own lease, and the entry ends with it.
+    #[test]
+    fn a_renewal_does_not_extend_a_hold_it_may_have_overtaken() {
+        for kind in [LockKind::Semaphore, LockKind::Read] {
+            let key = LockKey::new("test:", b"overtaken", 512).unwrap();
+            let first: Arc<str> = "h:1#1".into();
+            let start = BootInstant::now();
+            let lease = Lease::watchdog(Duration::from_millis(300));
+            let held = Held::new(
+                key,
+                Holder::new("h", 1),
+                kind,
+                (lease, None, &first, true),
+                0,
+                start,
+                None,
+            );
+            let due = start + lease.renew_interval();
+            assert!(matches!(held.check(due), Check::Due(_)), "{kind:?}");
+            // The re-entry is answered after the renewal went out; then the first hold goes.
+            let reentry: Arc<str> = "h:1#2".into();
+            let short = Lease::fixed(Duration::from_millis(80));
+            held.reentered(&reentry, (short, None), 0, due);
+            held.end_hold(&first);
+            held.renewed(due);
+            let reentry_ends = short.valid_until(due);
+            assert!(
+                held.is_lost_at(reentry_ends + Duration::from_millis(1)),
+                "{kind:?}: the renewal extended a hold the store may not have had"
+            );
+            // A hold known before a renewal was sent is extended by it.
+            let due = due + lease.renew_interval() / 2;
+            assert!(matches!(held.check(due), Check::Due(_)), "{kind:?}");
+            held.renewed(due);
+            assert!(
+                !held.is_lost_at(reentry_ends + Duration::from_millis(1)),
+                "{kind:?}"
+            );
+        }
+    }
 }
