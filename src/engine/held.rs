@@ -440,7 +440,7 @@ impl Held {
         Check::Later(next)
     }
 
-    /// A renewal sent at `sent_at` succeeded: it extended every hold of the entry.
+    /// A renewal sent at `sent_at` succeeded: it extended the holds known when it was sent.
     pub(crate) fn renewed(&self, sent_at: BootInstant) {
         let mut state = self.state();
         state.renewing = false;
