@@ -157,19 +157,6 @@ pub(crate) enum Reply {
     },
 }
 
-/// Sends `SIG<name>` to `pid` with the `kill` command; a `STOP` returns once every thread of
-/// the process has stopped.
-pub(crate) fn signal(pid: u32, name: &str) {
-    let status = Process::new("kill")
-        .args([format!("-{name}"), pid.to_string()])
-        .status()
-        .unwrap_or_else(|e| panic!("cannot run kill -{name} {pid}: {e}"));
-    assert!(status.success(), "kill -{name} {pid} failed: {status}");
-    if name == "STOP" {
-        crate::support::wait_stopped(pid);
-    }
-}
-
 /// A holder process seen from the runner; killed on drop.
 #[derive(Debug)]
 pub(crate) struct HolderProc {
@@ -249,8 +236,9 @@ impl HolderProc {
             .unwrap_or_else(|| panic!("holder {} exited", self.child.id()))
     }
 
+    /// Sends `SIG<name>` to the process (a `STOP` returns once it stopped).
     pub(crate) fn signal(&self, name: &str) {
-        signal(self.pid(), name);
+        crate::support::signal(self.pid(), name);
     }
 
     /// `SIGKILL`, and reaps the process.

@@ -70,7 +70,8 @@ impl Shared {
 #[derive(Debug)]
 pub(crate) struct Proxy {
     addr: SocketAddr,
-    /// The claim on its port (see `support::claimed_listener`; every crate that includes this file has `support` beside it).
+    /// The claim on its port (see `support::claimed_listener`; every crate that includes this
+    /// file has `support` beside it).
     _claim: super::support::PortClaim,
     shared: Arc<Shared>,
     accept: JoinHandle<()>,

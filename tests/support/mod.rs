@@ -248,7 +248,6 @@ impl RedisServer {
             panic!("{denials}");
         }
         self.signal("STOP");
-        wait_stopped(self.child.as_ref().map_or(0, Child::id));
         self.paused.store(true, Ordering::Relaxed);
     }
 
@@ -414,27 +413,13 @@ impl RedisServer {
         )
     }
 
-    /// Sends `SIG<name>` to the server with the `kill` command (falling back to the shell's
-    /// builtin where the `kill` binary, from procps, is not installed).
+    /// Sends `SIG<name>` to the server (see [`signal`]).
     fn signal(&self, name: &str) {
-        let pid = self
+        let child = self
             .child
             .as_ref()
-            .unwrap_or_else(|| panic!("cannot send SIG{name}: redis-server is not running"))
-            .id()
-            .to_string();
-        let flag = format!("-{name}");
-        let status = match Command::new("kill").args([flag.as_str(), &pid]).status() {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Command::new("sh")
-                .args(["-c", "kill \"$0\" \"$1\"", &flag, &pid])
-                .status(),
-            other => other,
-        };
-        match status {
-            Ok(status) if status.success() => {}
-            Ok(status) => panic!("kill {flag} {pid} failed: {status}"),
-            Err(e) => panic!("cannot run kill {flag} {pid}: {e}"),
-        }
+            .unwrap_or_else(|| panic!("cannot send SIG{name}: redis-server is not running"));
+        signal(child.id(), name);
     }
 }
 
@@ -494,6 +479,33 @@ pub fn redis_version() -> &'static [u32] {
     })
 }
 
+/// Sends `SIG<name>` to process `pid` with the `kill` command (falling back to the shell's
+/// builtin where the `kill` binary, from procps, is not installed). A `STOP` returns once every
+/// thread of the process has stopped (see [`wait_stopped`]).
+///
+/// # Panics
+/// When the signal cannot be sent, or a stopped process does not stop in time.
+pub fn signal(pid: u32, name: &str) {
+    let (flag, pid_arg) = (format!("-{name}"), pid.to_string());
+    let status = match Command::new("kill")
+        .args([flag.as_str(), &pid_arg])
+        .status()
+    {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Command::new("sh")
+            .args(["-c", "kill \"$0\" \"$1\"", &flag, &pid_arg])
+            .status(),
+        other => other,
+    };
+    match status {
+        Ok(status) if status.success() => {}
+        Ok(status) => panic!("kill {flag} {pid} failed: {status}"),
+        Err(e) => panic!("cannot run kill {flag} {pid}: {e}"),
+    }
+    if name == "STOP" {
+        wait_stopped(pid);
+    }
+}
+
 /// How long [`wait_stopped`] waits for a process's threads to stop.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -504,7 +516,7 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// # Panics
 /// When a thread still runs after [`STOP_TIMEOUT`].
-pub fn wait_stopped(pid: u32) {
+fn wait_stopped(pid: u32) {
     let tasks = PathBuf::from(format!("/proc/{pid}/task"));
     let deadline = Instant::now() + STOP_TIMEOUT;
     loop {
