@@ -228,6 +228,11 @@ pub struct Renew<'a> {
     /// The shared lease the hold lives on, from [`AcquireReply::Acquired`]; `0` for a hold
     /// with a lease of its own.
     pub session: u64,
+    /// The attempt that granted the hold, as the backend recorded it (see
+    /// [`Release::attempt`]), or `None` for any hold of the holder. Named, a renewal extends
+    /// nothing of a hold another attempt granted: one that arrives after its holder released
+    /// the lock and took it anew leaves the new hold its own lease.
+    pub attempt: Option<&'a str>,
 }
 
 impl<'a> Renew<'a> {
@@ -259,6 +264,7 @@ impl<'a> Renew<'a> {
             kind,
             queued: false,
             session: 0,
+            attempt: None,
         }
     }
 
@@ -267,6 +273,16 @@ impl<'a> Renew<'a> {
     #[must_use]
     pub fn in_session(self, session: u64) -> Self {
         Self { session, ..self }
+    }
+
+    /// The same renewal, extending the hold only while it is the one `attempt` granted (see
+    /// [`Renew::attempt`]).
+    #[must_use]
+    pub fn granted_by(self, attempt: &'a str) -> Self {
+        Self {
+            attempt: Some(attempt),
+            ..self
+        }
     }
 
     /// Keeps `holder`'s place in the wait queue of the `kind` lock `key` for `timeout` from
@@ -279,6 +295,7 @@ impl<'a> Renew<'a> {
             kind,
             queued: true,
             session: 0,
+            attempt: None,
         }
     }
 }

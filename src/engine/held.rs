@@ -106,9 +106,16 @@ struct Hold {
 }
 
 impl Held {
-    /// The renewal that extends this hold's lease.
+    /// The renewal that extends this hold's lease. It names the grant (where the backend's
+    /// record is this entry's), so a renewal that arrives after the entry ended extends
+    /// nothing of the holder's next hold.
     pub(crate) fn renewal(&self) -> Renew<'_> {
-        Renew::hold(&self.key, self.holder.id(), self.lease, self.kind).in_session(self.session)
+        let renew = Renew::hold(&self.key, self.holder.id(), self.lease, self.kind)
+            .in_session(self.session);
+        match self.release_check() {
+            Some(attempt) => renew.granted_by(attempt),
+            None => renew,
+        }
     }
 
     /// A new entry for a lock acquired by a request sent at `sent_at`, on the backend's shared
@@ -484,6 +491,27 @@ pub(crate) enum Check {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A renewal names the grant when the store's record is the entry's own, and no grant for
+    /// an entry joined to holds taken through another client (whose record is not its).
+    #[test]
+    fn a_renewal_names_the_grant_the_store_recorded_for_the_entry() {
+        let key = LockKey::new("test:", b"named", 512).unwrap();
+        let grant: Arc<str> = "h:1#1".into();
+        let lease = Lease::watchdog(Duration::from_secs(30));
+        for (first_hold, named) in [(true, Some("h:1#1")), (false, None)] {
+            let held = Held::new(
+                key.clone(),
+                Holder::new("h", 1),
+                LockKind::Exclusive,
+                (lease, None, &grant, first_hold),
+                0,
+                BootInstant::now(),
+                None,
+            );
+            assert_eq!(held.renewal().attempt, named, "first hold: {first_hold}");
+        }
+    }
 
     /// A renewal in flight while a re-entry with a short lease is answered and the hold it
     /// nests in is released: the store may have seen the renewal before the re-entry, so the

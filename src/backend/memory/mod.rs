@@ -243,6 +243,12 @@ pub(super) fn reenter_hold(
     attempt.clone_into(reentry);
 }
 
+/// Whether `renew` names the hold that `grant` granted (or names none): a renewal extends
+/// nothing of a hold another attempt granted.
+pub(super) fn names_grant(renew: &Renew<'_>, grant: &str) -> bool {
+    renew.attempt.is_none_or(|attempt| attempt == grant)
+}
+
 impl Named<'_> {
     /// Whether a hold recorded as `(grant, reentry)` (none: `None`) is the one named, and
     /// which of its records a release of `all` or one of its holds then clears.
@@ -624,7 +630,9 @@ impl State {
             (LockKind::Read | LockKind::Write, false) => self.rw_renew(renew, now),
             (LockKind::Semaphore, _) => self.sem_renew(renew, now),
             _ => match self.live(renew.key, now) {
-                Some(entry) if entry.owner == renew.holder => {
+                Some(entry)
+                    if entry.owner == renew.holder && names_grant(renew, &entry.attempt) =>
+                {
                     entry.expires = entry.expires.max(after(now, renew.lease.duration()));
                     RenewReply::Renewed
                 }

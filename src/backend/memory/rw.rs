@@ -4,7 +4,7 @@ use std::{collections::HashMap, time::Duration};
 
 use tokio::time::Instant;
 
-use super::{HoldEnds, Named, Publish, State, reenter_hold, takes_over};
+use super::{HoldEnds, Named, Publish, State, names_grant, reenter_hold, takes_over};
 use crate::{
     backend::{AcquireReply, Grant, LockKind, Reentry, ReleaseReply, Renew, RenewReply},
     clock::after,
@@ -288,6 +288,14 @@ impl State {
     pub(super) fn rw_renew(&mut self, renew: &Renew<'_>, now: Instant) -> RenewReply {
         let lock = self.rw_entry(renew.key, now);
         let until = after(now, renew.lease.duration());
+        let side = (renew.kind == LockKind::Write, renew.holder.to_owned());
+        let grant = lock
+            .attempts
+            .get(&side)
+            .map_or("", |(grant, _)| grant.as_str());
+        if !names_grant(renew, grant) {
+            return RenewReply::NotHeld;
+        }
         let held = match renew.kind {
             LockKind::Write => {
                 let held = lock.writer.as_ref().is_some_and(|(w, _)| w == renew.holder);
@@ -308,7 +316,6 @@ impl State {
             return RenewReply::NotHeld;
         }
         // A renewal keeps every hold of that side.
-        let side = (renew.kind == LockKind::Write, renew.holder.to_owned());
         if let Some(ends) = lock.ends.get_mut(&side) {
             ends.renew(until);
         }

@@ -70,6 +70,15 @@ impl<'a> SingleHold<'a> {
             lease: None,
         }
     }
+
+    /// The hold `renew` names: its holder's owner prefix and the attempt that granted it, if
+    /// named (how the renewal scripts take it).
+    fn renewed(renew: &Renew<'a>) -> Self {
+        Self {
+            attempt: renew.attempt.unwrap_or(""),
+            ..Self::owner(renew.holder)
+        }
+    }
 }
 
 impl ToRedisArgs for SingleHold<'_> {
@@ -411,7 +420,7 @@ pub(super) fn renew_many<'a>(
         call.key(renew.key.as_str());
     }
     for renew in renewals {
-        call.arg(SingleHold::owner(renew.holder))
+        call.arg(SingleHold::renewed(renew))
             .arg(renew.lease.millis());
     }
     call
@@ -448,13 +457,14 @@ pub(super) fn renew(scripts: &'static Scripts, renew: &Renew<'_>) -> Call {
                 .key(Derived(key, READERS))
                 .arg(renew.holder)
                 .arg(side(renew.kind))
-                .arg(millis);
+                .arg(millis)
+                .arg(renew.attempt.unwrap_or(""));
             call
         }
         _ => {
             let mut call = scripts.renew.prepare_invoke(1);
             call.key(key.as_str())
-                .arg(SingleHold::owner(renew.holder))
+                .arg(SingleHold::renewed(renew))
                 .arg(millis);
             call
         }

@@ -363,6 +363,7 @@ async fn a_renewal_extends_a_lease_and_never_shortens_it() {
         kind: LockKind::Exclusive,
         queued: false,
         session: 0,
+        attempt: None,
     };
     for key in [&single, &hash] {
         for batched in [false, true] {
@@ -570,6 +571,7 @@ async fn every_script_round_trips_through_its_typed_call() {
             kind,
             queued: false,
             session: 0,
+            attempt: None,
         };
         let renewed: i64 = run_call(&calls::renew(scripts, &hold), &mut conn)
             .await
@@ -1285,4 +1287,156 @@ async fn an_acquire_arriving_after_its_lease_grants_nothing() {
         };
         assert_eq!(count(backend.acquire(other).await.unwrap()), 1, "{kind:?}");
     }
+}
+
+/// A renewal names the grant it was sent for: delivered after its holder released the lock
+/// and took it anew, it extends nothing of the new hold, which keeps its own (shorter) lease;
+/// one naming the new grant, or none, renews it. Every kind, the single hold too, on both
+/// stores. Without the name the new hold would outlive its lease by the renewed one, held by
+/// a guard that had already reported it lost.
+#[tokio::test]
+async fn a_renewal_naming_an_ended_grant_extends_nothing_taken_anew() {
+    let server = support::RedisServer::start();
+    let redis = connect(&server).await;
+    let memory = crate::MemoryBackend::new();
+    for kind in [
+        LockKind::Exclusive,
+        LockKind::Fair,
+        LockKind::Read,
+        LockKind::Write,
+        LockKind::Semaphore,
+    ] {
+        renewal_naming_an_ended_grant(&redis, kind, false).await;
+        renewal_naming_an_ended_grant(&memory, kind, false).await;
+    }
+    // The single hold, which the `SET NX` first try writes.
+    renewal_naming_an_ended_grant(&redis, LockKind::Exclusive, true).await;
+}
+
+async fn renewal_naming_an_ended_grant<B: Backend>(backend: &B, kind: LockKind, single: bool) {
+    let store = std::any::type_name::<B>();
+    let key = kind_key(&format!("renew-named-{kind:?}-{single}"), kind);
+    let (short, long) = (Duration::from_secs(5), Duration::from_secs(60));
+    let acquire = |attempt| Grant {
+        lease: Lease::fixed(short),
+        contended: !single,
+        ..grant(&key, kind, attempt, None)
+    };
+    let renew = |attempt: Option<&'static str>| {
+        let renew = Renew::hold(&key, "h1", Lease::fixed(long), kind);
+        attempt.map_or(renew, |attempt| renew.granted_by(attempt))
+    };
+    let left = || async {
+        let info = backend.inspect(&key, kind).await.unwrap();
+        let holder = info
+            .holder("h1")
+            .unwrap_or_else(|| panic!("{store} {kind:?}: {info:?}"));
+        holder.remaining_lease.expect("a lease")
+    };
+
+    assert_eq!(count(backend.acquire(acquire("g1")).await.unwrap()), 1);
+    assert_freed(
+        backend
+            .release(release_naming(&key, kind, "g1"))
+            .await
+            .unwrap(),
+        kind,
+    );
+    assert_eq!(count(backend.acquire(acquire("g2")).await.unwrap()), 1);
+    let late = backend.renew(&[renew(Some("g1"))]).await.unwrap();
+    assert_eq!(
+        late,
+        [RenewReply::NotHeld],
+        "{store} {kind:?} single {single}"
+    );
+    assert!(
+        left().await <= short,
+        "{store} {kind:?} single {single}: a renewal of the ended grant extended the new hold"
+    );
+    // An attempt that only starts like the grant's names another grant.
+    let prefix = backend.renew(&[renew(Some("g"))]).await.unwrap();
+    assert_eq!(
+        prefix,
+        [RenewReply::NotHeld],
+        "{store} {kind:?} single {single}"
+    );
+    for named in [Some("g2"), None] {
+        let renewed = backend.renew(&[renew(named)]).await.unwrap();
+        assert_eq!(renewed, [RenewReply::Renewed], "{store} {kind:?} {named:?}");
+    }
+    assert!(left().await > short, "{store} {kind:?} single {single}");
+    assert_freed(
+        backend
+            .release(release_naming(&key, kind, "g2"))
+            .await
+            .unwrap(),
+        kind,
+    );
+}
+
+/// A semaphore's set of holders lives as long as its hash: a permit whose lease ran out is
+/// purged by its score, so its holder cannot re-enter it after others took every permit.
+/// Here the hash outlives a short permit (an earlier permit with a long lease was given back,
+/// and hash leases are never shortened); were the set to expire with the short permit alone,
+/// its holder's count would stay in the hash, and its re-entry would make three holders of
+/// two permits.
+#[tokio::test]
+async fn an_expired_permit_cannot_be_reentered_on_either_store() {
+    let server = support::RedisServer::start();
+    expired_permit_cannot_be_reentered(&connect(&server).await).await;
+    expired_permit_cannot_be_reentered(&crate::MemoryBackend::new()).await;
+}
+
+async fn expired_permit_cannot_be_reentered<B: Backend>(backend: &B) {
+    let store = std::any::type_name::<B>();
+    let kind = LockKind::Semaphore;
+    let key = kind_key("expired-permit", kind);
+    let short = Duration::from_millis(200);
+    let take = |holder, attempt, lease, reentry| Grant {
+        holder,
+        lease: Lease::fixed(lease),
+        permits: 2,
+        reentry,
+        ..contended(&key, kind, attempt, None)
+    };
+    let long = Duration::from_secs(60);
+    // A long permit given back while a short one is held keeps the hash's lease.
+    for (holder, attempt, lease) in [("h8", "c1", short), ("h9", "l1", long)] {
+        let reply = backend
+            .acquire(take(holder, attempt, lease, Reentry::Allowed))
+            .await
+            .unwrap();
+        assert_eq!(count(reply), 1, "{store}: {holder}");
+    }
+    let gone = Release {
+        holder: "h9",
+        ..release_naming(&key, kind, "l1")
+    };
+    assert_freed(backend.release(gone).await.unwrap(), kind);
+    // The short permit's lease runs out in the store (any wait past it will do); the next
+    // grant finds no holder left, and h1's short permit is the only one.
+    tokio::time::sleep(short * 2).await;
+    let reply = backend
+        .acquire(take("h1", "g1", short, Reentry::Allowed))
+        .await
+        .unwrap();
+    assert_eq!(count(reply), 1, "{store}: h1");
+    tokio::time::sleep(short * 2).await;
+    for (holder, attempt) in [("h2", "o2"), ("h3", "o3")] {
+        let reply = backend
+            .acquire(take(holder, attempt, long, Reentry::Allowed))
+            .await
+            .unwrap();
+        assert_eq!(count(reply), 1, "{store}: {holder}");
+    }
+    let reentry = backend
+        .acquire(take("h1", "r1", long, Reentry::Only))
+        .await
+        .unwrap();
+    assert!(
+        matches!(reentry, AcquireReply::Held { .. }),
+        "{store}: an expired permit was re-entered: {reentry:?}"
+    );
+    let info = backend.inspect(&key, kind).await.unwrap();
+    assert_eq!(info.holders.len(), 2, "{store}: {info:?}");
 }

@@ -224,6 +224,31 @@ local function holder_in(owner)
   return string.sub(owner, string.find(owner, ':', 1, true) + 1)
 end
 
+-- Whether the hold a renewal names is the lock's: `named` is an owner prefix followed by the
+-- attempt that granted the hold, or by nothing for any hold of that holder; `single` is the
+-- lock's value when it is a string, else false. A hold granted by another attempt (the
+-- holder's next one, which a late renewal must leave its own lease) is not. Answers whether
+-- it is and the client lease the lock's holds live on, or the error of a key that holds
+-- another type of value.
+local function holds_named(lock, single, named)
+  local colon = string.find(named, ':', 1, true)
+  local ends = colon + tonumber(string.sub(named, 1, colon - 1))
+  local attempt = string.sub(named, ends + 1)
+  if single then
+    if string.find(single, named, 1, true) ~= 1 then
+      return false
+    end
+    -- The attempt is the single hold's whole attempt, not the start of a longer one.
+    local after = string.byte(single, #named + 1)
+    return attempt == '' or after == nil or after == 10, single_lease(single)
+  end
+  local found = redis.pcall('HMGET', lock, string.sub(named, colon + 1, ends), '~s', '~a')
+  if found.err then
+    return found
+  end
+  return found[1] ~= false and (attempt == '' or found[3] == attempt), found[2]
+end
+
 -- Makes the lock a hash if it is a single hold (keeping its lease), or deletes it when that
 -- hold's attempt is in `void` (given up on: nobody holds it). False when the key holds a
 -- string that is not a lock.

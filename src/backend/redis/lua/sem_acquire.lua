@@ -61,6 +61,9 @@ end
 redis.call('HSET', sem, '~p', ARGV[4])
 -- A re-entry with a shorter lease never cuts the holder's earlier lease short.
 redis.call('ZADD', holders, 'GT', now + lease, holder)
-extend(holders, lease)
+-- The holders live as long as the hash (see rw_acquire.lua): a permit whose entry went with
+-- an expired set while the hash lived on would be counted in the hash, and re-entered, with
+-- its lease over and its permit given to another.
 extend(sem, lease)
+extend(holders, redis.call('PTTL', sem))
 return {1, count, -1}
