@@ -229,7 +229,7 @@ pub struct Renew<'a> {
     /// with a lease of its own.
     pub session: u64,
     /// The attempt that granted the hold, as the backend recorded it (see
-    /// [`Release::attempt`]), or `None` for any hold of the holder. Named, a renewal extends
+    /// [`Release::attempt`]), or `None` (or an empty one) for any hold of the holder. Named, a renewal extends
     /// nothing of a hold another attempt granted: one that arrives after its holder released
     /// the lock and took it anew leaves the new hold its own lease.
     pub attempt: Option<&'a str>,

@@ -243,10 +243,12 @@ pub(super) fn reenter_hold(
     attempt.clone_into(reentry);
 }
 
-/// Whether `renew` names the hold that `grant` granted (or names none): a renewal extends
-/// nothing of a hold another attempt granted.
+/// Whether `renew` names the hold that `grant` granted (or names none, as an empty attempt
+/// does on Redis too): a renewal extends nothing of a hold another attempt granted.
 pub(super) fn names_grant(renew: &Renew<'_>, grant: &str) -> bool {
-    renew.attempt.is_none_or(|attempt| attempt == grant)
+    renew
+        .attempt
+        .is_none_or(|attempt| attempt.is_empty() || attempt == grant)
 }
 
 impl Named<'_> {

@@ -563,7 +563,8 @@ async fn every_script_round_trips_through_its_typed_call() {
             }
         }
 
-        // The hold renewed, alone and in a batch where the kind goes into one.
+        // The hold renewed, alone and in a batch where the kind goes into one: by its
+        // holder, naming its grant, and not naming an attempt that did not grant it.
         let hold = Renew {
             key: &key,
             holder: "h1",
@@ -573,14 +574,20 @@ async fn every_script_round_trips_through_its_typed_call() {
             session: 0,
             attempt: None,
         };
-        let renewed: i64 = run_call(&calls::renew(scripts, &hold), &mut conn)
-            .await
-            .unwrap();
-        assert_eq!(renewed, 1, "{kind:?} renews its hold");
-        if calls::renews_with_many(&hold) {
-            let call = calls::renew_many(scripts, [&hold].into_iter());
-            let renewed: Vec<i64> = run_call(&call, &mut conn).await.unwrap();
-            assert_eq!(renewed, [1], "{kind:?} renews in a batch");
+        for (renew, held) in [
+            (hold, 1),
+            (hold.granted_by("h1#1"), 1),
+            (hold.granted_by("h1#0"), 0),
+        ] {
+            let renewed: i64 = run_call(&calls::renew(scripts, &renew), &mut conn)
+                .await
+                .unwrap();
+            assert_eq!(renewed, held, "{kind:?} renews: {:?}", renew.attempt);
+            if calls::renews_with_many(&renew) {
+                let call = calls::renew_many(scripts, [&renew].into_iter());
+                let renewed: Vec<i64> = run_call(&call, &mut conn).await.unwrap();
+                assert_eq!(renewed, [held], "{kind:?} in a batch: {:?}", renew.attempt);
+            }
         }
 
         // An attempt that took nothing, given up on: nothing undone.

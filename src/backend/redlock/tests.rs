@@ -200,3 +200,45 @@ async fn a_late_grant_on_a_node_never_outlives_the_release() {
         "a late grant on one node and a stalled node kept a free lock: {next:?}"
     );
 }
+
+/// A holder that also holds on one node through another client (a joined hold there, whose
+/// record is that client's attempt): the vote answers the highest count, so the engine
+/// takes the grant as joined and its renewals name no grant. Named, the renewal would be
+/// refused on that node, and with one other node down the guard would be lost while it holds.
+#[tokio::test]
+async fn a_grant_joined_on_one_node_is_not_the_holders_first() {
+    use crate::backend::{Renew, RenewReply};
+    let mut servers: Vec<_> = (0..3).map(|_| support::RedisServer::start()).collect();
+    let backend = support::redlock_backend(servers.iter().map(support::RedisServer::url))
+        .build()
+        .unwrap();
+    let key = LockKey::new("rl:", b"joined-on-one", 512).unwrap();
+    let shared = |attempt| Grant {
+        reentry: Reentry::Allowed,
+        ..grant(&key, "h", attempt)
+    };
+    let other = backend.nodes()[0].acquire(shared("g#1")).await.unwrap();
+    assert!(
+        matches!(other, AcquireReply::Acquired { count: 1, .. }),
+        "{other:?}"
+    );
+    let joined = backend.acquire(shared("x#1")).await.unwrap();
+    assert!(
+        matches!(joined, AcquireReply::Acquired { count: 2, .. }),
+        "a grant joined on one node was taken for the holder's first: {joined:?}"
+    );
+    // What the engine then sends (no grant named) renews with the third node down; a renewal
+    // naming the attempt would not (the hazard the count avoids).
+    servers[2].kill();
+    let lease = Lease::fixed(Duration::from_secs(10));
+    let renew = Renew::hold(&key, "h", lease, LockKind::Exclusive);
+    assert_eq!(
+        backend.renew(&[renew]).await.unwrap(),
+        [RenewReply::Renewed]
+    );
+    let named = backend.renew(&[renew.granted_by("x#1")]).await;
+    assert!(
+        !matches!(named.as_deref(), Ok([RenewReply::Renewed])),
+        "{named:?}"
+    );
+}
