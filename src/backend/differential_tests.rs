@@ -1197,6 +1197,15 @@ async fn compare(seed: u64, try_: u32, redis: &RedisBackend, steps: usize) -> Re
                 refused.remove(&lock_of(sent.kind));
             }
             (Step::Probe(_), Answer::Acquired { count: 1, .. }) => {}
+            // As at a probe: a holder got a lock it held nothing of, not by taking over an
+            // earlier attempt's hold, so the lock was free (a hold before it was released, or
+            // its lease ended and its waiters were told when).
+            (Step::Acquire(sent), Answer::Acquired { count: 1, .. })
+                if sent.supersedes.is_none()
+                    && matches!(sent.kind, LockKind::Exclusive | LockKind::Write) =>
+            {
+                refused.remove(&lock_of(sent.kind));
+            }
             (Step::Probe(sent), answer) => {
                 return failed(
                     format!(
