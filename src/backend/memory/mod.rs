@@ -243,12 +243,13 @@ pub(super) fn reenter_hold(
     attempt.clone_into(reentry);
 }
 
-/// Whether `renew` names the hold that `grant` granted (or names none, as an empty attempt
-/// does on Redis too): a renewal extends nothing of a hold another attempt granted.
-pub(super) fn names_grant(renew: &Renew<'_>, grant: &str) -> bool {
+/// Whether `renew` names the holder's holds, recorded as granted by `grant` and last
+/// re-entered by `reentry` (or names none, as an empty attempt does on Redis too): a renewal
+/// extends nothing of a hold the holder took anew (see prelude.lua's `holds_named`).
+pub(super) fn names_hold(renew: &Renew<'_>, grant: &str, reentry: &str) -> bool {
     renew
         .attempt
-        .is_none_or(|attempt| attempt.is_empty() || attempt == grant)
+        .is_none_or(|attempt| attempt.is_empty() || attempt == grant || attempt == reentry)
 }
 
 impl Named<'_> {
@@ -633,7 +634,8 @@ impl State {
             (LockKind::Semaphore, _) => self.sem_renew(renew, now),
             _ => match self.live(renew.key, now) {
                 Some(entry)
-                    if entry.owner == renew.holder && names_grant(renew, &entry.attempt) =>
+                    if entry.owner == renew.holder
+                        && names_hold(renew, &entry.attempt, &entry.reentry) =>
                 {
                     entry.expires = entry.expires.max(after(now, renew.lease.duration()));
                     RenewReply::Renewed

@@ -4,7 +4,7 @@ use std::{collections::HashMap, time::Duration};
 
 use tokio::time::Instant;
 
-use super::{HoldEnds, Named, Publish, State, names_grant, reenter_hold, takes_over};
+use super::{HoldEnds, Named, Publish, State, names_hold, reenter_hold, takes_over};
 use crate::{
     backend::{AcquireReply, Grant, LockKind, Reentry, ReleaseReply, Renew, RenewReply},
     clock::after,
@@ -289,11 +289,13 @@ impl State {
         let lock = self.rw_entry(renew.key, now);
         let until = after(now, renew.lease.duration());
         let side = (renew.kind == LockKind::Write, renew.holder.to_owned());
-        let grant = lock
+        let (grant, reentry) = lock
             .attempts
             .get(&side)
-            .map_or("", |(grant, _)| grant.as_str());
-        if !names_grant(renew, grant) {
+            .map_or(("", ""), |(grant, reentry)| {
+                (grant.as_str(), reentry.as_str())
+            });
+        if !names_hold(renew, grant, reentry) {
             return RenewReply::NotHeld;
         }
         let held = match renew.kind {

@@ -4,7 +4,7 @@ use std::{collections::HashMap, time::Duration};
 
 use tokio::time::Instant;
 
-use super::{HoldEnds, Named, Publish, State, names_grant, reenter_hold, takes_over};
+use super::{HoldEnds, Named, Publish, State, names_hold, reenter_hold, takes_over};
 use crate::{
     backend::{AcquireReply, Grant, Reentry, ReleaseReply, Renew, RenewReply},
     clock::after,
@@ -162,7 +162,7 @@ impl State {
     pub(super) fn sem_renew(&mut self, renew: &Renew<'_>, now: Instant) -> RenewReply {
         let semaphore = self.semaphore(renew.key, now);
         let reply = match semaphore.holders.get_mut(renew.holder) {
-            Some(permit) if names_grant(renew, &permit.grant) => {
+            Some(permit) if names_hold(renew, &permit.grant, &permit.reentry) => {
                 let until = after(now, renew.lease.duration());
                 permit.until = permit.until.max(until);
                 permit.ends.renew(until);

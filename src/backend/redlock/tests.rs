@@ -201,18 +201,17 @@ async fn a_late_grant_on_a_node_never_outlives_the_release() {
     );
 }
 
-/// A holder that also holds on one node through another client (a joined hold there, whose
-/// record is that client's attempt): the vote answers the highest count, so the engine
-/// takes the grant as joined and its renewals name no grant. Named, the renewal would be
-/// refused on that node, and with one other node down the guard would be lost while it holds.
+/// A holder that also holds on one node through another client: there the grant is a
+/// re-entry (the other client's attempt is that node's grant record), elsewhere the grant.
+/// A renewal naming the grant is accepted on every node, so it holds with another node down.
 #[tokio::test]
-async fn a_grant_joined_on_one_node_is_not_the_holders_first() {
+async fn a_renewal_naming_a_grant_reentered_on_one_node_is_kept_there() {
     use crate::backend::{Renew, RenewReply};
     let mut servers: Vec<_> = (0..3).map(|_| support::RedisServer::start()).collect();
     let backend = support::redlock_backend(servers.iter().map(support::RedisServer::url))
         .build()
         .unwrap();
-    let key = LockKey::new("rl:", b"joined-on-one", 512).unwrap();
+    let key = LockKey::new("rl:", b"reentered-on-one", 512).unwrap();
     let shared = |attempt| Grant {
         reentry: Reentry::Allowed,
         ..grant(&key, "h", attempt)
@@ -222,23 +221,23 @@ async fn a_grant_joined_on_one_node_is_not_the_holders_first() {
         matches!(other, AcquireReply::Acquired { count: 1, .. }),
         "{other:?}"
     );
-    let joined = backend.acquire(shared("x#1")).await.unwrap();
-    assert!(
-        matches!(joined, AcquireReply::Acquired { count: 2, .. }),
-        "a grant joined on one node was taken for the holder's first: {joined:?}"
-    );
-    // What the engine then sends (no grant named) renews with the third node down; a renewal
-    // naming the attempt would not (the hazard the count avoids).
+    // With the third node down, the majority is nodes 0 and 1: both answered the grant.
     servers[2].kill();
+    let taken = backend.acquire(shared("x#1")).await.unwrap();
+    assert!(matches!(taken, AcquireReply::Acquired { .. }), "{taken:?}");
+    let reentered = backend.nodes()[0]
+        .inspect(&key, LockKind::Exclusive)
+        .await
+        .unwrap();
+    assert_eq!(
+        reentered.holder("h").map(|h| h.hold_count),
+        Some(2),
+        "{reentered:?}"
+    );
     let lease = Lease::fixed(Duration::from_secs(10));
-    let renew = Renew::hold(&key, "h", lease, LockKind::Exclusive);
+    let renew = Renew::hold(&key, "h", lease, LockKind::Exclusive).granted_by("x#1");
     assert_eq!(
         backend.renew(&[renew]).await.unwrap(),
         [RenewReply::Renewed]
-    );
-    let named = backend.renew(&[renew.granted_by("x#1")]).await;
-    assert!(
-        !matches!(named.as_deref(), Ok([RenewReply::Renewed])),
-        "{named:?}"
     );
 }

@@ -16,11 +16,7 @@ pub(super) type NodeResult<T> = Result<T, BackendError>;
 /// What a round of acquires on every node amounts to.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum AcquireVote {
-    /// A majority granted it. `count` is the highest hold count a granting node reported: a
-    /// node that also counts a hold the others do not (another client's, of the same holder)
-    /// makes this grant one joined to the holder's holds, whose record on that node is not
-    /// this attempt's, never the holder's first (whose renewals would name this attempt, and
-    /// be refused there).
+    /// A majority granted it: the hold count at least a majority agree on.
     Won { count: u64 },
     /// A majority answered but did not grant it. With `blocked`, a majority is held by another
     /// holder and frees up after `ttl`; otherwise the vote was split.
@@ -35,7 +31,7 @@ pub(super) enum AcquireVote {
 /// Tallies one acquire round. `quorum` is the majority of all nodes.
 pub(super) fn acquire(replies: &[NodeResult<AcquireReply>], quorum: usize) -> AcquireVote {
     let reachable = replies.iter().filter(|reply| reply.is_ok()).count();
-    let counts: Vec<u64> = replies
+    let mut counts: Vec<u64> = replies
         .iter()
         .filter_map(|reply| match reply {
             Ok(AcquireReply::Acquired { count, .. }) => Some(*count),
@@ -43,9 +39,11 @@ pub(super) fn acquire(replies: &[NodeResult<AcquireReply>], quorum: usize) -> Ac
         })
         .collect();
     if counts.len() >= quorum {
-        // Nodes normally agree; if not, the highest count (see `Won`).
-        let count = counts.into_iter().max().unwrap_or(1);
-        return AcquireVote::Won { count };
+        // Nodes normally agree; if not, the count that a majority has reached.
+        counts.sort_unstable_by(|a, b| b.cmp(a));
+        return AcquireVote::Won {
+            count: counts[quorum - 1],
+        };
     }
     if reachable < quorum {
         return AcquireVote::NoQuorum { reachable };
@@ -209,12 +207,9 @@ mod tests {
     }
 
     #[test]
-    fn a_majority_of_grants_wins_with_the_highest_count_a_granting_node_reached() {
+    fn a_majority_of_grants_wins_with_the_count_a_majority_reached() {
         let replies = [acquired(2), acquired(2), acquired(3), down(), held(5)];
-        assert_eq!(acquire(&replies, 3), AcquireVote::Won { count: 3 });
-        // A node that counts another hold of the holder: not the holder's first hold.
-        let replies = [acquired(1), acquired(2), acquired(1)];
-        assert_eq!(acquire(&replies, 2), AcquireVote::Won { count: 2 });
+        assert_eq!(acquire(&replies, 3), AcquireVote::Won { count: 2 });
     }
 
     #[test]

@@ -31,15 +31,16 @@ const SCRIPTS_PER_LOCK_TICK: f64 = 1.2;
 /// The same on the client lease: each lock's own key is refreshed once in 5 to 10 leases (15
 /// to 30 ticks), its first refresh at least 3 leases after its grant.
 const LEASED_SCRIPTS_PER_LOCK_TICK: f64 = 0.1;
-/// Renewal batches per tick allowed. Locks taken within a quarter of the renewal interval of
-/// each other share a batch, and stay together once renewed together; a burst of a thousand
-/// acquires on a loaded machine can straddle that window once, making two groups.
+/// Renewal batches per tick allowed for locks taken within half a renewal interval of each
+/// other (a renewal goes up to half an interval early to share a round trip, and locks renewed
+/// together stay together): two batches of 500, and some slack. A burst of acquires that a
+/// loaded machine spreads over longer makes a group per half interval, each allowed as much.
 const BATCHES_PER_TICK: f64 = 2.2;
 
 /// The holder thread's side of the scenario.
 struct Holder {
-    /// Answers once the locks are held.
-    ready: oneshot::Receiver<()>,
+    /// Answers once the locks are held: how long taking them all took.
+    ready: oneshot::Receiver<Duration>,
     /// Asks the holder to count its lost locks and release the last one; the answer is the
     /// count and when the release returned.
     release_one: oneshot::Sender<oneshot::Sender<(usize, Instant)>>,
@@ -75,6 +76,7 @@ fn start_holder(
                     .prefix(&prefix)
                     .build()
                     .expect("client configuration");
+                let burst = Instant::now();
                 let mut guards: Vec<_> = join_all((0..LOCKS).map(|i| {
                     holder
                         .lock(format!("k{i}"))
@@ -85,7 +87,7 @@ fn start_holder(
                 .into_iter()
                 .collect::<Result<_, _>>()
                 .expect("acquire the thousand locks");
-                ready_tx.send(()).expect("the scenario waits");
+                ready_tx.send(burst.elapsed()).expect("the scenario waits");
                 let answer = release_rx.await.expect("the scenario asks");
                 let lost = guards.iter().filter(|guard| guard.is_lost()).count();
                 let last = guards.pop().expect("a guard");
@@ -149,7 +151,7 @@ async fn thousand_locks(name: &'static str, client_lease: bool) {
         client_lease,
         recorder,
     );
-    holder.ready.await.expect("the holder holds the locks");
+    let burst = holder.ready.await.expect("the holder holds the locks");
 
     batches(&snapshotter);
     let evalsha_before = bed.redis.calls("evalsha");
@@ -226,6 +228,7 @@ async fn thousand_locks(name: &'static str, client_lease: bool) {
         format!("{:.2}", run::quantile_ms(&round_trips, 0.99)),
     );
     s.figure("competitor_gap_ms", format!("{:.2}", clock::ms(gap)));
+    s.figure("acquire_burst_ms", format!("{:.2}", clock::ms(burst)));
     s.report();
 
     assert_eq!(lost, 0, "the watchdog lost locks");
@@ -240,9 +243,10 @@ async fn thousand_locks(name: &'static str, client_lease: bool) {
         "{per_lock_tick:.3} renewals per lock and tick"
     );
     assert!(!round_trips.is_empty(), "no renewal batch recorded");
+    let groups = 1.0 + (burst.as_secs_f64() / (LEASE / 6).as_secs_f64()).floor();
     assert!(
-        per_tick <= BATCHES_PER_TICK,
-        "{per_tick:.2} renewal round trips per tick"
+        per_tick <= BATCHES_PER_TICK * groups,
+        "{per_tick:.2} renewal round trips per tick (the locks were taken over {burst:?})"
     );
     assert!(
         gap < Duration::from_millis(10),

@@ -226,8 +226,10 @@ end
 
 -- Whether the hold a renewal names is the lock's: `named` is an owner prefix followed by the
 -- attempt that granted the hold, or by nothing for any hold of that holder; `single` is the
--- lock's value when it is a string, else false. A hold granted by another attempt (the
--- holder's next one, which a late renewal must leave its own lease) is not. Answers whether
+-- lock's value when it is a string, else false. The attempt must be recorded for the holder's
+-- holds, as their grant ('~a') or their last re-entry ('~r': on a Redlock node where another
+-- client of the same holder held first, the attempt is a re-entry there). A hold the holder
+-- took anew (which a late renewal must leave its own lease) records neither. Answers whether
 -- it is and the client lease the lock's holds live on, or the error of a key that holds
 -- another type of value.
 local function holds_named(lock, single, named)
@@ -242,11 +244,12 @@ local function holds_named(lock, single, named)
     local after = string.byte(single, #named + 1)
     return attempt == '' or after == nil or after == 10, single_lease(single)
   end
-  local found = redis.pcall('HMGET', lock, string.sub(named, colon + 1, ends), '~s', '~a')
+  local found = redis.pcall('HMGET', lock, string.sub(named, colon + 1, ends), '~s', '~a', '~r')
   if found.err then
     return found
   end
-  return found[1] ~= false and (attempt == '' or found[3] == attempt), found[2]
+  return found[1] ~= false and (attempt == '' or found[3] == attempt or found[4] == attempt),
+    found[2]
 end
 
 -- Makes the lock a hash if it is a single hold (keeping its lease), or deletes it when that

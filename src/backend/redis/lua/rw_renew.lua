@@ -6,9 +6,10 @@
 -- ARGV[1]  holder id
 -- ARGV[2]  'r' or 'w'
 -- ARGV[3]  lease in milliseconds
--- ARGV[4]  the attempt that granted the holder's holds of that side ('a:<side>:<holder>'), or
---          '' for any: a renewal that arrives after the holder released them and took the
---          side anew extends nothing of the new holds, which keep their own leases
+-- ARGV[4]  the attempt that granted the holder's holds of that side ('a:<side>:<holder>', or
+--          their last re-entry 'e:<side>:<holder>', as in prelude.lua's holds_named), or '' for
+--          any: a renewal that arrives after the holder released them and took the side anew
+--          extends nothing of the new holds, which keep their own leases
 --
 -- Returns 1 when renewed, 0 when the holder no longer holds that side (or holds it by another
 -- grant).
@@ -19,8 +20,9 @@ local now = now_ms()
 purge_writer(lock, readers, now)
 -- A reader (or a semaphore's permit) whose lease ended is not brought back by a late renewal.
 purge_readers(lock, readers, now)
-local found = redis.call('HMGET', lock, side .. ':' .. holder, 'a:' .. side .. ':' .. holder)
-if not found[1] or (ARGV[4] ~= '' and found[2] ~= ARGV[4]) then
+local field = side .. ':' .. holder
+local found = redis.call('HMGET', lock, field, 'a:' .. field, 'e:' .. field)
+if not found[1] or (ARGV[4] ~= '' and found[2] ~= ARGV[4] and found[3] ~= ARGV[4]) then
   return 0
 end
 -- Every hold of that side lives on: a renewal keeps all the holder's holds.
