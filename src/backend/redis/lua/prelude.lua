@@ -213,17 +213,6 @@ local function time_left(lock, lease)
   return ttl
 end
 
--- Whether `value` is a single hold whose owner prefix (its holder id's length, ':', the id;
--- passed in by the client, so that no string is built here) is `owner`.
-local function single_hold_by(value, owner)
-  return string.find(value, owner, 1, true) == 1
-end
-
--- The holder id in an owner prefix.
-local function holder_in(owner)
-  return string.sub(owner, string.find(owner, ':', 1, true) + 1)
-end
-
 -- Whether the hold a renewal names is the lock's: `named` is an owner prefix followed by the
 -- attempt that granted the hold, or by nothing for any hold of that holder; `single` is the
 -- lock's value when it is a string, else false. The attempt must be recorded for the holder's

@@ -75,7 +75,7 @@ elseif not single then
 else
   local holder = ARGV[1]
   if compact then
-    -- prelude.lua's holder_in, which is defined only below.
+    -- The holder id in the owner prefix.
     holder = string.sub(owner, string.find(owner, ':', 1, true) + 1)
   end
   local found = redis.call('HMGET', lock, holder, '~a', '~s')
