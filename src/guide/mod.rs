@@ -18,7 +18,6 @@
 //! | `metrics` | the metrics recorded through the `metrics` facade | `metrics` |
 //! | `grpc` | a tonic gRPC service: rejections as gRPC statuses, keys from metadata, the method or the message, server streams | `grpc` |
 //! | `testing` | testing code that takes locks; how the crate itself is tested | |
-//! | `protocol` | for maintainers: the invariants, the store layout of each lock kind, each script's contract, what a client keeps, and which mechanism handles which fault | |
 
 #[doc = include_str!("layer.md")]
 pub mod layer {}
@@ -63,5 +62,3 @@ pub mod grpc {}
 #[doc = include_str!("testing.md")]
 pub mod testing {}
 
-#[doc = include_str!("protocol.md")]
-pub mod protocol {}

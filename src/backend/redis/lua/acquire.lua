@@ -1,125 +1,100 @@
--- Acquires a reentrant lock for a holder.
+-- Takes the owner record of a plain, fair or write lock for an attempt, or extends a grant of it.
 --
--- A lock has two forms. A single hold granted by `SET NX PXAT` (the client's first try at a free
--- lock, see `SingleSet` in the backend) is a string: `<length of holder>:<holder><attempt>`,
--- then a newline and the client lease when the hold lives on one (see KEYS[4]). Its expiry is
--- absolute: the server's time when the client sent it (at most) plus the lease, so a `SET`
--- delivered late ends when one delivered on time would have, and never outlives the record of
--- its attempt that the attempt's undo keeps in KEYS[3] until then (abandon.lua).
--- Everything else is a hash, and this script turns a single hold into one when the holder
--- re-enters or another acquire is refused. A single hold whose attempt was given up on (its
--- `SET` arrived after the caller had given up) is nobody's: the next acquire takes it.
+-- The owner record is a string at KEYS[1], '<attempt>' or '<attempt>~<token>', whose TTL is the
+-- grant's lease. The client's first try at a plain lock it believes free writes the same record
+-- with `SET KEYS[1] <attempt> NX PXAT <end>`; this script runs when that found the key taken, and
+-- for every other acquire. A fair or write acquire keeps the order of a waiter queue; a write
+-- acquire also waits for the readers (see share.lua).
 --
--- KEYS[1]  the lock: a single hold, or a hash: field <holder> = hold count, '~a' = the attempt
---          that granted the hold ('' once that attempt was undone while other holds remain:
---          every lock hash has '~a'), '~r' = the last re-entry's attempt, '~f' = token, '~s' =
---          the client lease the holds live on, if any
--- KEYS[2]  the fencing record (the last token issued; lives 5 s after a grant)
--- KEYS[3]  attempts given up on (set), so one that arrives late is refused
--- KEYS[4]  optional: the client lease the hold is to live on (a key whose expiry the client's
---          watchdog renews for all its holds at once); the lock then records it ('~s', or
---          after a newline in a single hold), and nobody holds the lock once it is gone
--- ARGV[1]  holder id
--- ARGV[2]  lease in milliseconds (with a client lease: how long the lock's key lives unless
---          refreshed, a multiple of the client lease)
--- ARGV[3]  attempt id (lets a caller whose reply was lost undo this attempt)
--- ARGV[4]  '1' to issue a fencing token
--- ARGV[5]  an earlier attempt of this acquisition whose reply was lost, or ''
--- ARGV[6]  re-entry: 'held' to re-enter only (grant nothing unless the holder already holds
---          the lock), 'free' to take only a new hold (a hold the holder still has counts as
---          another owner's), '' for either
--- ARGV[7]  the server's boot check, or '' (see `boot_unverified`)
--- ARGV[8]  with KEYS[4]: the client lease's length in milliseconds; a grant extends it ('')
--- ARGV[9]  the latest server time (ms) at which this request may still act, or '': the time
---          it was sent (a lower bound of the server's clock then) plus the lease. A request
---          delivered later than that (held back on its connection, or queued on a server that
---          stalled, while its caller gave up and its undo could not get through) would grant
---          a hold that nobody holds; it does nothing and answers {-4}
+-- KEYS[1]  the owner record
+-- KEYS[2]  the fencing record: the last token issued for the lock, kept 5 s
+-- KEYS[3]  attempts given up on (a set): one of them takes nothing, and holds nothing
+-- KEYS[4]  fair and write: the waiter queue (a list of holders, oldest first)
+-- KEYS[5]  fair and write: the waiters' places (sorted set: holder -> server ms it lives until)
+-- KEYS[6]  write: the readers (sorted set: reader grant -> server ms its lease ends)
+-- KEYS[#]  with a quarantine check (ARGV[5]): the run marker
+-- ARGV[1]  the attempt id
+-- ARGV[2]  the lease, in ms
+-- ARGV[3]  '1' for a fencing token
+-- ARGV[4]  the latest server time (ms) at which the request may act, or '': the time it was sent
+--          plus its lease. Later, its client has given up and its undo may have come first; it
+--          does nothing
+-- ARGV[5]  the quarantine check, or '' (see `quarantined` in the prelude)
+-- ARGV[6]  '' to acquire; or a grant of this lock (its attempt) to extend to ARGV[2] from now and
+--          give a token if ARGV[3] asks for one and it has none: a re-entry in the client that
+--          needs a longer lease or a token than the grant has
+-- ARGV[7]  'x' plain, 'f' fair, 'w' write
+-- ARGV[8]  fair and write: the holder (who waits in the queue)
+-- ARGV[9]  fair and write: ms to keep a place in the queue when refused, '0' not to join
 --
--- Returns {1, count, token} when the holder now holds the lock (token -1 without fencing;
--- {1, count, token, 0} when a grant meant for the client lease re-entered a hold that has a
--- lease of its own, and stays there),
--- {0, pttl} when another holder has it (pttl -1 when the key has no expiry), {-2, left} when the
--- server started less than a quarantine ago (left: milliseconds to go), {-3} when the
--- client lease in KEYS[4] has run out (nothing was granted: the client starts a new one), or
--- {-4} when the request arrived too late to act (ARGV[9]).
-local lock = KEYS[1]
-local holder = ARGV[1]
-local lease = KEYS[4]
--- The common case first, before the helpers are defined: a free lock, and no attempt given up
--- on (no set of them), granted in four commands. (prelude.lua's `arrived_late`, inline.)
-if ARGV[9] ~= '' then
-  local time = redis.call('TIME')
-  if tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) > tonumber(ARGV[9]) then
-    return {-4}
+-- Returns {1, token} granted or extended (token -1 without one); {0, retry} refused (ms until
+-- what is in the way may end, -1 unknown), or for an extend: the grant is not held; {-2, left}
+-- the server run is in quarantine; {-4} the request arrived too late to act.
+local lock, fence, void = KEYS[1], KEYS[2], KEYS[3]
+local attempt, lease, kind = ARGV[1], tonumber(ARGV[2]), ARGV[7]
+if ARGV[4] ~= '' and now_ms() > tonumber(ARGV[4]) then
+  return {-4}
+end
+local held, token = owner(lock)
+if ARGV[6] ~= '' then
+  if held ~= ARGV[6] then
+    return {0, -1}
   end
-end
--- The boot check passes in one GET when the marker holds LASTSAVE; in full after the helpers.
-local booted = ARGV[7] == ''
-  or tonumber(redis.call('GET', string.match(ARGV[7], ':(.*)$'))) == redis.call('LASTSAVE')
--- A client lease that has run out is never brought back: its holds are over.
-if booted and lease and redis.call('PEXPIRE', lease, ARGV[8]) == 0 then
-  return {-3}
-end
-local free = booted and ARGV[6] ~= 'held' and redis.call('EXISTS', lock, KEYS[3]) == 0
-if free then
-  if lease then
-    redis.call('HSET', lock, holder, 1, '~a', ARGV[3], '~s', lease)
-  else
-    redis.call('HSET', lock, holder, 1, '~a', ARGV[3])
+  extend(lock, lease)
+  if ARGV[3] == '1' and not token then
+    token = new_token(fence)
+    redis.call('SET', lock, held .. '~' .. token, 'KEEPTTL')
   end
-  redis.call('PEXPIRE', lock, ARGV[2])
-  if ARGV[4] ~= '1' then
-    return {1, 1, -1}
+  return {1, token or -1}
+end
+local left = quarantined(ARGV[5], KEYS[#KEYS])
+if left then
+  return {-2, left}
+end
+if redis.call('SISMEMBER', void, attempt) == 1 then
+  return {0, held and redis.call('PTTL', lock) or -1}
+end
+if held == attempt then
+  -- The same request, sent again: it holds the lock already.
+  return {1, token or -1}
+end
+if held and redis.call('SISMEMBER', void, held) == 1 then
+  -- A late copy of an attempt its client gave up on took the lock: nobody holds it.
+  held = nil
+end
+local retry = held and redis.call('PTTL', lock)
+if kind ~= 'x' then
+  local queue, places, holder = KEYS[4], KEYS[5], ARGV[8]
+  local now = now_ms()
+  purge_queue(queue, places, now)
+  if not retry and kind == 'w' then
+    redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
+    local first = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')[2]
+    retry = first and tonumber(first) - now
   end
-end
--- @helpers
-if not booted then
-  local left = boot_unverified(ARGV[7])
-  if left then
-    return {-2, left}
+  local head = redis.call('LINDEX', queue, 0)
+  if not retry and head and head ~= holder then
+    retry = tonumber(redis.call('ZSCORE', places, head)) - now
   end
-  if lease and redis.call('PEXPIRE', lease, ARGV[8]) == 0 then
-    return {-3}
+  if retry then
+    local ms = tonumber(ARGV[9])
+    if ms > 0 then
+      if not redis.call('ZSCORE', places, holder) then
+        redis.call('RPUSH', queue, holder)
+      end
+      redis.call('ZADD', places, now + ms, holder)
+      extend(queue, ms)
+      extend(places, ms)
+    end
+    return {0, retry}
   end
-end
-if free then
-  return {1, 1, fencing_token(lock, KEYS[2])}
-end
-if redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 1 then
-  return {0, redis.call('PTTL', lock)}
-end
--- Holds that lived on a client lease that ran out are over: the lock is free.
-local held_on = lock_lease(lock)
-if lapsed(lock, held_on) then
-  held_on = nil
-end
-if not as_hash(lock, KEYS[3]) then
-  return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
-end
-if ARGV[6] ~= 'held' and redis.call('EXISTS', lock) == 0 then
-  redis.call('HSET', lock, holder, 1, '~a', ARGV[3])
-  if lease then
-    redis.call('HSET', lock, '~s', lease)
+  if head then
+    redis.call('LPOP', queue)
+    redis.call('ZREM', places, holder)
   end
-  return granted(lock, ARGV[2], 1, ARGV[4], KEYS[2])
+elseif retry then
+  return {0, retry}
 end
-local holds = redis.call('HEXISTS', lock, holder) == 1
--- A hold on a client lease that this grant does not renew (the holder's, taken through
--- another client) cannot be joined but by a re-entry of the client that has it ('held'): the
--- hold would end with a lease its client does not keep.
-local foreign = held_on and held_on ~= lease and ARGV[6] ~= 'held'
-if holds and not foreign and may_reenter(lock, ARGV[6], ARGV[5], '~a', '~r') then
-  local count = reenter(lock, holder, ARGV[3], ARGV[5], '~a', '~r')
-  if not lease or held_on == lease then
-    return granted(lock, ARGV[2], count, ARGV[4], KEYS[2])
-  end
-  -- The holder's hold has a lease of its own (a hand-off, say): the re-entry joins it there,
-  -- for the client lease's length, and says so.
-  local reply = granted(lock, ARGV[8], count, ARGV[4], KEYS[2])
-  table.insert(reply, 0)
-  return reply
-end
--- Refused: the lock is held (or, re-entering only, not held by this holder). It is a hash
--- now, whose release is always published (release.lua), so the caller may wait for that.
-return {0, time_left(lock, held_on)}
+token = ARGV[3] == '1' and new_token(fence) or nil
+redis.call('SET', lock, token and (attempt .. '~' .. token) or attempt, 'PX', lease)
+return {1, token or -1}
