@@ -182,7 +182,10 @@ impl LockError {
             Self::InvalidKey(_) => Code::InvalidArgument,
             Self::TooManyWaiters => Code::ResourceExhausted,
             Self::UpgradeRefused => Code::FailedPrecondition,
-            Self::InvalidLease(_) | Self::InvalidPermits => Code::Internal,
+            Self::InvalidLease(_)
+            | Self::InvalidPermits
+            | Self::ForeignHolder
+            | Self::HeldThroughOtherClient => Code::Internal,
             Self::Lost | Self::NotHeld => Code::Aborted,
         }
     }

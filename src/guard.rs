@@ -10,7 +10,7 @@ use std::{
 };
 
 use crate::{
-    backend::{Backend, Renew},
+    backend::Backend,
     clock::BootInstant,
     engine::{AtOnce, EngineRef, Held},
     error::LockError,
@@ -50,9 +50,8 @@ use crate::{
 pub struct LockGuard<B: Backend> {
     client: Arc<EngineRef<B>>,
     held: Option<Arc<Held>>,
-    /// The attempt that took this guard's hold: its release names it, so that the hold's own
-    /// lease goes with it.
-    hold: Arc<str>,
+    /// This guard's hold of the grant.
+    hold: u64,
     count: u64,
     /// When the acquire heard of the grant.
     acquired_at: BootInstant,
@@ -61,7 +60,7 @@ pub struct LockGuard<B: Backend> {
 impl<B: Backend> LockGuard<B> {
     pub(crate) fn new(
         client: Arc<EngineRef<B>>,
-        (held, hold): (Arc<Held>, Arc<str>),
+        (held, hold): (Arc<Held>, u64),
         count: u64,
         acquired_at: BootInstant,
     ) -> Self {
@@ -108,41 +107,32 @@ impl<B: Backend> LockGuard<B> {
         self.held().token()
     }
 
-    /// The renewal the watchdog sends for this hold: for a scheduler of one's own, or to
-    /// measure what one watchdog tick costs the backend.
-    ///
-    /// ```
-    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tower_lock::{Backend, LockClient, MemoryBackend, backend::RenewReply};
-    ///
-    /// let locks = LockClient::builder(MemoryBackend::new()).build()?;
-    /// let guard = locks.lock("report").acquire().await?;
-    /// let replies = locks.backend().renew(&[guard.renewal()]).await?;
-    /// assert_eq!(replies, [RenewReply::Renewed]);
-    /// # Ok(()) }
-    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
-    /// #     .block_on(demo()).unwrap();
-    /// ```
-    pub fn renewal(&self) -> Renew<'_> {
-        self.held().renewal()
-    }
-
-    /// Whether the lock is lost: the backend gave it to someone else, or the lease deadline
-    /// passed without a successful renewal. Checked against the clock, so it is accurate even
-    /// when the watchdog has not run yet.
+    /// Whether the lock is lost: the store no longer has the grant, the lease deadline passed
+    /// without a successful renewal, or this guard's own fixed lease ended (a re-entry's lease
+    /// ends its own hold only). Checked against the clock, so it is accurate even when the
+    /// watchdog has not run yet.
     pub fn is_lost(&self) -> bool {
-        self.held().is_lost()
+        self.held().hold_lost_at(self.hold, BootInstant::now())
     }
 
     /// How long the lock is certainly still held without another renewal.
     pub fn remaining(&self) -> Duration {
-        self.held().remaining()
+        let held = self.held();
+        let own = held
+            .hold_until(self.hold)
+            .map(|until| until.saturating_duration_until(BootInstant::now()));
+        own.map_or(held.remaining(), |own| own.min(held.remaining()))
     }
 
-    /// Resolves when the lock is lost while held. Never resolves for a lock that is released
-    /// normally.
+    /// Resolves when the lock is lost while held (see [`is_lost`](Self::is_lost)). Never
+    /// resolves for a lock that is released normally.
     pub fn lost(&self) -> Lost {
-        Lost::new(self.entry().clone())
+        Lost::new(self.entry().clone(), self.hold)
+    }
+
+    /// This guard's hold of its entry.
+    pub(crate) fn hold(&self) -> u64 {
+        self.hold
     }
 
     /// The entry this guard holds, for what the middleware tells a request handler.
@@ -165,8 +155,9 @@ impl<B: Backend> LockGuard<B> {
     pub(crate) fn into_release(mut self, now: BootInstant) -> FinishOnDrop {
         let held = self.held.take().expect("guard released twice");
         let shared = self.client.engine.clone();
-        let releasing = match shared.begin_release(held, self.hold.clone(), now) {
-            Ok(releasing) => shared.release_at_once(releasing),
+        let releasing = match shared.begin_release(held, self.hold, now) {
+            Ok(Some(releasing)) => shared.release_at_once(releasing),
+            Ok(None) => AtOnce::Done(Ok(())),
             Err(error) => AtOnce::Done(Err(error)),
         };
         match releasing {
@@ -192,7 +183,7 @@ impl<B: Backend> Drop for LockGuard<B> {
             return;
         };
         // Renewal stops here, synchronously; only the backend call is spawned.
-        self.client.engine.release_detached(held, self.hold.clone());
+        self.client.engine.release_detached(held, self.hold);
     }
 }
 
@@ -203,7 +194,7 @@ impl<B: Backend> fmt::Debug for LockGuard<B> {
             s.field("key", &held.key)
                 .field("holder", &held.holder)
                 .field("fencing_token", &held.token())
-                .field("lost", &held.is_lost());
+                .field("lost", &held.hold_lost_at(self.hold, BootInstant::now()));
         }
         s.finish_non_exhaustive()
     }
@@ -254,30 +245,48 @@ enum Watching {
     Any(Vec<Watch>),
 }
 
-/// One lock's wait for its loss: boxed, since it borrows the lock's entry, which it owns too.
-/// The box is made at the first poll that finds the lock held, so a watch that is made but
-/// never has to wait (a request whose handler finishes at once) costs no allocation. A wait
-/// ends only once its lock is marked lost, which [`Watch::poll`] checks first: an ended wait is
-/// never resumed.
+/// One hold's wait for its loss: boxed, since it borrows the lock's entry, which it owns too.
+/// The box is made at the first poll that finds the hold live, so a watch that is made but never
+/// has to wait (a request whose handler finishes at once) costs no allocation. A wait ends only
+/// once its hold is lost, which [`Watch::poll`] checks first: an ended wait is never resumed.
 struct Watch {
     held: Arc<Held>,
+    hold: u64,
     wait: Option<Pin<Box<dyn Future<Output = ()> + Send + Sync>>>,
 }
 
 impl Watch {
-    fn new(held: Arc<Held>) -> Self {
-        Self { held, wait: None }
+    fn new(held: Arc<Held>, hold: u64) -> Self {
+        Self {
+            held,
+            hold,
+            wait: None,
+        }
     }
 
     fn poll(&mut self, cx: &mut Context<'_>) -> bool {
-        if self.held.is_marked_lost() {
+        let now = BootInstant::now();
+        if self.held.is_marked_lost()
+            || self.held.hold_until(self.hold).is_some_and(|until| until <= now)
+        {
             return true;
         }
-        let held = &self.held;
+        let (held, until) = (&self.held, self.held.hold_until(self.hold));
         self.wait
             .get_or_insert_with(|| {
                 let watched = held.clone();
-                Box::pin(async move { watched.until_lost().await })
+                Box::pin(async move {
+                    let Some(until) = until else {
+                        return watched.until_lost().await;
+                    };
+                    // A fixed hold also ends at its own lease's end.
+                    let ends = tokio::time::Instant::now()
+                        + until.saturating_duration_until(BootInstant::now());
+                    tokio::select! {
+                        () = watched.until_lost() => {}
+                        () = tokio::time::sleep_until(ends) => {}
+                    }
+                })
             })
             .as_mut()
             .poll(cx)
@@ -286,14 +295,19 @@ impl Watch {
 }
 
 impl Lost {
-    /// Resolves when `held` is lost.
-    pub(crate) fn new(held: Arc<Held>) -> Self {
-        Self(Watching::One(Watch::new(held)))
+    /// Resolves when hold `hold` of `held` is lost.
+    pub(crate) fn new(held: Arc<Held>, hold: u64) -> Self {
+        Self(Watching::One(Watch::new(held, hold)))
     }
 
-    /// Resolves when any of `helds` is lost.
-    pub(crate) fn any(helds: impl IntoIterator<Item = Arc<Held>>) -> Self {
-        Self(Watching::Any(helds.into_iter().map(Watch::new).collect()))
+    /// Resolves when any of `holds` is lost.
+    pub(crate) fn any(holds: impl IntoIterator<Item = (Arc<Held>, u64)>) -> Self {
+        Self(Watching::Any(
+            holds
+                .into_iter()
+                .map(|(held, hold)| Watch::new(held, hold))
+                .collect(),
+        ))
     }
 }
 

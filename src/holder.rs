@@ -11,18 +11,48 @@
 //! scope only applies to the client that made its holder: two clients never re-enter each
 //! other's locks through a scope.
 
-use std::{fmt, future::Future, sync::Arc};
+use std::{
+    fmt,
+    future::Future,
+    hash::{Hash, Hasher},
+    sync::{Arc, Weak},
+};
 
 use tokio::task::futures::TaskLocalFuture;
+
+use crate::lock_key::LockKey;
 
 tokio::task_local! {
     static CURRENT: Holder;
 }
 
 /// The identity a lock is held under. Cheap to clone.
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone)]
 pub struct Holder {
     id: Arc<str>,
+    /// The client that made it, asked by another client whether this holder holds a lock (a
+    /// request that would wait for a lock it holds through another client).
+    client: Option<Weak<dyn HeldLocks>>,
+}
+
+/// What a client tells of its holders' locks.
+pub(crate) trait HeldLocks: Send + Sync {
+    /// Whether `holder` holds the lock `key` in this client.
+    fn holds(&self, holder: &Holder, key: &LockKey) -> bool;
+}
+
+impl PartialEq for Holder {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for Holder {}
+
+impl Hash for Holder {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
 }
 
 impl Holder {
@@ -30,7 +60,22 @@ impl Holder {
     pub(crate) fn new(client_id: &str, sequence: u64) -> Self {
         Self {
             id: numbered(client_id, b':', sequence),
+            client: None,
         }
+    }
+
+    /// A holder of `client`, which answers whether it holds a lock.
+    pub(crate) fn of(client_id: &str, sequence: u64, client: Weak<dyn HeldLocks>) -> Self {
+        Self {
+            client: Some(client),
+            ..Self::new(client_id, sequence)
+        }
+    }
+
+    /// Whether this holder holds the lock `key` in the client that made it.
+    pub(crate) fn holds(&self, key: &LockKey) -> bool {
+        let client = self.client.as_ref().and_then(Weak::upgrade);
+        client.is_some_and(|client| client.holds(self, key))
     }
 
     /// Whether this holder was made by the client with id `client_id`.

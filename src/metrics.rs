@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use crate::{
-    backend::{LockKind, RenewReply},
+    backend::{LockKind, store::RenewReply},
     error::LockError,
 };
 

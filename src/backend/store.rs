@@ -156,6 +156,14 @@ impl Renew<'_> {
             Self::Grant { key, .. } | Self::Place { key, .. } => key,
         }
     }
+
+    /// A grant's renewal lease; `None` for a place.
+    pub fn lease(&self) -> Option<Lease> {
+        match self {
+            Self::Grant { lease, .. } => Some(*lease),
+            Self::Place { .. } => None,
+        }
+    }
 }
 
 /// The answer to one renewal.
@@ -268,6 +276,6 @@ pub trait Listen: Send + Sync + 'static {
 }
 
 /// The holder an attempt id belongs to: `<holder>#<n>` without `#<n>`.
-pub fn holder_of(attempt: &str) -> &str {
+pub(crate) fn holder_of(attempt: &str) -> &str {
     attempt.rsplit_once('#').map_or(attempt, |(holder, _)| holder)
 }

@@ -87,7 +87,14 @@ impl<B: Backend> LockClient<B> {
         let found = join_all(locks.iter().map(|(key, kind)| backend.inspect(key, *kind))).await;
         let mut info = LockInfo::free();
         for (found, (key, _)) in found.into_iter().zip(&locks) {
-            info = info.merge(found.map_err(|error| error.with_key(key.as_str()))?);
+            let mut found = found.map_err(|error| error.with_key(key.as_str()))?;
+            // The store keeps one record per grant; this client counts its own holders' holds.
+            for holder in &mut found.holders {
+                if let Some(count) = self.inner.engine.table.hold_count(key, &holder.id, holder.kind) {
+                    holder.hold_count = count;
+                }
+            }
+            info = info.merge(found);
         }
         Ok(info)
     }

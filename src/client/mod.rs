@@ -357,9 +357,10 @@ impl<B: Backend> LockClient<B> {
         let shared = &self.inner.engine;
         shared.stop.cancel();
         let held = shared.table.drain_held();
-        let releases = held.iter().map(|held| async move {
+        // Each of this client's own grants, by name: nothing of another client's goes.
+        let releases = held.iter().filter(|held| held.end()).map(|held| async move {
             held.mark_lost();
-            if let Err(error) = shared.backend.release(held.release_all()).await {
+            if let Err(error) = shared.backend.release(held.release()).await {
                 tracing::warn!(key = %held.key, error = %format_args!("{error:#}"), "release at shutdown failed");
             }
         });

@@ -219,10 +219,30 @@ impl<'a, B: Backend> MultiLockRequest<'a, B> {
         keys.dedup_by(|(_, a), (_, b)| a == b);
 
         let shared = &self.client.inner.engine;
-        let holder = self
-            .holder
-            .or_else(|| Holder::current().filter(|holder| holder.is_from(&shared.id)))
-            .unwrap_or_else(|| shared.new_holder());
+        // One holder for the set, the client's own; a scope's holder of another client that
+        // holds one of the locks there would make the set wait for itself.
+        let holder = match self.holder {
+            Some(holder) if !holder.is_from(&shared.id) => {
+                return Err(MultiLockError {
+                    key: None,
+                    error: LockError::ForeignHolder,
+                });
+            }
+            Some(holder) => holder,
+            None => match Holder::current() {
+                Some(holder) if holder.is_from(&shared.id) => holder,
+                Some(foreign) => {
+                    if let Some((_, name)) = keys.iter().find(|(_, name)| foreign.holds(name)) {
+                        return Err(MultiLockError {
+                            key: Some(name.clone()),
+                            error: LockError::HeldThroughOtherClient,
+                        });
+                    }
+                    shared.new_holder()
+                }
+                None => shared.new_holder(),
+            },
+        };
         let span = tracing::debug_span!(
             "lock_acquire_all",
             keys = keys.len(),

@@ -154,17 +154,10 @@ impl<B: Backend> LockRequest<'_, B> {
         self
     }
 
-    /// Acquire as `holder` instead of the current [`Holder::scope`] (or a fresh holder). Unlike
-    /// a scope, an explicit holder is used even when another client made it. (A hold on
-    /// another client's lease, `RedisBackendBuilder::client_lease`, is not joined this way: it
-    /// ends with a lease this client does not keep, so the lock counts as another owner's.)
-    ///
-    /// The store counts a holder's holds, not which client took them. When the client that
-    /// took the first hold loses the reply to its release, it gives back every hold the store
-    /// counts for that grant, the other client's too, and another owner may take the lock
-    /// before the other client's next renewal reports it lost
-    /// ([`LockGuard::lost`](crate::LockGuard::lost)). Share a holder across clients only where
-    /// that is acceptable, or keep the first client's guard until the others are released.
+    /// Acquire as `holder` (made by this client, or a clone of it) instead of the current
+    /// [`Holder::scope`] or a fresh holder: a lock `holder` holds is re-entered. A holder of
+    /// another client is refused with [`LockError::ForeignHolder`]: the client counts its
+    /// holders' re-entries, so a holder belongs to the client that made it.
     pub fn holder(self, holder: &Holder) -> Self {
         self.with_holder(holder.clone())
     }
@@ -243,9 +236,13 @@ impl<B: Backend> LockRequest<'_, B> {
             // wait, so that none of it stays in this future beside the engine's.
             let started;
             let result = {
-                let holder = holder
-                    .or_else(|| Holder::current().filter(|holder| holder.is_from(&shared.id)))
-                    .unwrap_or_else(|| shared.new_holder());
+                let holder = match holder_for(shared, holder, &key) {
+                    Ok(holder) => holder,
+                    Err(error) => {
+                        crate::metrics::acquire_finished(kind, Err(&error), Duration::ZERO);
+                        return Err(error);
+                    }
+                };
                 let span = tracing::debug_span!(
                     "lock_acquire",
                     key = %key,
@@ -258,8 +255,8 @@ impl<B: Backend> LockRequest<'_, B> {
                     kind,
                     lease,
                     fencing,
-                    supersedes: None,
                     permits,
+                    within: None,
                 });
                 started = timed.then(tokio::time::Instant::now);
                 shared.acquire(Request { key, want, wait }).instrument(span)
@@ -276,12 +273,8 @@ impl<B: Backend> LockRequest<'_, B> {
                     shared.release_detached(held, hold);
                     Err(LockError::ShutDown)
                 }
-                Ok(Acquired {
-                    held,
-                    hold,
-                    count,
-                    at,
-                }) => {
+                Ok(Acquired { held, hold, at }) => {
+                    let count = held.hold_count() as u64;
                     tracing::debug!(
                         key = %held.key,
                         count,
@@ -334,6 +327,25 @@ impl<B: Backend> LockRequest<'_, B> {
     /// As [`acquire`](Self::acquire).
     pub async fn try_acquire(self) -> Result<LockGuard<B>, LockError> {
         self.wait(Duration::ZERO).acquire().await
+    }
+}
+
+/// The holder an acquire of `key` by a client runs as: the one named (which must be the
+/// client's own), or the current scope's when the client made it, or a fresh one. A scope's
+/// holder of another client that holds `key` there would make the request wait for itself.
+pub(crate) fn holder_for<B: Backend>(
+    shared: &Arc<crate::engine::Engine<B>>,
+    named: Option<Holder>,
+    key: &LockKey,
+) -> Result<Holder, LockError> {
+    match named {
+        Some(holder) if holder.is_from(&shared.id) => Ok(holder),
+        Some(_) => Err(LockError::ForeignHolder),
+        None => match Holder::current() {
+            Some(holder) if holder.is_from(&shared.id) => Ok(holder),
+            Some(holder) if holder.holds(key) => Err(LockError::HeldThroughOtherClient),
+            _ => Ok(shared.new_holder()),
+        },
     }
 }
 

@@ -11,22 +11,24 @@ use std::{
 
 use super::{
     Engine, Held, Loss,
-    table::{Ticket, Turn, Want},
+    held::Reentry,
+    table::{Found, Ticket, Turn, Want},
 };
 use crate::{
-    backend::{AcquireReply, Backend, Grant, Listen, LockKind, Reentry},
+    backend::{
+        Backend, LockKind,
+        store::{AcquireReply, Extend, ExtendReply, Grant, Listen},
+    },
     clock::BootInstant,
     error::{BackendError, BackendErrorKind, LockError},
     lock_key::LockKey,
 };
 
-/// A granted acquire: the entry, the attempt that took the new hold (its release names it),
-/// how many holds its holder now has, and when the grant was heard of (where a hold's own
-/// time starts).
+/// A granted acquire: the entry, the new hold's id in it, and when the grant was heard of
+/// (where the hold's own time starts).
 pub(crate) struct Acquired {
     pub(crate) held: Arc<Held>,
-    pub(crate) hold: Arc<str>,
-    pub(crate) count: u64,
+    pub(crate) hold: u64,
     pub(crate) at: BootInstant,
 }
 
@@ -37,7 +39,7 @@ enum Woke {
     /// The client is shutting down.
     Stopped,
     /// A releasing holder here handed the lock over.
-    HandedOff(Arc<Held>),
+    HandedOff((Arc<Held>, u64)),
     /// The wait ran out.
     TimedOut,
 }
@@ -134,33 +136,25 @@ impl<B: Backend> Drop for QueueGuard<'_, B> {
     }
 }
 
-/// An attempt sent to the backend whose answer has not been dealt with. Dropped unsettled
-/// (the acquire future was cancelled while the call was on its way: a client disconnected, a
-/// timeout fired; or the attempt's reply was lost and could not be resolved at once), it is
-/// resolved in the background exactly like an attempt whose reply was lost: undone if it took
-/// the lock, voided if it has not arrived yet. A re-entry keeps its claim on the entry
-/// ([`Held::begin_reentry`]) and its pending reference until then.
+/// An attempt sent to the store whose answer has not been dealt with. Dropped unsettled (the
+/// acquire future was cancelled while the call was on its way: a client disconnected, a timeout
+/// fired; or the attempt's reply was lost and could not be resolved at once), it is resolved in
+/// the background exactly like an attempt whose reply was lost: undone if it took the lock,
+/// recorded as given up on if it has not arrived yet.
 // Borrowed: what it needs is cloned only for a resolution in the background.
 struct InFlight<'a, B: Backend> {
     shared: &'a Arc<Engine<B>>,
     key: &'a LockKey,
     want: &'a Arc<Want>,
-    reentering: Option<Arc<Held>>,
     settled: bool,
 }
 
 impl<'a, B: Backend> InFlight<'a, B> {
-    fn new(
-        shared: &'a Arc<Engine<B>>,
-        key: &'a LockKey,
-        want: &'a Arc<Want>,
-        reentering: Option<Arc<Held>>,
-    ) -> Self {
+    fn new(shared: &'a Arc<Engine<B>>, key: &'a LockKey, want: &'a Arc<Want>) -> Self {
         Self {
             shared,
             key,
             want,
-            reentering,
             settled: false,
         }
     }
@@ -171,53 +165,18 @@ impl<'a, B: Backend> InFlight<'a, B> {
     }
 }
 
-/// The claim and pending reference of a re-entry being resolved in the background, ended
-/// should the task be dropped before it is done (its runtime shut down while the client lives
-/// on in another): the entry's next re-entry must not wait for a resolution that will never
-/// end.
-struct Claim<B: Backend> {
-    shared: Arc<Engine<B>>,
-    held: Option<Arc<Held>>,
-}
-
-impl<B: Backend> Drop for Claim<B> {
-    fn drop(&mut self) {
-        if let Some(held) = self.held.take() {
-            held.end_reentry();
-            self.shared.table.drop_pending(&held);
-        }
-    }
-}
-
 impl<B: Backend> Drop for InFlight<'_, B> {
     fn drop(&mut self) {
         if self.settled {
             return;
         }
         let Some(runtime) = self.shared.runtime() else {
-            // Nowhere to resolve it: the claim ends at once.
-            drop(Claim {
-                shared: self.shared.clone(),
-                held: self.reentering.take(),
-            });
             return;
-        };
-        // A re-entry keeps its claim and its reference until it is resolved: the entry stays,
-        // and no other re-entry replaces the attempt record meanwhile.
-        let claim = Claim {
-            shared: self.shared.clone(),
-            held: self.reentering.take(),
         };
         let (shared, key, want) = (self.shared.clone(), self.key.clone(), self.want.clone());
         tracing::debug!(key = %key, attempt = %want.attempt, "acquire unanswered; resolving it in the background");
         runtime.spawn(async move {
-            let mut claim = claim;
-            shared
-                .resolve_until_done(&key, &want, claim.held.as_deref())
-                .await;
-            if let Some(held) = claim.held.take() {
-                shared.reentry_over(&held).await;
-            }
+            shared.resolve_until_done(&key, &want).await;
             // The attempt may have queued its holder (fair locks, writers): leave the queue
             // rather than stay in the way until the place times out.
             if want.kind.queues()
@@ -229,128 +188,103 @@ impl<B: Backend> Drop for InFlight<'_, B> {
     }
 }
 
+/// A re-entry whose extend is on its way: reported as failed should it end otherwise (the
+/// future was dropped), so the entry does not wait for it for ever, and ends if it was the
+/// last thing keeping it.
+struct PendingExtend<'a, B: Backend> {
+    shared: &'a Arc<Engine<B>>,
+    held: &'a Arc<Held>,
+    done: bool,
+}
+
+impl<B: Backend> Drop for PendingExtend<'_, B> {
+    fn drop(&mut self) {
+        if !self.done && self.held.extend_failed() {
+            self.shared.end_quietly(self.held);
+        }
+    }
+}
+
 impl<B: Backend> Engine<B> {
-    /// Acquires for `request`: re-enters when its holder holds the lock here, and otherwise
-    /// (or when the re-entry lost a race with the release of the holder's last guard) waits
-    /// for it.
+    /// Acquires for `request`: a re-entry of a grant its holder holds here (no round trip,
+    /// unless the grant needs more lease or a token), and otherwise a wait for the lock.
     pub(crate) async fn acquire(self: &Arc<Self>, request: Request) -> Result<Acquired, LockError> {
         let want = &request.want;
-        if let Some(held) = self.table.reenter(&request.key, &want.holder, want.kind) {
-            // Another re-entry of this entry is on its way or being resolved: wait for it, within
-            // the request's wait.
-            if !held.begin_reentry() {
-                self.table.drop_pending(&held);
-                let started = tokio::time::Instant::now();
-                tokio::select! {
-                    () = held.until_reentry_ends() => {}
-                    () = self.stop.cancelled() => return Err(LockError::ShutDown),
-                    () = tokio::time::sleep(request.wait) => {
-                        return Err(LockError::WaitTimeout {
-                            retry_after: None,
-                            waited: started.elapsed(),
-                        });
-                    }
+        match self.table.find(&request.key, &want.holder, want.kind) {
+            Some(Found::Reenter(held)) => {
+                if let Some(reentered) = self.reenter(&request, held).await? {
+                    return Ok(reentered);
                 }
-                let wait = request.wait.saturating_sub(started.elapsed());
-                return Box::pin(self.acquire(Request { wait, ..request })).await;
+                // The grant is over: acquire afresh.
             }
-            if let Some(reentered) = self.reenter(&request, held).await? {
-                return Ok(reentered);
+            Some(Found::Upgrade) => return Err(LockError::UpgradeRefused),
+            Some(Found::Within(grant)) => {
+                let want = Arc::new(Want {
+                    within: Some(grant),
+                    ..want.retry(want.attempt.clone())
+                });
+                return self.wait_and_acquire(&Request { want, ..request }).await;
             }
-            // The holder released its last guard while the re-entry was on its way: acquire
-            // afresh, under a new attempt id.
-            let request = Request {
-                want: self.next_attempt(want, false),
-                ..request
-            };
-            return self.wait_and_acquire(&request).await;
+            None => {}
         }
         self.wait_and_acquire(&request).await
     }
 
-    /// Re-enters `held`, which the holder holds here and whose pending reference and re-entry
-    /// claim the caller took: one round trip, no queueing. `None` when the backend found the
-    /// holder's last hold released meanwhile (the pending reference is given back; nothing is
-    /// held).
+    /// Re-enters `held`, which the holder holds here: a hold added at once, or after one extend
+    /// naming the grant. `None` when the grant is over (lost, or its holds ended): the caller
+    /// acquires afresh.
     async fn reenter(
         self: &Arc<Self>,
         request: &Request,
         held: Arc<Held>,
     ) -> Result<Option<Acquired>, LockError> {
-        let grant = Grant {
-            reentry: Reentry::Only,
-            ..request.want.grant(&request.key, None)
+        let want = &request.want;
+        let now = BootInstant::now();
+        let lease = match held.reenter(want.lease, want.fencing, now) {
+            Reentry::Local(hold) => {
+                self.watch(held.next_event());
+                return Ok(Some(Acquired { held, hold, at: now }));
+            }
+            Reentry::Ended => return Ok(None),
+            Reentry::Extend(lease) => lease,
         };
-        let sent_at = BootInstant::now();
-        if !held.reentry_sent(request.want.lease, sent_at) {
-            self.reentry_over(&held).await;
-            return Err(LockError::Lost);
-        }
-        let mut in_flight = InFlight::new(self, &request.key, &request.want, Some(held.clone()));
-        let reply = self.backend.acquire(grant).await;
-        let outcome = match reply {
-            // The entry was lost while the re-entry was on its way (its deadline passed before
-            // the reply came): the new guard would be lost from the start. Its lease made the
-            // loss free the hold in the backend.
-            Ok(AcquireReply::Acquired { .. }) if held.is_marked_lost() => Err(LockError::Lost),
-            Ok(AcquireReply::Acquired {
-                count,
-                token,
-                session,
-            }) => {
-                in_flight.settle();
-                let hold = request.want.attempt.clone();
-                if held.reentered(&hold, (request.want.lease, token), session, sent_at) {
-                    self.watch(held.next_event());
-                }
-                held.end_reentry();
-                return Ok(Some(Acquired {
-                    held,
+        let mut pending = PendingExtend {
+            shared: self,
+            held: &held,
+            done: false,
+        };
+        let extend = Extend {
+            key: &held.key,
+            kind: held.kind,
+            grant: held.grant(),
+            lease,
+            fencing: want.fencing,
+        };
+        let reply = self.backend.extend(extend).await;
+        pending.done = true;
+        match reply {
+            Ok(ExtendReply::Extended { token }) => {
+                let hold = held.extended(want.lease, token, now);
+                self.watch(held.next_event());
+                Ok(Some(Acquired {
+                    held: held.clone(),
                     hold,
-                    count,
                     at: BootInstant::now(),
-                }));
+                }))
             }
-            Ok(AcquireReply::Held { .. } | AcquireReply::Spent { .. }) => Ok(None),
-            Ok(AcquireReply::WouldDeadlock) => Err(LockError::UpgradeRefused),
+            Ok(ExtendReply::NotHeld) => {
+                held.extend_failed();
+                self.lose(&held, Loss::Taken("extend found the grant gone"));
+                Ok(None)
+            }
             Err(error) => {
-                let unknown = error.outcome_unknown();
-                let error = LockError::Backend(error.with_key(request.key.as_str()));
-                if unknown
-                    && Box::pin(self.try_resolve(&request.key, &request.want))
-                        .await
-                        .is_err()
-                {
-                    // Left unsettled: the attempt is resolved in the background, and only then
-                    // does the claim end and the reference go.
-                    return Err(error);
+                // The record may have been extended: the grant's delete still covers it.
+                if held.extend_failed() {
+                    self.end_quietly(&held);
                 }
-                Err(error)
+                Err(LockError::Backend(error.with_key(request.key.as_str())))
             }
-        };
-        in_flight.settle();
-        let last = self.reentry_over(&held).await;
-        match outcome {
-            // Other guards share the entry, but the backend no longer has it for this holder:
-            // the lock was lost behind their back.
-            Ok(None) if !last => {
-                self.lose(&held, Loss::Taken("re-entry found another owner"));
-                Err(LockError::Lost)
-            }
-            other => other,
         }
-    }
-
-    /// A re-entry of `held` that did not happen is over: its claim ends and its pending
-    /// reference goes. Returns true when that was the entry's last reference (its other guards
-    /// were released meanwhile); what the backend may still count of it is then given back.
-    async fn reentry_over(&self, held: &Arc<Held>) -> bool {
-        held.end_reentry();
-        let last = self.table.drop_pending(held);
-        if last {
-            self.give_back_leftover(held).await;
-        }
-        last
     }
 
     /// Queues behind local waiters, contends in the backend when first, and waits for a
@@ -402,13 +336,12 @@ impl<B: Backend> Engine<B> {
                         want = renamed;
                     }
                     let grant = Grant {
-                        reentry: self.new_hold_reentry(&want.holder),
                         contended,
                         ..want.grant(&request.key, queue)
                     };
                     let sent_at = BootInstant::now();
                     wait.started.get_or_insert(sent_at);
-                    let mut in_flight = InFlight::new(self, &request.key, &want, None);
+                    let mut in_flight = InFlight::new(self, &request.key, &want);
                     let reply = self.backend.acquire(grant).await;
                     let replied_at = BootInstant::now();
                     let late = matches!(reply, Ok(AcquireReply::Acquired { .. }))
@@ -418,11 +351,7 @@ impl<B: Backend> Engine<B> {
                         in_flight.settle();
                     }
                     match reply {
-                        Ok(AcquireReply::Acquired {
-                            count,
-                            token,
-                            session,
-                        }) => {
+                        Ok(AcquireReply::Acquired { token }) => {
                             // The backend took it out of its queue in the same step.
                             queued.in_backend = false;
                             if late {
@@ -438,14 +367,12 @@ impl<B: Backend> Engine<B> {
                                     error.with_key(request.key.as_str()),
                                 ));
                             }
-                            let held = Held::new(
+                            let (held, hold) = Held::new(
                                 request.key.clone(),
                                 want.holder.clone(),
                                 want.kind,
-                                // More than one hold: joined to the holder's holds through
-                                // another client.
-                                (want.lease, token, &want.attempt, count == 1),
-                                session,
+                                (want.attempt.clone(), token),
+                                want.lease,
                                 sent_at,
                                 self.config.max_hold,
                             );
@@ -455,8 +382,7 @@ impl<B: Backend> Engine<B> {
                             self.watch(held.next_event());
                             return Ok(Acquired {
                                 held,
-                                hold: want.attempt.clone(),
-                                count,
+                                hold,
                                 at: replied_at,
                             });
                         }
@@ -467,10 +393,9 @@ impl<B: Backend> Engine<B> {
                                 ticket = Some(queued.join(&want, queue)?);
                             }
                             if matches!(reply, AcquireReply::Spent { .. }) {
-                                // Should a give-back have failed somewhere, the next attempt
-                                // takes over what this one left there.
+                                // Undone on part of the store, where its id is now refused.
                                 drop(in_flight);
-                                want = self.next_attempt(&want, true);
+                                want = self.next_attempt(&want);
                                 self.table.set_want(&request.key, id, want.clone());
                             }
                             if let Some(place) = ticket.as_ref().and_then(|t| t.queued.as_ref()) {
@@ -494,7 +419,6 @@ impl<B: Backend> Engine<B> {
                             }
                             ttl
                         }
-                        Ok(AcquireReply::WouldDeadlock) => return Err(LockError::UpgradeRefused),
                         Err(error) => {
                             let retry_in = if let Some(ends) = error.quarantine_ends() {
                                 // Nothing was sent: come back when the quarantine ends, or
@@ -523,9 +447,9 @@ impl<B: Backend> Engine<B> {
                                     return Err(error);
                                 }
                                 tracing::debug!(key = %request.key, error = %format_args!("{error:#}"), "backend error while waiting; trying again");
-                                // The failed attempt may have been voided: retry under a new id.
-                                // If it may have taken the lock, the retry takes that hold over.
-                                want = self.next_attempt(&want, unknown);
+                                // The failed attempt may have been recorded as given up on:
+                                // retry under a new id.
+                                want = self.next_attempt(&want);
                                 self.table.set_want(&request.key, id, want.clone());
                                 RETRY_PAUSE
                             };
@@ -579,28 +503,15 @@ impl<B: Backend> Engine<B> {
             match woke {
                 Woke::Again => {}
                 Woke::Stopped => return Err(LockError::ShutDown),
-                Woke::HandedOff(held) => {
+                Woke::HandedOff((held, hold)) => {
                     return Ok(Acquired {
-                        hold: held.grant_attempt().clone(),
                         held,
-                        count: 1,
+                        hold,
                         at: BootInstant::now(),
                     });
                 }
                 Woke::TimedOut => return Err(behind.timed_out(&mut wait)),
             }
-        }
-    }
-
-    /// Whether a new hold of `holder` may merge with one the backend still has for it. This
-    /// client counts every hold of its own holders in its table, so such a leftover is one it
-    /// no longer counts on (a release on its way, a hold whose deadline passed): merging would
-    /// leave holds that no guard gives back, and the acquire waits for it to go instead. A
-    /// holder of another client (passed explicitly) re-enters what that client holds.
-    fn new_hold_reentry(&self, holder: &crate::holder::Holder) -> Reentry {
-        match holder.is_from(&self.id) {
-            true => Reentry::Refused,
-            false => Reentry::Allowed,
         }
     }
 
@@ -651,30 +562,24 @@ impl<B: Backend> Engine<B> {
             && let Some(runtime) = self.runtime()
         {
             let (shared, key, want) = (self.clone(), key.clone(), want.clone());
-            runtime.spawn(async move { shared.resolve_until_done(&key, &want, None).await });
+            runtime.spawn(async move { shared.resolve_until_done(&key, &want).await });
         }
     }
 
-    /// Resolves an attempt whose reply was lost, trying until the backend answers, the
-    /// attempt's lease has run out (it then holds nothing anyway) or the client stops. A
-    /// re-entry of `reentering` counts in a hold its other guards keep renewed: it is tried
-    /// for as long as that hold is not lost. Each try waits at least until the store is
-    /// expected back (a store known to be down says when it is probed next). Logged at debug:
-    /// the store's own incident is logged once by its backend, and a resolution changes
-    /// nothing a caller can see (an attempt left unresolved holds the lock no longer than its
-    /// lease, like a crashed holder).
-    async fn resolve_until_done(&self, key: &LockKey, want: &Want, reentering: Option<&Held>) {
+    /// Resolves an attempt whose reply was lost, trying until the store answers, the attempt's
+    /// lease has run out (it then holds nothing anyway) or the client stops. Each try waits at
+    /// least until the store is expected back (a store known to be down says when it is probed
+    /// next). Logged at debug: the store's own incident is logged once by its backend, and a
+    /// resolution changes nothing a caller can see (an attempt left unresolved holds the lock
+    /// no longer than its lease, like a crashed holder).
+    async fn resolve_until_done(&self, key: &LockKey, want: &Want) {
         let give_up = tokio::time::Instant::now() + want.lease.duration();
         let mut pause = RETRY_PAUSE;
         let mut tries = 1u32;
         while let Err(error) = self.try_resolve(key, want).await {
             let next =
                 tokio::time::Instant::now() + pause.max(error.retry_after().unwrap_or_default());
-            let over = match reentering {
-                Some(held) => held.is_lost(),
-                None => next >= give_up,
-            };
-            if over || self.stop.is_cancelled() {
+            if next >= give_up || self.stop.is_cancelled() {
                 tracing::debug!(key = %key, attempt = %want.attempt, tries, "stopped resolving an attempt whose reply was lost: its lease is over");
                 return;
             }

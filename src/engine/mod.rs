@@ -5,11 +5,9 @@
 //! - an attempt on its way to the backend is an `InFlight` value ([`acquire`]): dropped before
 //!   its answer was dealt with (a cancelled acquire), it resolves the attempt in the background,
 //!   undoing or voiding it, like an attempt whose reply was lost;
-//! - a hold is one [`Held`] entry, shared by the guards of a holder that re-entered it; its
-//!   references are taken and given back only in the [`Table`], under the table's lock, so a
-//!   re-entry and a release of the same holder cannot pass each other, and an entry whose last
-//!   guard went is marked released, after which nothing said about it (a late renewal reply)
-//!   counts as a loss;
+//! - a grant is one [`Held`] entry; the guards of a holder that re-entered it are its holds,
+//!   counted there under its own lock, so a re-entry and the release of the last hold cannot
+//!   pass each other, and the entry ends once, with one delete naming the grant;
 //! - the [`watchdog`] reads the table and reports back to the entries and to
 //!   [`Engine::lose`]; releases go through [`release`].
 //!
@@ -187,8 +185,10 @@ impl<B: Backend> Engine<B> {
         })
     }
 
-    pub(crate) fn new_holder(&self) -> Holder {
-        Holder::new(&self.id, self.next_id())
+    pub(crate) fn new_holder(self: &Arc<Self>) -> Holder {
+        let weak: std::sync::Weak<Self> = Arc::downgrade(self);
+        let client: std::sync::Weak<dyn crate::holder::HeldLocks> = weak;
+        Holder::of(&self.id, self.next_id(), client)
     }
 
     /// Wakes the watchdog if it must act at `at`, before it planned to wake (or while it
@@ -231,10 +231,9 @@ impl<B: Backend> Engine<B> {
         crate::holder::numbered(holder.id(), b'#', self.next_id())
     }
 
-    /// `want` under a new attempt id, after its attempt failed or was spent; with
-    /// `takes_over`, the new attempt takes over what the old one may have taken.
-    pub(crate) fn next_attempt(&self, want: &Want, takes_over: bool) -> Arc<Want> {
-        Arc::new(want.retry(self.attempt_id(&want.holder), takes_over))
+    /// `want` under a new attempt id, after its attempt failed or was spent.
+    pub(crate) fn next_attempt(&self, want: &Want) -> Arc<Want> {
+        Arc::new(want.retry(self.attempt_id(&want.holder)))
     }
 
     /// The runtime to spawn background releases on.
@@ -242,6 +241,12 @@ impl<B: Backend> Engine<B> {
         Handle::try_current()
             .ok()
             .or_else(|| self.runtime.get().cloned())
+    }
+}
+
+impl<B: Backend> crate::holder::HeldLocks for Engine<B> {
+    fn holds(&self, holder: &Holder, key: &lock_key::LockKey) -> bool {
+        self.table.holds(key, holder)
     }
 }
 

@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 
 use super::held::Check;
 use crate::{
-    backend::{LockKind, RenewReply},
+    backend::{LockKind, store::RenewReply},
     clock::BootInstant,
     holder::Holder,
     lock_key::LockKey,

@@ -1,5 +1,5 @@
-//! Releasing: the synchronous half (renewal stops, a local waiter is picked for a hand-off),
-//! the backend half with its retries, and losing a lock.
+//! Releasing: a guard's hold given back (locally, unless it was the grant's last), the grant's
+//! one delete with its retries (or a hand-off to a local waiter), and losing a grant.
 
 use std::{sync::Arc, time::Duration};
 
@@ -8,29 +8,30 @@ use super::{
     table::{Handoff, Slot},
 };
 use crate::{
-    backend::{Backend, Release, ReleaseReply},
+    backend::{
+        Backend,
+        store::{Release, ReleaseReply},
+    },
     clock::BootInstant,
-    error::{BackendError, BackendErrorKind, LockError},
+    error::{BackendError, LockError},
 };
 
-/// How long a release that failed without an answer is retried before its caller hears of
-/// the failure (the retries go on in the background while the lock may still be held).
+/// How long a delete that failed without an answer is retried before its caller hears of the
+/// failure (the retries go on in the background while the store may keep the record).
 const RELEASE_RETRY_INLINE: Duration = Duration::from_secs(1);
 
-/// Why a held lock was lost.
+/// Why a grant was lost.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Loss {
-    /// Its deadline passed without a successful renewal: the backend may still have it.
+    /// Its deadline passed without a successful renewal: the store may still have it.
     Expired,
-    /// The backend said another owner has it (the reason says how it was found).
+    /// The store said the grant is not held (the reason says how it was found).
     Taken(&'static str),
 }
 
-/// A release decided locally (renewal already stopped), with its backend call still to make.
+/// The end of a grant decided here (renewal already stopped), with its delete still to send.
 pub(crate) struct Releasing {
     held: Arc<Held>,
-    /// The attempt that took the hold given back.
-    hold: Arc<str>,
     handoff: Option<Slot>,
     /// The hand-off streak ended: local waiters let other processes go first.
     yield_turn: bool,
@@ -44,7 +45,7 @@ pub(crate) enum AtOnce {
     Later(Releasing),
 }
 
-/// When a release was sent (read once, before its first try), and the backend's reply.
+/// When a release was sent (read once, before its first try), and the store's reply.
 struct Sent {
     /// When a hand-off was asked for: the hand-off's lease counts from here.
     sent_at: Option<BootInstant>,
@@ -54,14 +55,14 @@ struct Sent {
 }
 
 impl Releasing {
-    /// The backend call.
+    /// The store call.
     fn request(&self) -> Release<'_> {
         Release {
             handoff: self
                 .handoff
                 .as_ref()
                 .map(|slot| slot.want.grant(&self.held.key, None)),
-            ..self.held.release_one(&self.hold)
+            ..self.held.release()
         }
     }
 
@@ -77,70 +78,98 @@ impl Releasing {
 }
 
 impl<B: Backend> Engine<B> {
-    /// Marks `held` lost and stops renewing it. A hold whose deadline passed is also freed in
-    /// the backend, if it is still there for this very entry, when it is renewed or when the
-    /// backend may keep it for longer than the lease that set the deadline.
+    /// Marks `held` lost, ends it here and, when its deadline passed while the store may still
+    /// keep the record, deletes it (naming the grant, so nothing newer goes).
     pub(crate) fn lose(self: &Arc<Self>, held: &Arc<Held>, loss: Loss) {
-        // A released entry has ended: a late reply about it is no loss.
-        if held.is_released() || !held.mark_lost() {
+        if held.is_ended() && !held.is_marked_lost() {
+            // Ended normally before the loss was seen: a late reply about it is no loss.
             return;
         }
-        self.table.remove_held(held);
+        if !held.mark_lost() {
+            return;
+        }
         crate::metrics::lost(held.kind);
         let reason = match loss {
             Loss::Expired => "lease deadline passed before a renewal succeeded",
             Loss::Taken(reason) => reason,
         };
         tracing::warn!(key = %held.key, holder = %held.holder, reason, "lock lost");
-        // The backend may still have it for us (it was unreachable past our deadline): free it
-        // now rather than leave it for a whole lease, but only if it is still this entry's
-        // hold, never one the holder took anew since. A fixed lease is not cut short: the
-        // store lets it run out, as `Lease::fixed` says (the deadline is a little earlier).
-        // Unless a re-entry gave it a lease the deadline did not count (its reply came after
-        // the deadline, or it was undone): the store would keep a lock reported lost.
-        if let (Loss::Expired, Some(runtime)) = (loss, self.runtime())
-            && (held.lease.is_renewed() || held.kept_past(BootInstant::now()))
-        {
-            let shared = self.clone();
-            let held = held.clone();
-            runtime.spawn(async move {
-                let _ = shared.backend.release(held.release_if_granted()).await;
-            });
+        if held.end() {
+            self.table.remove_held(held);
+            if matches!(loss, Loss::Expired) {
+                self.delete_in_background(held.clone());
+            }
         }
     }
 
-    /// The synchronous half of the release at `now` of the hold `hold` took: stop renewing (at
-    /// the entry's last guard) and pick a waiter to hand off to. The hold's lease no longer
-    /// keeps the entry: the guards left hold it until the latest of their own leases ends.
+    /// The entry `held` ended without a guard's release to report to (its holds ran out, a
+    /// loss, a shutdown): out of the table, and its delete sent in the background while the
+    /// store may keep the record.
+    pub(crate) fn end_quietly(self: &Arc<Self>, held: &Arc<Held>) {
+        self.table.remove_held(held);
+        self.delete_in_background(held.clone());
+    }
+
+    fn delete_in_background(self: &Arc<Self>, held: Arc<Held>) {
+        if !held.kept_past(BootInstant::now()) {
+            return;
+        }
+        let releasing = Releasing {
+            held,
+            handoff: None,
+            yield_turn: false,
+            sent: None,
+        };
+        match self.runtime() {
+            Some(runtime) => {
+                let engine = self.clone();
+                runtime.spawn(async move {
+                    background_outcome(engine.finish_release(releasing).await);
+                });
+            }
+            None => self.abort_release(releasing),
+        }
+    }
+
+    /// The synchronous half of giving back hold `hold` of `held` at `now`: `None` when other
+    /// holds keep the grant (nothing goes to the store); otherwise the grant ended, renewal
+    /// stopped, and a waiter may be picked for a hand-off.
+    ///
+    /// # Errors
+    /// [`LockError::Lost`] when the hold was lost (the grant, or the hold's own lease).
     pub(crate) fn begin_release(
         self: &Arc<Self>,
         held: Arc<Held>,
-        hold: Arc<str>,
+        hold: u64,
         now: BootInstant,
-    ) -> Result<Releasing, LockError> {
+    ) -> Result<Option<Releasing>, LockError> {
         if held.is_lost_at(now) {
-            // Its deadline may have passed before the watchdog saw it: mark it lost now, so
-            // the entry leaves the table (waiters here contend again).
+            // The deadline may have passed before the watchdog saw it.
             self.lose(&held, Loss::Expired);
-            held.drop_ref();
+        }
+        let lost = held.hold_lost_at(hold, now);
+        let last = held.end_hold(hold, now);
+        if lost {
+            if last {
+                self.end_quietly(&held);
+            }
             return Err(LockError::Lost);
         }
-        if held.end_hold(&hold) {
-            self.watch(held.next_event());
+        if !last {
+            return Ok(None);
         }
-        let (handoff, yield_turn) = self.table.release_ref(&held, self.config.handoff_streak);
-        Ok(Releasing {
+        let (handoff, yield_turn) = self.table.ended(&held, self.config.handoff_streak);
+        Ok(Some(Releasing {
             held,
-            hold,
             handoff,
             yield_turn,
             sent: None,
-        })
+        }))
     }
 
-    /// The backend half of a release, done at once when the backend answers without waiting
-    /// (the in-memory backend) and its answer needs no retry: then no future is made for it.
-    /// Otherwise `releasing` comes back, for [`finish_release`](Self::finish_release).
+    /// The store half of a release, done at once when the store answers without waiting (the
+    /// in-memory one): then no future is made for it. Otherwise `releasing` comes back, for
+    /// [`finish_release`](Self::finish_release).
     pub(crate) fn release_at_once(self: &Arc<Self>, mut releasing: Releasing) -> AtOnce {
         let sent = releasing.send();
         match self.backend.release_now(releasing.request()) {
@@ -149,7 +178,6 @@ impl<B: Backend> Engine<B> {
                 let (sent_at, started) = (sent.sent_at, sent.started);
                 AtOnce::Done(self.settle_release(&held, handoff, sent_at, started, Ok(reply)))
             }
-            // An error needs retries; no answer, the backend's call.
             reply => {
                 releasing.sent = Some(Sent { reply, ..sent });
                 AtOnce::Later(releasing)
@@ -157,7 +185,7 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// The backend half of a release, with its retries.
+    /// The store half of a release, with its retries.
     pub(crate) async fn finish_release(
         self: &Arc<Self>,
         mut releasing: Releasing,
@@ -170,67 +198,30 @@ impl<B: Backend> Engine<B> {
             Some(sent) => sent,
             None => releasing.send(),
         };
-        let mut reply = match reply {
+        let reply = match reply {
             Some(reply) => reply,
             None => self.backend.release(releasing.request()).await,
         };
-        let Releasing {
-            held,
-            hold,
-            handoff,
-            ..
-        } = releasing;
-        let handoff = match (&reply, handoff) {
+        let Releasing { held, handoff, .. } = releasing;
+        let (reply, handoff) = match (reply, handoff) {
             (Err(error), Some(mut slot)) => {
                 if error.outcome_unknown() {
-                    // The hand-off may have happened: undo it before the waiter retries, and
-                    // have the waiter retry under a new attempt id that takes over the hold
-                    // should the undo still be on its way (an id that may be undone is never
-                    // granted again).
+                    // The hand-off may have happened: undo it before the waiter tries again,
+                    // under a new attempt id (one that may be undone is never granted again).
                     self.resolve_attempt(&held.key, &slot.want).await;
-                    let want = self.next_attempt(&slot.want, true);
-                    slot.rename(want);
+                    slot.rename(self.next_attempt(&slot.want));
                 }
                 self.table.restore(&held.key, slot);
-                None
+                // The grant's own delete: sent again like any other.
+                (self.release_again(&held, error).await, None)
             }
-            (_, handoff) => handoff,
+            (Err(error), None) => (self.release_again(&held, error).await, None),
+            (reply, handoff) => (reply, handoff),
         };
-        if handoff.is_none()
-            && let Err(error) = &reply
-        {
-            // Other guards share the entry: this was the release of one hold. Sent again only
-            // if it certainly was not sent: a second one would give back a hold still held.
-            let last = held.is_released();
-            let retry = match last {
-                true => error.is_unavailable() || error.outcome_unknown(),
-                false => certainly_unsent(error),
-            };
-            if retry {
-                reply = self
-                    .release_again(&held, &hold, error.outcome_unknown(), last)
-                    .await;
-            }
-            if let Err(error) = &reply
-                && !last
-                && !certainly_unsent(error)
-            {
-                tracing::warn!(key = %held.key, holder = %held.holder, "the release of a re-entered hold may not have been applied: the last guard's release gives back what is left");
-                held.mark_count_unsure();
-            }
-        }
-        // The backend still counts a hold of this entry after its last guard's release: one
-        // whose release may not have been applied.
-        if matches!(reply, Ok(ReleaseReply::Decremented { .. }))
-            && held.is_released()
-            && let Some(all) = self.give_back_leftover(&held).await
-        {
-            reply = Ok(all);
-        }
         self.settle_release(&held, handoff, sent_at, started, reply)
     }
 
-    /// What the backend's final `reply` to a release means here: the hand-off delivered or the
+    /// What the store's final `reply` to a release means here: the hand-off delivered or the
     /// waiters told, and the caller's result.
     fn settle_release(
         self: &Arc<Self>,
@@ -253,20 +244,19 @@ impl<B: Backend> Engine<B> {
             }
             _ => false,
         };
-        // They learn of it about when we do and need one more round trip to reach the
-        // backend: hold local waiters back for two.
+        // They learn of it about when we do and need one more round trip to reach the store:
+        // hold local waiters back for two.
         let yield_for = started.filter(|_| others_heard).map(|started| {
             (started.elapsed() * 2).clamp(Duration::from_micros(200), Duration::from_millis(20))
         });
         let outcome = match (reply, handoff) {
             (Ok(ReleaseReply::HandedOff { token }), Some(slot)) => {
-                let next = Held::new(
+                let (next, hold) = Held::new(
                     held.key.clone(),
                     slot.want.holder.clone(),
                     slot.want.kind,
-                    (slot.want.lease, token, &slot.want.attempt, true),
-                    // A hand-off is a hold with a lease of its own.
-                    0,
+                    (slot.want.attempt.clone(), token),
+                    slot.want.lease,
                     sent_at.unwrap_or_else(BootInstant::now),
                     self.config.max_hold,
                 );
@@ -274,29 +264,19 @@ impl<B: Backend> Engine<B> {
                 self.watch(next.next_event());
                 tracing::debug!(key = %held.key, "lock handed to a local waiter");
                 let engine = self.clone();
-                slot.deliver(Handoff::new(next, move |orphan| {
-                    let hold = orphan.grant_attempt().clone();
+                slot.deliver(Handoff::new((next, hold), move |(orphan, hold)| {
                     engine.release_detached(orphan, hold);
                 }));
                 Ok(())
             }
             (reply, slot) => {
-                // The backend did not hand the lock over: the waiter looks again.
+                // The store did not hand the lock over: the waiter looks again.
                 if let Some(slot) = slot {
                     self.table.restore(&held.key, slot);
                 }
-                // Unless holds remain, the head waiter looks again, whatever happened. Once the
-                // entry has ended here, its key's state goes too (when idle) whatever the
-                // backend still counts.
-                if held.is_released() || !matches!(reply, Ok(ReleaseReply::Decremented { .. })) {
-                    self.table.released(&held.key, others_heard, yield_for);
-                }
+                self.table.released(&held.key, others_heard, yield_for);
                 match reply {
-                    Ok(
-                        ReleaseReply::Released { .. }
-                        | ReleaseReply::Decremented { .. }
-                        | ReleaseReply::HandedOff { .. },
-                    ) => Ok(()),
+                    Ok(ReleaseReply::Released { .. } | ReleaseReply::HandedOff { .. }) => Ok(()),
                     Ok(ReleaseReply::NotHeld) => Err(LockError::NotHeld),
                     Err(error) => Err(LockError::Backend(error.with_key(held.key.as_str()))),
                 }
@@ -306,117 +286,65 @@ impl<B: Backend> Engine<B> {
         outcome
     }
 
-    /// Gives back what the backend may still count of `held`'s holds once its last guard is
-    /// gone, when the release of one of them may not have been applied: every hold, but only
-    /// while the backend's record is still this entry's attempt. The reply, when it freed
-    /// something.
-    pub(crate) async fn give_back_leftover(&self, held: &Held) -> Option<ReleaseReply> {
-        if !held.count_unsure() {
-            return None;
-        }
-        match self.backend.release(held.release_if_granted()).await {
-            Ok(ReleaseReply::NotHeld) | Err(_) => None,
-            Ok(freed) => {
-                tracing::info!(key = %held.key, "gave back a hold whose release may not have been applied");
-                Some(freed)
-            }
-        }
-    }
-
-    /// Sends a release of `held` again after it failed without an answer: while the lock may
-    /// still be held, with a growing pause, first for up to [`RELEASE_RETRY_INLINE`] and then
-    /// in the background. For the `last` guard, after a failure whose outcome is unknown, the
-    /// retry releases every hold, but only while the backend's last record is still this
-    /// entry's attempt, so it never frees a hold taken anew. A one-hold release of another
-    /// guard is retried only while it certainly was not applied. Returns the reply of the last
-    /// try made here.
+    /// Sends the grant's delete again after `error`: first for up to [`RELEASE_RETRY_INLINE`],
+    /// then in the background, while the store may keep the record. A repeat is safe: it names
+    /// the grant, and finds nothing once one copy got through. The reply of the last try made
+    /// here.
     async fn release_again(
         self: &Arc<Self>,
         held: &Arc<Held>,
-        hold: &Arc<str>,
-        unknown: bool,
-        last: bool,
+        error: BackendError,
     ) -> Result<ReleaseReply, BackendError> {
+        let mut unknown = error.outcome_unknown();
         let inline_until = tokio::time::Instant::now() + RELEASE_RETRY_INLINE;
-        let pause = Duration::from_millis(10);
-        let (unknown, pause) = match self
-            .retry_release((held, hold), unknown, last, pause, Some(inline_until))
-            .await
-        {
-            Retried::Answered(reply) => return reply,
-            Retried::StillFailing { unknown, pause } => (unknown, pause),
-        };
-        // Go on on the runtime until the lock's deadline.
-        if let Some(runtime) = self.runtime() {
-            let (shared, held, hold) = (self.clone(), held.clone(), hold.clone());
-            runtime.spawn(async move {
-                let retried = shared.retry_release((&held, &hold), unknown, last, pause, None);
-                match retried.await {
-                    Retried::Answered(Ok(reply)) => {
-                        tracing::info!(key = %held.key, ?reply, "released after retrying");
-                    }
-                    Retried::Answered(Err(error)) => {
-                        tracing::warn!(key = %held.key, error = %format_args!("{error:#}"), "release failed; the lease frees the lock");
-                    }
-                    Retried::StillFailing { .. } => {}
+        let mut pause = Duration::from_millis(10);
+        let mut last = Err(error);
+        while held.kept_past(BootInstant::now()) && !self.stop.is_cancelled() {
+            if tokio::time::Instant::now() + pause >= inline_until {
+                let (engine, held) = (self.clone(), held.clone());
+                if let Some(runtime) = self.runtime() {
+                    runtime.spawn(async move { engine.retry_in_background(&held, pause).await });
                 }
-            });
-        }
-        Err(BackendError::from_kind(BackendErrorKind::Unavailable))
-    }
-
-    /// The retries of [`release_again`](Self::release_again), with a growing pause from
-    /// `pause`, until an answer, the lock's deadline, shutdown, or (with `until`) the time to
-    /// hand over to the background.
-    async fn retry_release(
-        &self,
-        (held, hold): (&Arc<Held>, &str),
-        mut unknown: bool,
-        last: bool,
-        mut pause: Duration,
-        until: Option<tokio::time::Instant>,
-    ) -> Retried {
-        let max_pause = Duration::from_millis(if until.is_some() { 500 } else { 1000 });
-        loop {
-            // Past the deadline the lease runs out on its own: stop.
-            if held.remaining().is_zero() || self.stop.is_cancelled() {
-                let error = BackendError::from_kind(BackendErrorKind::Unavailable);
-                return Retried::Answered(Err(error));
-            }
-            if until.is_some_and(|until| tokio::time::Instant::now() + pause >= until) {
-                return Retried::StillFailing { unknown, pause };
+                return last;
             }
             tokio::time::sleep(pause).await;
-            // A try that may have gone through is followed by one for every hold the entry's
-            // grant still has; otherwise the same one-hold release is sent again.
-            let release = match unknown {
-                true => held.release_if_granted(),
-                false => held.release_one(hold),
-            };
-            match self.backend.release(release).await {
-                Err(error) if !last && !certainly_unsent(&error) => {
-                    return Retried::Answered(Err(error));
-                }
-                Err(error) if error.is_unavailable() || error.outcome_unknown() => {
-                    unknown |= error.outcome_unknown();
-                    tracing::debug!(key = %held.key, error = %format_args!("{error:#}"), "release failed; retrying");
-                }
-                // After a try whose outcome is unknown, "not held" says that try went through
-                // (or the lease ran out): either way the lock is free of this hold.
+            last = self.backend.release(held.release()).await;
+            match &last {
+                Err(error) => unknown |= error.outcome_unknown(),
+                // After a try whose outcome is unknown, "not held" says that one went through
+                // (or the lease ran out): either way the grant is gone.
                 Ok(ReleaseReply::NotHeld) if unknown => {
-                    return Retried::Answered(Ok(ReleaseReply::Released { notified: None }));
+                    return Ok(ReleaseReply::Released { notified: None });
                 }
-                other => return Retried::Answered(other),
+                Ok(_) => return last,
             }
-            pause = (pause * 2).min(max_pause);
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+        last
+    }
+
+    /// The retries of a delete after its caller heard of the failure.
+    async fn retry_in_background(&self, held: &Held, mut pause: Duration) {
+        while held.kept_past(BootInstant::now()) && !self.stop.is_cancelled() {
+            tokio::time::sleep(pause).await;
+            match self.backend.release(held.release()).await {
+                Ok(reply) => {
+                    tracing::debug!(key = %held.key, ?reply, "released after retrying");
+                    return;
+                }
+                Err(error) => {
+                    tracing::debug!(key = %held.key, error = %format_args!("{error:#}"), "release failed; retrying while the store may keep the lock");
+                }
+            }
+            pause = (pause * 2).min(Duration::from_secs(1));
         }
     }
 
-    /// Releases the hold of `held` that `hold` took without a caller to tell: a dropped guard,
-    /// or a lock handed to a waiter that gave up before taking it. Renewal stops now; a backend
-    /// call that must wait runs on the runtime (without one, the lease frees the lock).
-    pub(crate) fn release_detached(self: &Arc<Self>, held: Arc<Held>, hold: Arc<str>) {
-        let Ok(releasing) = self.begin_release(held, hold, BootInstant::now()) else {
+    /// Gives back hold `hold` of `held` without a caller to tell: a dropped guard, or a lock
+    /// handed to a waiter that gave up before taking it. A store call that must wait runs on
+    /// the runtime (without one, the lease frees the lock).
+    pub(crate) fn release_detached(self: &Arc<Self>, held: Arc<Held>, hold: u64) {
+        let Ok(Some(releasing)) = self.begin_release(held, hold, BootInstant::now()) else {
             return;
         };
         let releasing = match self.release_at_once(releasing) {
@@ -441,20 +369,6 @@ impl<B: Backend> Engine<B> {
         }
         self.table.released(&releasing.held.key, false, None);
     }
-}
-
-/// Whether a failed call certainly did not reach the backend (no connection could be had),
-/// rather than maybe (a timeout, a connection dropped mid-call, a quorum of nodes silent).
-fn certainly_unsent(error: &BackendError) -> bool {
-    *error.kind() == BackendErrorKind::Unavailable
-}
-
-/// Where the retries of a release got to.
-enum Retried {
-    /// The backend answered (or the lock's deadline passed: the error says so).
-    Answered(Result<ReleaseReply, BackendError>),
-    /// Still failing when the time to retry inline was up.
-    StillFailing { unknown: bool, pause: Duration },
 }
 
 /// The end of a release nobody waits for.

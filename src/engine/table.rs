@@ -23,7 +23,7 @@ use tokio::{
 };
 
 use crate::{
-    backend::{Grant, LockKind, Reentry},
+    backend::{LockKind, store::Grant},
     clock::BootInstant,
     error::LockError,
     holder::Holder,
@@ -138,32 +138,27 @@ pub(crate) struct Want {
     pub(crate) kind: LockKind,
     pub(crate) lease: Lease,
     pub(crate) fencing: bool,
-    /// The last earlier attempt whose outcome is unknown (its reply was lost).
-    pub(crate) supersedes: Option<Arc<str>>,
     /// A semaphore's permits (0 for the other kinds).
     pub(crate) permits: u32,
+    /// A read: the write grant its holder holds on the lock, which the read nests in.
+    pub(crate) within: Option<Arc<str>>,
 }
 
 impl Want {
-    /// The same request under a new attempt id, after this attempt failed; `unknown` tells
-    /// whether it may have taken the lock all the same.
-    pub(crate) fn retry(&self, attempt: Arc<str>, unknown: bool) -> Self {
+    /// The same request under a new attempt id, after this attempt failed or was spent.
+    pub(crate) fn retry(&self, attempt: Arc<str>) -> Self {
         Self {
             holder: self.holder.clone(),
             attempt,
             kind: self.kind,
             lease: self.lease,
             fencing: self.fencing,
-            supersedes: if unknown {
-                Some(self.attempt.clone())
-            } else {
-                self.supersedes.clone()
-            },
             permits: self.permits,
+            within: self.within.clone(),
         }
     }
 
-    /// The backend grant for this waiter.
+    /// The store's grant for this waiter.
     pub(crate) fn grant<'a>(&'a self, key: &'a LockKey, queue: Option<Duration>) -> Grant<'a> {
         Grant {
             key,
@@ -173,10 +168,9 @@ impl Want {
             fencing: self.fencing,
             kind: self.kind,
             queue,
-            supersedes: self.supersedes.as_deref(),
-            reentry: Reentry::Allowed,
             contended: false,
             permits: self.permits,
+            within: self.within.as_deref(),
         }
     }
 }
@@ -201,6 +195,17 @@ pub(crate) struct Ticket {
     pub(crate) wake: Arc<Notify>,
     pub(crate) handoff: oneshot::Receiver<Handoff>,
     pub(crate) queued: Option<Arc<Queued>>,
+}
+
+/// What a holder holds of a lock that its next acquire must know ([`Table::find`]).
+#[derive(Debug)]
+pub(crate) enum Found {
+    /// A grant the acquire re-enters.
+    Reenter(Arc<Held>),
+    /// A read side: a write would wait for itself.
+    Upgrade,
+    /// A write grant a read nests in.
+    Within(Arc<str>),
 }
 
 /// What a waiter should do next.
@@ -237,42 +242,46 @@ impl<L> Table<L> {
         self.shards.each()
     }
 
-    /// The live entry of `holder` for `key` of `kind`, if it holds it here, with one more
-    /// (pending) reference taken for a re-entry: a release of its other guards meanwhile
-    /// leaves the entry in place. Give the reference back with
-    /// [`drop_pending`](Self::drop_pending) if the re-entry does not happen.
-    pub(crate) fn reenter(
-        &self,
-        key: &LockKey,
-        holder: &Holder,
-        kind: LockKind,
-    ) -> Option<Arc<Held>> {
+    /// How many live holds the holder `holder_id` has here of its grant of `kind` of `key`.
+    pub(crate) fn hold_count(&self, key: &LockKey, holder_id: &str, kind: LockKind) -> Option<u64> {
         let keys = self.keys(key);
-        let held = keys
-            .get(key)?
-            .held
-            .iter()
-            .find(|held| held.holder == *holder && held.kind == kind && !held.is_lost())?;
-        held.add_ref();
-        Some(held.clone())
+        let held = keys.get(key)?.held.iter().find(|held| {
+            held.holder.id() == holder_id && !held.is_ended() && kind.reenters(held.kind)
+        })?;
+        Some(held.hold_count() as u64)
     }
 
-    /// Gives back the pending reference of a re-entry that did not happen. Returns true when
-    /// it was the entry's last (the other guards were released meanwhile): the entry is gone,
-    /// and the backend holds nothing for it once the attempt is resolved.
-    pub(crate) fn drop_pending(&self, held: &Arc<Held>) -> bool {
-        let mut keys = self.keys(&held.key);
-        if held.drop_ref() > 0 {
-            return false;
-        }
-        if let Some(state) = keys.get_mut(&held.key) {
-            state.held.retain(|other| !Arc::ptr_eq(other, held));
-            state.wake_head();
-            if state.is_idle() {
-                keys.remove(&held.key);
+    /// Whether `holder` holds the lock `key` here (of any kind).
+    pub(crate) fn holds(&self, key: &LockKey, holder: &Holder) -> bool {
+        let keys = self.keys(key);
+        keys.get(key).is_some_and(|state| {
+            state
+                .held
+                .iter()
+                .any(|held| held.holder == *holder && !held.is_ended())
+        })
+    }
+
+    /// What `holder` holds here of the lock `key` that an acquire of `kind` by it must know:
+    /// a grant to re-enter, a read side that a write would wait for, or a write grant that a
+    /// read nests in.
+    pub(crate) fn find(&self, key: &LockKey, holder: &Holder, kind: LockKind) -> Option<Found> {
+        let keys = self.keys(key);
+        let mine = keys.get(key)?.held.iter().filter(|held| {
+            held.holder == *holder && !held.is_marked_lost() && !held.is_ended()
+        });
+        let mut found = None;
+        for held in mine {
+            if kind.reenters(held.kind) {
+                return Some(Found::Reenter(held.clone()));
             }
+            found = match (kind, held.kind) {
+                (LockKind::Write, LockKind::Read) => Some(Found::Upgrade),
+                (LockKind::Read, LockKind::Write) => Some(Found::Within(held.grant().clone())),
+                _ => found,
+            };
         }
-        true
+        found
     }
 
     /// Queues a waiter; `after_try` when its attempt started by
@@ -477,16 +486,12 @@ impl<L> Table<L> {
         }
     }
 
-    /// One guard of `held` is being released: drops the reference, and when it was the last,
-    /// removes the entry (renewal stops at once) and takes the head waiter for a hand-off.
-    /// Once `max_streak` hand-offs happened in a row (eight times as many while no other
-    /// process was seen waiting in the last second) it takes none and says the local waiters should yield (the
-    /// second value).
-    pub(crate) fn release_ref(&self, held: &Arc<Held>, max_streak: u32) -> (Option<Slot>, bool) {
+    /// The entry `held` ended: it leaves the table (renewal stops at once), and the head waiter
+    /// is taken for a hand-off when the grant is a plain lock's. Once `max_streak` hand-offs
+    /// happened in a row (eight times as many while no other process was seen waiting in the
+    /// last second) it takes none and says the local waiters should yield (the second value).
+    pub(crate) fn ended(&self, held: &Arc<Held>, max_streak: u32) -> (Option<Slot>, bool) {
         let mut keys = self.keys(&held.key);
-        if held.drop_ref() > 0 {
-            return (None, false);
-        }
         let Some(state) = keys.get_mut(&held.key) else {
             return (None, false);
         };
@@ -501,7 +506,7 @@ impl<L> Table<L> {
         if state.held.len() == before
             || held.kind != LockKind::Exclusive
             || !exclusive_next
-            || held.is_lost()
+            || held.is_lost_at(BootInstant::now())
         {
             return (None, false);
         }
@@ -675,19 +680,19 @@ impl Slot {
     }
 }
 
-/// A lock handed over to a local waiter. Released when dropped untaken: the waiter gave up (its
-/// wait ran out, its future was dropped, its client shut down) while the lock was on its way,
-/// or after it arrived but before the waiter looked.
+/// A lock handed over to a local waiter: its entry and the hold that is the waiter's. Released
+/// when dropped untaken: the waiter gave up (its wait ran out, its future was dropped, its client
+/// shut down) while the lock was on its way, or after it arrived but before the waiter looked.
 pub(crate) struct Handoff {
-    held: Option<Arc<Held>>,
-    release: Option<Box<dyn FnOnce(Arc<Held>) + Send + Sync>>,
+    held: Option<(Arc<Held>, u64)>,
+    release: Option<Box<dyn FnOnce((Arc<Held>, u64)) + Send + Sync>>,
 }
 
 impl Handoff {
     /// `held`, to be released by `release` unless it is [taken](Self::take).
     pub(crate) fn new(
-        held: Arc<Held>,
-        release: impl FnOnce(Arc<Held>) + Send + Sync + 'static,
+        held: (Arc<Held>, u64),
+        release: impl FnOnce((Arc<Held>, u64)) + Send + Sync + 'static,
     ) -> Self {
         Self {
             held: Some(held),
@@ -696,7 +701,7 @@ impl Handoff {
     }
 
     /// The waiter takes the lock.
-    pub(crate) fn take(mut self) -> Arc<Held> {
+    pub(crate) fn take(mut self) -> (Arc<Held>, u64) {
         self.release = None;
         self.held.take().expect("taken once")
     }
@@ -722,6 +727,8 @@ impl std::fmt::Debug for Handoff {
 #[derive(Default)]
 pub(crate) struct Scan {
     pub(crate) lost: Vec<Arc<Held>>,
+    /// Entries whose holds' own leases all ran out: they ended at this look.
+    pub(crate) expired: Vec<Arc<Held>>,
     pub(crate) due: Vec<Arc<Held>>,
     pub(crate) due_waits: Vec<Arc<Queued>>,
     pub(crate) next: Option<BootInstant>,
@@ -731,6 +738,7 @@ impl Scan {
     pub(crate) fn add(&mut self, held: &Arc<Held>, now: BootInstant) {
         match held.check(now) {
             Check::Lost => self.lost.push(held.clone()),
+            Check::Expired => self.expired.push(held.clone()),
             Check::Due(deadline) => {
                 // The renewal may hang: wake at the deadline whatever it does.
                 self.due.push(held.clone());
@@ -764,23 +772,24 @@ mod tests {
             kind: LockKind::Exclusive,
             lease: Lease::DEFAULT,
             fencing: false,
-            supersedes: None,
             permits: 0,
+            within: None,
         })
     }
 
     fn hold(key: &LockKey, want: &Want) -> Arc<Held> {
-        let grant = (want.lease, None, &want.attempt, true);
+        let grant = (want.attempt.clone(), None);
         let now = BootInstant::now();
         Held::new(
             key.clone(),
             want.holder.clone(),
             want.kind,
             grant,
-            0,
+            want.lease,
             now,
             None,
         )
+        .0
     }
 
     /// Hands the lock from `held` to the head waiter until the table says to release for
@@ -788,7 +797,7 @@ mod tests {
     fn streak(table: &Table<()>, key: &LockKey, mut held: Arc<Held>) -> (u32, Arc<Held>) {
         let mut handoffs = 0;
         loop {
-            match table.release_ref(&held, 4) {
+            match table.ended(&held, 4) {
                 (Some(slot), false) => {
                     handoffs += 1;
                     held = hold(key, &slot.want);

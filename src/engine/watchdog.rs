@@ -12,8 +12,12 @@ use std::{
 
 use super::{Engine, Held, Loss, place::Queued};
 use crate::{
-    backend::{Backend, Renew, RenewReply},
+    backend::{
+        Backend,
+        store::{Renew, RenewReply},
+    },
     clock::BootInstant,
+    lease::Lease,
 };
 
 /// Starts the watchdog of `engine` on the current runtime, once.
@@ -46,6 +50,9 @@ pub(crate) async fn run<B: Backend>(shared: Arc<Engine<B>>) {
         shared.scans.fetch_add(1, Ordering::Relaxed);
         for held in scan.lost {
             shared.lose(&held, Loss::Expired);
+        }
+        for held in scan.expired {
+            shared.end_quietly(&held);
         }
         if !scan.due.is_empty() || !scan.due_waits.is_empty() {
             tokio::spawn(renew(shared.clone(), scan.due, scan.due_waits, now));
@@ -95,11 +102,25 @@ async fn renew<B: Backend>(
     waits: Vec<Arc<Queued>>,
     sent_at: BootInstant,
 ) {
-    let holds = due.iter().map(|held| held.renewal());
-    let places = waits
-        .iter()
-        .map(|wait| Renew::place(&wait.key, wait.holder.id(), wait.timeout, wait.kind));
-    let renewals: Vec<Renew<'_>> = holds.chain(places).collect();
+    // An entry whose last watchdog hold went since the scan has nothing to renew.
+    let mut renewed = Vec::with_capacity(due.len());
+    let mut renewals: Vec<Renew<'_>> = Vec::with_capacity(due.len() + waits.len());
+    for held in &due {
+        match held.renewal() {
+            Some(renewal) => {
+                renewed.push(held);
+                renewals.push(renewal);
+            }
+            None => held.renew_failed(sent_at),
+        }
+    }
+    let leases: Vec<Lease> = renewals.iter().filter_map(Renew::lease).collect();
+    renewals.extend(waits.iter().map(|wait| Renew::Place {
+        key: &wait.key,
+        kind: wait.kind,
+        holder: wait.holder.id(),
+        timeout: wait.timeout,
+    }));
     let result = shared.backend.renew(&renewals).await;
     crate::metrics::renewal_batch(BootInstant::now().duration_since(sent_at), result.is_ok());
     let replies = match result {
@@ -126,17 +147,15 @@ async fn renew<B: Backend>(
         "leases renewed"
     );
     let mut replies = replies.map(Vec::into_iter);
-    for held in &due {
+    for (held, lease) in renewed.into_iter().zip(leases) {
         let reply = replies.as_mut().and_then(Iterator::next);
         crate::metrics::renewal(held.kind, reply);
         match reply {
-            // Released while the renewal was in flight: the reply is about a hold that has
-            // ended (and the holder may hold the lock anew), not a loss.
-            Some(RenewReply::NotHeld) if held.is_released() => {}
-            Some(RenewReply::NotHeld) => {
-                shared.lose(held, Loss::Taken("renewal found another owner"))
-            }
-            Some(_) => held.renewed(sent_at),
+            // Ended while the renewal was in flight: the reply is about a grant that is over
+            // (and the holder may hold the lock anew), not a loss.
+            Some(RenewReply::NotHeld) if held.is_ended() => {}
+            Some(RenewReply::NotHeld) => shared.lose(held, Loss::Taken("renewal found the grant gone")),
+            Some(_) => held.renewed(lease, sent_at),
             None => held.renew_failed(BootInstant::now()),
         }
     }

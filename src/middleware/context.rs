@@ -2,7 +2,10 @@
 
 use std::sync::Arc;
 
-use crate::{Backend, LockGuard, LockKey, MultiGuard, engine::Held, guard::Lost, holder::Holder};
+use crate::{
+    Backend, LockGuard, LockKey, MultiGuard, clock::BootInstant, engine::Held, guard::Lost,
+    holder::Holder,
+};
 
 /// The lock held for the current request: an axum extractor (`lock: LockContext`) under a
 /// [`LockLayer`](super::LockLayer), which puts it into the request's extensions (so
@@ -28,6 +31,8 @@ use crate::{Backend, LockGuard, LockKey, MultiGuard, engine::Held, guard::Lost, 
 pub struct LockContext {
     /// The lock's entry (a set's first lock's), which names its key, holder and token.
     pub(crate) held: Arc<Held>,
+    /// The request's hold of that grant.
+    pub(crate) hold: u64,
     /// Every lock of a set, in the canonical order; `None` for one lock.
     pub(crate) set: Option<Arc<[SetMember]>>,
     /// The layer's client, for `#[locked]` handlers under it.
@@ -40,6 +45,7 @@ pub struct LockContext {
 pub(crate) struct SetMember {
     user_key: Vec<u8>,
     held: Arc<Held>,
+    hold: u64,
 }
 
 impl LockContext {
@@ -47,6 +53,7 @@ impl LockContext {
     pub(crate) fn of<B: Backend>(guard: &LockGuard<B>) -> Self {
         Self {
             held: guard.entry().clone(),
+            hold: guard.hold(),
             set: None,
             #[cfg(feature = "macros")]
             client: None,
@@ -62,10 +69,12 @@ impl LockContext {
             .map(|member| SetMember {
                 user_key: member.user_key.clone(),
                 held: member.guard.entry().clone(),
+                hold: member.guard.hold(),
             })
             .collect();
         Self {
             held: members[0].held.clone(),
+            hold: members[0].hold,
             set: Some(members),
             #[cfg(feature = "macros")]
             client: None,
@@ -134,8 +143,8 @@ impl LockContext {
     /// `LockLayer::continue_on_lost`; by default the layer cancels the handler itself).
     pub fn lost(&self) -> Lost {
         match &self.set {
-            None => Lost::new(self.held.clone()),
-            Some(set) => Lost::any(set.iter().map(|member| member.held.clone())),
+            None => Lost::new(self.held.clone(), self.hold),
+            Some(set) => Lost::any(set.iter().map(|member| (member.held.clone(), member.hold))),
         }
     }
 
@@ -144,9 +153,12 @@ impl LockContext {
     /// [`LockGuard::is_lost`](crate::LockGuard::is_lost), so a handler resumed after a stall
     /// learns of it before its next write even if the watchdog has not run yet.
     pub fn is_lost(&self) -> bool {
+        let now = BootInstant::now();
         match &self.set {
-            None => self.held.is_lost(),
-            Some(set) => set.iter().any(|member| member.held.is_lost()),
+            None => self.held.hold_lost_at(self.hold, now),
+            Some(set) => set
+                .iter()
+                .any(|member| member.held.hold_lost_at(member.hold, now)),
         }
     }
 }

@@ -40,8 +40,10 @@ impl<B: Backend> Hold<B> {
     /// Whether a lock is known to be lost, or its deadline has passed by `now`.
     pub(crate) fn is_lost_at(&self, now: BootInstant) -> bool {
         match self {
-            Self::One(guard) => guard.entry().is_lost_at(now),
-            Self::Set(guard) => guard.guards().any(|one| one.entry().is_lost_at(now)),
+            Self::One(guard) => guard.entry().hold_lost_at(guard.hold(), now),
+            Self::Set(guard) => guard
+                .guards()
+                .any(|one| one.entry().hold_lost_at(one.hold(), now)),
         }
     }
 

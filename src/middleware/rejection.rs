@@ -196,7 +196,10 @@ impl From<LockError> for LockRejection {
             LockError::Backend(backend) => Self::Unavailable(backend),
             LockError::UpgradeRefused => Self::Conflict,
             LockError::ShutDown => Self::ShutDown,
-            LockError::InvalidLease(_) | LockError::InvalidPermits => Self::Misconfigured,
+            LockError::InvalidLease(_)
+            | LockError::InvalidPermits
+            | LockError::ForeignHolder
+            | LockError::HeldThroughOtherClient => Self::Misconfigured,
             LockError::Lost | LockError::NotHeld => Self::Lost,
         }
     }

@@ -1,9 +1,9 @@
 //! What the nodes of a Redlock backend say a lock holds, as one answer.
 //!
 //! Each node is asked on its own; a holder is one that enough nodes name. For
-//! [`inspect`](crate::Backend::inspect) that is a majority: a hold that a minority of the nodes
+//! an inspection that is a majority: a hold that a minority of the nodes
 //! still has (an attempt that lost its vote, waiting out its lease there) holds nothing, since
-//! no one can act on it. For [`force_unlock`](crate::Backend::force_unlock), which clears every
+//! no one can act on it. For a forced unlock, which clears every
 //! node, it is any node: the answer says what was cleared anywhere.
 
 use std::time::Duration;

@@ -11,7 +11,7 @@ use std::sync::{Mutex, PoisonError};
 
 use futures_util::future::select_all;
 
-use crate::backend::{Listen, Listener};
+use crate::backend::{Listener, store::Listen};
 
 /// A registration for release notifications of one lock on every node of a
 /// [`RedlockBackend`](super::RedlockBackend); dropping it unregisters on every node.

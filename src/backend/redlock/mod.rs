@@ -14,12 +14,15 @@
 //!   When fewer than a majority answer at all, the acquire fails with
 //!   [`BackendErrorKind::QuorumUnavailable`], which the engine retries while the wait lasts.
 //! - **Release** goes to every node. A hand-off cannot be made atomically across nodes: the lock
-//!   is released plainly and the local waiter contends like any other. The release of a hold's
-//!   last grant is sent again, in the background, to every node that did not answer it, until
-//!   that node answers or the hold's lease ends; and each acquire of the hold that a node never
-//!   answered is undone there after the release, so a late grant holds nothing (see `Held`).
-//! - **Renewal** extends a lock only if a majority renewed it; otherwise the guard is lost. If
-//!   fewer than a majority answer, the watchdog keeps trying until the lock's deadline.
+//!   is released plainly and the local waiter contends like any other. Every node that did not
+//!   answer the release, or never answered the grant's acquire, gets the grant's undo in the
+//!   background until it answers or the grant's lease ends: it deletes the record if the node
+//!   has it, and records the attempt as given up on otherwise, so a late acquire there takes
+//!   nothing (see `Held`). Since a node keeps one record per grant and no counts, the nodes
+//!   cannot disagree on what a release or an undo does.
+//! - **Renewal** (and a re-entry's extend) holds only if a majority renewed it; otherwise the
+//!   guard is lost. If fewer than a majority answer, the watchdog keeps trying until the
+//!   lock's deadline.
 //! - **Waiting** listens on every node and wakes once a majority of them published a release.
 //! - **Inspection** asks every node and reports a holder that a majority of them name, with
 //!   the hold count and remaining lease a majority still has; a hold on a minority of the
@@ -75,8 +78,11 @@ use tokio::time::Instant;
 
 use self::vote::{AcquireVote, NodeResult};
 use super::{
-    AcquireReply, Backend, Grant, LockKind, Reentry, Release, ReleaseReply, Renew, RenewReply,
+    LockKind,
     redis::RedisBackend,
+    store::{
+        AcquireReply, Extend, ExtendReply, Grant, Release, ReleaseReply, Renew, RenewReply, Store,
+    },
 };
 use crate::{
     error::{BackendError, BackendErrorKind, ConfigError},
@@ -90,7 +96,7 @@ mod listener;
 mod tests;
 mod vote;
 
-pub use listener::RedlockListener;
+pub(crate) use listener::RedlockListener;
 
 /// The most nodes one backend takes (the listener tracks them in a 64-bit mask).
 const MAX_NODES: usize = 63;
@@ -158,37 +164,29 @@ struct Inner {
     retry_jitter: Duration,
     rounds: AtomicU64,
     won: AtomicU64,
-    /// Per lock and holder, the acquire calls still on their way after their vote was won:
-    /// each holds a read guard until it is answered, and a release of that hold first takes
-    /// the write lock (for a node call's bound at most), so it seldom overtakes a late grant;
-    /// one that it does overtake is undone after it (see [`Held`]).
-    late: Mutex<HashMap<Hold, Arc<tokio::sync::RwLock<()>>>>,
-    /// Per lock and holder, the holds won here and not yet released: what the release of the
-    /// last one owes the nodes that did not take part in its vote.
+    /// The grants won here and not yet released, by lock and attempt: what their release owes
+    /// the nodes that did not take part in the vote.
     holds: Mutex<HashMap<Hold, Held>>,
 }
 
-/// A lock and its holder.
+/// A lock and the attempt that won it.
 type Hold = (LockKey, String);
 
-/// What a release owes the nodes of a hold beyond the release each answers at once.
+/// What a release owes the nodes of a grant beyond the release each answers at once.
 ///
-/// A node that did not answer the release keeps the hold: it is released again until it
-/// answers, within [`lease_ends`](Self::lease_ends) (then its lease frees it anyway), so a
-/// stalled node strands nothing once it is back. An acquire a node never answered (it timed
-/// out with its command on the wire) may take the lock there after the release: its attempt is
-/// undone there after the release (`abandon`: it gives back the hold should the late command
-/// have taken it, or records the attempt as given up until that command's hold would end), so a
-/// late grant never outlives the release. One a node granted after its vote was won, once the
-/// hold was released, is undone at once.
+/// A node that did not answer the release may keep the record; an acquire a node never
+/// answered (it timed out with its command on the wire) may still write it there. Either way
+/// the node gets the grant's undo after the release until it answers, within
+/// [`lease_ends`](Self::lease_ends) (then its lease frees it anyway): it deletes the record if
+/// there, and records the attempt as given up on otherwise, so a late acquire takes nothing.
+/// A node that granted after the vote was won, once the grant was released, is undone at once.
 struct Held {
-    /// When the hold's lease ends, as last granted or renewed.
+    /// When the grant's lease ends, as last granted or renewed.
     lease_ends: Instant,
-    /// The attempt that granted the hold (its first hold), which a release sent again names:
-    /// it then frees nothing of a hold its holder took anew meanwhile.
-    granted_by: Option<String>,
-    /// The acquires of the hold that a node never answered: the node, and the grant.
-    unanswered: Vec<(usize, Arc<OwnedGrant>)>,
+    /// The grant, for its undo.
+    grant: Arc<OwnedGrant>,
+    /// The nodes that never answered its acquire.
+    unanswered: Vec<usize>,
 }
 
 impl fmt::Debug for RedlockBackend {
@@ -298,16 +296,6 @@ impl RedlockBackendBuilder {
                 reason: "must be above zero",
             });
         }
-        let leased =
-            |node: &Node| matches!(node, Node::Backend(backend) if backend.has_client_lease());
-        if self.nodes.iter().any(leased) {
-            // A node's grant would live on its client lease, which Redlock's renewals (one
-            // lock at a time, on a majority) do not keep.
-            return Err(ConfigError::Invalid {
-                setting: "nodes",
-                reason: "a Redlock node cannot have a client lease: build it without `client_lease`",
-            });
-        }
         let nodes = self
             .nodes
             .into_iter()
@@ -339,7 +327,6 @@ impl RedlockBackendBuilder {
                 retry_jitter: self.retry_jitter,
                 rounds: AtomicU64::new(0),
                 won: AtomicU64::new(0),
-                late: Mutex::default(),
                 holds: Mutex::default(),
             }),
         })
@@ -526,46 +513,28 @@ impl Stragglers {
     /// each took, or may have, is given back.
     fn settle(self, undo: bool) {
         let Self {
-            pending,
+            mut pending,
             grant,
             inner,
         } = self;
         if pending.is_empty() {
             return;
         }
-        let hold = (grant.key.clone(), grant.holder.clone());
-        let gate = lock(&inner.late).entry(hold.clone()).or_default().clone();
-        let Ok(in_flight) = gate.try_read_owned() else {
-            // A release is waiting for earlier late calls: these will be answered within the
-            // same bound, so it is not waited for; nothing is lost but the ordering.
-            return Self::finish(pending, grant, inner, undo, None);
-        };
-        Self::finish(pending, grant, inner, undo, Some((hold, in_flight)));
-    }
-
-    fn finish(
-        mut pending: FuturesUnordered<StragglerCall>,
-        grant: Arc<OwnedGrant>,
-        inner: Arc<Inner>,
-        undo: bool,
-        in_flight: Option<(Hold, tokio::sync::OwnedRwLockReadGuard<()>)>,
-    ) {
         tokio::spawn(async move {
             while let Some((index, reply)) = pending.next().await {
-                if undo && took_or_may_have(&reply) {
+                if !took_or_may_have(&reply) {
+                    continue;
+                }
+                if undo {
                     let node = &inner.nodes[index];
                     let given_back =
                         tokio::time::timeout(inner.node_timeout, node.abandon(grant.grant())).await;
                     if !matches!(given_back, Ok(Ok(_))) {
                         tracing::debug!(key = %grant.key, node = index, "could not give a late grant back; its lease frees it");
                     }
-                } else if took_or_may_have(&reply) {
+                } else {
                     inner.straggled(&grant, index, reply.is_ok()).await;
                 }
-            }
-            if let Some((hold, guard)) = in_flight {
-                drop(guard);
-                inner.forget_late(&hold);
             }
         });
     }
@@ -576,12 +545,8 @@ struct OwnedGrant {
     key: LockKey,
     holder: String,
     attempt: String,
-    supersedes: Option<String>,
     lease: crate::lease::Lease,
-    fencing: bool,
     kind: LockKind,
-    queue: Option<Duration>,
-    reentry: Reentry,
     contended: bool,
 }
 
@@ -591,12 +556,8 @@ impl OwnedGrant {
             key: grant.key.clone(),
             holder: grant.holder.to_owned(),
             attempt: grant.attempt.to_owned(),
-            supersedes: grant.supersedes.map(str::to_owned),
             lease: grant.lease,
-            fencing: grant.fencing,
             kind: grant.kind,
-            queue: grant.queue,
-            reentry: grant.reentry,
             contended: grant.contended,
         }
     }
@@ -607,15 +568,14 @@ impl OwnedGrant {
             holder: &self.holder,
             attempt: &self.attempt,
             lease: self.lease,
-            fencing: self.fencing,
+            // Redlock refuses fencing, queues, semaphores and read-write locks.
+            fencing: false,
             kind: self.kind,
-            queue: self.queue,
-            supersedes: self.supersedes.as_deref(),
-            reentry: self.reentry,
+            queue: None,
             // A node skips its first try for a free lock when the lock was found held.
             contended: self.contended,
-            // Redlock refuses semaphores.
             permits: 0,
+            within: None,
         }
     }
 }
@@ -655,44 +615,37 @@ async fn call_node<T>(
 }
 
 impl Inner {
-    /// Records a hold won with `grant` (the holder's `count`th), whose lease ends at
-    /// `lease_ends`; `unanswered` are the nodes that never answered its acquire. Drops the
-    /// records of holds whose lease ended.
+    /// Records a grant won with `grant`, whose lease ends at `lease_ends`; `unanswered` are the
+    /// nodes that never answered its acquire. Drops the records of grants whose lease ended.
     fn won(
         &self,
         grant: &Arc<OwnedGrant>,
-        count: u64,
         lease_ends: Instant,
         unanswered: impl Iterator<Item = usize>,
     ) {
         let now = Instant::now();
         let mut holds = lock(&self.holds);
         holds.retain(|_, held| held.lease_ends > now);
-        let held = holds
-            .entry((grant.key.clone(), grant.holder.clone()))
-            .or_insert_with(|| Held {
+        holds.insert(
+            (grant.key.clone(), grant.attempt.clone()),
+            Held {
                 lease_ends,
-                granted_by: None,
-                unanswered: Vec::new(),
-            });
-        if count == 1 {
-            held.granted_by = Some(grant.attempt.clone());
-        }
-        held.lease_ends = held.lease_ends.max(lease_ends);
-        held.unanswered
-            .extend(unanswered.map(|node| (node, grant.clone())));
+                grant: grant.clone(),
+                unanswered: unanswered.collect(),
+            },
+        );
     }
 
     /// After the vote on `grant` was won, `node` answered that it took the lock (`granted`),
-    /// or never answered (it may take it still). When the hold was released meanwhile (or its
+    /// or never answered (it may take it still). When the grant was released meanwhile (or its
     /// lease ended), the attempt is undone there at once: the release may have come first.
-    /// Otherwise a grant is the hold's like any other, and an attempt never answered is
-    /// undone there after the release (see [`Held`]).
+    /// Otherwise a grant is part of the won one, and an attempt never answered is undone there
+    /// after the release (see [`Held`]).
     async fn straggled(self: &Arc<Self>, grant: &Arc<OwnedGrant>, node: usize, granted: bool) {
-        let hold = (grant.key.clone(), grant.holder.clone());
+        let hold = (grant.key.clone(), grant.attempt.clone());
         if let Some(held) = lock(&self.holds).get_mut(&hold) {
             if !granted {
-                held.unanswered.push((node, grant.clone()));
+                held.unanswered.push(node);
             }
             return;
         }
@@ -702,19 +655,9 @@ impl Inner {
     }
 
     /// Makes a release that some nodes answered at once true on the others too (see
-    /// [`Held`]): in the background, so the caller does not wait for a stalled node. With
-    /// `over`, the release ended the holder's hold (the last one); otherwise nothing is owed
-    /// yet (a node that missed it counts one hold more, which the last release corrects).
-    fn released(
-        self: &Arc<Self>,
-        release: &Release<'_>,
-        replies: &[NodeResult<ReleaseReply>],
-        over: bool,
-    ) {
-        if !over {
-            return;
-        }
-        let hold = (release.key.clone(), release.holder.to_owned());
+    /// [`Held`]): in the background, so the caller does not wait for a stalled node.
+    fn released(self: &Arc<Self>, release: &Release<'_>, replies: &[NodeResult<ReleaseReply>]) {
+        let hold = (release.key.clone(), release.grant.to_owned());
         let Some(held) = lock(&self.holds).remove(&hold) else {
             return;
         };
@@ -727,62 +670,37 @@ impl Inner {
             let silent = reply
                 .as_ref()
                 .is_err_and(|error| error.is_unavailable() || error.outcome_unknown());
-            let late: Vec<Arc<OwnedGrant>> = held
-                .unanswered
-                .iter()
-                .filter(|(index, _)| *index == node)
-                .map(|(_, grant)| grant.clone())
-                .collect();
-            if !silent && late.is_empty() {
+            if !silent && !held.unanswered.contains(&node) {
                 continue;
             }
-            let inner = self.clone();
-            let (key, holder) = hold.clone();
-            let attempt = release
-                .attempt
-                .map(str::to_owned)
-                .or_else(|| held.granted_by.clone());
-            let kind = release.kind;
-            let until = held.lease_ends;
+            let (inner, grant, until) = (self.clone(), held.grant.clone(), held.lease_ends);
             tokio::spawn(async move {
-                if silent {
-                    // Every hold of the holder, but only while it is still this hold: sent
-                    // again after the first try arrived, it finds nothing.
-                    let again = Release {
-                        key: &key,
-                        holder: &holder,
-                        all: true,
-                        handoff: None,
-                        kind,
-                        attempt: attempt.as_deref(),
-                        hold: None,
-                    };
-                    let released = inner
-                        .until_answered(node, until, |node| node.release(again))
-                        .await;
-                    tracing::debug!(key = %key, node, released = released.is_some(), "released a hold on a node that missed the release");
-                }
-                for grant in late {
-                    inner
-                        .until_answered(node, until, |node| node.abandon(grant.grant()))
-                        .await;
-                }
+                let undone = inner
+                    .until_answered(node, until, |node| node.abandon(grant.grant()))
+                    .await;
+                tracing::debug!(key = %grant.key, node, undone = ?undone, "released a grant on a node that missed the release or its acquire");
             });
         }
     }
 
-    /// Moves the lease end of each hold renewed on a majority (sent at `sent`).
+    /// Moves the lease end of each grant renewed on a majority (sent at `sent`).
     fn renewed(&self, renewals: &[Renew<'_>], tally: &[RenewReply], sent: Instant) {
         let mut holds = lock(&self.holds);
         if holds.is_empty() {
             return;
         }
         for (renew, reply) in renewals.iter().zip(tally) {
+            let Renew::Grant {
+                key, grant, lease, ..
+            } = renew
+            else {
+                continue;
+            };
             if *reply != RenewReply::Renewed {
                 continue;
             }
-            if let Some(held) = holds.get_mut(&(renew.key.clone(), renew.holder.to_owned())) {
-                held.lease_ends = held.lease_ends.max(sent + renew.lease.duration());
+            if let Some(held) = holds.get_mut(&((*key).clone(), (*grant).to_owned())) {
+                held.lease_ends = held.lease_ends.max(sent + lease.duration());
             }
         }
     }
@@ -815,37 +733,6 @@ impl Inner {
         }
     }
 
-    /// Waits (within a node call's bound) for the late acquire calls of `holder`'s hold of
-    /// `key`, so that a release or re-entry sent next reaches every node after them.
-    async fn after_late_calls(&self, key: &LockKey, holder: &str) {
-        let (hold, gate) = {
-            let late = lock(&self.late);
-            // Most releases find nothing late: no key is built for them.
-            if late.is_empty() {
-                return;
-            }
-            let hold = (key.clone(), holder.to_owned());
-            let Some(gate) = late.get(&hold).cloned() else {
-                return;
-            };
-            (hold, gate)
-        };
-        let _ = tokio::time::timeout(self.call_timeout(), gate.write()).await;
-        drop(gate);
-        self.forget_late(&hold);
-    }
-
-    /// Drops the entry of `hold` once nothing uses it.
-    fn forget_late(&self, hold: &Hold) {
-        let mut late = lock(&self.late);
-        if late
-            .get(hold)
-            .is_some_and(|gate| Arc::strong_count(gate) == 1)
-        {
-            late.remove(hold);
-        }
-    }
-
     /// The bound of one node call: the node's own budget ends first, so a call that found no
     /// connection says so (`Unavailable`) rather than timing out here.
     fn call_timeout(&self) -> Duration {
@@ -853,15 +740,11 @@ impl Inner {
     }
 }
 
-impl Backend for RedlockBackend {
+impl Store for RedlockBackend {
     type Listener = RedlockListener;
 
     async fn acquire(&self, grant: Grant<'_>) -> Result<AcquireReply, BackendError> {
         refuse(grant.kind, grant.fencing, grant.key)?;
-        // A re-entry sent while the hold's first grant is still on its way to a slow node
-        // could reach that node first and count one hold less there: it waits, as a release
-        // does.
-        self.inner.after_late_calls(grant.key, grant.holder).await;
         let quorum = self.inner.quorum;
         let started = Instant::now();
         self.inner.rounds.fetch_add(1, Ordering::Relaxed);
@@ -874,7 +757,7 @@ impl Backend for RedlockBackend {
             .checked_sub(elapsed + grant.lease.drift())
             .filter(|left| !left.is_zero());
         let ttl = match vote {
-            AcquireVote::Won { count } if validity.is_some() => {
+            AcquireVote::Won if validity.is_some() => {
                 self.inner.won.fetch_add(1, Ordering::Relaxed);
                 let unanswered = replies
                     .iter()
@@ -882,18 +765,13 @@ impl Backend for RedlockBackend {
                     .filter(|(_, reply)| reply.as_ref().is_err() && took_or_may_have(reply));
                 self.inner.won(
                     &stragglers.grant,
-                    count,
                     started + grant.lease.duration(),
                     unanswered.map(|(node, _)| node),
                 );
                 stragglers.settle(false);
-                return Ok(AcquireReply::Acquired {
-                    count,
-                    token: None,
-                    session: 0,
-                });
+                return Ok(AcquireReply::Acquired { token: None });
             }
-            AcquireVote::Won { .. } => {
+            AcquireVote::Won => {
                 tracing::warn!(key = %grant.key, ?elapsed, "Redlock majority came too late for the lease; giving it back");
                 Some(self.jitter())
             }
@@ -910,9 +788,31 @@ impl Backend for RedlockBackend {
         };
         stragglers.settle(true);
         self.give_back(grant, &replies).await;
-        // A node that voided the attempt (its give-back found nothing yet) refuses it for a
-        // lease, and a give-back still on its way could free the attempt's next grant there.
+        // A node that recorded the attempt as given up on refuses it from now on.
         Ok(AcquireReply::Spent { ttl })
+    }
+
+    async fn extend(&self, extend: Extend<'_>) -> Result<ExtendReply, BackendError> {
+        refuse(extend.kind, extend.fencing, extend.key)?;
+        let replies = self.on_every_node(|node| node.extend(extend)).await;
+        let reachable = replies.iter().filter(|reply| reply.is_ok()).count();
+        let extended = replies
+            .iter()
+            .filter(|reply| matches!(reply, Ok(ExtendReply::Extended { .. })))
+            .count();
+        if extended >= self.inner.quorum {
+            let ends = Instant::now() + extend.lease.duration();
+            let hold = (extend.key.clone(), extend.grant.to_owned());
+            if let Some(held) = lock(&self.inner.holds).get_mut(&hold) {
+                held.lease_ends = held.lease_ends.max(ends);
+            }
+            return Ok(ExtendReply::Extended { token: None });
+        }
+        if reachable < self.inner.quorum {
+            return Err(vote::no_quorum(replies, reachable, self.inner.quorum)
+                .with_key(extend.key.as_str()));
+        }
+        Ok(ExtendReply::NotHeld)
     }
 
     async fn release(&self, release: Release<'_>) -> Result<ReleaseReply, BackendError> {
@@ -922,31 +822,17 @@ impl Backend for RedlockBackend {
             handoff: None,
             ..release
         };
-        self.inner
-            .after_late_calls(release.key, release.holder)
-            .await;
         let replies = self.on_every_node(|node| node.release(plain)).await;
-        let (reply, behind) = match vote::release(&replies, self.inner.quorum) {
-            Ok(tally) => tally,
+        self.inner.released(&plain, &replies);
+        match vote::release(&replies, self.inner.quorum) {
+            Ok(reply) => Ok(reply),
             Err(reachable) => {
                 let error = vote::no_quorum(replies, reachable, self.inner.quorum)
                     .with_key(release.key.as_str());
                 tracing::warn!(key = %release.key, error = %format_args!("{error:#}"), "Redlock release without a quorum");
-                return Err(error);
+                Err(error)
             }
-        };
-        if !behind.is_empty() {
-            let all = Release { all: true, ..plain };
-            let nodes = behind.iter().map(|&node| &self.inner.nodes[node]);
-            let results = join_all(
-                nodes.map(|node| tokio::time::timeout(self.inner.node_timeout, node.release(all))),
-            )
-            .await;
-            tracing::debug!(key = %release.key, nodes = results.len(), "released nodes that counted more holds");
         }
-        let over = !matches!(reply, ReleaseReply::Decremented { .. });
-        self.inner.released(&plain, &replies, over);
-        Ok(reply)
     }
 
     async fn renew(&self, renewals: &[Renew<'_>]) -> Result<Vec<RenewReply>, BackendError> {
@@ -1014,10 +900,10 @@ impl Backend for RedlockBackend {
     }
 
     async fn shutdown(&self) {
-        join_all(self.inner.nodes.iter().map(Backend::shutdown)).await;
+        join_all(self.inner.nodes.iter().map(Store::shutdown)).await;
     }
 
-    /// Asks every node; reports the holders a majority of the nodes name: a hold left on a
+    /// Asks every node; reports the holders a majority of the nodes name: a grant left on a
     /// minority (an attempt that lost its vote) holds nothing. A read-write lock or a
     /// semaphore is never taken here: it is free.
     async fn inspect(&self, key: &LockKey, kind: LockKind) -> Result<LockInfo, BackendError> {

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::{
-    backend::{AcquireReply, ReleaseReply, RenewReply},
+    backend::store::{AcquireReply, ReleaseReply, RenewReply},
     error::{BackendError, BackendErrorKind},
 };
 
@@ -16,8 +16,8 @@ pub(super) type NodeResult<T> = Result<T, BackendError>;
 /// What a round of acquires on every node amounts to.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum AcquireVote {
-    /// A majority granted it: the hold count at least a majority agree on.
-    Won { count: u64 },
+    /// A majority granted it.
+    Won,
     /// A majority answered but did not grant it. With `blocked`, a majority is held by another
     /// holder and frees up after `ttl`; otherwise the vote was split.
     Lost {
@@ -31,19 +31,12 @@ pub(super) enum AcquireVote {
 /// Tallies one acquire round. `quorum` is the majority of all nodes.
 pub(super) fn acquire(replies: &[NodeResult<AcquireReply>], quorum: usize) -> AcquireVote {
     let reachable = replies.iter().filter(|reply| reply.is_ok()).count();
-    let mut counts: Vec<u64> = replies
+    let granted = replies
         .iter()
-        .filter_map(|reply| match reply {
-            Ok(AcquireReply::Acquired { count, .. }) => Some(*count),
-            _ => None,
-        })
-        .collect();
-    if counts.len() >= quorum {
-        // Nodes normally agree; if not, the count that a majority has reached.
-        counts.sort_unstable_by(|a, b| b.cmp(a));
-        return AcquireVote::Won {
-            count: counts[quorum - 1],
-        };
+        .filter(|reply| matches!(reply, Ok(AcquireReply::Acquired { .. })))
+        .count();
+    if granted >= quorum {
+        return AcquireVote::Won;
     }
     if reachable < quorum {
         return AcquireVote::NoQuorum { reachable };
@@ -86,43 +79,31 @@ pub(super) fn acquire_decided(replies: &[Option<NodeResult<AcquireReply>>], quor
     granted >= quorum || replies.iter().all(Option::is_some)
 }
 
-/// Tallies a release on every node, and names the nodes to release fully so that they agree
-/// with the answer (a node that missed an earlier step may count one hold more). Fails with
-/// the number of nodes that answered when that is too few to tell.
-pub(super) fn release(
-    replies: &[NodeResult<ReleaseReply>],
-    quorum: usize,
-) -> Result<(ReleaseReply, Vec<usize>), usize> {
+/// Tallies a release on every node: released when any node had the grant; not held only when
+/// a majority answered that they had not. Fails with the number of nodes that answered when
+/// that is too few to tell.
+pub(super) fn release(replies: &[NodeResult<ReleaseReply>], quorum: usize) -> Result<ReleaseReply, usize> {
     let reachable = replies.iter().filter(|reply| reply.is_ok()).count();
-    let mut freed = 0;
+    let mut freed = false;
     let mut notified: Option<u64> = None;
-    let mut decremented = Vec::new();
-    let mut remaining = 0;
-    for (node, reply) in replies.iter().enumerate() {
+    for reply in replies {
         match reply {
             Ok(ReleaseReply::Released { notified: n }) => {
-                freed += 1;
+                freed = true;
                 notified = notified.max(*n);
             }
-            Ok(ReleaseReply::HandedOff { .. }) => freed += 1,
-            Ok(ReleaseReply::Decremented { remaining: left }) => {
-                decremented.push(node);
-                remaining = remaining.max(*left);
-            }
+            Ok(ReleaseReply::HandedOff { .. }) => freed = true,
             _ => {}
         }
     }
-    if decremented.len() > freed {
-        return Ok((ReleaseReply::Decremented { remaining }, Vec::new()));
-    }
-    if freed > 0 {
-        return Ok((ReleaseReply::Released { notified }, decremented));
+    if freed {
+        return Ok(ReleaseReply::Released { notified });
     }
     if reachable < quorum {
         // No answering node had it, but the silent ones may: it cannot be called not held.
         return Err(reachable);
     }
-    Ok((ReleaseReply::NotHeld, Vec::new()))
+    Ok(ReleaseReply::NotHeld)
 }
 
 /// Tallies a renewal batch: per entry, renewed only on a majority of the nodes. Fails with the
@@ -188,12 +169,8 @@ pub(super) fn no_quorum<T>(
 mod tests {
     use super::*;
 
-    fn acquired(count: u64) -> NodeResult<AcquireReply> {
-        Ok(AcquireReply::Acquired {
-            count,
-            token: None,
-            session: 0,
-        })
+    fn acquired(_node: u64) -> NodeResult<AcquireReply> {
+        Ok(AcquireReply::Acquired { token: None })
     }
 
     fn held(ms: u64) -> NodeResult<AcquireReply> {
@@ -207,9 +184,11 @@ mod tests {
     }
 
     #[test]
-    fn a_majority_of_grants_wins_with_the_count_a_majority_reached() {
-        let replies = [acquired(2), acquired(2), acquired(3), down(), held(5)];
-        assert_eq!(acquire(&replies, 3), AcquireVote::Won { count: 2 });
+    fn a_majority_of_grants_wins() {
+        let replies = [acquired(1), acquired(2), acquired(3), down(), held(5)];
+        assert_eq!(acquire(&replies, 3), AcquireVote::Won);
+        let replies = [acquired(1), acquired(2), held(5), down(), held(5)];
+        assert_ne!(acquire(&replies, 3), AcquireVote::Won);
     }
 
     #[test]
@@ -280,17 +259,16 @@ mod tests {
     }
 
     #[test]
-    fn release_frees_when_any_node_freed_and_realigns_the_others() {
+    fn release_frees_when_any_node_freed() {
         let replies = [
             Ok(ReleaseReply::Released { notified: Some(1) }),
             Ok(ReleaseReply::Released { notified: Some(3) }),
-            Ok(ReleaseReply::Decremented { remaining: 1 }),
             Ok(ReleaseReply::NotHeld),
             down(),
+            down(),
         ];
-        let (reply, realign) = release(&replies, 3).expect("answer");
+        let reply = release(&replies, 3).expect("answer");
         assert_eq!(reply, ReleaseReply::Released { notified: Some(3) });
-        assert_eq!(realign, vec![2]);
     }
 
     #[test]
@@ -310,10 +288,7 @@ mod tests {
             down(),
             down(),
         ];
-        assert_eq!(
-            release(&replies, 3).expect("answer").0,
-            ReleaseReply::NotHeld
-        );
+        assert_eq!(release(&replies, 3).expect("answer"), ReleaseReply::NotHeld);
     }
 
     #[test]
