@@ -44,7 +44,11 @@ if ARGV[2] ~= '' and (reply[1] ~= '' or #reply > 3) then
   if grants then
     redis.call('DEL', grants)
   end
-  local message = layout == 'x' and redis.call('LINDEX', queue, 0) or 'released'
-  publish(ARGV[2], message or 'released')
+  local message = 'released'
+  if layout == 'x' then
+    purge_queue(queue, places, now)
+    message = redis.call('LINDEX', queue, 0) or message
+  end
+  publish(ARGV[2], message)
 end
 return reply

@@ -8,12 +8,13 @@
 -- KEYS[3]  the fencing record
 -- KEYS[4]  fair: the waiter queue, KEYS[5] the waiters' places: the head alone is woken
 -- ARGV[2]  'r' a release; 'u' an undo: ARGV[3] is how long (ms) to remember the attempt as given
---          up on when it holds nothing; 'h' a release that hands the lock to another attempt
+--          up on (whether or not it held the record: a copy still on its way then takes
+--          nothing); 'h' a release that hands the lock to another attempt
 --          (a waiter in this client), ARGV[3], with lease ARGV[4] (ms) and a token if ARGV[5]
 --          is '1'
 --
--- Returns {0} when the record does not name the grant (nothing changed; an undo recorded the
--- attempt as given up on), {2, n} when the lock was freed (n subscribers were told), {3, token}
+-- Returns {0} when the record does not name the grant (nothing changed but an undo's record of
+-- the attempt), {2, n} when the lock was freed (n subscribers were told), {3, token}
 -- when it was handed off (token -1 without one).
 local lock = KEYS[1]
 local value = redis.call('GET', lock)
@@ -22,11 +23,11 @@ if value == ARGV[1] and not ARGV[2] then
   return {2, publish(lock .. ':released', 'released')}
 end
 -- @helpers
+if ARGV[2] == 'u' then
+  give_up(KEYS[2], ARGV[1], ARGV[3])
+end
 local held = owner(lock)
 if held ~= ARGV[1] and value ~= ARGV[1] then
-  if ARGV[2] == 'u' then
-    give_up(KEYS[2], ARGV[1], ARGV[3])
-  end
   return {0}
 end
 if ARGV[2] == 'h' and redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 0 then
