@@ -17,7 +17,7 @@ use std::{
 
 use tokio::sync::{Notify, mpsc};
 
-use super::Listen;
+use super::store::Listen;
 
 /// Each channel's listeners: id, tag, wake-up.
 type Channels = HashMap<String, Vec<(u64, Option<String>, Arc<Notify>)>>;
