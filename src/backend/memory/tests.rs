@@ -291,6 +291,12 @@ async fn renewals_extend_only_live_grants() {
     let renewed = renew(&store, renewal(&k, Exclusive, "a#1", LEASE)).await;
     assert_eq!(renewed, NotHeld);
     assert_eq!(entries(&store), 1, "only the semaphore is kept");
+    // A record whose lease ran out is not brought back.
+    acquire(&store, leased(grant(&k, Exclusive, "a#2"), secs(1))).await;
+    advance(secs(1)).await;
+    let late = renew(&store, renewal(&k, Exclusive, "a#2", LEASE)).await;
+    assert_eq!(late, NotHeld);
+    assert_eq!(acquire(&store, grant(&k, Exclusive, "b#2")).await, GRANTED);
 }
 
 /// An undo deletes the attempt's record when it won one; otherwise the attempt is given up
