@@ -1,105 +1,73 @@
-//! Inspecting and force-unlocking locks of the in-process backend, mirroring `inspect.lua` and
-//! `force_unlock.lua`.
+//! Reading and clearing a lock for operators, as `inspect.lua` does.
+
+use std::borrow::Cow;
 
 use tokio::time::Instant;
 
-use super::{Publish, State};
+use super::lock::{Lock, Publish, RELEASED};
 use crate::{
-    backend::LockKind,
+    backend::{LockKind, store::holder_of},
     inspect::{HolderInfo, LockInfo, Permits},
-    lock_key::LockKey,
 };
 
-impl State {
-    /// What the lock `key` of `kind`'s layout holds at `now`.
-    pub(super) fn inspect(&mut self, key: &LockKey, kind: LockKind, now: Instant) -> LockInfo {
-        match kind {
-            LockKind::Read | LockKind::Write => self.rw_inspect(key, now),
-            LockKind::Semaphore => self.inspect_semaphore(key, now),
-            _ => self.inspect_exclusive(key, now),
-        }
-    }
-
-    /// Frees the lock `key` of `kind`'s layout whoever holds it; returns what it held and
-    /// the release to announce.
-    pub(super) fn force_unlock(
-        &mut self,
-        key: &LockKey,
-        kind: LockKind,
-        now: Instant,
-    ) -> (LockInfo, Publish) {
-        match kind {
-            LockKind::Read | LockKind::Write => self.rw_force_unlock(key, now),
-            LockKind::Semaphore => {
-                let before = self.inspect_semaphore(key, now);
-                self.semaphores.remove(key.as_str());
-                let publish = before.is_locked().then(|| (key.clone(), None));
-                (before, publish)
+impl Lock {
+    /// What the lock holds in `kind`'s layout: one holder per grant, in the order of their
+    /// lease ends for shared grants; the live places.
+    pub(super) fn inspect(&self, kind: LockKind, now: Instant) -> LockInfo {
+        let mut info = LockInfo::free();
+        if kind != LockKind::Semaphore {
+            if let Some(owner) = &self.owner {
+                // The store keeps no mark of a fair grant: a plain or fair owner is exclusive.
+                let side = match kind {
+                    LockKind::Read | LockKind::Write => LockKind::Write,
+                    _ => LockKind::Exclusive,
+                };
+                let left = owner.expires.saturating_duration_since(now);
+                let holder = HolderInfo::new(holder_of(&owner.attempt), side, 1, Some(left));
+                info = info.with_holder(holder);
             }
-            _ => {
-                let before = self.inspect_exclusive(key, now);
-                if self.locks.remove(key).is_none() {
-                    return (before, None);
-                }
-                // A fair queue stays as it is: its head is woken by name, the waiters of an
-                // exclusive lock by any announcement.
-                let head = self
-                    .queues
-                    .get(key.as_str())
-                    .and_then(|queue| queue.order.front().cloned());
-                let payload = head.unwrap_or_else(|| "released".to_owned());
-                (before, Some((key.clone(), Some(payload))))
+            let queued = self.queue.items.iter().filter(|(_, end)| *end > now);
+            info = info.with_queue_len(queued.count() as u64);
+        }
+        if matches!(kind, LockKind::Read | LockKind::Write | LockKind::Semaphore) {
+            let mut live: Vec<_> = self
+                .grants
+                .items
+                .iter()
+                .filter(|(_, end)| *end > now)
+                .collect();
+            live.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+            let side = match kind {
+                LockKind::Semaphore => LockKind::Semaphore,
+                _ => LockKind::Read,
+            };
+            for (attempt, end) in &live {
+                let left = end.saturating_duration_since(now);
+                info = info.with_holder(HolderInfo::new(holder_of(attempt), side, 1, Some(left)));
             }
-        }
-    }
-
-    /// The live permits of the semaphore `key`, in the order of their holders' ids.
-    fn inspect_semaphore(&mut self, key: &LockKey, now: Instant) -> LockInfo {
-        let Some(semaphore) = self.semaphores.get(key.as_str()) else {
-            return LockInfo::free();
-        };
-        let mut live: Vec<_> = semaphore
-            .holders()
-            .iter()
-            .filter(|(_, permit)| permit.until > now)
-            .collect();
-        if live.is_empty() {
-            return LockInfo::free();
-        }
-        live.sort_by(|a, b| a.0.cmp(b.0));
-        let permits = Permits::new(live.len() as u64, u64::from(semaphore.limit));
-        let mut info = LockInfo::free().with_permits(permits);
-        for (holder, permit) in live {
-            let left = permit.until.saturating_duration_since(now);
-            let kind = LockKind::Semaphore;
-            info = info.with_holder(HolderInfo::new(holder, kind, permit.count, Some(left)));
+            if side == LockKind::Semaphore && !live.is_empty() {
+                // The store keeps no permit count: each acquire states its own.
+                info = info.with_permits(Permits::new(live.len() as u64, 0));
+            }
         }
         info
     }
 
-    fn inspect_exclusive(&mut self, key: &LockKey, now: Instant) -> LockInfo {
-        let name = key.as_str();
-        let queued = self.queues.get_mut(name).map_or(0, |queue| {
-            queue.purge(now);
-            queue.order.len()
-        });
-        let info = LockInfo::free().with_queue_len(queued as u64);
-        match self.live(key, now) {
-            Some(entry) => {
-                let kind = if entry.fair || queued > 0 {
-                    LockKind::Fair
-                } else {
-                    LockKind::Exclusive
-                };
-                let left = entry.expires.saturating_duration_since(now);
-                info.with_holder(HolderInfo::new(
-                    entry.owner.clone(),
-                    kind,
-                    entry.count,
-                    Some(left),
-                ))
-            }
-            None => info,
+    /// Deletes the owner record and every shared grant when the lock is held, keeping the
+    /// queue; wakes the head of a plain or fair lock's queue by name (as the script reads it,
+    /// a place that ended included), any other waiter with `released`. What it held before.
+    pub(super) fn force_unlock(&mut self, kind: LockKind, now: Instant) -> (LockInfo, Publish) {
+        let before = self.inspect(kind, now);
+        if !before.is_locked() {
+            return (before, None);
         }
+        self.owner = None;
+        self.grants = Default::default();
+        let head = match kind {
+            LockKind::Exclusive | LockKind::Fair => self.head(),
+            _ => None,
+        };
+        let publish = head.map_or(RELEASED, |(head, _)| Cow::Owned(head.to_owned()));
+        (before, Some(publish))
     }
 }
