@@ -92,34 +92,34 @@ pub struct Permits {
 
 impl Permits {
     /// `in_use` permits of `limit` (for a [`Backend`](crate::Backend) implementation).
-    pub fn new(in_use: u64, limit: u64) -> Self {
+    pub(crate) fn new(in_use: u64, limit: u64) -> Self {
         Self { in_use, limit }
     }
 }
 
 impl LockInfo {
     /// A free lock with nobody queued (for a [`Backend`](crate::Backend) implementation).
-    pub fn free() -> Self {
+    pub(crate) fn free() -> Self {
         Self::default()
     }
 
     /// Adds a holder (for a [`Backend`](crate::Backend) implementation).
     #[must_use]
-    pub fn with_holder(mut self, holder: HolderInfo) -> Self {
+    pub(crate) fn with_holder(mut self, holder: HolderInfo) -> Self {
         self.holders.push(holder);
         self
     }
 
     /// Sets the number of queued waiters (for a [`Backend`](crate::Backend) implementation).
     #[must_use]
-    pub fn with_queue_len(mut self, queue_len: u64) -> Self {
+    pub(crate) fn with_queue_len(mut self, queue_len: u64) -> Self {
         self.queue_len = queue_len;
         self
     }
 
     /// Sets a semaphore's permits (for a [`Backend`](crate::Backend) implementation).
     #[must_use]
-    pub fn with_permits(mut self, permits: Permits) -> Self {
+    pub(crate) fn with_permits(mut self, permits: Permits) -> Self {
         self.permits = Some(permits);
         self
     }
@@ -183,7 +183,7 @@ pub struct HolderInfo {
 
 impl HolderInfo {
     /// A holder (for a [`Backend`](crate::Backend) implementation).
-    pub fn new(
+    pub(crate) fn new(
         id: impl Into<String>,
         kind: LockKind,
         hold_count: u64,

@@ -153,10 +153,10 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The unit tests share the integration tests' fixture, which names this crate by its name.
-#[cfg(test)]
+#[cfg(all(test, feature = "redis"))]
 extern crate self as tower_lock;
 /// The integration tests' fixture: real `redis-server` processes for the unit tests.
-#[cfg(test)]
+#[cfg(all(test, feature = "redis"))]
 #[path = "../tests/support/mod.rs"]
 mod test_support;
 

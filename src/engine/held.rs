@@ -370,12 +370,14 @@ impl Held {
     /// Looks at the entry at `now`: what it needs and when it next needs attention.
     pub(crate) fn check(&self, now: BootInstant) -> Check {
         let mut state = self.state();
+        // Every hold's own lease ran out (the last of them ends no later than the deadline):
+        // the grant is over, not lost.
+        if Self::end_if_idle(&mut state, now) {
+            return Check::Expired;
+        }
         let deadline = self.deadline();
         if deadline <= now {
             return Check::Lost;
-        }
-        if Self::end_if_idle(&mut state, now) {
-            return Check::Expired;
         }
         let renewable = state.renew.is_some()
             && !state.renewing

@@ -156,11 +156,11 @@ impl Lock {
         (ReleaseReply::Released { notified: None }, publish)
     }
 
-    /// Deletes the record of `grant.attempt` if it has one, and otherwise records the attempt
-    /// as given up on (`release.lua`'s undo): whether a record went.
+    /// Records the attempt of `grant` as given up on and deletes its record if it has one
+    /// (`release.lua`'s undo): whether a record went.
     pub(super) fn abandon_owner(&mut self, grant: &Grant<'_>, now: Instant) -> (bool, Publish) {
+        self.give_up(grant.attempt, now, grant.lease.duration());
         if !self.names(grant.attempt, None) {
-            self.give_up(grant.attempt, now, grant.lease.duration());
             return (false, None);
         }
         self.owner = None;

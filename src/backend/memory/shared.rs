@@ -89,13 +89,11 @@ impl Lock {
         self.take_grant(attempt).then_some(RELEASED)
     }
 
-    /// Gives back the shared grant of `grant.attempt`, or records the attempt as given up on
-    /// (`unshare.lua`'s undo): whether a grant went.
+    /// Records the attempt of `grant` as given up on and gives back its shared grant if it has
+    /// one (`unshare.lua`'s undo): whether a grant went.
     pub(super) fn abandon_shared(&mut self, grant: &Grant<'_>, now: Instant) -> (bool, Publish) {
+        self.give_up(grant.attempt, now, grant.lease.duration());
         let publish = self.unshare(grant.attempt);
-        if publish.is_none() {
-            self.give_up(grant.attempt, now, grant.lease.duration());
-        }
         (publish.is_some(), publish)
     }
 }
