@@ -85,8 +85,8 @@ pub struct LockInfo {
 pub struct Permits {
     /// How many holders hold a permit.
     pub in_use: u64,
-    /// How many may hold one at once: the count the last permit was granted under (each
-    /// acquire states it).
+    /// How many may hold one at once, when the store knows: the store keeps no permit count
+    /// (each acquire states it); 0 when not known.
     pub limit: u64,
 }
 

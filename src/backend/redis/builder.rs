@@ -29,7 +29,6 @@ pub struct RedisBackendBuilder {
     command_timeout: Duration,
     acknowledgement: Acknowledgement,
     quarantine: Option<Duration>,
-    client_lease: bool,
     /// The application's pool, when the lock commands go through it.
     shared: Option<bb8::Pool<bb8_redis::RedisConnectionManager>>,
     #[cfg(feature = "tls")]
@@ -123,7 +122,6 @@ impl RedisBackendBuilder {
             command_timeout: Duration::from_secs(1),
             acknowledgement: Acknowledgement::default(),
             quarantine: None,
-            client_lease: false,
             shared: None,
             #[cfg(feature = "tls")]
             tls: None,
@@ -187,33 +185,26 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// How long a server that has just started grants no new lock (its quarantine). Defaults
-    /// to the longest lease this process's clients have asked for.
+    /// How long a server run that may have forgotten grants grants no new lock (its
+    /// quarantine). Defaults to the default lease (30 s); never shorter than the longest lease
+    /// this process asks for. `Duration::ZERO` turns it off.
     ///
-    /// A Redis restarted without persistence has forgotten every lock, while their holders are
-    /// still inside their critical sections until their leases run out: granting at once would
-    /// let a second holder in. So a server that has been up for less than the quarantine
-    /// answers every new acquire with "held" (a layer answers `423 Locked` with the time left
-    /// as `Retry-After`; a waiter waits); renewals and releases go on. The server's own
-    /// `uptime_in_seconds` (`INFO server`, asked once per new connection: the ACL user needs
-    /// `+info`) tells when it started, so no clocks are compared. A Sentinel failover to
-    /// another server counts as a start, unless [`min_replicas`](Self::min_replicas) is set,
-    /// and only for a backend that saw it: a backend created after the failover (or in a
-    /// process started after it) is not quarantined by it, as the promoted replica has been up
-    /// all along.
+    /// A Redis restarted without persistence (or from an older snapshot, or a replica promoted
+    /// before it had the last grants) has forgotten grants whose holders are still inside their
+    /// critical sections until their leases run out. So a new server run grants nothing until
+    /// the quarantine has passed since its start (for a promoted replica: since a script first
+    /// saw it): an acquire fails with [`BackendErrorKind::Quarantined`], saying when it ends
+    /// (a layer answers `423 Locked` with `Retry-After`; a waiter waits). Renewals and releases
+    /// go on. The acquire scripts tell from the server itself (`INFO server`'s `run_id` against
+    /// a run marker key `<prefix>{}:run` under the lock prefix; the ACL user needs `+info`), so
+    /// every process waits from the same origin, and no clocks are compared.
     ///
-    /// The cost: up to one lease without new grants after a restart, and after the first start
-    /// of a server. Set it to at least the longest lease any client of this store uses when
-    /// they differ. `Duration::ZERO` turns it off, for a server that loses no acknowledged
-    /// write across a restart (`appendonly yes` with `appendfsync always`), or for tests that
-    /// start their own server. Through an application's pool ([`pool`](Self::pool)), whose
-    /// connections the backend does not open, the acquire scripts check the server's start
-    /// themselves: a boot marker key (`…{}:boot` under the lock prefix) holds the `LASTSAVE` of
-    /// the server run last seen up for a whole quarantine. Redis resets `LASTSAVE` at every
-    /// start (and save), so a server restarted with or without persistence, from a snapshot or
-    /// an append-only file, fails the check, and the script reads its uptime (`INFO server`)
-    /// before it grants; the ACL user also needs `+lastsave`. A Redis Cluster is not
-    /// quarantined (its nodes fail over to replicas rather than restart empty as masters).
+    /// Each process waits its own quarantine: set it to at least the longest lease any process
+    /// of this store uses, on every process (a process that uses a longer lease than its
+    /// quarantine warns once). Turn it off only for a server that loses no acknowledged write
+    /// across a restart (`appendonly yes` with `appendfsync always`), or for tests that start
+    /// their own server. A Redis Cluster is not quarantined (its nodes fail over to replicas
+    /// that usually had the grants).
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -293,45 +284,6 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Keeps every watchdog hold of an exclusive lock alive with one key per client: a
-    /// watchdog tick then renews all of them with one `PEXPIRE`, however many there are,
-    /// instead of one owner-checked renewal per lock. For a service that holds thousands of
-    /// locks for long.
-    ///
-    /// What changes with it:
-    /// - each held lock names the client's lease key; a lock whose client lease ran out (the
-    ///   process died or stalled for a whole lease) is free, exactly as a lock whose own lease
-    ///   ran out would be;
-    /// - a lock's own key then lives 20 leases, and is refreshed (owner-checked) once every 5
-    ///   to 10 leases, so a hold's key deleted behind its back (by an operator's `DEL`, or by
-    ///   eviction) is noticed at that refresh or at the release rather than at the next
-    ///   renewal ([`LockClient::force_unlock`](crate::LockClient::force_unlock) is still
-    ///   noticed at the next renewal);
-    /// - holds of fair, read-write and semaphore locks, fixed leases, and watchdog leases of
-    ///   another length than the first one served keep leases of their own.
-    ///
-    /// A client lease that ran out is never brought back: its holds are all lost, and the
-    /// next acquire starts a new one. Another client cannot join a hold on this lease through
-    /// its holder's id. Not for a Redis Cluster ([`connect`](Self::connect) fails with
-    /// [`BackendErrorKind::Unsupported`]), whose locks live on many nodes, nor as a Redlock
-    /// node (the Redlock builder refuses it). The `backends` guide has the details.
-    ///
-    /// ```no_run
-    /// use tower_lock::{LockClient, RedisBackend};
-    ///
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let backend = RedisBackend::builder("redis://127.0.0.1:6379")
-    ///     .client_lease(true)
-    ///     .connect()
-    ///     .await?;
-    /// let locks = LockClient::builder(backend).build()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn client_lease(mut self, on: bool) -> Self {
-        self.client_lease = on;
-        self
-    }
-
     /// Trusts `certificates.root_cert` (PEM) instead of the system's roots for a `rediss://`
     /// URL, and presents `certificates.client_tls` when the server asks for a client
     /// certificate. A server whose certificate does not chain to the trusted roots fails the
@@ -370,7 +322,6 @@ impl RedisBackendBuilder {
                     replicas: Some(_), ..
                 } => Some("min_replicas on a Redis Cluster"),
                 Acknowledgement { aof: Some(_), .. } => Some("wait_aof on a Redis Cluster"),
-                _ if self.client_lease => Some("client_lease on a Redis Cluster"),
                 _ => None,
             };
             if let Some(feature) = feature {
@@ -383,8 +334,7 @@ impl RedisBackendBuilder {
                 Transport::Cluster(cluster),
                 command_timeout,
                 Acknowledgement::default(),
-                Arc::new(Quarantine::new(Some(Duration::ZERO))),
-                false,
+                Quarantine::new(Some(Duration::ZERO)),
             ));
         }
         let backend = self.build_lazy()?;
@@ -455,7 +405,7 @@ impl RedisBackendBuilder {
             }
         };
         let target = Arc::new(target);
-        let quarantine = Arc::new(Quarantine::new(self.quarantine));
+        let quarantine = Quarantine::new(self.quarantine);
         if let Some(shared) = self.shared {
             if !matches!(*target, Target::Node(_)) {
                 return Err(BackendError::from_kind(BackendErrorKind::Misconfigured {
@@ -472,17 +422,14 @@ impl RedisBackendBuilder {
                 self.command_timeout,
                 self.acknowledgement,
                 quarantine,
-                self.client_lease,
             ));
         }
         let waits = self.acknowledgement.is_wanted();
         let pool_size = self.pool_size.unwrap_or(if waits { 4 } else { 1 });
-        let manager = Manager::new(
-            target.clone(),
-            self.command_timeout,
-            quarantine.clone(),
-            self.acknowledgement.replicas.is_none(),
-        );
+        let manager = Manager {
+            target: target.clone(),
+            connect_timeout: self.command_timeout,
+        };
         Ok(RedisBackend::new(
             Transport::Node {
                 pool: Pool::Own(Connections::new(manager, pool_size)),
@@ -491,7 +438,6 @@ impl RedisBackendBuilder {
             self.command_timeout,
             self.acknowledgement,
             quarantine,
-            self.client_lease,
         ))
     }
 }

@@ -10,7 +10,6 @@ use super::{
     errors::{is_read_only, is_refusal, redis_error},
     health::Trouble,
     pool::Pool,
-    run_call,
     scripts::Call,
     transport::{Conn, Transport},
 };
@@ -50,27 +49,31 @@ impl RedisBackend {
         key: &LockKey,
     ) -> Result<T, BackendError> {
         let result = self
-            .with_conn(Some(key), async |conn| run_call(call, conn).await)
+            .with_conn(Some(key), async |conn| call.run(conn).await)
             .await;
         self.name_wrong_type_in(result, key).await
     }
 
-    /// Replaces a wrong-type error with one naming the type found at `key`.
+    /// Replaces a wrong-type error that does not name the type found (a command's own, not a
+    /// script's) with one naming the type found at `key`.
     pub(super) async fn name_wrong_type_in<T>(
         &self,
         result: Result<T, BackendError>,
         key: &LockKey,
     ) -> Result<T, BackendError> {
         match result {
-            Err(error) if error.is_wrong_type() => Err(self.name_wrong_type(key).await),
+            Err(error) if matches!(error.kind(), BackendErrorKind::WrongType { found } if found.is_empty()) => {
+                Err(self.name_wrong_type(key).await)
+            }
             other => other,
         }
     }
 
     /// Checks out a connection and runs `op` on it, all within the command timeout. A
     /// connection that failed at the connection level, ran out of time, or whose server is no
-    /// longer a master, is not put back.
-    pub(super) async fn with_conn<T>(
+    /// longer a master, is not put back. For other modules of the crate that run commands of
+    /// their own on the lock store.
+    pub(crate) async fn with_conn<T>(
         &self,
         key: Option<&LockKey>,
         op: impl AsyncFnOnce(&mut Conn) -> Result<T, RedisError>,

@@ -6,20 +6,6 @@ use redis::RedisError;
 
 use crate::error::{BackendError, BackendErrorKind};
 
-/// The error of a reply missing from a pipeline.
-pub(super) fn protocol_error_redis() -> RedisError {
-    RedisError::from((redis::ErrorKind::Parse, "a pipeline reply is missing"))
-}
-
-/// The error a script meets at a key of another type.
-pub(super) fn wrong_type() -> RedisError {
-    RedisError::from((
-        redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
-        "WRONGTYPE",
-        "Operation against a key holding the wrong kind of value".to_owned(),
-    ))
-}
-
 /// Maps a redis-rs error to what the engine needs to know.
 pub(super) fn redis_error(error: RedisError) -> BackendError {
     let kind = if error.is_timeout() {
@@ -31,8 +17,13 @@ pub(super) fn redis_error(error: RedisError) -> BackendError {
     } else if error.is_io_error() || error.is_connection_dropped() {
         BackendErrorKind::Interrupted
     } else if error.code() == Some("WRONGTYPE") || error.to_string().contains("WRONGTYPE") {
+        // The scripts name what they found: "WRONGTYPE <key> holds a <type>, not ...".
+        let message = error.to_string();
+        let found = message.split_once(" holds a ").map_or("", |(_, rest)| {
+            rest.split([',', ' ']).next().unwrap_or_default()
+        });
         BackendErrorKind::WrongType {
-            found: String::new(),
+            found: found.to_owned(),
         }
     } else if error.code() == Some("NOPERM")
         || error.to_string().contains("NOPERM")

@@ -21,100 +21,46 @@ use std::{
 
 use bb8_redis::RedisConnectionManager;
 use redis::{AsyncConnectionConfig, RedisError, aio::MultiplexedConnection};
-use tokio::time::Instant;
 
-use super::{
-    quarantine::{self, Quarantine},
-    server_clock::ServerClock,
-    target::Target,
-};
+use super::{server_clock::ServerClock, target::Target};
 use crate::error::{BackendError, BackendErrorKind};
 
-/// Opens the backend's connections, and knows when the server of each booted. Each new
-/// connection goes to the server the [`Target`] names at that moment (after a failover, the
-/// new master).
+/// Opens the backend's connections. Each new connection goes to the server the [`Target`]
+/// names at that moment (after a failover, the new master).
 #[derive(Clone, Debug)]
 pub(super) struct Manager {
-    target: Arc<Target>,
-    connect_timeout: Duration,
-    quarantine: Arc<Quarantine>,
-    /// Whether a switch to another server (a Sentinel failover) counts as a boot: a promoted
-    /// replica may have missed the last grants, unless every grant waited for a replica.
-    failover_boots: bool,
-    /// The server the last connection went to, and when it booted as far as locks go (a
-    /// failover's moment counts for every later connection to it).
-    last_server: Arc<Mutex<Option<(String, Instant)>>>,
+    pub(super) target: Arc<Target>,
+    pub(super) connect_timeout: Duration,
 }
 
-impl Manager {
-    pub(super) fn new(
-        target: Arc<Target>,
-        connect_timeout: Duration,
-        quarantine: Arc<Quarantine>,
-        failover_boots: bool,
-    ) -> Self {
-        Self {
-            target,
-            connect_timeout,
-            quarantine,
-            failover_boots,
-            last_server: Arc::default(),
-        }
-    }
-
-    /// When the server `conn` goes to booted, as far as its locks go: its own boot, or the
-    /// moment this process first saw it replace another server. `None` with the quarantine off.
-    async fn booted(
-        &self,
-        server: String,
-        conn: &mut MultiplexedConnection,
-    ) -> Result<Option<Instant>, RedisError> {
-        if !self.quarantine.is_on() {
-            return Ok(None);
-        }
-        let mut booted = quarantine::boot_time(conn).await?;
-        {
-            let mut last = self
-                .last_server
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            match last.as_ref() {
-                Some((same, recorded)) if *same == server => booted = booted.max(*recorded),
-                Some((previous, _)) if self.failover_boots => {
-                    tracing::warn!(
-                        %server,
-                        %previous,
-                        "the lock store moved to another server (failover): treating it as restarted"
-                    );
-                    booted = Instant::now();
-                }
-                _ => {}
-            }
-            *last = Some((server, booted));
-        }
-        Ok(Some(booted))
-    }
+/// What the commands on one connection share: its flags, and what it read of its server when
+/// it opened.
+#[derive(Debug, Default)]
+pub(super) struct ConnState {
+    /// Do not reuse: the connection failed, or stayed silent for a whole time budget.
+    broken: AtomicBool,
+    /// An acquire script on it answered past the quarantine check: its server run is over its
+    /// quarantine, and the uncontended `SET NX` may be used.
+    pub(super) run_verified: AtomicBool,
+    /// Its server's clock, when it can bound it.
+    pub(super) clock: Option<ServerClock>,
+    /// Its server's run id (`''` when not known).
+    pub(super) run: String,
 }
 
-/// A multiplexed connection with a flag for "do not reuse", shared by the clones in use.
+/// A multiplexed connection and what its commands share.
 #[derive(Debug)]
 struct Tracked {
     conn: MultiplexedConnection,
-    broken: Arc<AtomicBool>,
-    /// When its server booted (for the quarantine); `None` when not asked.
-    booted: Option<Instant>,
-    /// Its server's clock, read when it opened.
-    clock: Option<ServerClock>,
+    shared: Arc<ConnState>,
 }
 
 impl Tracked {
     /// A handle for one command, unless the connection broke.
     fn handle(&self) -> Option<Conn> {
-        (!self.broken.load(Ordering::Relaxed)).then(|| Conn {
+        (!self.shared.broken.load(Ordering::Relaxed)).then(|| Conn {
             conn: self.conn.clone(),
-            broken: Some(self.broken.clone()),
-            booted: self.booted,
-            clock: self.clock,
+            state: Some(self.shared.clone()),
         })
     }
 }
@@ -139,14 +85,15 @@ impl Manager {
         let mut conn = client
             .get_multiplexed_async_connection_with_config(&config)
             .await?;
-        let server = client.get_connection_info().addr().to_string();
-        let booted = self.booted(server, &mut conn).await?;
-        let clock = ServerClock::read(&mut conn).await?;
+        let (clock, run) = ServerClock::read(&mut conn).await?;
+        let shared = ConnState {
+            clock,
+            run: run.unwrap_or_default(),
+            ..ConnState::default()
+        };
         Ok(Tracked {
             conn,
-            broken: Arc::new(AtomicBool::new(false)),
-            booted,
-            clock,
+            shared: Arc::new(shared),
         })
     }
 }
@@ -231,18 +178,13 @@ pub(super) enum Pool {
     Shared(bb8::Pool<RedisConnectionManager>),
 }
 
-/// A connection for one command (or one batch): a clone of a multiplexed connection.
-///
-/// A multiplexed connection carries any number of requests at once, so a command does not keep
-/// it to itself: `pool_size` is the number of sockets, not a cap on commands in flight.
-pub(super) struct Conn {
+/// A connection for one command (or one batch): a clone of a multiplexed connection, which
+/// carries any number of requests at once (`pool_size` is the number of sockets, not a cap on
+/// commands in flight).
+pub(crate) struct Conn {
     conn: MultiplexedConnection,
-    /// The connection's flag, for connections of the backend's own.
-    broken: Option<Arc<AtomicBool>>,
-    /// When its server booted, for the backend's own connections with the quarantine on.
-    booted: Option<Instant>,
-    /// Its server's clock, for the backend's own connections.
-    clock: Option<ServerClock>,
+    /// For the backend's own connections.
+    state: Option<Arc<ConnState>>,
 }
 
 impl Pool {
@@ -256,9 +198,7 @@ impl Pool {
             Self::Shared(pool) => match pool.get().await {
                 Ok(pooled) => Ok(Conn {
                     conn: pooled.clone(),
-                    broken: None,
-                    booted: None,
-                    clock: None,
+                    state: None,
                 }),
                 Err(bb8::RunError::User(error)) => {
                     Err(BackendError::new(BackendErrorKind::Unavailable, error))
@@ -274,19 +214,15 @@ impl Pool {
 impl Conn {
     /// Keeps this connection out of the pool: it is dropped at its next return.
     pub(super) fn mark_broken(&mut self) {
-        if let Some(broken) = &self.broken {
-            broken.store(true, Ordering::Relaxed);
+        if let Some(state) = &self.state {
+            state.broken.store(true, Ordering::Relaxed);
         }
     }
 
-    /// When the server of this connection booted, when known.
-    pub(super) fn booted(&self) -> Option<Instant> {
-        self.booted
-    }
-
-    /// Its server's clock, when known.
-    pub(super) fn clock(&self) -> Option<&ServerClock> {
-        self.clock.as_ref()
+    /// What the backend's own connection read of its server and learnt since; `None` for an
+    /// application's pool.
+    pub(super) fn state(&self) -> Option<Arc<ConnState>> {
+        self.state.clone()
     }
 }
 

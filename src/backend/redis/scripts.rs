@@ -1,18 +1,21 @@
 //! The Lua scripts, one per file, hashed once per process, and how one call of a script is
 //! sent.
 //!
-//! Release notifications go through a `publish` helper that comes in two variants: `PUBLISH`
-//! for a single node (`SCRIPTS`) and `SPUBLISH` for Redis Cluster (`SHARDED_SCRIPTS`), so a
-//! single node runs exactly the commands it always did.
+//! Each script is sent with the `publish` helper of its transport in front (`PUBLISH` on a
+//! node, `SPUBLISH` on a Cluster, so notifications stay on the lock's shard) and the helpers of
+//! `lua/prelude.lua` where the file says `-- @helpers` (in front when it does not): a script
+//! whose common case needs no helper does not pay for defining them.
 //!
-//! A call goes out as `EVALSHA`. When the server answers `NOSCRIPT` (after a restart or a
-//! `SCRIPT FLUSH`), the same call is sent again as `EVAL` with the script's body, which runs it
-//! and caches it in one step: unlike "load, then retry by hash", it cannot fail again when
-//! flushes keep coming, and it works the same inside a pipeline.
+//! A call goes out as `EVALSHA`. On `NOSCRIPT` (after a restart or a `SCRIPT FLUSH`) the same
+//! call is sent again as `EVAL` with the body, which runs and caches it in one step: unlike
+//! "load, then retry by hash", it cannot fail again while flushes keep coming, and it works the
+//! same inside a pipeline.
 
 use std::{borrow::Cow, sync::LazyLock};
 
-use redis::{Arg, Cmd, Script, ToRedisArgs};
+use redis::{Arg, Cmd, FromRedisValue, RedisError, Script, ToRedisArgs, aio::ConnectionLike};
+
+use super::errors::is_noscript;
 
 /// One script: its body and its SHA1.
 pub(super) struct Lua {
@@ -20,15 +23,10 @@ pub(super) struct Lua {
     script: Script,
 }
 
-/// Where a script wants the shared helpers: a script whose common case needs none puts them
-/// after it, so that case does not pay for defining them (a closure each, on every call).
-const HELPERS_HERE: &str = "-- @helpers\n";
-
 impl Lua {
-    /// The script of `file`, with the `publish` helper of `publish` in front and the helpers of
-    /// `prelude` where the file asks for them (in front, when it does not say).
-    fn new(prelude: &str, publish: &str, file: &str) -> Self {
-        let code = match file.split_once(HELPERS_HERE) {
+    fn new(publish: &str, file: &str) -> Self {
+        let prelude = include_str!("lua/prelude.lua");
+        let code = match file.split_once("-- @helpers\n") {
             Some((common, rest)) => format!("{publish}{common}{prelude}{rest}"),
             None => format!("{publish}{prelude}{file}"),
         };
@@ -38,15 +36,10 @@ impl Lua {
         }
     }
 
-    /// The SHA1 that `EVALSHA` names the script by.
-    pub(super) fn hash(&self) -> &str {
-        self.script.get_hash()
-    }
-
     /// A call of this script with `keys` keys: the keys go in first, then the arguments.
-    pub(super) fn prepare_invoke(&'static self, keys: usize) -> Call {
-        let mut cmd = Cmd::with_capacity(keys + 16, 256);
-        cmd.arg("EVALSHA").arg(self.hash()).arg(keys);
+    pub(super) fn call(&'static self, keys: usize) -> Call {
+        let mut cmd = Cmd::with_capacity(keys + 12, 256);
+        cmd.arg("EVALSHA").arg(self.script.get_hash()).arg(keys);
         Call {
             lua: self,
             cmd,
@@ -66,9 +59,8 @@ pub(super) struct Call {
 impl Call {
     /// Appends to `KEYS`.
     pub(super) fn key(&mut self, key: impl ToRedisArgs) -> &mut Self {
-        let count = key.num_of_args();
-        debug_assert!(count <= self.keys_left, "more keys than the call declared");
-        self.keys_left = self.keys_left.saturating_sub(count);
+        debug_assert!(self.keys_left > 0, "more keys than the call declared");
+        self.keys_left -= 1;
         self.cmd.arg(key);
         self
     }
@@ -80,8 +72,7 @@ impl Call {
         self
     }
 
-    /// The command: the `EVALSHA` as written, or the same call as `EVAL` with the script's
-    /// body (after the server answered `NOSCRIPT`).
+    /// The command: the `EVALSHA` as written, or the same call as `EVAL` with the body.
     pub(super) fn cmd(&self, by_hash: bool) -> Cow<'_, Cmd> {
         debug_assert_eq!(self.keys_left, 0, "fewer keys than the call declared");
         if by_hash {
@@ -98,13 +89,15 @@ impl Call {
         Cow::Owned(cmd)
     }
 
-    /// [`cmd`](Self::cmd), owned: for a pipeline.
-    pub(super) fn into_cmd(self, by_hash: bool) -> Cmd {
-        if by_hash {
-            debug_assert_eq!(self.keys_left, 0, "fewer keys than the call declared");
-            return self.cmd;
+    /// Runs the call on `conn`: by hash, and by body when the server lost the script.
+    pub(super) async fn run<T: FromRedisValue>(
+        &self,
+        conn: &mut impl ConnectionLike,
+    ) -> Result<T, RedisError> {
+        match self.cmd(true).query_async(conn).await {
+            Err(error) if is_noscript(&error) => self.cmd(false).query_async(conn).await,
+            other => other,
         }
-        self.cmd(false).into_owned()
     }
 }
 
@@ -112,116 +105,70 @@ impl Call {
 pub(super) struct Scripts {
     pub(super) acquire: Lua,
     pub(super) release: Lua,
+    pub(super) share: Lua,
+    pub(super) unshare: Lua,
     pub(super) renew: Lua,
-    pub(super) renew_many: Lua,
-    pub(super) abandon: Lua,
-    pub(super) fair_acquire: Lua,
-    pub(super) fair_release: Lua,
-    pub(super) fair_wait: Lua,
-    pub(super) rw_acquire: Lua,
-    pub(super) rw_release: Lua,
-    pub(super) rw_renew: Lua,
-    pub(super) rw_wait: Lua,
-    pub(super) sem_acquire: Lua,
-    pub(super) sem_release: Lua,
+    pub(super) wait: Lua,
     pub(super) inspect: Lua,
-    pub(super) force_unlock: Lua,
 }
 
-/// Builds the script set whose release notifications go through the `publish` helper of the
-/// file `$publish`; each script is sent with that helper in front of it and the shared helpers
-/// of `lua/prelude.lua` where it asks for them.
-macro_rules! scripts {
-    ($publish:literal) => {
-        Scripts {
-            acquire: scripts!(@one $publish, "lua/acquire.lua"),
-            release: scripts!(@one $publish, "lua/release.lua"),
-            renew: scripts!(@one $publish, "lua/renew.lua"),
-            renew_many: scripts!(@one $publish, "lua/renew_many.lua"),
-            abandon: scripts!(@one $publish, "lua/abandon.lua"),
-            fair_acquire: scripts!(@one $publish, "lua/fair_acquire.lua"),
-            fair_release: scripts!(@one $publish, "lua/fair_release.lua"),
-            fair_wait: scripts!(@one $publish, "lua/fair_wait.lua"),
-            rw_acquire: scripts!(@one $publish, "lua/rw_acquire.lua"),
-            rw_release: scripts!(@one $publish, "lua/rw_release.lua"),
-            rw_renew: scripts!(@one $publish, "lua/rw_renew.lua"),
-            rw_wait: scripts!(@one $publish, "lua/rw_wait.lua"),
-            sem_acquire: scripts!(@one $publish, "lua/sem_acquire.lua"),
-            sem_release: scripts!(@one $publish, "lua/sem_release.lua"),
-            inspect: scripts!(@snapshot $publish, "lua/inspect.lua"),
-            force_unlock: scripts!(@snapshot $publish, "lua/force_unlock.lua"),
-        }
-    };
-    // A script that reads a lock through `lua/snapshot.lua`, sent in front of it.
-    (@snapshot $publish:literal, $file:literal) => {
-        Lua::new(
-            include_str!("lua/prelude.lua"),
-            include_str!($publish),
-            concat!(include_str!("lua/snapshot.lua"), include_str!($file)),
-        )
-    };
-    (@one $publish:literal, $file:literal) => {
-        Lua::new(
-            include_str!("lua/prelude.lua"),
-            include_str!($publish),
-            include_str!($file),
-        )
-    };
-}
+/// The `publish` helper of a single node.
+const PUBLISH: &str = "local function publish(channel, message)
+  return redis.call('PUBLISH', channel, message)
+end
+";
 
-/// The scripts for a single node, publishing releases with `PUBLISH`. Built on first use, when
-/// each script's SHA1 is computed.
-pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| scripts!("lua/publish.lua"));
-
-/// The scripts for Redis Cluster, publishing releases with `SPUBLISH` so the notification stays
-/// on the shard that owns the lock's slot.
+/// The `publish` helper of a Redis Cluster: to the subscribers of the shard that owns the
+/// lock's slot (the channel carries the lock's hash tag).
 #[cfg(feature = "cluster")]
-pub(super) static SHARDED_SCRIPTS: LazyLock<Scripts> =
-    LazyLock::new(|| scripts!("lua/spublish.lua"));
+const SPUBLISH: &str = "local function publish(channel, message)
+  return redis.call('SPUBLISH', channel, message)
+end
+";
+
+fn scripts(publish: &str) -> Scripts {
+    Scripts {
+        acquire: Lua::new(publish, include_str!("lua/acquire.lua")),
+        release: Lua::new(publish, include_str!("lua/release.lua")),
+        share: Lua::new(publish, include_str!("lua/share.lua")),
+        unshare: Lua::new(publish, include_str!("lua/unshare.lua")),
+        renew: Lua::new(publish, include_str!("lua/renew.lua")),
+        wait: Lua::new(publish, include_str!("lua/wait.lua")),
+        inspect: Lua::new(publish, include_str!("lua/inspect.lua")),
+    }
+}
+
+/// The scripts of a single node, hashed on first use.
+pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| scripts(PUBLISH));
+
+/// The scripts of a Redis Cluster.
+#[cfg(feature = "cluster")]
+pub(super) static SHARDED_SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| scripts(SPUBLISH));
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Each script is hashed from its own file, so the hashes differ and are stable SHA1s.
+    /// Each script is hashed from its own file; the release's common case comes before the
+    /// helpers, which follow it.
     #[test]
-    fn hashes_are_distinct_sha1s() {
-        hashes_are_distinct(&SCRIPTS);
-    }
-
-    /// The cluster variants are scripts of their own: a node never runs the wrong publish.
-    #[cfg(feature = "cluster")]
-    #[test]
-    fn sharded_scripts_differ() {
-        hashes_are_distinct(&SHARDED_SCRIPTS);
-        assert_ne!(SCRIPTS.release.hash(), SHARDED_SCRIPTS.release.hash());
-        assert!(SHARDED_SCRIPTS.release.code.contains("'SPUBLISH'"));
-        assert!(!SCRIPTS.release.code.contains("SPUBLISH"));
-    }
-
-    fn hashes_are_distinct(scripts: &Scripts) {
-        let hashes = [
-            scripts.acquire.hash(),
-            scripts.release.hash(),
-            scripts.renew.hash(),
-            scripts.renew_many.hash(),
-            scripts.abandon.hash(),
-            scripts.fair_acquire.hash(),
-            scripts.fair_release.hash(),
-            scripts.fair_wait.hash(),
-            scripts.rw_acquire.hash(),
-            scripts.rw_release.hash(),
-            scripts.rw_renew.hash(),
-            scripts.rw_wait.hash(),
-            scripts.sem_acquire.hash(),
-            scripts.sem_release.hash(),
-            scripts.inspect.hash(),
-            scripts.force_unlock.hash(),
-        ];
+    fn scripts_differ_and_helpers_follow_the_common_case() {
+        let all = |s: &'static Scripts| {
+            [
+                &s.acquire, &s.release, &s.share, &s.unshare, &s.renew, &s.wait, &s.inspect,
+            ]
+            .map(|lua| lua.script.get_hash().to_owned())
+        };
+        let hashes = all(&SCRIPTS);
         for (i, hash) in hashes.iter().enumerate() {
-            assert_eq!(hash.len(), 40);
-            assert!(hash.bytes().all(|b| b.is_ascii_hexdigit()));
             assert!(hashes[i + 1..].iter().all(|other| other != hash));
+        }
+        let release = &SCRIPTS.release.code;
+        assert!(release.starts_with(PUBLISH));
+        assert!(release.find("'DEL'").unwrap() < release.find("local function now_ms").unwrap());
+        #[cfg(feature = "cluster")]
+        for (node, cluster) in hashes.iter().zip(all(&SHARDED_SCRIPTS)) {
+            assert_ne!(*node, cluster);
         }
     }
 }

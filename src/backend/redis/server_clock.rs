@@ -1,29 +1,17 @@
-//! The server's clock as a client can bound it, for the single hold's absolute expiry and
-//! the time after which an acquire script does nothing (`lua/acquire.lua`, ARGV[9]: the same
-//! moment, so a script held back on its way never grants a hold that outlives the record of
-//! its undo, nor one whose undo never got through).
+//! The server's clock as a client can bound it: the "not after" of an acquire (the latest server
+//! time at which it may act, see `lua/acquire.lua`) and the absolute expiry of the uncontended
+//! `SET NX PXAT`, the same moment: the send time's lower bound plus the lease. A request held
+//! back on its connection and delivered late then does nothing, or (a `SET`) ends when a copy
+//! sent on time would have; the undo of its attempt keeps `:void` for a lease from when it
+//! runs, which is later.
 //!
-//! A single hold (`SET NX`, see `lua/acquire.lua`) is written with `PXAT`: an absolute expiry
-//! on the server's clock, the send time's upper bound plus the lease. A copy of that `SET`
-//! held back on its connection and delivered late therefore ends no later than a hold sent on
-//! time, and one delivered after that moment creates nothing; the undo of the attempt keeps
-//! its record of the attempt until the same moment (`lua/abandon.lua`), so the late copy never
-//! outlives the record that names it given up.
-//!
-//! The estimate comes from one `TIME` asked when the connection opens. The server read its
-//! clock between the request leaving and the reply arriving, so its clock now is at least the
-//! reading plus the local time elapsed since the reply, and at most that plus the round trip
-//! (clock rates differ by far less than the lease's drift margin). The expiry is the lower
-//! bound plus the lease: the key lives at least as long as the client trusts the hold (the
-//! lease less that margin, from the send), and no longer than the lease. A reading whose round
-//! trip does not fit in a lease's margin (taken while the server stalled) is not used for that
-//! lease: the acquire script grants such a hold.
+//! The bound comes from one `TIME` asked when the connection opens. The server read its clock
+//! between the request leaving and the reply arriving, so its clock now is at least the reading
+//! plus the local time elapsed since the reply, and at most that plus the round trip (clock
+//! rates differ by far less than the lease's drift margin). A reading whose round trip does not
+//! fit in a lease's margin (taken while the server stalled) is not used for that lease.
 
-use std::{
-    collections::HashMap,
-    sync::{Mutex, PoisonError},
-    time::Duration,
-};
+use std::time::Duration;
 
 use redis::{RedisError, aio::ConnectionLike};
 use tokio::time::Instant;
@@ -43,10 +31,12 @@ pub(super) struct ServerClock {
 }
 
 impl ServerClock {
-    /// Reads the clock of the server behind `conn`: `None` when that server cannot take an
-    /// absolute expiry (`PXAT` needs Redis 6.2) or refuses to say (an ACL without `+time` or
-    /// `+info`); single holds then go through the acquire script.
-    pub(super) async fn read(conn: &mut impl ConnectionLike) -> Result<Option<Self>, RedisError> {
+    /// Reads the clock and the run id (`INFO server`'s `run_id`) of the server behind `conn`:
+    /// no clock when that server cannot take an absolute expiry (`PXAT` needs Redis 6.2) or
+    /// refuses to say (an ACL without `+time` or `+info`); no run id when it does not say.
+    pub(super) async fn read(
+        conn: &mut impl ConnectionLike,
+    ) -> Result<(Option<Self>, Option<String>), RedisError> {
         let asked = Instant::now();
         let reply: Result<((u64, u64), String), RedisError> = redis::pipe()
             .cmd("TIME")
@@ -58,17 +48,25 @@ impl ServerClock {
         let ((seconds, micros), info) = match reply {
             Ok(reply) => reply,
             // The server answered, but not with a clock: it can do without.
-            Err(error) if error.code().is_some() => return Ok(None),
+            Err(error) if error.code().is_some() => return Ok((None, None)),
             Err(error) => return Err(error),
         };
-        if !takes_pxat(&info) {
-            return Ok(None);
-        }
-        Ok(Some(Self {
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name))
+                .map(str::trim)
+        };
+        let run = field("run_id:").map(str::to_owned);
+        let version = field("redis_version:").unwrap_or("");
+        let mut parts = version.split('.').map(str::parse::<u32>);
+        let takes_pxat = matches!((parts.next(), parts.next()),
+            (Some(Ok(major)), Some(Ok(minor))) if (major, minor) >= (6, 2));
+        let clock = takes_pxat.then(|| Self {
             answered,
             server_ms: seconds.saturating_mul(1000).saturating_add(micros / 1000),
             round_trip: answered - asked,
-        }))
+        });
+        Ok((clock, run))
     }
 
     /// The absolute expiry (server ms) of a hold of `lease` sent now: no earlier than the
@@ -91,91 +89,6 @@ impl ServerClock {
 /// `duration` in whole milliseconds, rounded down.
 fn whole_ms(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// The expiries of single holds whose `SET` went unanswered (it may still arrive), by attempt:
-/// the undo of such an attempt keeps its record until that moment. Only failed calls write
-/// here; an entry is forgotten once a late copy of its `SET` could create nothing any more.
-#[derive(Debug, Default)]
-pub(super) struct Unanswered {
-    /// Attempt -> (the `SET`'s `PXAT`, when to forget it).
-    sets: Mutex<HashMap<String, (u64, Instant)>>,
-}
-
-impl Unanswered {
-    /// A `SET` of `attempt` expiring at `pxat` (server ms) about to be sent, with `lease`: it
-    /// is recorded unless [`Sending::answered`] is called (the call failed, ran out of time or
-    /// was dropped).
-    pub(super) fn sending<'a>(
-        &'a self,
-        attempt: &'a str,
-        pxat: u64,
-        lease: Duration,
-    ) -> Sending<'a> {
-        Sending {
-            unanswered: self,
-            attempt,
-            pxat,
-            lease,
-            armed: true,
-        }
-    }
-
-    /// The `PXAT` of `attempt`'s single hold, when its `SET` went unanswered.
-    pub(super) fn pxat(&self, attempt: &str) -> Option<u64> {
-        let sets = self.sets.lock().unwrap_or_else(PoisonError::into_inner);
-        sets.get(attempt).map(|&(pxat, _)| pxat)
-    }
-}
-
-/// A single hold's `SET` on its way; see [`Unanswered::sending`].
-pub(super) struct Sending<'a> {
-    unanswered: &'a Unanswered,
-    attempt: &'a str,
-    pxat: u64,
-    lease: Duration,
-    armed: bool,
-}
-
-impl Sending<'_> {
-    /// The server answered: the outcome is known.
-    pub(super) fn answered(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for Sending<'_> {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let now = Instant::now();
-        // Past its `PXAT` (by the server's clock, at most a lease and the clock reading's
-        // round trip from now) a late copy creates nothing; a second lease covers the rest.
-        let forget_at = now + self.lease * 2 + Duration::from_secs(1);
-        let mut sets = self
-            .unanswered
-            .sets
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        sets.retain(|_, &mut (_, until)| until > now);
-        sets.insert(self.attempt.to_owned(), (self.pxat, forget_at));
-    }
-}
-
-/// Whether the server of an `INFO server` reply takes `SET … PXAT` (Redis 6.2 and newer).
-fn takes_pxat(info: &str) -> bool {
-    let Some(version) = info
-        .lines()
-        .find_map(|line| line.strip_prefix("redis_version:"))
-    else {
-        return false;
-    };
-    let mut parts = version.trim().split('.').map(|part| part.parse::<u32>());
-    match (parts.next(), parts.next()) {
-        (Some(Ok(major)), Some(Ok(minor))) => (major, minor) >= (6, 2),
-        _ => false,
-    }
 }
 
 #[cfg(test)]
@@ -206,13 +119,5 @@ mod tests {
             slow.expiry(&Lease::fixed(Duration::from_secs(60)))
                 .is_some()
         );
-    }
-
-    #[test]
-    fn pxat_needs_redis_6_2() {
-        assert!(takes_pxat("# Server\r\nredis_version:7.0.15\r\n"));
-        assert!(takes_pxat("# Server\r\nredis_version:6.2.0\r\n"));
-        assert!(!takes_pxat("# Server\r\nredis_version:6.0.20\r\n"));
-        assert!(!takes_pxat("# Server\r\nuptime_in_seconds:4\r\n"));
     }
 }

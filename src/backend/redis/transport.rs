@@ -13,7 +13,6 @@ use super::{cluster::Cluster, scripts::SHARDED_SCRIPTS};
 use super::{
     pool::{self, Pool},
     scripts::{SCRIPTS, Scripts},
-    server_clock::ServerClock,
     target::Target,
 };
 use crate::error::BackendError;
@@ -47,18 +46,6 @@ impl Transport {
         }
     }
 
-    /// Whether its connections know their server's clock (see [`ServerClock`]): the
-    /// backend's own connections to one node do, an application's pool and a cluster do not.
-    pub(super) fn knows_server_clock(&self) -> bool {
-        matches!(
-            self,
-            Self::Node {
-                pool: Pool::Own(_),
-                ..
-            }
-        )
-    }
-
     /// Where a single-node transport connects (`None` for a cluster).
     pub(super) fn node_target(&self) -> Option<&Arc<Target>> {
         match self {
@@ -79,7 +66,7 @@ impl Transport {
 }
 
 /// A connection checked out of a [`Transport`].
-pub(super) enum Conn {
+pub(crate) enum Conn {
     Node(pool::Conn),
     /// A handle on the shared cluster connection (cheap to clone).
     #[cfg(feature = "cluster")]
@@ -97,21 +84,11 @@ impl Conn {
         }
     }
 
-    /// When the server this connection goes to booted, when known: for the backend's own pool
-    /// of one node, not for an application's pool or a cluster.
-    pub(super) fn booted(&self) -> Option<tokio::time::Instant> {
+    /// What the connection read of its server and learnt since: for the backend's own
+    /// connections to one node, not for an application's pool or a cluster.
+    pub(super) fn state(&self) -> Option<std::sync::Arc<pool::ConnState>> {
         match self {
-            Self::Node(conn) => conn.booted(),
-            #[cfg(feature = "cluster")]
-            Self::Cluster(_) => None,
-        }
-    }
-
-    /// The clock of the server this connection goes to, when known (as
-    /// [`Transport::knows_server_clock`] says, and from Redis 6.2 on).
-    pub(super) fn clock(&self) -> Option<&ServerClock> {
-        match self {
-            Self::Node(conn) => conn.clock(),
+            Self::Node(conn) => conn.state(),
             #[cfg(feature = "cluster")]
             Self::Cluster(_) => None,
         }
