@@ -45,9 +45,6 @@ pub const WAITERS: &str = "tower_lock_waiters";
 /// Locks an operator freed with `LockClient::force_unlock` while someone held them. Label
 /// `kind` (of the hold cleared).
 pub const FORCE_UNLOCKS: &str = "tower_lock_force_unlocks_total";
-/// Client leases (`RedisBackendBuilder::client_lease`) found run out: each took every hold on
-/// it with it.
-pub const CLIENT_LEASES_ENDED: &str = "tower_lock_client_leases_ended_total";
 
 /// An acquire of a `kind` lock ended after `waited`.
 pub(crate) fn acquire_finished(kind: LockKind, result: Result<(), &LockError>, waited: Duration) {
@@ -147,13 +144,6 @@ pub(crate) fn force_unlocked(kind: LockKind) {
     ::metrics::counter!(FORCE_UNLOCKS, "kind" => kind_label(kind)).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = kind;
-}
-
-/// A client lease was found run out.
-#[cfg(feature = "redis")]
-pub(crate) fn client_lease_ended() {
-    #[cfg(feature = "metrics")]
-    ::metrics::counter!(CLIENT_LEASES_ENDED).increment(1);
 }
 
 #[cfg(feature = "metrics")]
