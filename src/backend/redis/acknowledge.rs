@@ -1,9 +1,7 @@
 //! What a grant must be acknowledged by before it counts: replicas that applied it (`WAIT`,
 //! [`min_replicas`](super::RedisBackendBuilder::min_replicas)) and append-only files that
-//! fsynced it (`WAITAOF`, [`wait_aof`](super::RedisBackendBuilder::wait_aof)).
-//!
-//! Both commands wait for the writes made earlier on their own connection, so they are sent on
-//! the connection that ran the grant, right after it.
+//! fsynced it (`WAITAOF`, [`wait_aof`](super::RedisBackendBuilder::wait_aof)). Both wait for
+//! the writes made earlier on their own connection: they follow the grant on it.
 
 use std::time::Duration;
 
@@ -18,15 +16,15 @@ pub(super) struct Acknowledgement {
     pub(super) aof: Option<WaitAof>,
 }
 
-/// How many replicas must have applied a grant (`WAIT`), and how long to wait for them.
+/// How many replicas must have applied a grant, and how long to wait for them.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct MinReplicas {
     pub(super) replicas: u32,
     pub(super) timeout: Duration,
 }
 
-/// Whether this server and how many replicas must have fsynced a grant to their append-only
-/// file (`WAITAOF`), and how long to wait for them.
+/// Whether this server, and how many replicas, must have fsynced a grant, and how long to
+/// wait for them.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct WaitAof {
     pub(super) local: bool,
@@ -35,7 +33,6 @@ pub(super) struct WaitAof {
 }
 
 impl Acknowledgement {
-    /// Whether grants wait for anything.
     pub(super) fn is_wanted(&self) -> bool {
         self.replicas.is_some() || self.aof.is_some()
     }
@@ -47,7 +44,7 @@ impl Acknowledgement {
     }
 
     /// Waits on `conn`, right after a grant on it, for every acknowledgement wanted; what fell
-    /// short, as the kind of the error the acquire fails with, or `None`.
+    /// short, as the kind of the error the acquire fails with.
     pub(super) async fn shortfall(
         &self,
         conn: &mut impl ConnectionLike,
@@ -55,7 +52,7 @@ impl Acknowledgement {
         if let Some(wanted) = self.replicas {
             let acknowledged: u32 = redis::cmd("WAIT")
                 .arg(wanted.replicas)
-                .arg(millis(wanted.timeout))
+                .arg(Lease::fixed(wanted.timeout).millis())
                 .query_async(conn)
                 .await?;
             if acknowledged < wanted.replicas {
@@ -69,7 +66,7 @@ impl Acknowledgement {
             let (local, acknowledged): (u32, u32) = redis::cmd("WAITAOF")
                 .arg(u32::from(wanted.local))
                 .arg(wanted.replicas)
-                .arg(millis(wanted.timeout))
+                .arg(Lease::fixed(wanted.timeout).millis())
                 .query_async(conn)
                 .await?;
             let local = local > 0;
@@ -86,14 +83,8 @@ impl Acknowledgement {
     }
 }
 
-/// A wait's timeout in whole milliseconds, at least 1 (0 would wait forever).
-fn millis(timeout: Duration) -> u64 {
-    Lease::fixed(timeout).millis()
-}
-
-/// The probe that tells whether the server has `WAITAOF`: one that waits for nothing
-/// (numreplicas 0, 1 ms), except the local fsync when `local` is asked for, so that a server
-/// without `appendonly` refuses it here.
+/// The probe that tells whether the server has `WAITAOF`: one that waits 1 ms for nothing but
+/// the local fsync when `local` is asked for (a server without `appendonly` refuses it).
 pub(super) fn wait_aof_probe(local: bool) -> redis::Cmd {
     let mut cmd = redis::cmd("WAITAOF");
     cmd.arg(u32::from(local)).arg(0).arg(1);
@@ -102,12 +93,10 @@ pub(super) fn wait_aof_probe(local: bool) -> redis::Cmd {
 
 /// What the server's answer to [`wait_aof_probe`] says.
 pub(super) enum Probed {
-    /// The command ran.
     Supported,
     /// The server does not know the command (before Redis 7.2).
     Unknown,
-    /// The command exists but the server refused it as sent: no ACL grant, no `appendonly`
-    /// for a local fsync, a replica.
+    /// The command exists but the server refused it as sent (an ACL, no `appendonly`).
     Refused(RedisError),
 }
 
@@ -116,19 +105,17 @@ impl Probed {
     pub(super) fn of<T>(result: Result<T, RedisError>) -> Result<Self, RedisError> {
         match result {
             Ok(_) => Ok(Self::Supported),
-            // A server checks that a command exists before anything else (ACL included), so
-            // this answer is the same for every user.
-            Err(error) if error.code() == Some("ERR") && is_unknown_command(&error) => {
+            // A server checks that a command exists before anything else (ACL included).
+            Err(error)
+                if error.code() == Some("ERR")
+                    && (error.detail()).is_some_and(|detail| {
+                        detail.to_ascii_lowercase().contains("unknown command")
+                    }) =>
+            {
                 Ok(Self::Unknown)
             }
             Err(error) if error.code().is_some() => Ok(Self::Refused(error)),
             Err(error) => Err(error),
         }
     }
-}
-
-fn is_unknown_command(error: &RedisError) -> bool {
-    error
-        .detail()
-        .is_some_and(|detail| detail.to_ascii_lowercase().contains("unknown command"))
 }

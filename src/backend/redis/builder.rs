@@ -13,7 +13,7 @@ use super::{
     RedisBackend,
     acknowledge::{Acknowledgement, MinReplicas, WaitAof},
     errors::connect_error,
-    pool::{Connections, Manager, Pool},
+    pool::{Connections, Pool},
     quarantine::Quarantine,
     target::Target,
     transport::Transport,
@@ -54,27 +54,18 @@ impl fmt::Debug for Source {
             #[cfg(feature = "sentinel")]
             Self::Sentinel { sentinels, name } => f
                 .debug_struct("Sentinel")
-                .field(
-                    "sentinels",
-                    &sentinels
-                        .iter()
-                        .map(|url| redact_password(url))
-                        .collect::<Vec<_>>(),
-                )
+                .field("sentinels", &redacted(sentinels))
                 .field("name", name)
                 .finish(),
             #[cfg(feature = "cluster")]
-            Self::Cluster(nodes) => f
-                .debug_tuple("Cluster")
-                .field(
-                    &nodes
-                        .iter()
-                        .map(|url| redact_password(url))
-                        .collect::<Vec<_>>(),
-                )
-                .finish(),
+            Self::Cluster(nodes) => f.debug_tuple("Cluster").field(&redacted(nodes)).finish(),
         }
     }
+}
+
+#[cfg(any(feature = "sentinel", feature = "cluster"))]
+fn redacted(urls: &[String]) -> Vec<std::borrow::Cow<'_, str>> {
+    urls.iter().map(|url| redact_password(url)).collect()
 }
 
 impl fmt::Debug for RedisBackendBuilder {
@@ -129,15 +120,11 @@ impl RedisBackendBuilder {
     }
 
     /// Runs the lock commands on the application's bb8-redis pool instead of connections of
-    /// the backend's own. The builder's URL must name the same server: the backend opens its
-    /// pub/sub connection there (a bb8-redis manager does not say where it connects).
-    /// [`pool_size`](Self::pool_size) does not apply; every other setting does, and
-    /// [`connect`](Self::connect) checks that the pool reaches the server.
-    ///
-    /// bb8 tests a connection with `PING` on checkout unless the pool was built with
-    /// `test_on_check_out(false)`; without that test a connection broken by a Redis restart
-    /// stays in the pool. Not for Sentinel or a cluster, whose servers change: `connect` fails
-    /// with [`BackendErrorKind::Misconfigured`].
+    /// the backend's own. The builder's URL must name the same server: the pub/sub connection
+    /// goes there. [`pool_size`](Self::pool_size) does not apply; [`connect`](Self::connect)
+    /// checks that the pool reaches the server. Keep bb8's test on checkout (the default), or
+    /// a connection broken by a Redis restart stays in the pool. Not for Sentinel or a
+    /// cluster, whose servers change ([`BackendErrorKind::Misconfigured`]).
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -166,13 +153,12 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// How many connections (sockets) the backend opens, used in turn. Each is multiplexed:
-    /// any number of commands are in flight on one. Defaults to 1, which lets Redis read many
-    /// commands per system call (measured: a third less Redis CPU per lock than 4
-    /// connections, see `benches/README.md`); to 4 with [`min_replicas`](Self::min_replicas)
-    /// or [`wait_aof`](Self::wait_aof), whose `WAIT` holds back the later replies of its
-    /// connection until it returns. A cluster backend keeps one multiplexed connection per node
-    /// instead.
+    /// How many connections (sockets) the backend opens, used in turn; each carries any
+    /// number of commands at once. Defaults to 1, which lets Redis read many commands per
+    /// system call (a third less Redis CPU per lock than 4, see `benches/README.md`); to 4
+    /// with [`min_replicas`](Self::min_replicas) or [`wait_aof`](Self::wait_aof), whose waits
+    /// hold back the later replies of their connection. Not for a cluster (one connection per
+    /// node).
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = Some(size);
         self
@@ -185,79 +171,50 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// How long a server run that may have forgotten grants grants no new lock (its
-    /// quarantine). Defaults to the default lease (30 s); never shorter than the longest lease
-    /// this process asks for. `Duration::ZERO` turns it off.
+    /// How long a new server run grants no new lock (its quarantine). Defaults to the default
+    /// lease (30 s), and is never shorter than the longest lease this process asks for;
+    /// `Duration::ZERO` turns it off.
     ///
     /// A Redis restarted without persistence (or from an older snapshot, or a replica promoted
-    /// before it had the last grants) has forgotten grants whose holders are still inside their
-    /// critical sections until their leases run out. So a new server run grants nothing until
-    /// the quarantine has passed since its start (for a promoted replica: since a script first
-    /// saw it): an acquire fails with [`BackendErrorKind::Quarantined`], saying when it ends
-    /// (a layer answers `423 Locked` with `Retry-After`; a waiter waits). Renewals and releases
-    /// go on. The acquire scripts tell from the server itself (`INFO server`'s `run_id` against
-    /// a run marker key `<prefix>{}:run` under the lock prefix; the ACL user needs `+info`), so
-    /// every process waits from the same origin, and no clocks are compared.
+    /// before it had the last grants) forgot grants whose holders still work under them until
+    /// their leases run out. So the acquire scripts grant nothing until the quarantine has
+    /// passed since the run started (a promoted replica: since a script first saw it); the
+    /// acquire fails with [`BackendErrorKind::Quarantined`], saying when it ends. Renewals and
+    /// releases go on. The scripts tell from the server itself: its `run_id` (`INFO server`,
+    /// the ACL user needs `+info`) against a run marker `<prefix>{}:run`, so every process
+    /// counts from the same origin and no clocks are compared.
     ///
-    /// Each process waits its own quarantine: set it to at least the longest lease any process
-    /// of this store uses, on every process (a process that uses a longer lease than its
-    /// quarantine warns once). Turn it off only for a server that loses no acknowledged write
-    /// across a restart (`appendonly yes` with `appendfsync always`), or for tests that start
-    /// their own server. A Redis Cluster is not quarantined (its nodes fail over to replicas
-    /// that usually had the grants).
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    ///
-    /// use tower_lock::RedisBackend;
-    ///
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// // Some clients of this Redis hold locks for up to 2 minutes.
-    /// let backend = RedisBackend::builder("redis://127.0.0.1:6379")
-    ///     .quarantine(Duration::from_secs(120))
-    ///     .connect()
-    ///     .await?;
-    /// # Ok(())
-    /// # }
-    /// ```
+    /// Set it to at least the longest lease any process of this store uses, on every process
+    /// (one that uses a longer lease warns once). Turn it off only for a server that loses no
+    /// acknowledged write across a restart (`appendonly yes`, `appendfsync always`), or for
+    /// tests. A Redis Cluster is not quarantined (its replicas usually had the grants).
     pub fn quarantine(mut self, quarantine: Duration) -> Self {
         self.quarantine = Some(quarantine);
         self
     }
 
-    /// After each acquire, waits (Redis `WAIT`) until at least `replicas` replicas have
-    /// copied the grant, for at most `timeout`. When fewer did, the grant is undone and the
-    /// acquire fails with [`BackendErrorKind::ReplicasNotAcknowledged`].
-    ///
-    /// This narrows the window in which a failover to a replica that never received the lock
-    /// lets a second holder in; it does not close it (replication stays asynchronous, and a
-    /// replica that acknowledged can still lose the write before a promotion), and it is not
-    /// consensus. Locks handed from one holder to a waiter of the same client go through a
-    /// normal acquire in this mode, so every grant is acknowledged. `WAIT` holds up the
-    /// connection it runs on for as long as it waits, and an acquire may take the command
+    /// After each grant, waits (Redis `WAIT`) until at least `replicas` replicas copied it, for
+    /// at most `timeout`; when fewer did, the grant is undone and the acquire fails with
+    /// [`BackendErrorKind::ReplicasNotAcknowledged`]. This narrows the window in which a
+    /// failover to a replica that never received a grant lets a second holder in; it does not
+    /// close it, and it is not consensus. Hand-offs to waiters of the same client become
+    /// normal acquires, so every grant is acknowledged. An acquire may take the command
     /// timeout plus `timeout`.
     pub fn min_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
         self.acknowledgement.replicas = (replicas > 0).then_some(MinReplicas { replicas, timeout });
         self
     }
 
-    /// After each acquire, waits (Redis `WAITAOF`, Redis 7.2 and newer) until the grant is in
-    /// an append-only file on disk: fsynced by this server when `local` is set, and by at least
-    /// `replicas` replicas, for at most `timeout`. When fewer did, the grant is undone and the
-    /// acquire fails with [`BackendErrorKind::AofNotAcknowledged`].
+    /// After each grant, waits (Redis `WAITAOF`, 7.2 and newer) until it is fsynced to an
+    /// append-only file: by this server when `local` is set, and by at least `replicas`
+    /// replicas, for at most `timeout`; when not, the grant is undone and the acquire fails
+    /// with [`BackendErrorKind::AofNotAcknowledged`]. With `local`, a grant survives a restart
+    /// of its server from its append-only file. Runs after `WAIT` when both are set; hand-offs
+    /// become normal acquires, as with [`min_replicas`](Self::min_replicas). Not on a cluster.
     ///
-    /// With `local`, a grant survives a restart of the server that made it from its
-    /// append-only file (`appendonly yes`), which [`min_replicas`](Self::min_replicas) does not
-    /// promise; with `replicas`, a replica that acknowledged it keeps it through its own
-    /// restart. It is still not consensus. Set with `min_replicas`, `WAIT` runs first, then
-    /// `WAITAOF`. Like `WAIT`, `WAITAOF` holds up the connection it runs on while it waits, and
-    /// hand-offs to waiters of the same client become normal acquires.
-    ///
-    /// [`connect`](Self::connect) checks the server has `WAITAOF` and fails with
-    /// [`BackendErrorKind::Unsupported`] when it does not (before Redis 7.2), and with the
-    /// server's error when it refuses the command as configured (`local` on a server without
-    /// `appendonly`, a user without the ACL grant `+waitaof`), so a missing feature shows at
-    /// start-up, not as a failed acquire. Not available on a Redis Cluster.
+    /// [`connect`](Self::connect) fails with [`BackendErrorKind::Unsupported`] on a server
+    /// without `WAITAOF`, and with the server's error when it refuses it as configured
+    /// (`local` without `appendonly`, an ACL user without `+waitaof`).
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -285,9 +242,7 @@ impl RedisBackendBuilder {
     }
 
     /// Trusts `certificates.root_cert` (PEM) instead of the system's roots for a `rediss://`
-    /// URL, and presents `certificates.client_tls` when the server asks for a client
-    /// certificate. A server whose certificate does not chain to the trusted roots fails the
-    /// connection; nothing falls back to plain text.
+    /// URL, and presents `certificates.client_tls` when asked for a client certificate.
     #[cfg(feature = "tls")]
     pub fn tls_certificates(mut self, certificates: redis::TlsCertificates) -> Self {
         self.tls = Some(certificates);
@@ -298,12 +253,10 @@ impl RedisBackendBuilder {
     /// runs `WAITAOF`).
     ///
     /// # Errors
-    /// [`BackendErrorKind::Unavailable`] when the URL is invalid, the server (or, with
-    /// Sentinel, every sentinel or the master) cannot be reached, or the server refuses the
-    /// connection (TLS certificate, password); [`BackendErrorKind::Timeout`] when it does not
-    /// answer within the command timeout. The URL's password never appears in the error.
-    /// With [`wait_aof`](Self::wait_aof): [`BackendErrorKind::Unsupported`] when the server
-    /// has no `WAITAOF`, or the server's error when it refuses it as configured.
+    /// [`BackendErrorKind::Misconfigured`] for a URL or credentials that cannot work;
+    /// [`BackendErrorKind::Unavailable`] when the server (with Sentinel: every sentinel or
+    /// the master) cannot be reached; [`BackendErrorKind::Timeout`] when it does not answer
+    /// within the command timeout; the `wait_aof` errors. The password never shows.
     pub async fn connect(self) -> Result<RedisBackend, BackendError> {
         let command_timeout = self.command_timeout;
         #[cfg(feature = "cluster")]
@@ -317,14 +270,8 @@ impl RedisBackendBuilder {
             }
             // `WAIT` and `WAITAOF` must follow the write on its connection, which a cluster
             // connection does not promise.
-            let feature = match self.acknowledgement {
-                Acknowledgement {
-                    replicas: Some(_), ..
-                } => Some("min_replicas on a Redis Cluster"),
-                Acknowledgement { aof: Some(_), .. } => Some("wait_aof on a Redis Cluster"),
-                _ => None,
-            };
-            if let Some(feature) = feature {
+            if self.acknowledgement.is_wanted() {
+                let feature = "min_replicas or wait_aof on a Redis Cluster";
                 return Err(BackendError::from_kind(BackendErrorKind::Unsupported {
                     feature,
                 }));
@@ -426,13 +373,10 @@ impl RedisBackendBuilder {
         }
         let waits = self.acknowledgement.is_wanted();
         let pool_size = self.pool_size.unwrap_or(if waits { 4 } else { 1 });
-        let manager = Manager {
-            target: target.clone(),
-            connect_timeout: self.command_timeout,
-        };
+        let connections = Connections::new(target.clone(), self.command_timeout, pool_size);
         Ok(RedisBackend::new(
             Transport::Node {
-                pool: Pool::Own(Connections::new(manager, pool_size)),
+                pool: Pool::Own(connections),
                 target,
             },
             self.command_timeout,

@@ -10,7 +10,7 @@ use super::scripts::{Call, Scripts};
 use crate::{
     backend::{
         LockKind,
-        store::{Grant, Release},
+        store::{Grant, Release, Renew},
     },
     holder::Decimal,
     lease::Lease,
@@ -263,20 +263,50 @@ pub(super) fn abandon(scripts: &'static Scripts, grant: &Grant<'_>) -> Call {
     call
 }
 
-/// One grant to renew: its lock, kind, attempt and lease.
-pub(super) type Renewal<'a> = (&'a LockKey, LockKind, &'a str, Lease);
-
-/// `lua/renew.lua` for `batch`.
-pub(super) fn renew(scripts: &'static Scripts, batch: &[Renewal<'_>]) -> Call {
-    let mut call = scripts.renew.call(batch.len());
-    for (key, kind, ..) in batch {
-        call.key(record_key(key, *kind));
+/// The calls that renew `renewals`: `lua/renew.lua` for up to `chunk` grants each, then
+/// `lua/wait.lua` for each place; each with the indexes of the renewals it answers for.
+pub(super) fn renewals(
+    scripts: &'static Scripts,
+    renewals: &[Renew<'_>],
+    chunk: usize,
+) -> Vec<(Vec<usize>, Call)> {
+    let grants: Vec<_> = (renewals.iter().enumerate())
+        .filter_map(|(i, renew)| match *renew {
+            Renew::Grant {
+                key,
+                kind,
+                grant,
+                lease,
+            } => Some((i, key, kind, grant, lease)),
+            Renew::Place { .. } => None,
+        })
+        .collect();
+    let mut calls: Vec<_> = (grants.chunks(chunk))
+        .map(|chunk| {
+            let mut call = scripts.renew.call(chunk.len());
+            for &(_, key, kind, ..) in chunk {
+                call.key(record_key(key, kind));
+            }
+            for &(_, _, kind, grant, lease) in chunk {
+                let side = if kind.owns() { b"o" } else { b"s" };
+                call.arg(Cat([side, grant.as_bytes()])).arg(lease.millis());
+            }
+            (chunk.iter().map(|&(i, ..)| i).collect(), call)
+        })
+        .collect();
+    for (i, renew) in renewals.iter().enumerate() {
+        if let Renew::Place {
+            key,
+            kind,
+            holder,
+            timeout,
+        } = *renew
+        {
+            let ms = Lease::fixed(timeout).millis();
+            calls.push((vec![i], wait(scripts, key, kind, holder, ms)));
+        }
     }
-    for (_, kind, grant, lease) in batch {
-        let side = if kind.owns() { b"o" } else { b"s" };
-        call.arg(Cat([side, grant.as_bytes()])).arg(lease.millis());
-    }
-    call
+    calls
 }
 
 /// `lua/wait.lua`: keeps `holder`'s place in the queue of `key` for `ms`, or with `0` takes

@@ -1,12 +1,10 @@
 //! The Redis Cluster transport: one redis-rs cluster connection for commands, and the
 //! configuration of the sharded pub/sub connection opened on the first wait.
 //!
-//! Every key of one lock carries the lock's hash tag, so each script call touches one slot and
-//! the cluster connection routes it to the slot's master by its first key, following `MOVED`
-//! and `ASK` while slots migrate or a replica takes over. Both connections use RESP3: the pub/sub
-//! one because redis-rs needs it for sharded subscriptions, the command one because over RESP3
-//! a node connection that drops is noticed (and repaired) at once rather than by the next
-//! command sent into it. The scripts' replies (arrays of integers, integers) read the same.
+//! Every key of one lock carries its hash tag, so each script call touches one slot and goes to
+//! its master by its first key, following `MOVED` and `ASK`. Both connections use RESP3: the
+//! pub/sub one for sharded subscriptions, the command one because over RESP3 a node connection
+//! that drops is noticed at once rather than by the next command sent into it.
 
 use std::time::Duration;
 
@@ -29,10 +27,6 @@ pub(super) struct Cluster {
 
 impl Cluster {
     /// Connects to the cluster that `nodes` (one or more of its nodes) belong to.
-    ///
-    /// # Errors
-    /// [`BackendErrorKind::Unavailable`] for an invalid URL; the mapped redis-rs error when no
-    /// node answers.
     pub(super) async fn connect(nodes: &[String], timeout: Duration) -> Result<Self, BackendError> {
         let nodes = nodes
             .iter()
@@ -95,14 +89,11 @@ pub(super) async fn connect(
     }
 }
 
-/// The settings both connections share: each node connection and each reply within the
-/// command timeout (the backend also bounds every whole call by it), and a retry budget that
-/// runs out well within it. redis-rs retries a command while its slot's master cannot be
-/// reached (a failover in progress, nodes still disagreeing on the new master); its defaults
-/// wait over a second before the first retry and retry for minutes, so a call would only ever
-/// end in the backend's timeout. With this budget the call ends in time with the error that
-/// says why (connection refused, `MOVED`, `CLUSTERDOWN`), which the engine treats as a backend
-/// that is briefly unavailable and tries again while the caller's wait lasts.
+/// The settings both connections share: each node connection and reply within the command
+/// timeout, and a retry budget well within it. redis-rs retries a command while its slot's
+/// master cannot be reached; its defaults retry for minutes, so a call would only end in the
+/// backend's timeout. With this budget it ends in time with the error that says why, which the
+/// engine takes as a store briefly unavailable.
 fn builder(nodes: &[ConnectionInfo], timeout: Duration) -> ClusterClientBuilder {
     let max_wait = u64::try_from((timeout / (RETRIES * 2)).as_millis())
         .unwrap_or(u64::MAX)
@@ -116,8 +107,8 @@ fn builder(nodes: &[ConnectionInfo], timeout: Duration) -> ClusterClientBuilder 
         .retry_wait_formula(RETRY_FACTOR_MS, 2)
 }
 
-/// How many times redis-rs retries one command (redirects included: a migration needs one or
-/// two). Each wait is at most a tenth of the command timeout, so all of them take half of it.
+/// How many times redis-rs retries one command (redirects included). Each wait is at most a
+/// tenth of the command timeout.
 const RETRIES: u32 = 5;
 /// The shortest wait before redis-rs retries a command, in milliseconds.
 const RETRY_MIN_MS: u64 = 10;

@@ -19,8 +19,8 @@ use crate::{
 };
 
 impl RedisBackend {
-    /// Opens every connection of the backend's own now (bounded by the command timeout), so
-    /// the first commands do not pay for connecting.
+    /// Opens every connection of the backend's own now (within the command timeout), so the
+    /// first commands do not pay for connecting.
     pub(super) async fn open_pool(&self) {
         if let Transport::Node {
             pool: Pool::Own(connections),
@@ -34,45 +34,46 @@ impl RedisBackend {
     /// Runs one command with the command timeout.
     pub(super) async fn query<T: FromRedisValue>(
         &self,
-        cmd: &mut redis::Cmd,
+        cmd: &redis::Cmd,
         key: Option<&LockKey>,
     ) -> Result<T, BackendError> {
         self.with_conn(key, async |conn| cmd.query_async(conn).await)
             .await
     }
 
-    /// Runs one script call with the command timeout; by body when the server lost the
-    /// script.
+    /// Runs one script call with the command timeout.
     pub(super) async fn invoke<T: FromRedisValue>(
         &self,
         call: &Call,
         key: &LockKey,
     ) -> Result<T, BackendError> {
-        let result = self
-            .with_conn(Some(key), async |conn| call.run(conn).await)
-            .await;
-        self.name_wrong_type_in(result, key).await
+        let result = self.with_conn(Some(key), async |conn| call.run(conn).await);
+        self.name_wrong_type_in(result.await, key).await
     }
 
-    /// Replaces a wrong-type error that does not name the type found (a command's own, not a
-    /// script's) with one naming the type found at `key`.
+    /// Names the type found at `key` in a wrong-type error that does not (a command's own, not
+    /// a script's).
     pub(super) async fn name_wrong_type_in<T>(
         &self,
         result: Result<T, BackendError>,
         key: &LockKey,
     ) -> Result<T, BackendError> {
-        match result {
-            Err(error) if matches!(error.kind(), BackendErrorKind::WrongType { found } if found.is_empty()) => {
-                Err(self.name_wrong_type(key).await)
-            }
-            other => other,
+        let Err(error) = result else { return result };
+        if !matches!(error.kind(), BackendErrorKind::WrongType { found } if found.is_empty()) {
+            return Err(error);
         }
+        let found: String = (self
+            .query(redis::cmd("TYPE").arg(key.as_str()), Some(key))
+            .await)
+            .unwrap_or_else(|_| "unknown".to_owned());
+        tracing::warn!(key = %key, found, "lock key holds a value of another type");
+        Err(BackendError::from_kind(BackendErrorKind::WrongType { found }).with_key(key.as_str()))
     }
 
-    /// Checks out a connection and runs `op` on it, all within the command timeout. A
-    /// connection that failed at the connection level, ran out of time, or whose server is no
-    /// longer a master, is not put back. For other modules of the crate that run commands of
-    /// their own on the lock store.
+    /// Checks out a connection and runs `op` on it, all within the command timeout; for the
+    /// modules of the crate that run commands of their own on the lock store. A connection
+    /// that failed at the connection level, ran out of time, or whose server is no longer a
+    /// master, is not used again.
     pub(crate) async fn with_conn<T>(
         &self,
         key: Option<&LockKey>,
@@ -82,45 +83,46 @@ impl RedisBackend {
             .await
     }
 
-    /// [`with_conn`](Self::with_conn) with a time budget other than the command timeout.
+    /// [`with_conn`](Self::with_conn) within `budget`.
     pub(super) async fn with_conn_within<T>(
         &self,
         key: Option<&LockKey>,
         budget: Duration,
         op: impl AsyncFnOnce(&mut Conn) -> Result<T, RedisError>,
     ) -> Result<T, BackendError> {
+        let name_key = |error: BackendError| match key {
+            Some(key) => error.with_key(key.as_str()),
+            None => error,
+        };
         // A server known to be down: fail at once rather than wait for a connection.
         let health = &self.inner.health;
-        health.check().map_err(|error| name_key(error, key))?;
+        health.check().map_err(name_key)?;
         // One timer for both steps; it is registered only if a step has to wait.
         let out_of_time = tokio::time::sleep(budget);
         tokio::pin!(out_of_time);
+        let silent = |kind, what| {
+            let error = BackendError::new(kind, format!("no {what} within {budget:?}"));
+            (Some(Trouble::Silent), error)
+        };
         let result = async {
             // No connection in time: nothing was sent, so the outcome is known.
             let mut conn = tokio::select! {
                 biased;
-                conn = self.inner.transport.get() => conn.map_err(|error| match is_refusal(&error) {
-                    true => Failure::Refused(error),
-                    false => Failure::Other(error),
+                conn = self.inner.transport.get() => conn.map_err(|error| {
+                    (is_refusal(&error).then_some(Trouble::Refused), error)
                 })?,
                 () = &mut out_of_time => {
-                    return Err(Failure::Silent(BackendError::new(
-                        BackendErrorKind::Unavailable,
-                        format!("no connection within {budget:?}"),
-                    )));
+                    return Err(silent(BackendErrorKind::Unavailable, "connection"));
                 }
             };
             let result = tokio::select! {
                 biased;
                 result = op(&mut conn) => result,
                 () = &mut out_of_time => {
-                    // A connection that stayed silent for the whole budget may be half-open or
-                    // cut off: a fresh one is cheaper than finding out on the next command.
+                    // Silent for the whole budget, it may be half-open or cut off: a fresh
+                    // one is cheaper than finding out on the next command.
                     conn.mark_broken();
-                    return Err(Failure::Silent(BackendError::new(
-                        BackendErrorKind::Timeout,
-                        format!("no reply within {budget:?}"),
-                    )));
+                    return Err(silent(BackendErrorKind::Timeout, "reply"));
                 }
             };
             if let Err(error) = &result
@@ -131,7 +133,7 @@ impl RedisBackend {
             {
                 conn.mark_broken();
             }
-            result.map_err(|error| Failure::Other(redis_error(error)))
+            result.map_err(|error| (None, redis_error(error)))
         }
         .await;
         let error = match result {
@@ -139,43 +141,15 @@ impl RedisBackend {
                 health.succeeded();
                 return Ok(value);
             }
-            Err(Failure::Other(error)) => error,
-            Err(Failure::Refused(error)) => {
-                let (error, opened) = health.failed(Trouble::Refused, error);
-                if opened {
+            Err((None, error)) => error,
+            Err((Some(trouble), error)) => {
+                let (error, probe) = health.failed(trouble, error);
+                if probe {
                     self.start_probe();
                 }
                 error
             }
-            Err(Failure::Silent(error)) => health.failed(Trouble::Silent, error).0,
         };
-        Err(name_key(error, key))
-    }
-
-    /// Builds the error for a key of a foreign type, naming the type found there.
-    pub(super) async fn name_wrong_type(&self, key: &LockKey) -> BackendError {
-        let found: String = self
-            .query(redis::cmd("TYPE").arg(key.as_str()), Some(key))
-            .await
-            .unwrap_or_else(|_| "unknown".to_owned());
-        tracing::warn!(key = %key, found, "lock key holds a value of another type");
-        BackendError::from_kind(BackendErrorKind::WrongType { found }).with_key(key.as_str())
-    }
-}
-
-/// How a command failed, for the server's [health](super::health).
-enum Failure {
-    /// No connection could be opened: the server refused it.
-    Refused(BackendError),
-    /// No connection or no reply within the time budget.
-    Silent(BackendError),
-    /// Anything else (the server answered, or the connection broke mid-command).
-    Other(BackendError),
-}
-
-fn name_key(error: BackendError, key: Option<&LockKey>) -> BackendError {
-    match key {
-        Some(key) => error.with_key(key.as_str()),
-        None => error,
+        Err(name_key(error))
     }
 }

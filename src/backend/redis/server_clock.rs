@@ -22,12 +22,12 @@ use crate::lease::Lease;
 #[derive(Clone, Copy, Debug)]
 pub(super) struct ServerClock {
     /// When the reply to the request that read the server's clock arrived.
-    answered: Instant,
+    pub(super) answered: Instant,
     /// The server's clock then, at least: its reading (ms since the Unix epoch, rounded down).
-    server_ms: u64,
+    pub(super) server_ms: u64,
     /// The reading's round trip: the server's clock when the reply arrived was at most this
     /// much past the reading.
-    round_trip: Duration,
+    pub(super) round_trip: Duration,
 }
 
 impl ServerClock {
@@ -89,35 +89,4 @@ impl ServerClock {
 /// `duration` in whole milliseconds, rounded down.
 fn whole_ms(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn the_expiry_covers_the_trusted_lease_and_no_more_than_the_lease() {
-        let lease = Lease::fixed(Duration::from_secs(10));
-        let clock = ServerClock {
-            answered: Instant::now(),
-            server_ms: 1_000_000,
-            round_trip: Duration::from_micros(300),
-        };
-        tokio::time::advance(Duration::from_millis(7)).await;
-        // The server's clock is now within 1_000_007 and 1_000_009 (a reading rounded down
-        // and the round trip): the lease from the lower bound, the margin covers the rest.
-        assert_eq!(clock.expiry(&lease), Some(1_000_007 + 10_000));
-        // A slow reading that the margin (102 ms) does not cover is not used: the hold would
-        // outlive its lease by what it does not cover.
-        let slow = ServerClock {
-            round_trip: Duration::from_millis(500),
-            ..clock
-        };
-        assert_eq!(slow.expiry(&lease), None);
-        // A longer lease's margin covers it.
-        assert!(
-            slow.expiry(&Lease::fixed(Duration::from_secs(60)))
-                .is_some()
-        );
-    }
 }

@@ -1,16 +1,10 @@
-//! Release notifications in a Redis Cluster: sharded pub/sub (`SSUBSCRIBE`), so each lock's
-//! channel lives on the shard that owns the lock's slot, as its `SPUBLISH` does.
-//!
-//! One RESP3 cluster connection carries every subscription; redis-rs sends each `SSUBSCRIBE` to
-//! the channel's shard and delivers messages, subscription changes and disconnections as pushes.
-//! The task serves the same [`Feed`] as the single-node task. What the cluster adds:
-//!
-//! - A node connection dropped (a master died, a failover): every wanted channel is subscribed
-//!   again, retried until its slot has a reachable master, then the channel's listeners are
-//!   woken, since releases published meanwhile are lost. Waking them only then keeps waiters
-//!   from checking their lock against a node that is still down.
-//! - A server-side `SUNSUBSCRIBE` of a wanted channel (its slot moved to another master): the
-//!   channel is subscribed again, on the slot's new owner, and then its listeners are woken.
+//! Release notifications in a Redis Cluster: sharded pub/sub (`SSUBSCRIBE`) on the shard that
+//! owns each lock's slot, where its `SPUBLISH` goes. One RESP3 cluster connection carries every
+//! subscription and delivers messages, subscription changes and disconnections as pushes; the
+//! task serves the same [`Feed`] as the single-node one. When a node connection drops, or the
+//! server drops a wanted channel (its slot moved), the channel is subscribed again, retried
+//! until its slot has a reachable master, and only then are its listeners woken (releases
+//! published meanwhile are lost), so that they do not check their lock on a node still down.
 
 use std::{collections::HashSet, sync::atomic::Ordering, time::Duration};
 
@@ -29,13 +23,11 @@ const FIRST_RETRY: Duration = Duration::from_millis(20);
 /// The longest delay between retries, small so a promoted replica is found soon.
 const MAX_RETRY: Duration = Duration::from_millis(250);
 
-/// Starts the sharded notification task for `cluster` on the current runtime. It stops when
-/// `stop` is cancelled.
+/// Starts the sharded notification task for `cluster`; it stops when `stop` is cancelled.
 pub(super) fn start(cluster: &Cluster, timeout: Duration, stop: CancellationToken) -> PubSub {
     let (pushes_tx, pushes) = mpsc::unbounded_channel();
     let client = cluster.pubsub_client(pushes_tx);
-    // Each channel's subscription is made (or retried) on its own shard, and a listener always
-    // waits for its confirmation, connected yet or not.
+    // Each channel is subscribed (or retried) on its own shard: a listener always waits.
     PubSub::spawn(timeout, true, move |feed| async move {
         let client = match client {
             Ok(client) => client,
@@ -140,8 +132,8 @@ impl Task {
         }
     }
 
-    /// Subscribes or unsubscribes `channel` so the connection matches the listeners. A failed
-    /// subscribe is retried in the background; the reconnect of its node wakes the listeners.
+    /// Subscribes or unsubscribes `channel` so the connection matches the listeners; a failed
+    /// subscribe is retried in the background.
     async fn reconcile(&mut self, channel: String) {
         let wanted = self.feed.listeners.is_listened(&channel);
         if wanted && !self.subscribed.contains(&channel) {
@@ -152,21 +144,14 @@ impl Task {
             }
         } else if !wanted && self.subscribed.remove(&channel) {
             self.stale.remove(&channel);
+            // A node gone or slow drops the channel with its connection; a message on it finds
+            // no listener.
             let mut conn = self.conn.clone();
-            match tokio::time::timeout(self.timeout, conn.sunsubscribe(&channel)).await {
-                Ok(Ok(())) => {}
-                // The node is gone or slow: the channel is dropped with its connection, and a
-                // message on it finds no listener.
-                Ok(Err(error)) => {
-                    tracing::debug!(error = %format_args!("{error:#}"), channel, "unsubscribe failed")
-                }
-                Err(_) => tracing::debug!(channel, "unsubscribe timed out"),
-            }
+            let _ = tokio::time::timeout(self.timeout, conn.sunsubscribe(&channel)).await;
         }
     }
 
-    /// Subscribes every stale channel again; wakes the listeners of those that came back, and
-    /// schedules another round for those that did not.
+    /// Subscribes every stale channel again, waking the listeners of those that came back.
     async fn resubscribe(&mut self) {
         let channels: Vec<String> = self
             .stale
@@ -176,8 +161,7 @@ impl Task {
         let results = join_all(channels.iter().map(|channel| self.ssubscribe(channel))).await;
         for (channel, ok) in channels.into_iter().zip(results) {
             if ok {
-                // Releases published while the channel was away are lost: its waiters check.
-                // Only now: waiters of channels still away would check a node that is down.
+                // Releases published while it was away are lost: its waiters check again.
                 self.feed.listeners.notify_channel(&channel);
             } else {
                 self.stale.insert(channel);
@@ -193,17 +177,11 @@ impl Task {
 
     async fn ssubscribe(&self, channel: &str) -> bool {
         let mut conn = self.conn.clone();
-        match tokio::time::timeout(self.timeout, conn.ssubscribe(channel)).await {
-            Ok(Ok(())) => true,
-            Ok(Err(error)) => {
-                tracing::debug!(error = %format_args!("{error:#}"), channel, "sharded subscribe failed");
-                false
-            }
-            Err(_) => {
-                tracing::debug!(channel, "sharded subscribe timed out");
-                false
-            }
+        let result = tokio::time::timeout(self.timeout, conn.ssubscribe(channel)).await;
+        if !matches!(result, Ok(Ok(()))) {
+            tracing::debug!(channel, ?result, "sharded subscribe failed");
         }
+        matches!(result, Ok(Ok(())))
     }
 
     fn retry_soon(&mut self) {

@@ -1,9 +1,6 @@
-//! Where the backend finds the Redis server it talks to: a fixed address, or the master that
-//! Sentinel currently names.
-//!
-//! Every new connection (pooled or pub/sub) asks the target for a client, so once a connection
-//! breaks after a failover, its replacement goes to the new master. With Sentinel, redis-rs
-//! checks that the address it is given answers `ROLE` as a master before handing it out.
+//! Where the backend finds its Redis server: a fixed address, or the master Sentinel names.
+//! Every new connection (pooled or pub/sub) asks for a client, so after a failover a broken
+//! connection's replacement goes to the new master (redis-rs checks its `ROLE`).
 
 use std::fmt;
 
@@ -11,14 +8,12 @@ use redis::{Client, RedisResult};
 
 /// The server behind a backend.
 pub(super) enum Target {
-    /// One fixed server.
     Node(Client),
     /// The master of a Sentinel-monitored group, looked up again for each new connection.
     #[cfg(feature = "sentinel")]
     Sentinel {
-        /// The Sentinel client; queries go through one at a time.
         sentinels: tokio::sync::Mutex<redis::sentinel::SentinelClient>,
-        /// The monitored group's name, for logs and `Debug`.
+        /// The group's name.
         name: String,
     },
 }
@@ -38,10 +33,8 @@ impl Target {
             }
         }
     }
-}
 
-impl Target {
-    /// The server for error messages: its address, or the Sentinel group's name.
+    /// The server for messages: its address, or the Sentinel group's name.
     pub(super) fn describe(&self) -> String {
         match self {
             Self::Node(client) => client.get_connection_info().addr().to_string(),
@@ -54,15 +47,6 @@ impl Target {
 impl fmt::Debug for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Connection info may carry a password: show only the address.
-        match self {
-            Self::Node(client) => f
-                .debug_tuple("Node")
-                .field(client.get_connection_info().addr())
-                .finish(),
-            #[cfg(feature = "sentinel")]
-            Self::Sentinel { name, .. } => {
-                f.debug_struct("Sentinel").field("master", name).finish()
-            }
-        }
+        f.write_str(&self.describe())
     }
 }

@@ -1,11 +1,17 @@
 //! The backend against a real `redis-server` (the fixture of `tests/support`): each script's
 //! call as `calls.rs` builds it, and the protocol's rules as the store answers them.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use redis::aio::MultiplexedConnection;
+use tokio::sync::{mpsc, oneshot};
 
-use super::{RedisBackend, calls, scripts::SCRIPTS};
+use super::{
+    RedisBackend, calls,
+    pubsub::PubSub,
+    scripts::{PUBLISH, SCRIPTS, Scripts},
+    server_clock::ServerClock,
+};
 use crate::{
     backend::{
         LockKind,
@@ -821,4 +827,137 @@ async fn lost_scripts_are_sent_by_body() {
         .unwrap();
     assert!(matches!(freed, ReleaseReply::Released { .. }));
     assert_eq!(server.calls("eval") - eval, 3);
+}
+
+/// A second listener of a channel whose subscribe is still on its way does not resolve
+/// before Redis confirmed it: its caller checks the lock again counting on every release
+/// from then on reaching it.
+#[tokio::test]
+async fn every_listener_waits_for_the_subscription() {
+    let (confirm, confirmed) = oneshot::channel::<()>();
+    let pubsub = Arc::new(PubSub::spawn(
+        Duration::from_secs(5),
+        true,
+        |mut feed| async move {
+            // Holds every request until the test lets the subscription be confirmed.
+            let mut waiting = Vec::new();
+            let mut confirmed = confirmed;
+            loop {
+                tokio::select! {
+                    Some((_, done)) = feed.requests.recv() => waiting.push(done),
+                    _ = &mut confirmed => break,
+                }
+            }
+            for done in waiting {
+                let _ = done.send(());
+            }
+            // Subscribed from now on: every request is answered at once.
+            while let Some((_, done)) = feed.requests.recv().await {
+                let _ = done.send(());
+            }
+        },
+    ));
+    let first = tokio::spawn({
+        let pubsub = pubsub.clone();
+        async move { pubsub.listen("lock:released".to_owned(), None).await }
+    });
+    while pubsub.channel_count() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let second = tokio::time::timeout(
+        Duration::from_millis(50),
+        pubsub.listen("lock:released".to_owned(), None),
+    )
+    .await;
+    assert!(
+        second.is_err(),
+        "the second listener did not wait for the subscription"
+    );
+    confirm.send(()).unwrap();
+    let _first = first.await.unwrap();
+    let third = tokio::time::timeout(
+        Duration::from_secs(1),
+        pubsub.listen("lock:released".to_owned(), None),
+    )
+    .await;
+    assert!(third.is_ok(), "a confirmed subscription answers at once");
+}
+
+/// While the task has no connection, a listener does not wait for a subscription that
+/// cannot be confirmed before the reconnect: it is registered, and the reconnect wakes it.
+#[tokio::test]
+async fn a_listener_does_not_wait_while_disconnected() {
+    let (requests_seen, mut seen) = mpsc::unbounded_channel();
+    let pubsub = PubSub::spawn(Duration::from_secs(5), false, |mut feed| async move {
+        // Never connects: requests are kept, never answered.
+        let mut kept = Vec::new();
+        while let Some(request) = feed.requests.recv().await {
+            let _ = requests_seen.send(());
+            kept.push(request);
+        }
+    });
+    let listener = tokio::time::timeout(
+        Duration::from_secs(1),
+        pubsub.listen("lock:released".to_owned(), None),
+    )
+    .await;
+    assert!(
+        listener.is_ok(),
+        "the listener waited for a connection that is down"
+    );
+    seen.recv()
+        .await
+        .expect("the subscription is still asked for");
+    assert_eq!(pubsub.channel_count(), 1, "the listener is registered");
+}
+
+/// Each script is hashed from its own file; the release's common case comes before the
+/// helpers, which follow it.
+#[test]
+fn scripts_differ_and_helpers_follow_the_common_case() {
+    let all = |s: &'static Scripts| {
+        [
+            &s.acquire, &s.release, &s.share, &s.unshare, &s.renew, &s.wait, &s.inspect,
+        ]
+        .map(|lua| lua.script.get_hash().to_owned())
+    };
+    let hashes = all(&SCRIPTS);
+    for (i, hash) in hashes.iter().enumerate() {
+        assert!(hashes[i + 1..].iter().all(|other| other != hash));
+    }
+    let release = &SCRIPTS.release.code;
+    assert!(release.starts_with(PUBLISH));
+    assert!(release.find("'DEL'").unwrap() < release.find("local function now_ms").unwrap());
+    #[cfg(feature = "cluster")]
+    for (node, cluster) in hashes.iter().zip(all(&super::scripts::SHARDED_SCRIPTS)) {
+        assert_ne!(*node, cluster);
+    }
+}
+
+/// The "not after" of a request sent now covers the lease the client trusts, and no more than
+/// the lease.
+#[tokio::test(start_paused = true)]
+async fn the_expiry_covers_the_trusted_lease_and_no_more_than_the_lease() {
+    let lease = Lease::fixed(Duration::from_secs(10));
+    let clock = ServerClock {
+        answered: tokio::time::Instant::now(),
+        server_ms: 1_000_000,
+        round_trip: Duration::from_micros(300),
+    };
+    tokio::time::advance(Duration::from_millis(7)).await;
+    // The server's clock is now within 1_000_007 and 1_000_009 (a reading rounded down
+    // and the round trip): the lease from the lower bound, the margin covers the rest.
+    assert_eq!(clock.expiry(&lease), Some(1_000_007 + 10_000));
+    // A slow reading that the margin (102 ms) does not cover is not used: the hold would
+    // outlive its lease by what it does not cover.
+    let slow = ServerClock {
+        round_trip: Duration::from_millis(500),
+        ..clock
+    };
+    assert_eq!(slow.expiry(&lease), None);
+    // A longer lease's margin covers it.
+    assert!(
+        slow.expiry(&Lease::fixed(Duration::from_secs(60)))
+            .is_some()
+    );
 }

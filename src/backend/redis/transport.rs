@@ -4,14 +4,17 @@
 //! Both hand out a [`Conn`] that speaks redis-rs's `ConnectionLike`, so scripts, replies and
 //! errors are handled by the same code whatever the transport.
 
-use std::sync::Arc;
+use std::sync::{Arc, atomic::Ordering};
 
-use redis::{Cmd, Pipeline, RedisFuture, Value, aio::ConnectionLike};
+use redis::{
+    Cmd, Pipeline, RedisFuture, Value,
+    aio::{ConnectionLike, MultiplexedConnection},
+};
 
 #[cfg(feature = "cluster")]
 use super::{cluster::Cluster, scripts::SHARDED_SCRIPTS};
 use super::{
-    pool::{self, Pool},
+    pool::{ConnState, Pool},
     scripts::{SCRIPTS, Scripts},
     target::Target,
 };
@@ -31,9 +34,12 @@ impl Transport {
     /// A connection for one command (or one batch).
     pub(super) async fn get(&self) -> Result<Conn, BackendError> {
         match self {
-            Self::Node { pool, .. } => pool.get().await.map(Conn::Node),
+            Self::Node { pool, .. } => pool.get().await,
             #[cfg(feature = "cluster")]
-            Self::Cluster(cluster) => Ok(Conn::Cluster(cluster.connection())),
+            Self::Cluster(cluster) => Ok(Conn {
+                link: Link::Cluster(cluster.connection()),
+                state: None,
+            }),
         }
     }
 
@@ -44,6 +50,11 @@ impl Transport {
             #[cfg(feature = "cluster")]
             Self::Cluster(_) => &SHARDED_SCRIPTS,
         }
+    }
+
+    /// Whether this is a Redis Cluster.
+    pub(super) fn is_cluster(&self) -> bool {
+        !matches!(self, Self::Node { .. })
     }
 
     /// Where a single-node transport connects (`None` for a cluster).
@@ -65,42 +76,43 @@ impl Transport {
     }
 }
 
-/// A connection checked out of a [`Transport`].
-pub(crate) enum Conn {
-    Node(pool::Conn),
-    /// A handle on the shared cluster connection (cheap to clone).
+/// A connection for one command (or one batch): a clone of a multiplexed connection (or of
+/// the cluster connection), which carries any number of requests at once.
+#[derive(Clone)]
+pub(crate) struct Conn {
+    pub(super) link: Link,
+    /// For the backend's own connections to one node.
+    pub(super) state: Option<Arc<ConnState>>,
+}
+
+#[derive(Clone)]
+pub(super) enum Link {
+    Node(MultiplexedConnection),
     #[cfg(feature = "cluster")]
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
 impl Conn {
-    /// Keeps a pooled connection out of the pool after the current use. The cluster connection
-    /// repairs its node connections itself.
+    /// Keeps the backend's own connection from further use: the next command opens a new one.
+    /// (The cluster connection repairs its node connections itself.)
     pub(super) fn mark_broken(&mut self) {
-        match self {
-            Self::Node(conn) => conn.mark_broken(),
-            #[cfg(feature = "cluster")]
-            Self::Cluster(_) => {}
+        if let Some(state) = &self.state {
+            state.broken.store(true, Ordering::Relaxed);
         }
     }
 
-    /// What the connection read of its server and learnt since: for the backend's own
-    /// connections to one node, not for an application's pool or a cluster.
-    pub(super) fn state(&self) -> Option<std::sync::Arc<pool::ConnState>> {
-        match self {
-            Self::Node(conn) => conn.state(),
-            #[cfg(feature = "cluster")]
-            Self::Cluster(_) => None,
-        }
+    /// What the backend's own connection read of its server and learnt since.
+    pub(super) fn state(&self) -> Option<Arc<ConnState>> {
+        self.state.clone()
     }
 }
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Self::Node(conn) => conn.req_packed_command(cmd),
+        match &mut self.link {
+            Link::Node(conn) => conn.req_packed_command(cmd),
             #[cfg(feature = "cluster")]
-            Self::Cluster(conn) => conn.req_packed_command(cmd),
+            Link::Cluster(conn) => conn.req_packed_command(cmd),
         }
     }
 
@@ -110,18 +122,18 @@ impl ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Self::Node(conn) => conn.req_packed_commands(pipeline, offset, count),
+        match &mut self.link {
+            Link::Node(conn) => conn.req_packed_commands(pipeline, offset, count),
             #[cfg(feature = "cluster")]
-            Self::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Link::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
-        match self {
-            Self::Node(conn) => conn.get_db(),
+        match &self.link {
+            Link::Node(conn) => conn.get_db(),
             #[cfg(feature = "cluster")]
-            Self::Cluster(conn) => conn.get_db(),
+            Link::Cluster(conn) => conn.get_db(),
         }
     }
 }
