@@ -7,7 +7,11 @@ use std::time::Duration;
 
 use redis::{RedisError, aio::ConnectionLike};
 
-use crate::{error::BackendErrorKind, lease::Lease};
+use super::{RedisBackend, errors::redis_error};
+use crate::{
+    error::{BackendError, BackendErrorKind},
+    lease::Lease,
+};
 
 /// The acknowledgements every grant waits for; none by default.
 #[derive(Clone, Copy, Debug, Default)]
@@ -83,39 +87,53 @@ impl Acknowledgement {
     }
 }
 
-/// The probe that tells whether the server has `WAITAOF`: one that waits 1 ms for nothing but
-/// the local fsync when `local` is asked for (a server without `appendonly` refuses it).
-pub(super) fn wait_aof_probe(local: bool) -> redis::Cmd {
-    let mut cmd = redis::cmd("WAITAOF");
-    cmd.arg(u32::from(local)).arg(0).arg(1);
-    cmd
-}
+impl RedisBackend {
+    /// Asks the server whether it has `WAITAOF` (Redis 7.2 and newer), with a `WAITAOF` that
+    /// waits for nothing. An ACL user without `+waitaof` is refused (counted as supported).
+    ///
+    /// # Errors
+    /// The backend's errors when the server cannot be asked.
+    pub async fn supports_wait_aof(&self) -> Result<bool, BackendError> {
+        Ok(self.probe_wait_aof(false).await?.is_some())
+    }
 
-/// What the server's answer to [`wait_aof_probe`] says.
-pub(super) enum Probed {
-    Supported,
-    /// The server does not know the command (before Redis 7.2).
-    Unknown,
-    /// The command exists but the server refused it as sent (an ACL, no `appendonly`).
-    Refused(RedisError),
-}
-
-impl Probed {
-    /// Classifies the probe's outcome; `Err` when the server gave no answer at all.
-    pub(super) fn of<T>(result: Result<T, RedisError>) -> Result<Self, RedisError> {
-        match result {
-            Ok(_) => Ok(Self::Supported),
-            // A server checks that a command exists before anything else (ACL included).
-            Err(error)
-                if error.code() == Some("ERR")
-                    && (error.detail()).is_some_and(|detail| {
-                        detail.to_ascii_lowercase().contains("unknown command")
-                    }) =>
-            {
-                Ok(Self::Unknown)
-            }
-            Err(error) if error.code().is_some() => Ok(Self::Refused(error)),
-            Err(error) => Err(error),
+    /// With [`wait_aof`](super::RedisBackendBuilder::wait_aof) set, checks the server runs
+    /// `WAITAOF` as configured, so that a missing feature fails `connect`, not an acquire.
+    pub(super) async fn check_wait_aof(&self) -> Result<(), BackendError> {
+        let Some(wanted) = self.inner.acknowledgement.aof else {
+            return Ok(());
+        };
+        match self.probe_wait_aof(wanted.local).await? {
+            Some(Ok(())) => Ok(()),
+            Some(Err(refused)) => Err(redis_error(refused)),
+            None => Err(BackendError::from_kind(BackendErrorKind::Unsupported {
+                feature: "WAITAOF (wait_aof), which needs Redis 7.2 or newer",
+            })),
         }
+    }
+
+    /// Sends a `WAITAOF` that waits 1 ms for nothing (but the local fsync with `local`):
+    /// `None` when the server does not know the command, else whether it ran or what the
+    /// server refused (an ACL, a local fsync without `appendonly`).
+    async fn probe_wait_aof(
+        &self,
+        local: bool,
+    ) -> Result<Option<Result<(), RedisError>>, BackendError> {
+        let mut probe = redis::cmd("WAITAOF");
+        probe.arg(u32::from(local)).arg(0).arg(1);
+        let unknown = |error: &RedisError| {
+            let detail = error.detail().unwrap_or_default().to_ascii_lowercase();
+            error.code() == Some("ERR") && detail.contains("unknown command")
+        };
+        self.with_conn(None, async |conn| {
+            match probe.query_async::<redis::Value>(conn).await {
+                Ok(_) => Ok(Some(Ok(()))),
+                // A server checks that a command exists before anything else (ACL included).
+                Err(error) if unknown(&error) => Ok(None),
+                Err(error) if error.code().is_some() => Ok(Some(Err(error))),
+                Err(error) => Err(error),
+            }
+        })
+        .await
     }
 }

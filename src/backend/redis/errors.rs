@@ -73,7 +73,7 @@ pub(super) fn connect_error(error: RedisError, server: &str) -> BackendError {
 
 /// A first connection that failed: names the server, with redis-rs's error as the source.
 #[derive(Debug)]
-pub(super) struct ConnectFailed {
+struct ConnectFailed {
     server: String,
     cause: RedisError,
 }

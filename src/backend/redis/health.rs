@@ -11,7 +11,6 @@
 //! as reported.
 
 use std::{
-    fmt,
     sync::{
         Arc, Mutex, PoisonError, Weak,
         atomic::{AtomicBool, Ordering},
@@ -83,10 +82,11 @@ impl Health {
             return Ok(());
         };
         open.failures += 1;
-        let down = Down {
-            server: self.server.clone(),
-            since: open.since.elapsed(),
-        };
+        let ms = open.since.elapsed().as_millis();
+        let down = format!(
+            "Redis at {} has refused connections for {ms} ms",
+            self.server
+        );
         let error = BackendError::new(BackendErrorKind::Unavailable, down);
         Err(error
             .back_at(open.next_probe.unwrap_or_else(Instant::now))
@@ -171,35 +171,6 @@ impl Health {
             .is_some_and(|open| open.trouble == Trouble::Refused)
     }
 }
-
-impl fmt::Debug for Health {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Health")
-            .field("server", &self.server)
-            .field("down", &self.down.load(Ordering::Relaxed))
-            .finish()
-    }
-}
-
-/// The cause of a command failed at once because its server is down.
-#[derive(Debug)]
-struct Down {
-    server: String,
-    since: Duration,
-}
-
-impl fmt::Display for Down {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ms = self.since.as_millis();
-        write!(
-            f,
-            "Redis at {} has refused connections for {ms} ms",
-            self.server
-        )
-    }
-}
-
-impl std::error::Error for Down {}
 
 impl RedisBackend {
     /// Probes the server in the background (a connection and a `PING`) until it answers, or

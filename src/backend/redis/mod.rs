@@ -36,7 +36,7 @@ pub use bb8_redis;
 pub use redis;
 
 use self::{
-    acknowledge::{Acknowledgement, Probed, wait_aof_probe},
+    acknowledge::Acknowledgement,
     builder::Source,
     calls::CHANNEL,
     errors::{is_noscript, protocol_error, redis_error},
@@ -65,17 +65,12 @@ mod builder;
 mod calls;
 #[cfg(feature = "cluster")]
 mod cluster;
-mod connection;
 mod errors;
 mod health;
 mod pool;
 mod pubsub;
 mod quarantine;
 mod scripts;
-mod server_clock;
-#[cfg(feature = "cluster")]
-mod sharded_pubsub;
-mod target;
 #[cfg(test)]
 mod tests;
 mod transport;
@@ -106,14 +101,9 @@ struct Inner {
 
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The connection info may carry a password: show only the address.
-        let mut f = f.debug_struct("RedisBackend");
-        match &self.inner.transport {
-            Transport::Node { target, .. } => f.field("target", target),
-            #[cfg(feature = "cluster")]
-            Transport::Cluster(cluster) => f.field("cluster", &cluster.addrs()),
-        };
-        f.field("command_timeout", &self.inner.command_timeout)
+        f.debug_struct("RedisBackend")
+            .field("server", &self.inner.transport.describe())
+            .field("command_timeout", &self.inner.command_timeout)
             .field("quarantine", &self.inner.quarantine.length())
             .field("min_replicas", &self.inner.acknowledgement.replicas)
             .field("wait_aof", &self.inner.acknowledgement.aof)
@@ -132,15 +122,6 @@ impl RedisBackend {
     }
 
     /// Starts configuring a backend for the server at `url`.
-    ///
-    /// ```no_run
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let backend = tower_lock::RedisBackend::builder("redis://locks:secret@10.0.0.5:6379/0")
-    ///     .command_timeout(std::time::Duration::from_millis(500))
-    ///     .connect()
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
     pub fn builder(url: impl Into<String>) -> RedisBackendBuilder {
         RedisBackendBuilder::new(Source::Url(url.into()))
     }
@@ -154,13 +135,6 @@ impl RedisBackend {
     /// [quarantined](RedisBackendBuilder::quarantine) from when a script first sees it. Grants
     /// not yet replicated can be lost in a failover: see
     /// [`min_replicas`](RedisBackendBuilder::min_replicas) and fencing tokens.
-    ///
-    /// ```no_run
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let sentinels = ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"];
-    /// let backend = tower_lock::RedisBackend::sentinel(sentinels, "locks").connect().await?;
-    /// # Ok(()) }
-    /// ```
     #[cfg(feature = "sentinel")]
     pub fn sentinel(
         sentinels: impl IntoIterator<Item = impl Into<String>>,
@@ -176,13 +150,6 @@ impl RedisBackend {
     /// nodes; the rest are discovered; feature `cluster`). Each lock's scripts go to its hash
     /// slot's master, following `MOVED` and `ASK`; its notifications use sharded pub/sub on
     /// the same shard. `pool_size`, `min_replicas` and `wait_aof` do not apply.
-    ///
-    /// ```no_run
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let nodes = ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"];
-    /// let backend = tower_lock::RedisBackend::cluster(nodes).connect().await?;
-    /// # Ok(()) }
-    /// ```
     #[cfg(feature = "cluster")]
     pub fn cluster<I>(nodes: I) -> RedisBackendBuilder
     where
@@ -199,13 +166,9 @@ impl RedisBackend {
         quarantine: Quarantine,
     ) -> Self {
         let stop = CancellationToken::new();
-        let server = transport.node_target().map_or_else(
-            || "the Redis Cluster".to_owned(),
-            |target| target.describe(),
-        );
         Self {
             inner: Arc::new(Inner {
-                health: health::Health::new(server),
+                health: health::Health::new(transport.describe()),
                 transport,
                 pubsub: OnceLock::new(),
                 command_timeout,
@@ -229,46 +192,9 @@ impl RedisBackend {
         self.inner.pubsub.get().map_or(0, PubSub::reconnects)
     }
 
-    /// Asks the server whether it has `WAITAOF` (Redis 7.2 and newer), with a `WAITAOF` that
-    /// waits for nothing. An ACL user without `+waitaof` is refused (counted as supported).
-    ///
-    /// # Errors
-    /// The backend's errors when the server cannot be asked.
-    pub async fn supports_wait_aof(&self) -> Result<bool, BackendError> {
-        Ok(!matches!(
-            self.probe_wait_aof(false).await?,
-            Probed::Unknown
-        ))
-    }
-
     /// One `PING`, within the command timeout.
     pub(crate) async fn ping(&self) -> Result<(), BackendError> {
-        self.query(&mut redis::cmd("PING"), None).await
-    }
-
-    /// Sends a `WAITAOF` that waits for nothing but the local fsync when `local` is set, and
-    /// tells what the answer says.
-    async fn probe_wait_aof(&self, local: bool) -> Result<Probed, BackendError> {
-        let probe = wait_aof_probe(local);
-        self.with_conn(None, async |conn| {
-            Probed::of(probe.query_async::<Value>(conn).await)
-        })
-        .await
-    }
-
-    /// With [`wait_aof`](RedisBackendBuilder::wait_aof) set, checks the server runs `WAITAOF`
-    /// as configured, so that a missing feature fails `connect`, not an acquire.
-    async fn check_wait_aof(&self) -> Result<(), BackendError> {
-        let Some(wanted) = self.inner.acknowledgement.aof else {
-            return Ok(());
-        };
-        match self.probe_wait_aof(wanted.local).await? {
-            Probed::Supported => Ok(()),
-            Probed::Unknown => Err(BackendError::from_kind(BackendErrorKind::Unsupported {
-                feature: "WAITAOF (wait_aof), which needs Redis 7.2 or newer",
-            })),
-            Probed::Refused(error) => Err(redis_error(error)),
-        }
+        self.query(&redis::cmd("PING"), None).await
     }
 
     /// The pub/sub connection's handle, started on first use.
@@ -280,7 +206,7 @@ impl RedisBackend {
             }
             #[cfg(feature = "cluster")]
             Transport::Cluster(cluster) => {
-                sharded_pubsub::start(cluster, inner.command_timeout, inner.stop.clone())
+                cluster::start_pubsub(cluster, inner.command_timeout, inner.stop.clone())
             }
         })
     }
@@ -332,7 +258,7 @@ impl RedisBackend {
         extend: bool,
     ) -> Result<(Vec<i64>, Option<BackendErrorKind>), RedisError> {
         let (quarantine, acknowledgement) = (&self.inner.quarantine, &self.inner.acknowledgement);
-        let state = conn.state();
+        let state = conn.state.clone();
         let clock = state.as_ref().and_then(|state| state.clock);
         let not_after = clock.and_then(|clock| clock.expiry(&grant.lease));
         // `SET NX` cannot check the run marker: only where a script saw the run past it.
@@ -343,40 +269,38 @@ impl RedisBackend {
             && state.as_ref().is_some_and(|state| {
                 !quarantine.is_on() || state.run_verified.load(Ordering::Relaxed)
             });
-        if let Some(pxat) = not_after.filter(|_| plain) {
-            let set: Option<()> = redis::cmd("SET")
-                .arg(grant.key.as_str())
-                .arg(grant.attempt)
-                .arg("NX")
-                .arg("PXAT")
-                .arg(pxat)
-                .query_async(conn)
-                .await?;
-            if set.is_some() {
-                return Ok((vec![1, -1], acknowledgement.shortfall(conn).await?));
-            }
-        }
-        let run = state.as_ref().map_or("", |state| state.run.as_str());
-        let check = quarantine.check(run).filter(|_| !extend);
-        let call = calls::acquire(self.scripts(), grant, extend, not_after, check);
-        let reply: Vec<i64> = call.run(conn).await?;
-        let shortfall = match reply.first() {
-            // It did nothing: the call took longer than its lease, or the server's clock moved
-            // on more than this connection's reading allows.
-            Some(&ARRIVED_LATE) => {
-                conn.mark_broken();
-                None
-            }
-            Some(&QUARANTINED) => None,
-            first => {
-                if let Some(state) = state.as_ref().filter(|_| check.is_some()) {
+        let mut set = redis::cmd("SET");
+        set.arg(grant.key.as_str())
+            .arg(grant.attempt)
+            .arg("NX")
+            .arg("PXAT");
+        let set: Option<()> = match not_after.filter(|_| plain) {
+            Some(pxat) => set.arg(pxat).query_async(conn).await?,
+            None => None,
+        };
+        let reply = if set.is_some() {
+            vec![1, -1]
+        } else {
+            let run = state.as_ref().map_or("", |state| state.run.as_str());
+            let check = quarantine.check(run).filter(|_| !extend);
+            let call = calls::acquire(self.scripts(), grant, extend, not_after, check.as_deref());
+            let reply: Vec<i64> = call.run(conn).await?;
+            match reply.first() {
+                // It did nothing: the call took longer than its lease, or the server's clock
+                // moved on more than this connection's reading allows.
+                Some(&ARRIVED_LATE) => conn.mark_broken(),
+                Some(&QUARANTINED) => {}
+                // Past the check: the connection's run is over its quarantine.
+                _ if check.is_some() => (state.iter()).for_each(|state| {
                     state.run_verified.store(true, Ordering::Relaxed);
-                }
-                match first {
-                    Some(1) if !extend => acknowledgement.shortfall(conn).await?,
-                    _ => None,
-                }
+                }),
+                _ => {}
             }
+            reply
+        };
+        let shortfall = match reply.first() {
+            Some(1) if !extend => acknowledgement.shortfall(conn).await?,
+            _ => None,
         };
         Ok((reply, shortfall))
     }
@@ -388,7 +312,7 @@ impl RedisBackend {
         tracing::warn!(
             key,
             ?shortfall,
-            "a grant was not acknowledged as configured; undoing it"
+            "a grant was not acknowledged as configured; undoing"
         );
         match self.abandon(grant).await {
             Ok(_) => BackendError::from_kind(shortfall).with_key(key),

@@ -1,11 +1,10 @@
 //! The one pub/sub connection of a backend, shared by every waiter of every key.
 //!
-//! A task owns the connection. The first listener of a channel asks it to subscribe and waits
-//! for Redis to confirm; the last one leaving makes it unsubscribe. The task compares what is
-//! wanted with what is subscribed rather than replaying requests, so a subscribe and an
-//! unsubscribe racing each other end in the state the listeners want. After a reconnect it
-//! subscribes every wanted channel again and wakes every listener, since releases published
-//! meanwhile are lost: each waiter then checks its lock once more.
+//! A task owns the connection. A channel's listeners ask it to subscribe and wait for Redis to
+//! confirm; the last one leaving makes it unsubscribe. The task compares what is wanted with
+//! what is subscribed rather than replaying requests, so racing requests end in the state the
+//! listeners want. After a reconnect it subscribes again and wakes every listener (releases
+//! published meanwhile are lost): each waiter checks its lock once more.
 
 use std::{
     collections::HashSet,
@@ -22,10 +21,10 @@ use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::target::Target;
+use super::transport::Target;
 use crate::backend::{Listener, Listeners};
 
-/// How often the connection is pinged, to find out that its server went away.
+/// How often the connection is pinged: a server gone away is not always noticed otherwise.
 const PING_EVERY: Duration = Duration::from_secs(1);
 
 /// A request to the task: make sure `channel` is subscribed, then answer.
@@ -37,7 +36,6 @@ pub(super) struct PubSub {
     listeners: Arc<Listeners>,
     requests: mpsc::UnboundedSender<Subscribe>,
     reconnects: Arc<AtomicU64>,
-    /// Whether the task has a connection with its subscriptions made.
     connected: Arc<AtomicBool>,
     timeout: Duration,
 }
@@ -102,9 +100,8 @@ impl PubSub {
 
     /// Listens on `channel`: resolves once Redis confirmed the subscription, or at once while
     /// the connection is down (the reconnect subscribes and wakes the listener). Every
-    /// listener waits, not only the channel's first: a later one may come while the first's
-    /// subscribe is on its way, and its caller checks the lock counting on every release from
-    /// then on reaching it. The task answers in order, so after that subscribe.
+    /// listener waits, not only the first: its caller checks the lock counting on every
+    /// release from then on reaching it, and the task answers in order.
     pub(super) async fn listen(&self, channel: String, only_for: Option<&str>) -> Listener {
         let (listener, confirmed) = self.subscribe(channel, only_for);
         confirmed.await;
@@ -178,7 +175,7 @@ impl Task {
                     tracing::info!(%server, cause, "release notification connection lost; reconnecting");
                 }
                 Ok(Err(error)) => {
-                    tracing::debug!(%server, error = %format_args!("{error:#}"), "release notification connection failed");
+                    tracing::debug!(%server, %error, "notification connection failed")
                 }
                 Err(_) => tracing::debug!(%server, "release notification connection timed out"),
             }
@@ -204,8 +201,6 @@ impl Task {
         }
         self.feed.connected.store(true, Ordering::Release);
         self.feed.listeners.notify_all();
-        // A connection whose server went away is not always closed on this side until
-        // something is written to it: a ping finds out within its interval.
         let mut ping =
             tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -230,8 +225,7 @@ impl Task {
                         return Some("a subscription failed");
                     }
                     if done.send(()).is_err() {
-                        // Its caller did not wait: releases reach it from now on, so it
-                        // checks once more.
+                        // Its caller did not wait: it checks once more.
                         self.feed.listeners.notify_channel(&channel);
                     }
                 }

@@ -13,7 +13,6 @@ use std::{
 
 use tokio::time::Instant;
 
-use super::calls::Check;
 use crate::lease::Lease;
 
 /// This process's quarantine for one backend.
@@ -80,10 +79,11 @@ impl Quarantine {
         }
     }
 
-    /// The check an acquire on a connection that saw the server run `run` sends, if any.
-    pub(super) fn check<'a>(&self, run: &'a str) -> Option<Check<'a>> {
-        let ms = u64::try_from(self.length().as_millis()).unwrap_or(u64::MAX);
-        (ms > 0).then_some(Check { ms, run })
+    /// The check an acquire sends on a connection that saw the server run `run` (`''` when
+    /// not known): `<quarantine ms>:<run id>`, if any (see `quarantined` in `lua/prelude.lua`).
+    pub(super) fn check(&self, run: &str) -> Option<String> {
+        let ms = self.length().as_millis();
+        (ms > 0).then(|| format!("{ms}:{run}"))
     }
 
     /// Tells the operator, at most every few seconds, that acquires are held back for `left`.

@@ -8,9 +8,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{
     RedisBackend, calls,
+    pool::ServerClock,
     pubsub::PubSub,
     scripts::{PUBLISH, SCRIPTS, Scripts},
-    server_clock::ServerClock,
 };
 use crate::{
     backend::{
