@@ -20,15 +20,14 @@ pub(super) struct Acknowledgement {
     pub(super) aof: Option<WaitAof>,
 }
 
-/// How many replicas must have applied a grant, and how long to wait for them.
+/// How many replicas must have applied a grant, waited for at most `timeout`.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct MinReplicas {
     pub(super) replicas: u32,
     pub(super) timeout: Duration,
 }
 
-/// Whether this server, and how many replicas, must have fsynced a grant, and how long to
-/// wait for them.
+/// Whether this server, and how many replicas, must have fsynced a grant.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct WaitAof {
     pub(super) local: bool,

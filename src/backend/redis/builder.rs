@@ -233,7 +233,7 @@ impl RedisBackendBuilder {
             ));
         }
         let backend = self.build_lazy()?;
-        if let Some(target) = backend.inner.transport.node_target() {
+        if let Transport::Node { target, .. } = &backend.inner.transport {
             // One connection made directly first, for an error that says why (a pool would
             // retry a refused certificate or password until its timeout).
             let first = async {

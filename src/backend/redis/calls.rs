@@ -62,10 +62,6 @@ impl ToRedisArgs for Or {
     }
 }
 
-fn flag(on: bool) -> &'static str {
-    if on { "1" } else { "0" }
-}
-
 /// The suffix of the key that holds a grant of `kind`: `K:readers` for a reader, `K` for the
 /// others (an owner record, or a semaphore's permits).
 fn record(kind: LockKind) -> &'static str {
@@ -110,7 +106,7 @@ pub(super) fn acquire(
         let mut call = call(&scripts.acquire, key, suffixes, check.is_some());
         call.arg(grant.attempt)
             .arg(grant.lease.millis())
-            .arg(flag(grant.fencing))
+            .arg(u8::from(grant.fencing))
             .arg(Or(not_after))
             .arg(check.unwrap_or(""))
             .arg(extending)
@@ -166,7 +162,7 @@ pub(super) fn release(
                 .arg("h")
                 .arg(next.attempt)
                 .arg(next.lease.millis())
-                .arg(flag(next.fencing));
+                .arg(u8::from(next.fencing));
             call
         }
         // The queue's head is woken by name.

@@ -17,7 +17,8 @@ use std::{collections::HashSet, sync::atomic::Ordering, time::Duration};
 
 use futures_util::future::join_all;
 use redis::{
-    ConnectionInfo, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value,
+    ConnectionInfo, ErrorKind, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, RedisError,
+    Value,
     cluster::{ClusterClient, ClusterClientBuilder},
     cluster_async::ClusterConnection,
 };
@@ -25,68 +26,34 @@ use tokio::{sync::mpsc, time::Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    pubsub::{Feed, PubSub},
+    pubsub::{Feed, PubSub, connect_until},
     redis_error,
 };
 use crate::error::{BackendError, BackendErrorKind};
 
 /// A connected cluster.
 pub(super) struct Cluster {
-    conn: ClusterConnection,
-    nodes: Vec<ConnectionInfo>,
-    timeout: Duration,
+    /// The command connection.
+    pub(super) conn: ClusterConnection,
+    pub(super) nodes: Vec<ConnectionInfo>,
 }
 
 impl Cluster {
     /// Connects to the cluster that `nodes` (one or more of its nodes) belong to.
     pub(super) async fn connect(nodes: &[String], timeout: Duration) -> Result<Self, BackendError> {
-        let nodes = nodes
-            .iter()
+        let unavailable = |e: RedisError| BackendError::new(BackendErrorKind::Unavailable, e);
+        let nodes = (nodes.iter())
             .map(|url| url.as_str().into_connection_info())
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| BackendError::new(BackendErrorKind::Unavailable, e))?;
+            .map_err(unavailable)?;
         if nodes.is_empty() {
-            return Err(BackendError::new(
-                BackendErrorKind::Unavailable,
-                "no cluster node given",
+            return Err(unavailable(
+                (ErrorKind::InvalidClientConfig, "no cluster node given").into(),
             ));
         }
-        let client = builder(&nodes, timeout)
-            .use_protocol(ProtocolVersion::RESP3)
-            .build()
-            .map_err(|e| BackendError::new(BackendErrorKind::Unavailable, e))?;
+        let client = builder(&nodes, timeout).build().map_err(unavailable)?;
         let conn = connect(&client, timeout).await?;
-        Ok(Self {
-            conn,
-            nodes,
-            timeout,
-        })
-    }
-
-    /// A handle on the command connection.
-    pub(super) fn connection(&self) -> ClusterConnection {
-        self.conn.clone()
-    }
-
-    /// The configured nodes' addresses, for `Debug` (never their passwords).
-    pub(super) fn addrs(&self) -> Vec<String> {
-        self.nodes
-            .iter()
-            .map(|node| node.addr().to_string())
-            .collect()
-    }
-
-    /// A RESP3 client whose node connections deliver pushes (sharded messages, subscription
-    /// changes, disconnections) to `pushes`.
-    pub(super) fn pubsub_client(
-        &self,
-        pushes: mpsc::UnboundedSender<PushInfo>,
-    ) -> Result<ClusterClient, BackendError> {
-        builder(&self.nodes, self.timeout)
-            .use_protocol(ProtocolVersion::RESP3)
-            .push_sender(pushes)
-            .build()
-            .map_err(|e| BackendError::new(BackendErrorKind::Unavailable, e))
+        Ok(Self { conn, nodes })
     }
 }
 
@@ -101,8 +68,8 @@ pub(super) async fn connect(
     }
 }
 
-/// The settings both connections share: each node connection and reply within the command
-/// timeout, and a retry budget well within it. redis-rs retries a command while its slot's
+/// The settings both connections share: RESP3, each node connection and reply within the
+/// command timeout, and a retry budget well within it. redis-rs retries a command while its slot's
 /// master cannot be reached; its defaults retry for minutes, so a call would only end in the
 /// backend's timeout. With this budget it ends in time with the error that says why, which the
 /// engine takes as a store briefly unavailable.
@@ -111,6 +78,7 @@ fn builder(nodes: &[ConnectionInfo], timeout: Duration) -> ClusterClientBuilder 
         .unwrap_or(u64::MAX)
         .max(RETRY_MIN_MS + 1);
     ClusterClientBuilder::new(nodes.to_vec())
+        .use_protocol(ProtocolVersion::RESP3)
         .connection_timeout(timeout)
         .response_timeout(timeout)
         .retries(RETRIES)
@@ -136,8 +104,11 @@ pub(super) fn start_pubsub(
     timeout: Duration,
     stop: CancellationToken,
 ) -> PubSub {
+    // A client whose node connections push messages, subscription changes, disconnections.
     let (pushes_tx, pushes) = mpsc::unbounded_channel();
-    let client = cluster.pubsub_client(pushes_tx);
+    let client = builder(&cluster.nodes, timeout)
+        .push_sender(pushes_tx)
+        .build();
     // Each channel is subscribed (or retried) on its own shard: a listener always waits.
     PubSub::spawn(timeout, true, move |feed| async move {
         let client = match client {
@@ -146,20 +117,8 @@ pub(super) fn start_pubsub(
                 return tracing::error!(%error, "release notifications cannot be configured");
             }
         };
-        let mut backoff = FIRST_RETRY;
-        let conn = loop {
-            tokio::select! {
-                () = stop.cancelled() => return,
-                result = connect(&client, timeout) => match result {
-                    Ok(conn) => break conn,
-                    Err(error) => tracing::debug!(%error, "release notification connection failed"),
-                },
-            }
-            tokio::select! {
-                () = stop.cancelled() => return,
-                () = tokio::time::sleep(backoff) => {}
-            }
-            backoff = (backoff * 2).min(Duration::from_secs(1));
+        let Some(conn) = connect_until(&stop, || connect(&client, timeout)).await else {
+            return;
         };
         Task {
             conn,

@@ -99,14 +99,6 @@ pub(super) fn quarantined(left: Duration) -> BackendError {
         .reported()
 }
 
-/// An acquire that reached the server after the time it may act, twice: it did nothing, and
-/// the server answers too slowly for the lease.
-pub(super) fn arrived_late(lease: Duration) -> BackendError {
-    let message =
-        format!("the acquire reached the server after its lease of {lease:?}; nothing was done");
-    BackendError::new(BackendErrorKind::Timeout, message)
-}
-
 pub(super) fn protocol_error(what: &'static str) -> BackendError {
     BackendError::new(BackendErrorKind::Protocol, what)
 }

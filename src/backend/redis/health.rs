@@ -1,14 +1,9 @@
 //! What the backend knows of its server's health, so that an outage fails fast and is logged
-//! once.
-//!
-//! A server that **refuses connections** is probed in the background ([`FIRST_PROBE`] after
-//! the refusal, so a restart on the same port is ridden out, then backing off to
-//! [`PROBE_EVERY`]); until a probe reaches it, every command fails at once as
-//! [`Unavailable`](BackendErrorKind::Unavailable), saying when the next probe looks. A server
-//! that **does not answer** in time is not down: its callers try again within their waits.
-//! Either is an incident, logged as a warning when it begins and as information when the
-//! server answers again; the failures in between are logged at debug, and their errors marked
-//! as reported.
+//! once. A server that **refuses connections** is probed in the background; until a probe
+//! reaches it, every command fails at once as `Unavailable`, saying when the next probe looks.
+//! A server that **does not answer** in time is not down: callers try again within their
+//! waits. Either is an incident, logged as a warning when it begins and as information when it
+//! ends; the failures in between at debug, their errors marked as reported.
 
 use std::{
     sync::{
@@ -23,7 +18,7 @@ use tokio::time::Instant;
 use super::{Inner, RedisBackend};
 use crate::error::{BackendError, BackendErrorKind};
 
-/// How long after a refused connection the server is first probed.
+/// How long after a refused connection the server is first probed (a restart is ridden out).
 pub(super) const FIRST_PROBE: Duration = Duration::from_millis(100);
 /// How often a server that is down is probed, at most.
 pub(super) const PROBE_EVERY: Duration = Duration::from_secs(1);

@@ -5,20 +5,8 @@
 //! for plain, fair and write locks, a member of a sorted set for readers and permits. Every
 //! write is a Lua script (`lua/*.lua`) that checks the record it names in the same step, but
 //! the uncontended plain lock: `SET K <attempt> NX PXAT`, then a compare-and-delete. Releases
-//! are published on `K:released`. The protocol is described in `src/backend/protocol.md`.
-//!
-//! ```no_run
-//! use tower_lock::{LockClient, RedisBackend};
-//!
-//! # #[tokio::main]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let backend = RedisBackend::connect("redis://127.0.0.1:6379").await?;
-//! let locks = LockClient::builder(backend).build()?;
-//! let guard = locks.lock("order:42").acquire().await?;
-//! guard.release().await?;
-//! # Ok(())
-//! # }
-//! ```
+//! are published on `K:released`. The protocol is described in `src/backend/protocol.md`; the
+//! crate's docs show a service on Redis.
 
 use std::{
     fmt,
@@ -112,8 +100,7 @@ impl fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
-    /// Connects to the Redis server at `url` (`redis://[user:password@]host:port[/db]`) with
-    /// default settings (see the [module docs](self)).
+    /// Connects to the Redis server at `url` (`redis://[user:password@]host:port[/db]`).
     ///
     /// # Errors
     /// As [`RedisBackendBuilder::connect`].
@@ -246,7 +233,10 @@ impl RedisBackend {
                 return Ok(answer);
             }
         }
-        Err(errors::arrived_late(grant.lease.duration()).with_key(grant.key.as_str()))
+        // Twice too late: nothing was done, and the server answers too slowly for the lease.
+        let lease = grant.lease.duration();
+        let late = format!("the acquire reached the server after its lease of {lease:?}");
+        Err(BackendError::new(BackendErrorKind::Timeout, late).with_key(grant.key.as_str()))
     }
 
     /// One try of [`take`](Self::take) on `conn`: the uncontended `SET NX` where it may serve,
@@ -330,11 +320,11 @@ impl RedisBackend {
         batches: &[(Vec<usize>, Call)],
     ) -> Result<Vec<Result<Value, RedisError>>, BackendError> {
         #[cfg(feature = "cluster")]
-        if let Some(cluster) = self.inner.transport.cluster() {
+        if let Transport::Cluster(cluster) = &self.inner.transport {
             let replies = futures_util::future::join_all(
                 batches
                     .iter()
-                    .map(async |(_, call)| call.run(&mut cluster.connection()).await),
+                    .map(async |(_, call)| call.run(&mut cluster.conn.clone()).await),
             );
             return tokio::time::timeout(self.inner.command_timeout, replies)
                 .await
@@ -346,24 +336,25 @@ impl RedisBackend {
             for (_, call) in batches {
                 pipe.add_command(call.cmd(by_hash).into_owned());
             }
-            let values: Vec<Value> = self
-                .with_conn(None, async |conn| pipe.query_async(conn).await)
-                .await?;
+            let values = self.with_conn(None, async |conn| {
+                pipe.query_async::<Vec<Value>>(conn).await
+            });
             Ok::<_, BackendError>(
                 values
+                    .await?
                     .into_iter()
                     .map(Value::extract_error)
-                    .collect::<Vec<_>>(),
+                    .collect(),
             )
         };
-        let replies = pipeline(true).await?;
-        if replies
+        let replies: Vec<_> = pipeline(true).await?;
+        match replies
             .iter()
             .any(|reply| reply.as_ref().is_err_and(is_noscript))
         {
-            return pipeline(false).await;
+            true => pipeline(false).await,
+            false => Ok(replies),
         }
-        Ok(replies)
     }
 }
 
@@ -476,10 +467,10 @@ impl Store for RedisBackend {
 
     async fn renew(&self, renewals: &[Renew<'_>]) -> Result<Vec<RenewReply>, BackendError> {
         // One grant per call in a cluster, where each may live on another node.
-        let chunk = if self.inner.transport.is_cluster() {
-            1
-        } else {
-            RENEW_CHUNK
+        let chunk = match self.inner.transport {
+            Transport::Node { .. } => RENEW_CHUNK,
+            #[cfg(feature = "cluster")]
+            Transport::Cluster(_) => 1,
         };
         let batches = calls::renewals(self.scripts(), renewals, chunk);
         if batches.is_empty() {
@@ -487,27 +478,22 @@ impl Store for RedisBackend {
         }
         let mut replies = vec![RenewReply::NotHeld; renewals.len()];
         for ((entries, _), reply) in batches.iter().zip(self.run_batches(&batches).await?) {
-            let key = renewals[entries[0]].key();
-            let place = matches!(renewals[entries[0]], Renew::Place { .. });
-            let answers = reply.and_then(|value| {
-                let answers = match place {
-                    true => i64::from_redis_value(value).map(|answer| vec![answer]),
-                    false => Vec::<i64>::from_redis_value(value),
-                };
-                answers.map_err(RedisError::from)
+            let key = renewals[entries[0]].key().as_str();
+            // `renew.lua` answers one integer per grant, `wait.lua` one for its place.
+            let answers = reply.and_then(|value| match value {
+                Value::Int(answer) => Ok(vec![answer]),
+                value => Vec::<i64>::from_redis_value(value).map_err(RedisError::from),
             });
-            let answers = match answers {
+            let answers = match answers.map_err(|error| redis_error(error).with_key(key)) {
                 Ok(answers) if answers.len() == entries.len() => answers,
-                Ok(_) => return Err(protocol_error("renewal reply").with_key(key.as_str())),
-                Err(error) => match redis_error(error).with_key(key.as_str()) {
-                    error if error.is_wrong_type() => vec![-1; entries.len()],
-                    error => return Err(error),
-                },
+                Ok(_) => return Err(protocol_error("renewal reply").with_key(key)),
+                Err(error) if error.is_wrong_type() => vec![-1; entries.len()],
+                Err(error) => return Err(error),
             };
             for (&i, answer) in entries.iter().zip(answers) {
                 replies[i] = match answer {
                     1 => RenewReply::Renewed,
-                    2 if place => RenewReply::Ready,
+                    2 => RenewReply::Ready,
                     -1 => {
                         // Foreign data at the key: the lock is not ours any more.
                         tracing::warn!(key = %renewals[i].key(), "renewal found foreign data");

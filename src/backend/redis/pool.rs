@@ -1,12 +1,10 @@
 //! The connections a backend sends commands on, and how one that broke is replaced.
 //!
-//! A multiplexed connection carries any number of requests at once, so a command never keeps
-//! one to itself: it clones a handle and sends. The backend's own connections are a fixed set
-//! of places used in turn. A connection whose socket died fails every later command, so each
-//! carries a flag the backend sets after a connection-level error, or after a command found no
-//! reply within its budget (it may be half-open, or owe a reply to a request the server never
-//! saw); the next command on that place opens a new one. An application's pool keeps its own
-//! policy (bb8 tests connections on checkout by default).
+//! A multiplexed connection carries any number of requests at once: a command clones a handle
+//! and sends. The backend's own connections are a fixed set of places used in turn, each with
+//! a flag set after a connection-level error or a command that got no reply in time (it may be
+//! half-open); the next command on that place opens a new one. An application's pool keeps its
+//! own policy.
 
 use std::{
     sync::{

@@ -48,8 +48,7 @@ pub(super) struct Feed {
     /// Channels that lost their last listener.
     pub(super) emptied: mpsc::UnboundedReceiver<String>,
     pub(super) reconnects: Arc<AtomicU64>,
-    /// Set while the task has a connection with its subscriptions made: only then does a
-    /// listener wait for its subscription to be confirmed (see [`PubSub::subscribe`]).
+    /// Set while the task's subscriptions are made: only then does a listener wait for its own.
     pub(super) connected: Arc<AtomicBool>,
 }
 
@@ -147,43 +146,29 @@ struct Task {
 
 impl Task {
     async fn run(mut self) {
-        let mut backoff = Duration::from_millis(20);
+        let (target, stop, timeout) = (self.target.clone(), self.stop.clone(), self.timeout);
+        let server = target.describe();
         let mut connected_before = false;
-        let server = self.target.describe();
-        loop {
-            // After a failover the target names the new master.
-            let connect = tokio::time::timeout(self.timeout, async {
-                self.target.client().await?.get_async_pubsub().await
-            });
-            let pubsub = tokio::select! {
-                () = self.stop.cancelled() => return,
-                result = connect => result,
-            };
-            match pubsub {
-                Ok(Ok(pubsub)) => {
-                    backoff = Duration::from_millis(20);
-                    if connected_before {
-                        self.feed.reconnects.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!(%server, "release notification connection re-established");
-                    }
-                    connected_before = true;
-                    let (sink, stream) = pubsub.split();
-                    let ended = self.serve(sink, stream).await;
-                    self.feed.connected.store(false, Ordering::Release);
-                    let Some(cause) = ended else { return };
-                    // Not a warning: an outage is reported once by the commands' health.
-                    tracing::info!(%server, cause, "release notification connection lost; reconnecting");
-                }
-                Ok(Err(error)) => {
-                    tracing::debug!(%server, %error, "notification connection failed")
-                }
-                Err(_) => tracing::debug!(%server, "release notification connection timed out"),
+        // After a failover the target names the new master.
+        let connect = || async {
+            let pubsub = async { target.client().await?.get_async_pubsub().await };
+            match tokio::time::timeout(timeout, pubsub).await {
+                Ok(result) => result.map_err(|error| error.to_string()),
+                Err(_) => Err("timed out".to_owned()),
             }
-            tokio::select! {
-                () = self.stop.cancelled() => return,
-                () = tokio::time::sleep(backoff) => {}
+        };
+        while let Some(pubsub) = connect_until(&stop, connect).await {
+            if connected_before {
+                self.feed.reconnects.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(%server, "release notification connection re-established");
             }
-            backoff = (backoff * 2).min(Duration::from_secs(1));
+            connected_before = true;
+            let (sink, stream) = pubsub.split();
+            let ended = self.serve(sink, stream).await;
+            self.feed.connected.store(false, Ordering::Release);
+            let Some(cause) = ended else { return };
+            // Not a warning: an outage is reported once by the commands' health.
+            tracing::info!(%server, cause, "release notification connection lost; reconnecting");
         }
     }
 
@@ -260,5 +245,30 @@ impl Task {
             tracing::debug!(server = %self.target.describe(), error = %format_args!("{error:#}"), "subscription change failed");
         }
         matches!(result, Ok(Ok(())))
+    }
+}
+
+/// Calls `connect` until it succeeds, backing off from 20 ms to 1 s, or `stop` is cancelled.
+pub(super) async fn connect_until<T, E: std::fmt::Display, F>(
+    stop: &CancellationToken,
+    mut connect: impl FnMut() -> F,
+) -> Option<T>
+where
+    F: Future<Output = Result<T, E>>,
+{
+    let attempts = async {
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            match connect().await {
+                Ok(connected) => return connected,
+                Err(error) => tracing::debug!(%error, "release notification connection failed"),
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    };
+    tokio::select! {
+        () = stop.cancelled() => None,
+        connected = attempts => Some(connected),
     }
 }

@@ -1,15 +1,10 @@
-//! The Lua scripts, one per file, hashed once per process, and how one call of a script is
-//! sent.
+//! The Lua scripts, one per file, hashed once per process, and how one call is sent.
 //!
-//! Each script is sent with the `publish` helper of its transport in front (`PUBLISH` on a
-//! node, `SPUBLISH` on a Cluster, so notifications stay on the lock's shard) and the helpers of
-//! `lua/prelude.lua` where the file says `-- @helpers` (in front when it does not): a script
-//! whose common case needs no helper does not pay for defining them.
-//!
-//! A call goes out as `EVALSHA`. On `NOSCRIPT` (after a restart or a `SCRIPT FLUSH`) the same
-//! call is sent again as `EVAL` with the body, which runs and caches it in one step: unlike
-//! "load, then retry by hash", it cannot fail again while flushes keep coming, and it works the
-//! same inside a pipeline.
+//! Each script has the `publish` helper of its transport in front (`PUBLISH` on a node,
+//! `SPUBLISH` on a Cluster) and the helpers of `lua/prelude.lua` where it says `-- @helpers`
+//! (else in front): a script whose common case needs no helper does not pay for defining them.
+//! A call goes out as `EVALSHA`; on `NOSCRIPT` the same call goes again as `EVAL` with the
+//! body, which runs and caches it in one step, also inside a pipeline.
 
 use std::{borrow::Cow, sync::LazyLock};
 

@@ -1,12 +1,8 @@
-//! How a command reaches the server: one node through the pool, or a Redis Cluster through
-//! redis-rs's cluster connection, which routes each command by its first key and follows
-//! `MOVED` and `ASK`; both hand out a [`Conn`] that speaks redis-rs's `ConnectionLike`. Each
-//! command runs within a time budget, and a connection that failed or stayed silent is not
-//! used again.
-//!
-//! A node is a fixed address, or the master Sentinel names: every new connection (pooled or
-//! pub/sub) asks the [`Target`] for a client, so after a failover a broken connection's
-//! replacement goes to the new master (redis-rs checks its `ROLE`).
+//! How a command reaches the server, within a time budget: one node through the pool, or a
+//! Redis Cluster through redis-rs's cluster connection (routed by the first key, following
+//! `MOVED` and `ASK`). A node is a fixed address, or the master Sentinel names: every new
+//! connection asks the [`Target`] for a client, so after a failover a broken connection's
+//! replacement goes to the new master.
 
 use std::{
     sync::{Arc, atomic::Ordering},
@@ -47,7 +43,7 @@ impl Transport {
             Self::Node { pool, .. } => pool.get().await,
             #[cfg(feature = "cluster")]
             Self::Cluster(cluster) => Ok(Conn {
-                link: Link::Cluster(cluster.connection()),
+                link: Link::Cluster(cluster.conn.clone()),
                 state: None,
             }),
         }
@@ -62,35 +58,19 @@ impl Transport {
         }
     }
 
-    /// Whether this is a Redis Cluster.
-    pub(super) fn is_cluster(&self) -> bool {
-        !matches!(self, Self::Node { .. })
-    }
-
     /// The server, for messages (never a password).
     pub(super) fn describe(&self) -> String {
         match self {
             Self::Node { target, .. } => target.describe(),
             #[cfg(feature = "cluster")]
-            Self::Cluster(cluster) => format!("the Redis Cluster at {:?}", cluster.addrs()),
-        }
-    }
-
-    /// Where a single-node transport connects (`None` for a cluster).
-    pub(super) fn node_target(&self) -> Option<&Arc<Target>> {
-        match self {
-            Self::Node { target, .. } => Some(target),
-            #[cfg(feature = "cluster")]
-            Self::Cluster(_) => None,
-        }
-    }
-
-    /// The cluster, when this is one.
-    #[cfg(feature = "cluster")]
-    pub(super) fn cluster(&self) -> Option<&Cluster> {
-        match self {
-            Self::Cluster(cluster) => Some(cluster),
-            Self::Node { .. } => None,
+            Self::Cluster(cluster) => {
+                let nodes: Vec<_> = cluster
+                    .nodes
+                    .iter()
+                    .map(|node| node.addr().to_string())
+                    .collect();
+                format!("the Redis Cluster at {nodes:?}")
+            }
         }
     }
 }
