@@ -116,12 +116,13 @@ fn score(server: &RedisServer, set: &str, member: &str) -> i64 {
         .unwrap()
 }
 
-/// Where a grant of `kind` is recorded: its record, or its member's score.
+/// Where the grant `attempt` of `kind` is recorded: its owner record, or its member's score.
 fn recorded(server: &RedisServer, key: &LockKey, kind: LockKind, attempt: &str) -> Option<String> {
     match kind {
         LockKind::Read => text(server, &["ZSCORE", &key.derived(":readers"), attempt]),
         LockKind::Semaphore => text(server, &["ZSCORE", key.as_str(), attempt]),
-        _ => text(server, &["GET", key.as_str()]),
+        _ => text(server, &["GET", key.as_str()])
+            .filter(|record| record == attempt || record.starts_with(&format!("{attempt}~"))),
     }
 }
 
@@ -323,10 +324,19 @@ async fn every_call_puts_its_keys_and_arguments_in_order() {
         (info.holders[0].id.as_str(), info.holders[0].kind),
         ("r1", LockKind::Read)
     );
+    let place = [Renew::Place {
+        key: &rw,
+        kind: LockKind::Write,
+        holder: "w1",
+        timeout: Duration::from_secs(5),
+    }];
+    assert_eq!(backend.renew(&place).await.unwrap(), [RenewReply::Renewed]);
     backend
         .release(release(&rw, LockKind::Read, "r1#1"))
         .await
         .unwrap();
+    // The readers gone, the waiting writer's turn.
+    assert_eq!(backend.renew(&place).await.unwrap(), [RenewReply::Ready]);
     acquired(backend.acquire(writer).await.unwrap());
     let nested = Grant {
         within: Some("w1#1"),
@@ -721,11 +731,28 @@ async fn a_fresh_run_is_quarantined_by_its_run_marker() {
             .await
             .unwrap(),
     );
-    assert_eq!(server.calls("evalsha"), evalsha, "not one SET NX");
+    assert_eq!(server.calls("evalsha"), evalsha, "one SET NX, no script");
     assert_eq!(
         text(&server, &["GET", key.as_str()]).as_deref(),
         Some("h1#3")
     );
+
+    // Restarted, the server starts a new run, quarantined again: the connection that saw the
+    // old one past it went with it (its first command may fail on the dead socket).
+    server.restart();
+    let mut refused = None;
+    for attempt in ["h1#4", "h1#5", "h1#6"] {
+        let error = backend
+            .acquire(Grant { attempt, ..lease })
+            .await
+            .unwrap_err();
+        if *error.kind() == BackendErrorKind::Quarantined {
+            refused = Some(error);
+            break;
+        }
+    }
+    assert!(refused.is_some(), "a new run granted at once");
+    assert_eq!(text(&server, &["GET", key.as_str()]), None);
 }
 
 /// A hash at a lock's key (a lock of the protocol before, or anyone's data) fails every script
