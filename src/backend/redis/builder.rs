@@ -135,8 +135,8 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// How long a new server run grants no new lock (its quarantine): at least the default
-    /// lease (30 s) and the longest lease this process asks for; `Duration::ZERO` turns it off.
+    /// How long a new server run grants no new lock (its quarantine): by default the default
+    /// lease (30 s), never shorter than the longest lease this process asks for; `ZERO` is off.
     ///
     /// A Redis restarted without persistence (or from an older snapshot, or a replica promoted
     /// before it had the last grants) forgot grants whose holders work on until their leases

@@ -181,7 +181,8 @@ impl RedisBackend {
 
     /// One `PING`, within the command timeout.
     pub(crate) async fn ping(&self) -> Result<(), BackendError> {
-        self.query(&redis::cmd("PING"), None).await
+        let ping = async |conn: &mut Conn| redis::cmd("PING").query_async(conn).await;
+        self.with_conn(None, ping).await
     }
 
     /// The pub/sub connection's handle, started on first use.

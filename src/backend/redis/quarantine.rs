@@ -51,8 +51,8 @@ impl Quarantine {
             tracing::warn!(
                 lease_ms = ms,
                 quarantine_ms = self.configured_ms,
-                "a lease longer than the quarantine after a Redis restart: this process waits \
-                 for its longest lease, but other processes may grant sooner; set \
+                "a lease longer than the quarantine after a Redis restart: a restarted server may \
+                 grant a lock again before its holder's lease has run out; set \
                  RedisBackendBuilder::quarantine to at least the longest lease on every process"
             );
         }

@@ -183,16 +183,6 @@ impl RedisBackend {
         }
     }
 
-    /// Runs one command with the command timeout.
-    pub(super) async fn query<T: FromRedisValue>(
-        &self,
-        cmd: &redis::Cmd,
-        key: Option<&LockKey>,
-    ) -> Result<T, BackendError> {
-        self.with_conn(key, async |conn| cmd.query_async(conn).await)
-            .await
-    }
-
     /// Runs one script call with the command timeout.
     pub(super) async fn invoke<T: FromRedisValue>(
         &self,
@@ -214,10 +204,10 @@ impl RedisBackend {
         if !matches!(error.kind(), BackendErrorKind::WrongType { found } if found.is_empty()) {
             return Err(error);
         }
-        let found: String = (self
-            .query(redis::cmd("TYPE").arg(key.as_str()), Some(key))
-            .await)
-            .unwrap_or_else(|_| "unknown".to_owned());
+        let found = self.with_conn(Some(key), async |conn| {
+            redis::cmd("TYPE").arg(key.as_str()).query_async(conn).await
+        });
+        let found: String = found.await.unwrap_or_else(|_| "unknown".to_owned());
         tracing::warn!(key = %key, found, "lock key holds a value of another type");
         Err(BackendError::from_kind(BackendErrorKind::WrongType { found }).with_key(key.as_str()))
     }
