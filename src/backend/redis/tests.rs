@@ -639,7 +639,9 @@ async fn a_late_acquire_is_sent_again_on_a_new_connection() {
         field.unwrap().trim().parse::<u64>().unwrap()
     };
     let (evalsha, opened) = (server.calls("evalsha"), connections());
-    let lease = Duration::from_millis(400);
+    // Long enough that its drift margin (1 % + 2 ms) takes the clock reading's round trip on a
+    // loaded machine: the connection then sends a "not after".
+    let lease = Duration::from_millis(1500);
     server.pause();
     let acquire = backend.acquire(Grant {
         lease: Lease::fixed(lease),
