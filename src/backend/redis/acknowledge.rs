@@ -1,15 +1,17 @@
 //! What a grant must be acknowledged by before it counts: replicas that applied it (`WAIT`,
 //! [`min_replicas`](super::RedisBackendBuilder::min_replicas)) and append-only files that
-//! fsynced it (`WAITAOF`, [`wait_aof`](super::RedisBackendBuilder::wait_aof)).
-//!
-//! Both commands wait for the writes made earlier on their own connection, so they are sent on
-//! the connection that ran the grant, right after it.
+//! fsynced it (`WAITAOF`, [`wait_aof`](super::RedisBackendBuilder::wait_aof)). Both wait for
+//! the writes made earlier on their own connection: they follow the grant on it.
 
 use std::time::Duration;
 
 use redis::{RedisError, aio::ConnectionLike};
 
-use crate::{error::BackendErrorKind, lease::Lease};
+use super::{RedisBackend, errors::redis_error};
+use crate::{
+    error::{BackendError, BackendErrorKind},
+    lease::Lease,
+};
 
 /// The acknowledgements every grant waits for; none by default.
 #[derive(Clone, Copy, Debug, Default)]
@@ -18,15 +20,14 @@ pub(super) struct Acknowledgement {
     pub(super) aof: Option<WaitAof>,
 }
 
-/// How many replicas must have applied a grant (`WAIT`), and how long to wait for them.
+/// How many replicas must have applied a grant, waited for at most `timeout`.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct MinReplicas {
     pub(super) replicas: u32,
     pub(super) timeout: Duration,
 }
 
-/// Whether this server and how many replicas must have fsynced a grant to their append-only
-/// file (`WAITAOF`), and how long to wait for them.
+/// Whether this server, and how many replicas, must have fsynced a grant.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct WaitAof {
     pub(super) local: bool,
@@ -35,7 +36,6 @@ pub(super) struct WaitAof {
 }
 
 impl Acknowledgement {
-    /// Whether grants wait for anything.
     pub(super) fn is_wanted(&self) -> bool {
         self.replicas.is_some() || self.aof.is_some()
     }
@@ -47,7 +47,7 @@ impl Acknowledgement {
     }
 
     /// Waits on `conn`, right after a grant on it, for every acknowledgement wanted; what fell
-    /// short, as the kind of the error the acquire fails with, or `None`.
+    /// short, as the kind of the error the acquire fails with.
     pub(super) async fn shortfall(
         &self,
         conn: &mut impl ConnectionLike,
@@ -55,7 +55,7 @@ impl Acknowledgement {
         if let Some(wanted) = self.replicas {
             let acknowledged: u32 = redis::cmd("WAIT")
                 .arg(wanted.replicas)
-                .arg(millis(wanted.timeout))
+                .arg(Lease::fixed(wanted.timeout).millis())
                 .query_async(conn)
                 .await?;
             if acknowledged < wanted.replicas {
@@ -69,7 +69,7 @@ impl Acknowledgement {
             let (local, acknowledged): (u32, u32) = redis::cmd("WAITAOF")
                 .arg(u32::from(wanted.local))
                 .arg(wanted.replicas)
-                .arg(millis(wanted.timeout))
+                .arg(Lease::fixed(wanted.timeout).millis())
                 .query_async(conn)
                 .await?;
             let local = local > 0;
@@ -86,49 +86,53 @@ impl Acknowledgement {
     }
 }
 
-/// A wait's timeout in whole milliseconds, at least 1 (0 would wait forever).
-fn millis(timeout: Duration) -> u64 {
-    Lease::fixed(timeout).millis()
-}
+impl RedisBackend {
+    /// Asks the server whether it has `WAITAOF` (Redis 7.2 and newer), with a `WAITAOF` that
+    /// waits for nothing. An ACL user without `+waitaof` is refused (counted as supported).
+    ///
+    /// # Errors
+    /// The backend's errors when the server cannot be asked.
+    pub async fn supports_wait_aof(&self) -> Result<bool, BackendError> {
+        Ok(self.probe_wait_aof(false).await?.is_some())
+    }
 
-/// The probe that tells whether the server has `WAITAOF`: one that waits for nothing
-/// (numreplicas 0, 1 ms), except the local fsync when `local` is asked for, so that a server
-/// without `appendonly` refuses it here.
-pub(super) fn wait_aof_probe(local: bool) -> redis::Cmd {
-    let mut cmd = redis::cmd("WAITAOF");
-    cmd.arg(u32::from(local)).arg(0).arg(1);
-    cmd
-}
-
-/// What the server's answer to [`wait_aof_probe`] says.
-pub(super) enum Probed {
-    /// The command ran.
-    Supported,
-    /// The server does not know the command (before Redis 7.2).
-    Unknown,
-    /// The command exists but the server refused it as sent: no ACL grant, no `appendonly`
-    /// for a local fsync, a replica.
-    Refused(RedisError),
-}
-
-impl Probed {
-    /// Classifies the probe's outcome; `Err` when the server gave no answer at all.
-    pub(super) fn of<T>(result: Result<T, RedisError>) -> Result<Self, RedisError> {
-        match result {
-            Ok(_) => Ok(Self::Supported),
-            // A server checks that a command exists before anything else (ACL included), so
-            // this answer is the same for every user.
-            Err(error) if error.code() == Some("ERR") && is_unknown_command(&error) => {
-                Ok(Self::Unknown)
-            }
-            Err(error) if error.code().is_some() => Ok(Self::Refused(error)),
-            Err(error) => Err(error),
+    /// With [`wait_aof`](super::RedisBackendBuilder::wait_aof) set, checks the server runs
+    /// `WAITAOF` as configured, so that a missing feature fails `connect`, not an acquire.
+    pub(super) async fn check_wait_aof(&self) -> Result<(), BackendError> {
+        let Some(wanted) = self.inner.acknowledgement.aof else {
+            return Ok(());
+        };
+        match self.probe_wait_aof(wanted.local).await? {
+            Some(Ok(())) => Ok(()),
+            Some(Err(refused)) => Err(redis_error(refused)),
+            None => Err(BackendError::from_kind(BackendErrorKind::Unsupported {
+                feature: "WAITAOF (wait_aof), which needs Redis 7.2 or newer",
+            })),
         }
     }
-}
 
-fn is_unknown_command(error: &RedisError) -> bool {
-    error
-        .detail()
-        .is_some_and(|detail| detail.to_ascii_lowercase().contains("unknown command"))
+    /// Sends a `WAITAOF` that waits 1 ms for nothing (but the local fsync with `local`):
+    /// `None` when the server does not know the command, else whether it ran or what the
+    /// server refused (an ACL, a local fsync without `appendonly`).
+    async fn probe_wait_aof(
+        &self,
+        local: bool,
+    ) -> Result<Option<Result<(), RedisError>>, BackendError> {
+        let mut probe = redis::cmd("WAITAOF");
+        probe.arg(u32::from(local)).arg(0).arg(1);
+        let unknown = |error: &RedisError| {
+            let detail = error.detail().unwrap_or_default().to_ascii_lowercase();
+            error.code() == Some("ERR") && detail.contains("unknown command")
+        };
+        self.with_conn(None, async |conn| {
+            match probe.query_async::<redis::Value>(conn).await {
+                Ok(_) => Ok(Some(Ok(()))),
+                // A server checks that a command exists before anything else (ACL included).
+                Err(error) if unknown(&error) => Ok(None),
+                Err(error) if error.code().is_some() => Ok(Some(Err(error))),
+                Err(error) => Err(error),
+            }
+        })
+        .await
+    }
 }

@@ -1,16 +1,16 @@
 //! One typed call per script: the only place each script's `KEYS` and `ARGV` are put in order,
-//! next to the header of its Lua file that says what each position means. The round trip of
-//! every call against a real server is tested in `tests.rs`.
+//! next to the header of its Lua file that says what each position means. Every call's round
+//! trip against a real server is tested in `tests.rs`.
 
 use std::io::Write as _;
 
 use redis::{RedisWrite, ToRedisArgs};
 
-use super::scripts::{Call, Scripts};
+use super::scripts::{Call, Lua, Scripts};
 use crate::{
     backend::{
         LockKind,
-        store::{Grant, Release},
+        store::{Grant, Release, Renew},
     },
     holder::Decimal,
     lease::Lease,
@@ -30,9 +30,8 @@ pub(super) const READERS: &str = ":readers";
 /// The release channel.
 pub(super) const CHANNEL: &str = ":released";
 
-/// One argument (or key) written from parts straight into the command, with no `String` made
-/// first.
-pub(super) struct Cat<'a, const N: usize>(pub(super) [&'a [u8]; N]);
+/// One argument written from parts straight into the command, with no `String` made first.
+struct Cat<'a, const N: usize>([&'a [u8]; N]);
 
 impl<const N: usize> ToRedisArgs for Cat<'_, N> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
@@ -44,15 +43,9 @@ impl<const N: usize> ToRedisArgs for Cat<'_, N> {
     }
 }
 
-/// `K` followed by `suffix`.
-fn derived<'a>(key: &'a LockKey, suffix: &'static str) -> Cat<'a, 2> {
+/// `K` followed by `suffix` (`""`: `K` itself).
+fn derived<'a>(key: &'a LockKey, suffix: &'a str) -> Cat<'a, 2> {
     Cat([key.as_str().as_bytes(), suffix.as_bytes()])
-}
-
-/// The key of a grant of `kind`: `K:readers` for a reader, `K` for the others (the owner
-/// record, or a semaphore's sorted set of permits).
-fn record_key(key: &LockKey, kind: LockKind) -> Cat<'_, 2> {
-    derived(key, if kind == LockKind::Read { READERS } else { "" })
 }
 
 /// A number, or `''` for none.
@@ -60,109 +53,81 @@ struct Or(Option<u64>);
 
 impl ToRedisArgs for Or {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        match self.0 {
-            Some(n) => out.write_arg(Decimal::new(n).as_bytes()),
-            None => out.write_arg(b""),
-        }
+        out.write_arg(
+            self.0
+                .map(Decimal::new)
+                .as_ref()
+                .map_or(&[], Decimal::as_bytes),
+        );
     }
 }
 
-fn flag(on: bool) -> &'static str {
-    if on { "1" } else { "0" }
+/// The suffix of the key that holds a grant of `kind`: `K:readers` for a reader, `K` for the
+/// others (an owner record, or a semaphore's permits).
+fn record(kind: LockKind) -> &'static str {
+    if kind == LockKind::Read { READERS } else { "" }
 }
 
-/// The quarantine check an acquire sends (`quarantined` in `lua/prelude.lua`): the
-/// quarantine's length, the run its connection saw (`''` when not known), and the lock, whose
-/// prefix names the run marker.
-#[derive(Clone, Copy)]
-pub(super) struct Check<'a> {
-    pub(super) ms: u64,
-    pub(super) run: &'a str,
+/// A call of `lua` whose `KEYS` are `K` with each of `suffixes`, then, with `marker`, the run
+/// marker of the locks named like `K`: `<prefix>{}:run`, never a lock's key (its hash tag is
+/// never empty).
+fn call(lua: &'static Lua, key: &LockKey, suffixes: &[&str], marker: bool) -> Call {
+    let mut call = lua.call(suffixes.len() + usize::from(marker));
+    for suffix in suffixes {
+        call.key(derived(key, suffix));
+    }
+    if marker {
+        let name = key.as_str();
+        let prefix = &name.as_bytes()[..name.find('{').unwrap_or(name.len())];
+        call.key(Cat([prefix, b"{}:run"]));
+    }
+    call
 }
 
-/// The run marker of the locks named like `key`: `<prefix>{}:run`, one per prefix, never a
-/// lock's key (a lock's hash tag is never empty).
-pub(super) fn marker(key: &LockKey) -> Cat<'_, 2> {
-    let name = key.as_str();
-    Cat([
-        &name.as_bytes()[..name.find('{').unwrap_or(name.len())],
-        b"{}:run",
-    ])
-}
-
-/// `lua/acquire.lua` (plain, fair, write) or `lua/share.lua` (read, permit) for `grant`, sent
-/// on a connection whose clock says it may act until `not_after` (server ms). With `extend`,
-/// extends the grant `grant.attempt` instead (no quarantine check, no queue).
+/// `lua/acquire.lua` (plain, fair, write) or `lua/share.lua` (read, permit) for `grant`, which
+/// may act until `not_after` (server ms), with the quarantine `check` (see `quarantined` in
+/// `lua/prelude.lua`). With `extend`, extends the grant `grant.attempt` instead.
 pub(super) fn acquire(
     scripts: &'static Scripts,
     grant: &Grant<'_>,
     extend: bool,
     not_after: Option<u64>,
-    check: Option<Check<'_>>,
+    check: Option<&str>,
 ) -> Call {
     let (key, kind) = (grant.key, grant.kind);
     let extending = if extend { grant.attempt } else { "" };
-    let ms = check.map(|check| Decimal::new(check.ms));
-    let check_arg = Cat([
-        ms.as_ref().map_or(&b""[..], Decimal::as_bytes),
-        if check.is_some() { b":" } else { b"" },
-        check.map_or(&b""[..], |check| check.run.as_bytes()),
-    ]);
-    let checked = usize::from(check.is_some());
     if kind.owns() {
-        let sides = match kind {
-            _ if extend => 0,
-            LockKind::Fair => 2,
-            LockKind::Write => 3,
-            _ => 0,
+        let (suffixes, letter): (&[&str], _) = match kind {
+            _ if extend => (&["", FENCE, VOID], "x"),
+            LockKind::Fair => (&["", FENCE, VOID, QUEUE, TIMEOUTS], "f"),
+            LockKind::Write => (&["", FENCE, VOID, QUEUE, TIMEOUTS, READERS], "w"),
+            _ => (&["", FENCE, VOID], "x"),
         };
-        let mut call = scripts.acquire.call(3 + sides + checked);
-        call.key(key.as_str())
-            .key(derived(key, FENCE))
-            .key(derived(key, VOID));
-        if sides > 0 {
-            call.key(derived(key, QUEUE)).key(derived(key, TIMEOUTS));
-        }
-        if sides > 2 {
-            call.key(derived(key, READERS));
-        }
-        if checked > 0 {
-            call.key(marker(key));
-        }
+        let mut call = call(&scripts.acquire, key, suffixes, check.is_some());
         call.arg(grant.attempt)
             .arg(grant.lease.millis())
-            .arg(flag(grant.fencing))
+            .arg(u8::from(grant.fencing))
             .arg(Or(not_after))
-            .arg(check_arg)
+            .arg(check.unwrap_or(""))
             .arg(extending)
-            .arg(match kind {
-                LockKind::Fair => "f",
-                LockKind::Write => "w",
-                _ => "x",
-            });
-        if sides > 0 {
+            .arg(letter);
+        if suffixes.len() > 3 {
             let queue = grant.queue.map_or(0, |wait| Lease::fixed(wait).millis());
             call.arg(grant.holder).arg(queue);
         }
         return call;
     }
-    let read = kind == LockKind::Read && !extend;
-    let mut call = scripts.share.call(2 + 3 * usize::from(read) + checked);
-    call.key(record_key(key, kind)).key(derived(key, VOID));
-    if read {
-        call.key(key.as_str())
-            .key(derived(key, QUEUE))
-            .key(derived(key, TIMEOUTS));
-    }
-    if checked > 0 {
-        call.key(marker(key));
-    }
+    let suffixes: &[&str] = match kind {
+        LockKind::Read if !extend => &[READERS, VOID, "", QUEUE, TIMEOUTS],
+        _ => &[record(kind), VOID],
+    };
+    let mut call = call(&scripts.share, key, suffixes, check.is_some());
     call.arg(grant.attempt)
         .arg(grant.lease.millis())
         .arg(Or(not_after))
-        .arg(check_arg)
+        .arg(check.unwrap_or(""))
         .arg(extending);
-    if read {
+    if suffixes.len() > 2 {
         call.arg("")
             .arg(grant.holder)
             .arg(grant.within.unwrap_or(""));
@@ -179,52 +144,39 @@ pub(super) fn release(
     release: &Release<'_>,
     handoff: Option<&Grant<'_>>,
 ) -> Call {
-    let key = release.key;
-    if !release.kind.owns() {
-        return unshare(scripts, key, release.kind, release.grant, None);
+    let (key, kind) = (release.key, release.kind);
+    if !kind.owns() {
+        return unshare(scripts, key, kind, release.grant, None);
     }
     // The whole record when the token is known: the common case compares it as it is.
     let token = release.token.map(Decimal::new);
-    let record = Cat([
-        release.grant.as_bytes(),
-        if token.is_some() { b"~" } else { b"" },
-        token.as_ref().map_or(&b""[..], Decimal::as_bytes),
-    ]);
-    match (handoff, release.kind) {
+    let record = match &token {
+        Some(token) => Cat([release.grant.as_bytes(), b"~", token.as_bytes()]),
+        None => Cat([release.grant.as_bytes(), b"", b""]),
+    };
+    let lua = &scripts.release;
+    match (handoff, kind) {
         (Some(next), _) => {
-            let mut call = scripts.release.call(3);
-            call.key(key.as_str())
-                .key(derived(key, VOID))
-                .key(derived(key, FENCE))
-                .arg(record)
+            let mut call = call(lua, key, &["", VOID, FENCE], false);
+            call.arg(record)
                 .arg("h")
                 .arg(next.attempt)
                 .arg(next.lease.millis())
-                .arg(flag(next.fencing));
+                .arg(u8::from(next.fencing));
             call
         }
         // The queue's head is woken by name.
         (None, LockKind::Fair) => {
-            let mut call = fair_release(scripts, key);
+            let mut call = call(lua, key, &["", VOID, FENCE, QUEUE, TIMEOUTS], false);
             call.arg(record).arg("r");
             call
         }
         (None, _) => {
-            let mut call = scripts.release.call(1);
-            call.key(key.as_str()).arg(record);
+            let mut call = call(lua, key, &[""], false);
+            call.arg(record);
             call
         }
     }
-}
-
-fn fair_release(scripts: &'static Scripts, key: &LockKey) -> Call {
-    let mut call = scripts.release.call(5);
-    call.key(key.as_str())
-        .key(derived(key, VOID))
-        .key(derived(key, FENCE))
-        .key(derived(key, QUEUE))
-        .key(derived(key, TIMEOUTS));
-    call
 }
 
 /// `lua/unshare.lua`: gives back the shared grant `grant`, or with `undo_ms` undoes it,
@@ -236,12 +188,8 @@ fn unshare(
     grant: &str,
     undo_ms: Option<u64>,
 ) -> Call {
-    let mut call = scripts.unshare.call(2);
-    call.key(record_key(key, kind))
-        .key(derived(key, VOID))
-        .arg(grant)
-        .arg(derived(key, CHANNEL))
-        .arg(Or(undo_ms));
+    let mut call = call(&scripts.unshare, key, &[record(kind), VOID], false);
+    call.arg(grant).arg(derived(key, CHANNEL)).arg(Or(undo_ms));
     call
 }
 
@@ -252,35 +200,64 @@ pub(super) fn abandon(scripts: &'static Scripts, grant: &Grant<'_>) -> Call {
     if !kind.owns() {
         return unshare(scripts, key, kind, grant.attempt, Some(ms));
     }
-    let mut call = if kind == LockKind::Fair {
-        fair_release(scripts, key)
-    } else {
-        let mut call = scripts.release.call(2);
-        call.key(key.as_str()).key(derived(key, VOID));
-        call
+    let suffixes: &[&str] = match kind {
+        // A fair undo that frees the lock wakes the queue's head by name.
+        LockKind::Fair => &["", VOID, FENCE, QUEUE, TIMEOUTS],
+        _ => &["", VOID],
     };
+    let mut call = call(&scripts.release, key, suffixes, false);
     call.arg(grant.attempt).arg("u").arg(ms);
     call
 }
 
-/// One grant to renew: its lock, kind, attempt and lease.
-pub(super) type Renewal<'a> = (&'a LockKey, LockKind, &'a str, Lease);
-
-/// `lua/renew.lua` for `batch`.
-pub(super) fn renew(scripts: &'static Scripts, batch: &[Renewal<'_>]) -> Call {
-    let mut call = scripts.renew.call(batch.len());
-    for (key, kind, ..) in batch {
-        call.key(record_key(key, *kind));
+/// The calls that renew `renewals`: `lua/renew.lua` for up to `chunk` grants each, then
+/// `lua/wait.lua` for each place; each with the indexes of the renewals it answers for.
+pub(super) fn renewals(
+    scripts: &'static Scripts,
+    renewals: &[Renew<'_>],
+    chunk: usize,
+) -> Vec<(Vec<usize>, Call)> {
+    let grants: Vec<_> = (renewals.iter().enumerate())
+        .filter_map(|(i, renew)| match *renew {
+            Renew::Grant {
+                key,
+                kind,
+                grant,
+                lease,
+            } => Some((i, key, kind, grant, lease)),
+            Renew::Place { .. } => None,
+        })
+        .collect();
+    let mut calls: Vec<_> = (grants.chunks(chunk))
+        .map(|chunk| {
+            let mut call = scripts.renew.call(chunk.len());
+            for &(_, key, kind, ..) in chunk {
+                call.key(derived(key, record(kind)));
+            }
+            for &(_, _, kind, grant, lease) in chunk {
+                let side = if kind.owns() { b"o" } else { b"s" };
+                call.arg(Cat([side, grant.as_bytes()])).arg(lease.millis());
+            }
+            (chunk.iter().map(|&(i, ..)| i).collect(), call)
+        })
+        .collect();
+    for (i, renew) in renewals.iter().enumerate() {
+        if let Renew::Place {
+            key,
+            kind,
+            holder,
+            timeout,
+        } = *renew
+        {
+            let ms = Lease::fixed(timeout).millis();
+            calls.push((vec![i], wait(scripts, key, kind, holder, ms)));
+        }
     }
-    for (_, kind, grant, lease) in batch {
-        let side = if kind.owns() { b"o" } else { b"s" };
-        call.arg(Cat([side, grant.as_bytes()])).arg(lease.millis());
-    }
-    call
+    calls
 }
 
-/// `lua/wait.lua`: keeps `holder`'s place in the queue of `key` for `ms`, or with `0` takes
-/// it out.
+/// `lua/wait.lua`: keeps `holder`'s place in the queue of `key` for `ms`, or with `0` takes it
+/// out.
 pub(super) fn wait(
     scripts: &'static Scripts,
     key: &LockKey,
@@ -288,14 +265,11 @@ pub(super) fn wait(
     holder: &str,
     ms: u64,
 ) -> Call {
-    let write = kind == LockKind::Write;
-    let mut call = scripts.wait.call(3 + usize::from(write));
-    call.key(derived(key, QUEUE))
-        .key(derived(key, TIMEOUTS))
-        .key(key.as_str());
-    if write {
-        call.key(derived(key, READERS));
-    }
+    let suffixes: &[&str] = match kind {
+        LockKind::Write => &[QUEUE, TIMEOUTS, "", READERS],
+        _ => &[QUEUE, TIMEOUTS, ""],
+    };
+    let mut call = call(&scripts.wait, key, suffixes, false);
     call.arg(holder).arg(ms).arg(derived(key, CHANNEL));
     call
 }
@@ -307,29 +281,16 @@ pub(super) fn inspect(
     kind: LockKind,
     clear: bool,
 ) -> Call {
-    let layout = match kind {
-        LockKind::Semaphore => "s",
-        LockKind::Read | LockKind::Write => "rw",
-        _ => "x",
+    let (layout, suffixes): (_, &[&str]) = match kind {
+        LockKind::Semaphore => ("s", &[""]),
+        LockKind::Read | LockKind::Write => ("rw", &["", READERS, QUEUE, TIMEOUTS]),
+        _ => ("x", &["", QUEUE, TIMEOUTS]),
     };
-    let keys = match layout {
-        "s" => 1,
-        "rw" => 4,
-        _ => 3,
-    };
-    let mut call = scripts.inspect.call(keys);
-    call.key(key.as_str());
-    if layout == "rw" {
-        call.key(derived(key, READERS));
-    }
-    if layout != "s" {
-        call.key(derived(key, QUEUE)).key(derived(key, TIMEOUTS));
-    }
+    let mut call = call(&scripts.inspect, key, suffixes, false);
     call.arg(layout);
-    if clear {
-        call.arg(derived(key, CHANNEL));
-    } else {
-        call.arg("");
-    }
+    match clear {
+        true => call.arg(derived(key, CHANNEL)),
+        false => call.arg(""),
+    };
     call
 }

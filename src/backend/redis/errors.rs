@@ -1,13 +1,14 @@
 //! What a redis-rs error means for the engine, and the errors of a first connection.
 
-use std::fmt;
+use std::{fmt, time::Duration};
 
-use redis::RedisError;
+use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use crate::error::{BackendError, BackendErrorKind};
 
 /// Maps a redis-rs error to what the engine needs to know.
 pub(super) fn redis_error(error: RedisError) -> BackendError {
+    let message = error.to_string();
     let kind = if error.is_timeout() {
         BackendErrorKind::Timeout
     } else if error.is_connection_refusal() || is_read_only(&error) || is_slot_unserved(&error) {
@@ -16,19 +17,17 @@ pub(super) fn redis_error(error: RedisError) -> BackendError {
         BackendErrorKind::Unavailable
     } else if error.is_io_error() || error.is_connection_dropped() {
         BackendErrorKind::Interrupted
-    } else if error.code() == Some("WRONGTYPE") || error.to_string().contains("WRONGTYPE") {
+    } else if message.contains("WRONGTYPE") {
         // The scripts name what they found: "WRONGTYPE <key> holds a <type>, not ...".
-        let message = error.to_string();
         let found = message.split_once(" holds a ").map_or("", |(_, rest)| {
             rest.split([',', ' ']).next().unwrap_or_default()
         });
         BackendErrorKind::WrongType {
             found: found.to_owned(),
         }
-    } else if error.code() == Some("NOPERM")
-        || error.to_string().contains("NOPERM")
+    } else if message.contains("NOPERM")
         // An ACL denial inside a script comes back as a plain ERR with this wording.
-        || error.to_string().contains("The user executing the script can't")
+        || message.contains("The user executing the script can't")
     {
         BackendErrorKind::NoPermission
     } else {
@@ -37,55 +36,44 @@ pub(super) fn redis_error(error: RedisError) -> BackendError {
     BackendError::new(kind, error)
 }
 
-/// The error of a first connection to `server` (its address, or the URL without password):
-/// a configuration that cannot work is [`BackendErrorKind::Misconfigured`] and says what to
-/// fix; a server that cannot be reached is `Unavailable`, naming it.
+/// The error of a first connection to `server` (its address, or the URL without password): a
+/// configuration that cannot work is `Misconfigured` and says what to fix; otherwise the
+/// server could not be reached.
 pub(super) fn connect_error(error: RedisError, server: &str) -> BackendError {
     let message = error.to_string();
-    let what = if error.kind() == redis::ErrorKind::InvalidClientConfig {
+    let what = if error.kind() == ErrorKind::InvalidClientConfig {
         if server.starts_with("rediss://") && !cfg!(feature = "tls") {
-            Some("a `rediss://` URL needs tower-lock's `tls` feature".to_owned())
+            "a `rediss://` URL needs tower-lock's `tls` feature".to_owned()
         } else {
-            Some(format!(
-                "the Redis URL `{server}`: expected `redis://[user:password@]host:port[/db]`{}",
-                if cfg!(feature = "tls") {
-                    " or `rediss://…`"
-                } else {
-                    ""
-                }
-            ))
+            let tls = if cfg!(feature = "tls") {
+                " or `rediss://…`"
+            } else {
+                ""
+            };
+            format!(
+                "the Redis URL `{server}`: expected `redis://[user:password@]host:port[/db]`{tls}"
+            )
         }
-    } else if error.kind() == redis::ErrorKind::AuthenticationFailed
+    } else if error.kind() == ErrorKind::AuthenticationFailed
         || message.contains("WRONGPASS")
         || message.contains("NOAUTH")
     {
-        Some(format!(
-            "Redis at {server} refused the user or password: check the URL's credentials and \
-             the ACL user"
-        ))
+        format!("Redis at {server} refused the user or password: check the URL and the ACL user")
     } else if message.contains("DB index") {
-        Some(format!(
-            "Redis at {server} has no such database: check the database index in the URL"
-        ))
+        format!("Redis at {server} has no such database: check the database index in the URL")
     } else {
-        None
+        let failed = ConnectFailed {
+            server: server.to_owned(),
+            cause: error,
+        };
+        return BackendError::new(BackendErrorKind::Unavailable, failed);
     };
-    match what {
-        Some(what) => BackendError::new(BackendErrorKind::Misconfigured { what }, error),
-        None => BackendError::new(
-            BackendErrorKind::Unavailable,
-            ConnectFailed {
-                server: server.to_owned(),
-                cause: error,
-            },
-        ),
-    }
+    BackendError::new(BackendErrorKind::Misconfigured { what }, error)
 }
 
-/// A first connection that failed: names the server, with the client library's error as the
-/// source.
+/// A first connection that failed: names the server, with redis-rs's error as the source.
 #[derive(Debug)]
-pub(super) struct ConnectFailed {
+struct ConnectFailed {
     server: String,
     cause: RedisError,
 }
@@ -103,56 +91,39 @@ impl std::error::Error for ConnectFailed {
     }
 }
 
-/// The answer of a server in its restart quarantine, which ends in `left`: reported (the
-/// quarantine logs it) and saying when to come back.
-pub(super) fn quarantined(left: std::time::Duration) -> BackendError {
+/// An acquire refused while the server run is in quarantine, for `left` more: reported (the
+/// quarantine logs it), saying when to come back.
+pub(super) fn quarantined(left: Duration) -> BackendError {
     BackendError::from_kind(BackendErrorKind::Quarantined)
         .back_at(tokio::time::Instant::now() + left)
         .reported()
-}
-
-/// An acquire that reached the server after the time it may act (its lease from when it was
-/// sent), twice: it did nothing, and the caller learns that the server answers too slowly for
-/// the lease, as from a timeout.
-pub(super) fn arrived_late(lease: std::time::Duration) -> BackendError {
-    BackendError::new(
-        BackendErrorKind::Timeout,
-        format!(
-            "the acquire reached the server after its lease of {lease:?} had run out; nothing was done"
-        ),
-    )
 }
 
 pub(super) fn protocol_error(what: &'static str) -> BackendError {
     BackendError::new(BackendErrorKind::Protocol, what)
 }
 
-/// Whether a Redis Cluster could not run the command because its slot is not served right now
-/// (moving, or its master failed and no replica took over yet, or no connection to the slot's
-/// node) and redis-rs ran out of redirects and retries: the script did not run, and trying
-/// again a little later can succeed.
-pub(super) fn is_slot_unserved(error: &RedisError) -> bool {
-    use redis::ServerErrorKind::{Ask, ClusterDown, MasterDown, Moved, TryAgain};
+/// Whether a Redis Cluster did not run the command because its slot is not served right now
+/// (moving, its master failed over) and redis-rs ran out of retries: trying again later can
+/// succeed.
+fn is_slot_unserved(error: &RedisError) -> bool {
+    use ServerErrorKind::{Ask, ClusterDown, MasterDown, Moved, TryAgain};
     matches!(
         error.kind(),
-        redis::ErrorKind::Server(Moved | Ask | TryAgain | ClusterDown | MasterDown)
-            | redis::ErrorKind::ClusterConnectionNotFound
+        ErrorKind::Server(Moved | Ask | TryAgain | ClusterDown | MasterDown)
+            | ErrorKind::ClusterConnectionNotFound
     )
 }
 
 /// Whether a connection could not be opened because the server refused it (nothing listens
-/// on its port, or the Sentinel group's master cannot be found), as opposed to a server that
-/// is slow to answer.
+/// on its port, or Sentinel names no master), rather than being slow to answer.
 pub(super) fn is_refusal(error: &BackendError) -> bool {
     let mut cause = std::error::Error::source(error);
     while let Some(error) = cause {
-        if let Some(redis) = error.downcast_ref::<RedisError>()
-            && redis.is_connection_refusal()
-        {
-            return true;
-        }
-        if let Some(io) = error.downcast_ref::<std::io::Error>()
-            && io.kind() == std::io::ErrorKind::ConnectionRefused
+        let redis = error.downcast_ref::<RedisError>();
+        let io = error.downcast_ref::<std::io::Error>();
+        if redis.is_some_and(RedisError::is_connection_refusal)
+            || io.is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
         {
             return true;
         }
@@ -162,10 +133,10 @@ pub(super) fn is_refusal(error: &BackendError) -> bool {
 }
 
 pub(super) fn is_noscript(error: &RedisError) -> bool {
-    error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+    error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
 /// The server is a replica now (a failover demoted it).
 pub(super) fn is_read_only(error: &RedisError) -> bool {
-    error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+    error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
 }

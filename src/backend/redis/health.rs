@@ -1,23 +1,11 @@
 //! What the backend knows of its server's health, so that an outage fails fast and is logged
-//! once.
-//!
-//! - A server that **refuses connections** is probed in the background. Until a probe reaches
-//!   it again it is *down*: every command fails at once with
-//!   [`Unavailable`](crate::error::BackendErrorKind::Unavailable), saying when the next probe
-//!   looks ([`BackendError::retry_after`]), instead of each request spending its wait on
-//!   connections that cannot open. The first probe looks [`FIRST_PROBE`] after the refusal, so
-//!   a server restarting on its port (refusing for a few milliseconds) is ridden out; later
-//!   probes back off to one every [`PROBE_EVERY`].
-//! - A server that **does not answer** within the command timeout (paused, busy with a slow
-//!   command, failing over) is not down: its callers try again within their waits.
-//!
-//! Either is an *incident*: logged as a warning when it begins, naming the server and the
-//! cause, and as information when the server answers again, with how long it lasted and how
-//! many commands failed meanwhile. The failures in between are logged at debug, and their
-//! errors are marked as reported, so that a rejection does not log them again.
+//! once. A server that **refuses connections** is probed in the background; until a probe
+//! reaches it, every command fails at once as `Unavailable`, saying when the next probe looks.
+//! A server that **does not answer** in time is not down: callers try again within their
+//! waits. Either is an incident, logged as a warning when it begins and as information when it
+//! ends; the failures in between at debug, their errors marked as reported.
 
 use std::{
-    fmt,
     sync::{
         Arc, Mutex, PoisonError, Weak,
         atomic::{AtomicBool, Ordering},
@@ -30,16 +18,16 @@ use tokio::time::Instant;
 use super::{Inner, RedisBackend};
 use crate::error::{BackendError, BackendErrorKind};
 
-/// How long after a refused connection the server is first probed.
+/// How long after a refused connection the server is first probed (a restart is ridden out).
 pub(super) const FIRST_PROBE: Duration = Duration::from_millis(100);
 /// How often a server that is down is probed, at most.
 pub(super) const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// The health of one server, shared by every command of a backend.
 pub(super) struct Health {
-    /// The server, for logs and errors (`host:port`, or the Sentinel group).
+    /// The server, for logs and errors.
     server: String,
-    /// An incident is open: checked by every command that succeeds, so that only the first
+    /// An incident is open: read by every command that succeeds, so that only the first
     /// success after an incident takes the lock.
     troubled: AtomicBool,
     /// The server refused connections and a probe confirmed it: commands fail at once.
@@ -61,7 +49,7 @@ struct Incident {
     since: Instant,
     /// Commands that failed during it.
     failures: u64,
-    /// When the probe looks next (a server that refused connections).
+    /// When the probe looks next.
     next_probe: Option<Instant>,
 }
 
@@ -89,31 +77,29 @@ impl Health {
             return Ok(());
         };
         open.failures += 1;
-        let next_probe = open.next_probe.unwrap_or_else(Instant::now);
-        let error = BackendError::new(
-            BackendErrorKind::Unavailable,
-            Down {
-                server: self.server.clone(),
-                since: open.since.elapsed(),
-            },
+        let ms = open.since.elapsed().as_millis();
+        let down = format!(
+            "Redis at {} has refused connections for {ms} ms",
+            self.server
         );
-        Err(error.back_at(next_probe).reported())
+        let error = BackendError::new(BackendErrorKind::Unavailable, down);
+        Err(error
+            .back_at(open.next_probe.unwrap_or_else(Instant::now))
+            .reported())
     }
 
-    /// Records a failed command of `trouble`, and tells whether it opened an incident (a
-    /// refusal that did must start the probe). The first failure of an incident is logged as
-    /// a warning, the others at debug. Returns the error marked as reported.
+    /// Records a failed command, and tells whether the probe must start (a refusal that
+    /// opened the incident, or turned a silent one into a refusal). Returns the error marked
+    /// as reported.
     pub(super) fn failed(&self, trouble: Trouble, error: BackendError) -> (BackendError, bool) {
         let mut incident = self.incident();
-        let opened = match incident.as_mut() {
+        let probe = match incident.as_mut() {
             Some(open) => {
                 open.failures += 1;
                 tracing::debug!(server = %self.server, error = %format_args!("{error:#}"), "lock store still failing");
-                // A refusal during a silent spell: the server went away; probe it.
                 let escalated = trouble == Trouble::Refused && open.trouble == Trouble::Silent;
                 if escalated {
                     open.trouble = Trouble::Refused;
-                    tracing::debug!(server = %self.server, "lock store refuses connections now; probing it");
                 }
                 escalated
             }
@@ -125,28 +111,25 @@ impl Health {
                     next_probe: None,
                 });
                 self.troubled.store(true, Ordering::Release);
-                match trouble {
-                    Trouble::Refused => tracing::warn!(
-                        server = %self.server,
-                        error = %format_args!("{error:#}"),
+                let what = match trouble {
+                    Trouble::Refused => {
                         "lock store refuses connections: acquires fail at once until a probe \
                          reaches it again"
-                    ),
-                    Trouble::Silent => tracing::warn!(
-                        server = %self.server,
-                        error = %format_args!("{error:#}"),
+                    }
+                    Trouble::Silent => {
                         "lock store does not answer in time: commands are retried within each \
                          request's wait"
-                    ),
-                }
-                true
+                    }
+                };
+                tracing::warn!(server = %self.server, error = %format_args!("{error:#}"), "{what}");
+                trouble == Trouble::Refused
             }
         };
-        (error.reported(), opened && trouble == Trouble::Refused)
+        (error.reported(), probe)
     }
 
-    /// Records a command that succeeded: ends the open incident, if any. One atomic load when
-    /// there is none.
+    /// Records a command that succeeded: ends the open incident, if any (one atomic load when
+    /// there is none).
     pub(super) fn succeeded(&self) {
         if !self.troubled.load(Ordering::Acquire) {
             return;
@@ -164,21 +147,19 @@ impl Health {
         );
     }
 
-    /// The probe found the server still refusing: it is down until the next one, at `next`.
+    /// The probe found the server still refusing: down until the next probe, at `next`.
+    /// False when something reached it meanwhile.
     fn still_down(&self, next: Instant) -> bool {
         let mut incident = self.incident();
         let Some(open) = incident.as_mut() else {
-            // Something else reached it meanwhile.
             return false;
         };
         open.next_probe = Some(next);
-        if !self.down.swap(true, Ordering::AcqRel) {
-            tracing::debug!(server = %self.server, "lock store down: failing acquires at once");
-        }
+        self.down.store(true, Ordering::Release);
         true
     }
 
-    /// Whether an incident is open and is a refusal (the probe's work is not done).
+    /// Whether a refusal is open (the probe's work is not done).
     fn refusing(&self) -> bool {
         self.incident()
             .as_ref()
@@ -186,39 +167,9 @@ impl Health {
     }
 }
 
-impl fmt::Debug for Health {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Health")
-            .field("server", &self.server)
-            .field("down", &self.down.load(Ordering::Relaxed))
-            .finish()
-    }
-}
-
-/// The cause of a command failed at once because its server is down.
-#[derive(Debug)]
-struct Down {
-    server: String,
-    since: Duration,
-}
-
-impl fmt::Display for Down {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Redis at {} has refused connections for {} ms",
-            self.server,
-            self.since.as_millis()
-        )
-    }
-}
-
-impl std::error::Error for Down {}
-
 impl RedisBackend {
-    /// Probes the server in the background until it answers (or the backend goes): a
-    /// connection and a `PING`, first [`FIRST_PROBE`] after the refusal, then backing off to
-    /// one every [`PROBE_EVERY`].
+    /// Probes the server in the background (a connection and a `PING`) until it answers, or
+    /// the backend goes.
     pub(super) fn start_probe(&self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -233,19 +184,16 @@ impl RedisBackend {
                     () = tokio::time::sleep(pause) => {}
                 }
                 let Some(inner) = inner.upgrade() else { return };
-                let backend = Self { inner };
-                if !backend.inner.health.refusing() {
+                let health = &inner.health;
+                if !health.refusing() {
                     return;
                 }
-                match backend.probe().await {
-                    Ok(()) => {
-                        backend.inner.health.succeeded();
-                        return;
-                    }
+                match (Self { inner: inner.clone() }).probe().await {
+                    Ok(()) => return health.succeeded(),
                     Err(error) => {
-                        tracing::debug!(server = %backend.inner.health.server, error = %format_args!("{error:#}"), "lock store probe failed");
+                        tracing::debug!(server = %health.server, error = %format_args!("{error:#}"), "lock store probe failed");
                         pause = (pause * 2).min(PROBE_EVERY);
-                        if !backend.inner.health.still_down(Instant::now() + pause) {
+                        if !health.still_down(Instant::now() + pause) {
                             return;
                         }
                     }
@@ -254,10 +202,9 @@ impl RedisBackend {
         });
     }
 
-    /// One probe: a connection (a new one, if the last broke) and a `PING` on it, within the
-    /// command timeout, past the check that fails commands while the server is down.
+    /// One probe within the command timeout, past the check that fails commands while the
+    /// server is down.
     async fn probe(&self) -> Result<(), BackendError> {
-        let timeout = self.inner.command_timeout;
         let attempt = async {
             let mut conn = self.inner.transport.get().await?;
             let pong: Result<String, _> = redis::cmd("PING").query_async(&mut conn).await;
@@ -266,7 +213,7 @@ impl RedisBackend {
             }
             pong.map(drop).map_err(super::errors::redis_error)
         };
-        tokio::time::timeout(timeout, attempt)
+        tokio::time::timeout(self.inner.command_timeout, attempt)
             .await
             .unwrap_or_else(|_| Err(BackendError::from_kind(BackendErrorKind::Timeout)))
     }

@@ -1,27 +1,12 @@
 //! The Redis backend: one Redis node (or the master Sentinel names) through a few multiplexed
-//! connections and one pub/sub connection, or with the `cluster` feature a Redis Cluster.
+//! connections and one pub/sub connection; with the `cluster` feature, a Redis Cluster.
 //!
-//! Each grant is one record, named by the attempt that won it: an owner record (a string at the
-//! lock's key `K`) for plain, fair and write locks, a member of a sorted set for readers and
-//! permits. Every write goes through a Lua script (`lua/*.lua`) that checks the record it names
-//! in the same atomic step, except the uncontended plain lock: one `SET K <attempt> NX PXAT`,
-//! then one compare-and-delete, what a hand-written lock costs. Scripts go by SHA, and by body
-//! after the server lost them (`scripts.rs`). Releases are published on `K:released`; waiters
-//! listen through the pub/sub connection. The protocol, its invariants and faults are in
-//! `src/backend/protocol.md`.
-//!
-//! ```no_run
-//! use tower_lock::{LockClient, RedisBackend};
-//!
-//! # #[tokio::main]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let backend = RedisBackend::connect("redis://127.0.0.1:6379").await?;
-//! let locks = LockClient::builder(backend).build()?;
-//! let guard = locks.lock("order:42").acquire().await?;
-//! guard.release().await?;
-//! # Ok(())
-//! # }
-//! ```
+//! Each grant is one record named by the attempt that won it: a string at the lock's key `K`
+//! for plain, fair and write locks, a member of a sorted set for readers and permits. Every
+//! write is a Lua script (`lua/*.lua`) that checks the record it names in the same step, but
+//! the uncontended plain lock: `SET K <attempt> NX PXAT`, then a compare-and-delete. Releases
+//! are published on `K:released`. The protocol is described in `src/backend/protocol.md`; the
+//! crate's docs show a service on Redis.
 
 use std::{
     fmt,
@@ -32,23 +17,21 @@ use std::{
 use redis::{FromRedisValue, RedisError, Value};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-// The versions this crate builds against: an application's pool handed to
-// `RedisBackendBuilder::pool` must be of exactly these types, and a `redis` error or TLS
-// certificate type of another version would not match either. Re-exported so an application
-// can name them without pinning the same versions in its own manifest.
+// The versions this crate builds against (an application's pool, a TLS certificate, an error
+// must be of exactly these types), for an application to name without pinning them.
 pub use bb8;
 pub use bb8_redis;
 pub use redis;
 
 use self::{
-    acknowledge::{Acknowledgement, Probed, wait_aof_probe},
+    acknowledge::Acknowledgement,
     builder::Source,
     calls::CHANNEL,
     errors::{is_noscript, protocol_error, redis_error},
     pubsub::PubSub,
     quarantine::Quarantine,
     scripts::{Call, Scripts},
-    transport::Transport,
+    transport::{Conn, Transport},
 };
 use super::{
     Listener, LockKind,
@@ -60,7 +43,6 @@ use super::{
 use crate::{
     error::{BackendError, BackendErrorKind},
     inspect::{HolderInfo, LockInfo, Permits},
-    lease::Lease,
     lock_key::LockKey,
 };
 
@@ -71,17 +53,12 @@ mod builder;
 mod calls;
 #[cfg(feature = "cluster")]
 mod cluster;
-mod connection;
 mod errors;
 mod health;
 mod pool;
 mod pubsub;
 mod quarantine;
 mod scripts;
-mod server_clock;
-#[cfg(feature = "cluster")]
-mod sharded_pubsub;
-mod target;
 #[cfg(test)]
 mod tests;
 mod transport;
@@ -90,8 +67,7 @@ mod transport;
 const QUARANTINED: i64 = -2;
 /// An acquire's reply when it arrived after its "not after": it did nothing.
 const ARRIVED_LATE: i64 = -4;
-/// How many grants one renewal call renews at most, bounding the time one script holds the
-/// server.
+/// How many grants one renewal call renews at most: one script holds the server meanwhile.
 const RENEW_CHUNK: usize = 500;
 
 /// Locks in one Redis node, or in a Redis Cluster. See the [module docs](self). Cheap to clone.
@@ -113,14 +89,9 @@ struct Inner {
 
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The connection info may carry a password: show only the address.
-        let mut f = f.debug_struct("RedisBackend");
-        match &self.inner.transport {
-            Transport::Node { target, .. } => f.field("target", target),
-            #[cfg(feature = "cluster")]
-            Transport::Cluster(cluster) => f.field("cluster", &cluster.addrs()),
-        };
-        f.field("command_timeout", &self.inner.command_timeout)
+        f.debug_struct("RedisBackend")
+            .field("server", &self.inner.transport.describe())
+            .field("command_timeout", &self.inner.command_timeout)
             .field("quarantine", &self.inner.quarantine.length())
             .field("min_replicas", &self.inner.acknowledgement.replicas)
             .field("wait_aof", &self.inner.acknowledgement.aof)
@@ -129,49 +100,15 @@ impl fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
-    /// Connects to the Redis server at `url` (`redis://[user:password@]host:port[/db]`) with
-    /// default settings.
+    /// Connects to the Redis server at `url` (`redis://[user:password@]host:port[/db]`).
     ///
     /// # Errors
     /// As [`RedisBackendBuilder::connect`].
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// use tower_lock::{LockClient, RedisBackend};
-    ///
-    /// # #[tokio::main]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let backend = RedisBackend::connect("redis://127.0.0.1:6379").await?;
-    /// let locks = LockClient::builder(backend).build()?;
-    /// # let _ = locks;
-    /// # Ok(())
-    /// # }
-    /// ```
     pub async fn connect(url: &str) -> Result<Self, BackendError> {
         Self::builder(url).connect().await
     }
 
     /// Starts configuring a backend for the server at `url`.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    ///
-    /// use tower_lock::RedisBackend;
-    ///
-    /// # #[tokio::main]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let backend = RedisBackend::builder("redis://locks:secret@10.0.0.5:6379/0")
-    ///     .pool_size(8)
-    ///     .command_timeout(Duration::from_millis(500))
-    ///     .connect()
-    ///     .await?;
-    /// # let _ = backend;
-    /// # Ok(())
-    /// # }
-    /// ```
     pub fn builder(url: impl Into<String>) -> RedisBackendBuilder {
         RedisBackendBuilder::new(Source::Url(url.into()))
     }
@@ -179,29 +116,12 @@ impl RedisBackend {
     /// Starts configuring a backend for the master that the Sentinels at `sentinels`
     /// (`redis://host:port` each) monitor under `master_name` (feature `sentinel`).
     ///
-    /// Every new connection asks the Sentinels for the current master, and the backend drops a
-    /// connection that failed or found its server demoted to a replica, so after a failover
-    /// commands and release notifications move to the new master; waiters then check their
-    /// lock again. Locks granted by the old master and not yet replicated can be lost in the
-    /// failover: see [`min_replicas`](RedisBackendBuilder::min_replicas) and fencing tokens.
-    ///
-    /// A promoted replica is [quarantined](RedisBackendBuilder::quarantine) from when a
-    /// script first sees it as a master.
-    ///
-    /// ```no_run
-    /// use tower_lock::{LockClient, RedisBackend};
-    ///
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let backend = RedisBackend::sentinel(
-    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
-    ///     "locks",
-    /// )
-    /// .connect()
-    /// .await?;
-    /// let locks = LockClient::builder(backend).build()?;
-    /// # Ok(())
-    /// # }
-    /// ```
+    /// Every new connection asks the Sentinels for the master, and a connection that failed or
+    /// found its server demoted is dropped, so after a failover commands and notifications
+    /// move to the new master (waiters check their locks again), which is
+    /// [quarantined](RedisBackendBuilder::quarantine) from when a script first sees it. Grants
+    /// not yet replicated can be lost in a failover: see
+    /// [`min_replicas`](RedisBackendBuilder::min_replicas) and fencing tokens.
     #[cfg(feature = "sentinel")]
     pub fn sentinel(
         sentinels: impl IntoIterator<Item = impl Into<String>>,
@@ -214,25 +134,9 @@ impl RedisBackend {
     }
 
     /// Starts configuring a backend for the Redis Cluster that `nodes` belong to (any of its
-    /// nodes; the rest are discovered). Each lock lives in the hash slot of its key, its scripts
-    /// go to that slot's master, following `MOVED` and `ASK` through migrations and failovers,
-    /// and its release notifications use sharded pub/sub (`SPUBLISH`/`SSUBSCRIBE`) on the same
-    /// shard. Needs the `cluster` feature. `pool_size` does not apply (one multiplexed
-    /// connection per node), nor do `min_replicas` and `wait_aof` (`WAIT` and `WAITAOF` must
-    /// follow the write on its own connection).
-    ///
-    /// ```no_run
-    /// use tower_lock::{LockClient, RedisBackend};
-    ///
-    /// # #[tokio::main]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let backend = RedisBackend::cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
-    ///     .connect()
-    ///     .await?;
-    /// let locks = LockClient::builder(backend).build()?;
-    /// # Ok(())
-    /// # }
-    /// ```
+    /// nodes; the rest are discovered; feature `cluster`). Each lock's scripts go to its hash
+    /// slot's master, following `MOVED` and `ASK`; its notifications use sharded pub/sub on
+    /// the same shard. `pool_size`, `min_replicas` and `wait_aof` do not apply.
     #[cfg(feature = "cluster")]
     pub fn cluster<I>(nodes: I) -> RedisBackendBuilder
     where
@@ -249,13 +153,9 @@ impl RedisBackend {
         quarantine: Quarantine,
     ) -> Self {
         let stop = CancellationToken::new();
-        let server = transport.node_target().map_or_else(
-            || "the Redis Cluster".to_owned(),
-            |target| target.describe(),
-        );
         Self {
             inner: Arc::new(Inner {
-                health: health::Health::new(server),
+                health: health::Health::new(transport.describe()),
                 transport,
                 pubsub: OnceLock::new(),
                 command_timeout,
@@ -279,52 +179,10 @@ impl RedisBackend {
         self.inner.pubsub.get().map_or(0, PubSub::reconnects)
     }
 
-    /// Asks the server whether it has `WAITAOF` (Redis 7.2 and newer): `false` on an older
-    /// server, which is not an error unless [`wait_aof`](RedisBackendBuilder::wait_aof) is
-    /// set (then [`connect`](RedisBackendBuilder::connect) has already failed).
-    ///
-    /// The question is a `WAITAOF` that waits for nothing. An older server answers that it
-    /// does not know the command whatever the user's ACL grants; on 7.2 and newer an ACL user
-    /// without `+waitaof` is refused (still counted as supported) and the denial is recorded
-    /// in `ACL LOG`.
-    ///
-    /// # Errors
-    /// The backend's errors when the server cannot be asked.
-    pub async fn supports_wait_aof(&self) -> Result<bool, BackendError> {
-        Ok(!matches!(
-            self.probe_wait_aof(false).await?,
-            Probed::Unknown
-        ))
-    }
-
     /// One `PING`, within the command timeout.
     pub(crate) async fn ping(&self) -> Result<(), BackendError> {
-        self.query(&mut redis::cmd("PING"), None).await
-    }
-
-    /// Sends a `WAITAOF` that waits for nothing but the local fsync when `local` is set, and
-    /// tells what the answer says.
-    async fn probe_wait_aof(&self, local: bool) -> Result<Probed, BackendError> {
-        let probe = wait_aof_probe(local);
-        self.with_conn(None, async |conn| {
-            Probed::of(probe.query_async::<Value>(conn).await)
-        })
-        .await
-    }
-
-    /// With [`wait_aof`](RedisBackendBuilder::wait_aof) set, checks the server runs `WAITAOF`
-    /// as configured, so that a missing feature fails `connect`, not an acquire.
-    async fn check_wait_aof(&self) -> Result<(), BackendError> {
-        let Some(wanted) = self.inner.acknowledgement.aof else {
-            return Ok(());
-        };
-        match self.probe_wait_aof(wanted.local).await? {
-            Probed::Supported => Ok(()),
-            Probed::Unknown => Err(BackendError::from_kind(BackendErrorKind::Unsupported {
-                feature: "WAITAOF (wait_aof), which needs Redis 7.2 or newer",
-            })),
-            Probed::Refused(error) => Err(redis_error(error)),
-        }
+        let ping = async |conn: &mut Conn| redis::cmd("PING").query_async(conn).await;
+        self.with_conn(None, ping).await
     }
 
     /// The pub/sub connection's handle, started on first use.
@@ -336,14 +194,13 @@ impl RedisBackend {
             }
             #[cfg(feature = "cluster")]
             Transport::Cluster(cluster) => {
-                sharded_pubsub::start(cluster, inner.command_timeout, inner.stop.clone())
+                cluster::start_pubsub(cluster, inner.command_timeout, inner.stop.clone())
             }
         })
     }
 
-    /// [`listen`](Store::listen) in two halves, for a Redlock listener that need not wait
-    /// for every node: the listener at once, and the wait for the subscription, which tells
-    /// whether the server confirmed it.
+    /// [`listen`](Store::listen) in two halves (for Redlock): the listener, and the wait for
+    /// the subscription, which tells whether the server confirmed it.
     pub(crate) fn subscribe(
         &self,
         key: &LockKey,
@@ -358,86 +215,85 @@ impl RedisBackend {
     }
 
     /// Sends the acquire of `grant` (with `extend`, the extend of the grant it names), once
-    /// more on a new connection when it arrived too late to act; a second time is a timeout.
+    /// more on a new connection when it arrived too late to act; twice is a timeout. The reply
+    /// comes with what a grant's acknowledgements fell short of.
     async fn take(
         &self,
         grant: &Grant<'_>,
         extend: bool,
     ) -> Result<(Vec<i64>, Option<BackendErrorKind>), BackendError> {
         self.inner.quarantine.note_lease(grant.lease.duration());
+        // The waits may take their whole timeouts on top of the command.
+        let budget = self.inner.command_timeout + self.inner.acknowledgement.timeout();
         for _ in 0..2 {
-            let answer = self.take_once(grant, extend).await?;
+            let answer = self.with_conn_within(Some(grant.key), budget, async |conn| {
+                self.take_on(conn, grant, extend).await
+            });
+            let answer = self.name_wrong_type_in(answer.await, grant.key).await?;
             if answer.0 != [ARRIVED_LATE] {
                 return Ok(answer);
             }
         }
-        Err(errors::arrived_late(grant.lease.duration()).with_key(grant.key.as_str()))
+        // Twice too late: nothing was done, and the server answers too slowly for the lease.
+        let lease = grant.lease.duration();
+        let late = format!("the acquire reached the server after its lease of {lease:?}");
+        Err(BackendError::new(BackendErrorKind::Timeout, late).with_key(grant.key.as_str()))
     }
 
-    /// One try of [`take`](Self::take), on one connection: the uncontended `SET NX` where it
-    /// may serve, else (or when the lock was taken) the script; after a grant, the
-    /// acknowledgements, whose shortfall comes back with the reply.
-    async fn take_once(
+    /// One try of [`take`](Self::take) on `conn`: the uncontended `SET NX` where it may serve,
+    /// else (or when the lock was taken) the script; after a grant, the acknowledgements.
+    async fn take_on(
         &self,
+        conn: &mut Conn,
         grant: &Grant<'_>,
         extend: bool,
-    ) -> Result<(Vec<i64>, Option<BackendErrorKind>), BackendError> {
-        let inner = &*self.inner;
-        let (key, quarantine) = (grant.key, &inner.quarantine);
-        // The waits may take their whole timeouts on top of the script's command.
-        let budget = inner.command_timeout + inner.acknowledgement.timeout();
-        let result = self
-            .with_conn_within(Some(key), budget, async |conn| {
-                let state = conn.state();
-                let clock = state.as_ref().and_then(|state| state.clock);
-                let not_after = clock.and_then(|clock| clock.expiry(&grant.lease));
-                // Only on a connection whose run a script saw past its quarantine: `SET NX`
-                // cannot check the run marker.
-                let plain = !extend
-                    && grant.kind == LockKind::Exclusive
-                    && !grant.fencing
-                    && !grant.contended
-                    && state.as_ref().is_some_and(|state| {
-                        !quarantine.is_on() || state.run_verified.load(Ordering::Relaxed)
-                    });
-                if let Some(pxat) = not_after.filter(|_| plain) {
-                    let set: Option<()> = redis::cmd("SET")
-                        .arg(key.as_str())
-                        .arg(grant.attempt)
-                        .arg("NX")
-                        .arg("PXAT")
-                        .arg(pxat)
-                        .query_async(conn)
-                        .await?;
-                    if set.is_some() {
-                        let shortfall = inner.acknowledgement.shortfall(conn).await?;
-                        return Ok((vec![1, -1], shortfall));
-                    }
-                }
-                let run = state.as_ref().map_or("", |state| state.run.as_str());
-                let check = quarantine.check(run).filter(|_| !extend);
-                let call = calls::acquire(self.scripts(), grant, extend, not_after, check);
-                let reply: Vec<i64> = call.run(conn).await?;
-                match reply.first() {
-                    // It did nothing: the call took longer than its lease, or the server's
-                    // clock moved on more than this connection's reading allows.
-                    Some(&ARRIVED_LATE) => conn.mark_broken(),
-                    Some(&QUARANTINED) => {}
-                    _ if check.is_some() => {
-                        if let Some(state) = &state {
-                            state.run_verified.store(true, Ordering::Relaxed);
-                        }
-                    }
-                    _ => {}
-                }
-                let shortfall = match reply.first() {
-                    Some(1) if !extend => inner.acknowledgement.shortfall(conn).await?,
-                    _ => None,
-                };
-                Ok((reply, shortfall))
-            })
-            .await;
-        self.name_wrong_type_in(result, key).await
+    ) -> Result<(Vec<i64>, Option<BackendErrorKind>), RedisError> {
+        let (quarantine, acknowledgement) = (&self.inner.quarantine, &self.inner.acknowledgement);
+        let state = conn.state.clone();
+        let clock = state.as_ref().and_then(|state| state.clock);
+        let not_after = clock.and_then(|clock| clock.expiry(&grant.lease));
+        // `SET NX` cannot check the run marker: only where a script saw the run past it.
+        let plain = !extend
+            && grant.kind == LockKind::Exclusive
+            && !grant.fencing
+            && !grant.contended
+            && state.as_ref().is_some_and(|state| {
+                !quarantine.is_on() || state.run_verified.load(Ordering::Relaxed)
+            });
+        let mut set = redis::cmd("SET");
+        set.arg(grant.key.as_str())
+            .arg(grant.attempt)
+            .arg("NX")
+            .arg("PXAT");
+        let set: Option<()> = match not_after.filter(|_| plain) {
+            Some(pxat) => set.arg(pxat).query_async(conn).await?,
+            None => None,
+        };
+        let reply = if set.is_some() {
+            vec![1, -1]
+        } else {
+            let run = state.as_ref().map_or("", |state| state.run.as_str());
+            let check = quarantine.check(run).filter(|_| !extend);
+            let call = calls::acquire(self.scripts(), grant, extend, not_after, check.as_deref());
+            let reply: Vec<i64> = call.run(conn).await?;
+            match reply.first() {
+                // It did nothing: the call took longer than its lease, or the server's clock
+                // moved on more than this connection's reading allows.
+                Some(&ARRIVED_LATE) => conn.mark_broken(),
+                Some(&QUARANTINED) => {}
+                // Past the check: the connection's run is over its quarantine.
+                _ if check.is_some() => (state.iter()).for_each(|state| {
+                    state.run_verified.store(true, Ordering::Relaxed);
+                }),
+                _ => {}
+            }
+            reply
+        };
+        let shortfall = match reply.first() {
+            Some(1) if !extend => acknowledgement.shortfall(conn).await?,
+            _ => None,
+        };
+        Ok((reply, shortfall))
     }
 
     /// Undoes a grant that was not acknowledged as configured, and builds the error the
@@ -447,7 +303,7 @@ impl RedisBackend {
         tracing::warn!(
             key,
             ?shortfall,
-            "a grant was not acknowledged as configured; undoing it"
+            "a grant was not acknowledged as configured; undoing"
         );
         match self.abandon(grant).await {
             Ok(_) => BackendError::from_kind(shortfall).with_key(key),
@@ -462,14 +318,14 @@ impl RedisBackend {
     /// live on different nodes, so each is its own call, all sent at once.
     async fn run_batches(
         &self,
-        batches: &[Batch],
+        batches: &[(Vec<usize>, Call)],
     ) -> Result<Vec<Result<Value, RedisError>>, BackendError> {
         #[cfg(feature = "cluster")]
-        if let Some(cluster) = self.inner.transport.cluster() {
+        if let Transport::Cluster(cluster) = &self.inner.transport {
             let replies = futures_util::future::join_all(
                 batches
                     .iter()
-                    .map(async |batch| batch.call.run(&mut cluster.connection()).await),
+                    .map(async |(_, call)| call.run(&mut cluster.conn.clone()).await),
             );
             return tokio::time::timeout(self.inner.command_timeout, replies)
                 .await
@@ -478,36 +334,29 @@ impl RedisBackend {
         let pipeline = async |by_hash: bool| {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
-            for batch in batches {
-                pipe.add_command(batch.call.cmd(by_hash).into_owned());
+            for (_, call) in batches {
+                pipe.add_command(call.cmd(by_hash).into_owned());
             }
-            let values: Vec<Value> = self
-                .with_conn(None, async |conn| pipe.query_async(conn).await)
-                .await?;
+            let values = self.with_conn(None, async |conn| {
+                pipe.query_async::<Vec<Value>>(conn).await
+            });
             Ok::<_, BackendError>(
                 values
+                    .await?
                     .into_iter()
                     .map(Value::extract_error)
-                    .collect::<Vec<_>>(),
+                    .collect(),
             )
         };
-        let replies = pipeline(true).await?;
-        if replies
+        let replies: Vec<_> = pipeline(true).await?;
+        match replies
             .iter()
             .any(|reply| reply.as_ref().is_err_and(is_noscript))
         {
-            return pipeline(false).await;
+            true => pipeline(false).await,
+            false => Ok(replies),
         }
-        Ok(replies)
     }
-}
-
-/// One call of a renewal: the renewals it answers for (their indexes), and whether it keeps a
-/// place (`wait.lua`, one integer) rather than renewing grants (`renew.lua`, one each).
-struct Batch {
-    entries: Vec<usize>,
-    call: Call,
-    place: bool,
 }
 
 /// A fencing token of a reply (`-1`: none).
@@ -520,40 +369,31 @@ fn millis(raw: i64) -> Option<Duration> {
     u64::try_from(raw).ok().map(Duration::from_millis)
 }
 
-/// What `lua/inspect.lua` answered, for a lock of `kind`'s layout: one holder per grant, of
-/// the kind of its record.
+/// What `lua/inspect.lua` answered for a lock of `kind`'s layout: one holder per grant, of the
+/// kind of its record (the store does not mark a fair grant: it shows as exclusive).
 fn lock_info(value: Value, kind: LockKind) -> Result<LockInfo, BackendError> {
-    let bad = |_| protocol_error("inspect reply");
-    let items = Vec::<Value>::from_redis_value(value).map_err(bad)?;
+    let bad = || protocol_error("inspect reply");
     // {owner record or '', its ms left, waiters queued, grant, ms left, grant, ms left, ...}
-    let mut items = items.into_iter();
-    let mut next = |what| items.next().ok_or_else(|| protocol_error(what));
-    let int = |value| i64::from_redis_value(value).map_err(bad);
-    let owner = String::from_redis_value(next("short inspect reply")?).map_err(bad)?;
-    let left = int(next("short inspect reply")?)?;
-    let queued = int(next("short inspect reply")?)?;
+    let items = Vec::<Value>::from_redis_value(value).ok();
+    let items = items.filter(|items| items.len() % 2 == 1).ok_or_else(bad)?;
+    let queued = i64::from_redis_value_ref(&items[2]).map_err(|_| bad())?;
     let mut info = LockInfo::free().with_queue_len(u64::try_from(queued).unwrap_or(0));
-    if !owner.is_empty() {
-        // '<attempt>' or '<attempt>~<token>'.
-        let attempt = owner
-            .rsplit_once('~')
-            .filter(|(_, token)| !token.is_empty() && token.bytes().all(|b| b.is_ascii_digit()))
-            .map_or(owner.as_str(), |(attempt, _)| attempt);
-        let side = match kind {
-            LockKind::Read | LockKind::Write => LockKind::Write,
-            // The store does not mark a fair grant.
-            _ => LockKind::Exclusive,
-        };
-        info = info.with_holder(HolderInfo::new(holder_of(attempt), side, 1, millis(left)));
-    }
-    let side = match kind {
-        LockKind::Semaphore => LockKind::Semaphore,
-        _ => LockKind::Read,
+    let (owner, shared) = match kind {
+        LockKind::Read | LockKind::Write => (LockKind::Write, LockKind::Read),
+        LockKind::Semaphore => (LockKind::Semaphore, LockKind::Semaphore),
+        _ => (LockKind::Exclusive, LockKind::Read),
     };
-    while let Ok(grant) = next("") {
-        let grant = String::from_redis_value(grant).map_err(bad)?;
-        let left = int(next("odd inspect reply")?)?;
-        info = info.with_holder(HolderInfo::new(holder_of(&grant), side, 1, millis(left)));
+    let grants = std::iter::once((&items[..2], owner));
+    for (pair, side) in grants.chain(items[3..].chunks(2).map(|pair| (pair, shared))) {
+        let record = String::from_redis_value_ref(&pair[0]).map_err(|_| bad())?;
+        let left = i64::from_redis_value_ref(&pair[1]).map_err(|_| bad())?;
+        // '<attempt>' or '<attempt>~<token>'.
+        let attempt = (record.rsplit_once('~'))
+            .filter(|(_, token)| token.bytes().all(|b| b.is_ascii_digit()))
+            .map_or(record.as_str(), |(attempt, _)| attempt);
+        if !record.is_empty() {
+            info = info.with_holder(HolderInfo::new(holder_of(attempt), side, 1, millis(left)));
+        }
     }
     if kind == LockKind::Semaphore && info.is_locked() {
         // The store keeps no permit count.
@@ -627,80 +467,34 @@ impl Store for RedisBackend {
     }
 
     async fn renew(&self, renewals: &[Renew<'_>]) -> Result<Vec<RenewReply>, BackendError> {
-        let scripts = self.scripts();
-        // One grant per call in a cluster, where each lives on its own node.
-        #[cfg(feature = "cluster")]
-        let chunk = if self.inner.transport.cluster().is_some() {
-            1
-        } else {
-            RENEW_CHUNK
+        // One grant per call in a cluster, where each may live on another node.
+        let chunk = match self.inner.transport {
+            Transport::Node { .. } => RENEW_CHUNK,
+            #[cfg(feature = "cluster")]
+            Transport::Cluster(_) => 1,
         };
-        #[cfg(not(feature = "cluster"))]
-        let chunk = RENEW_CHUNK;
-        let grants: Vec<(usize, calls::Renewal<'_>)> = (renewals.iter().enumerate())
-            .filter_map(|(i, renew)| match *renew {
-                Renew::Grant {
-                    key,
-                    kind,
-                    grant,
-                    lease,
-                } => Some((i, (key, kind, grant, lease))),
-                Renew::Place { .. } => None,
-            })
-            .collect();
-        let mut batches: Vec<Batch> = grants
-            .chunks(chunk)
-            .map(|chunk| Batch {
-                entries: chunk.iter().map(|(i, _)| *i).collect(),
-                call: calls::renew(scripts, &chunk.iter().map(|(_, g)| *g).collect::<Vec<_>>()),
-                place: false,
-            })
-            .collect();
-        for (i, renew) in renewals.iter().enumerate() {
-            if let Renew::Place {
-                key,
-                kind,
-                holder,
-                timeout,
-            } = *renew
-            {
-                let ms = Lease::fixed(timeout).millis();
-                let call = calls::wait(scripts, key, kind, holder, ms);
-                batches.push(Batch {
-                    entries: vec![i],
-                    call,
-                    place: true,
-                });
-            }
-        }
+        let batches = calls::renewals(self.scripts(), renewals, chunk);
         if batches.is_empty() {
             return Ok(Vec::new());
         }
         let mut replies = vec![RenewReply::NotHeld; renewals.len()];
-        for (batch, reply) in batches.iter().zip(self.run_batches(&batches).await?) {
-            let key = renewals[batch.entries[0]].key();
-            let answers = reply.and_then(|value| {
-                match batch.place {
-                    true => i64::from_redis_value(value).map(|answer| vec![answer]),
-                    false => Vec::<i64>::from_redis_value(value),
-                }
-                .map_err(RedisError::from)
+        for ((entries, _), reply) in batches.iter().zip(self.run_batches(&batches).await?) {
+            let key = renewals[entries[0]].key().as_str();
+            // `renew.lua` answers one integer per grant, `wait.lua` one for its place.
+            let answers = reply.and_then(|value| match value {
+                Value::Int(answer) => Ok(vec![answer]),
+                value => Vec::<i64>::from_redis_value(value).map_err(RedisError::from),
             });
-            let answers = match answers {
-                Ok(answers) if answers.len() == batch.entries.len() => answers,
-                Ok(_) => return Err(protocol_error("renewal reply").with_key(key.as_str())),
-                Err(error) => {
-                    let error = redis_error(error).with_key(key.as_str());
-                    if !error.is_wrong_type() {
-                        return Err(error);
-                    }
-                    vec![-1]
-                }
+            let answers = match answers.map_err(|error| redis_error(error).with_key(key)) {
+                Ok(answers) if answers.len() == entries.len() => answers,
+                Ok(_) => return Err(protocol_error("renewal reply").with_key(key)),
+                Err(error) if error.is_wrong_type() => vec![-1; entries.len()],
+                Err(error) => return Err(error),
             };
-            for (&i, answer) in batch.entries.iter().zip(answers) {
+            for (&i, answer) in entries.iter().zip(answers) {
                 replies[i] = match answer {
                     1 => RenewReply::Renewed,
-                    2 if batch.place => RenewReply::Ready,
+                    2 => RenewReply::Ready,
                     -1 => {
                         // Foreign data at the key: the lock is not ours any more.
                         tracing::warn!(key = %renewals[i].key(), "renewal found foreign data");

@@ -1,12 +1,10 @@
 //! The one pub/sub connection of a backend, shared by every waiter of every key.
 //!
-//! A task owns the connection. Waiters register a [`Listener`] per key; the first listener of a
-//! channel asks the task to subscribe and waits for Redis to confirm, the last one leaving makes
-//! the task unsubscribe. The task compares what is wanted with what is subscribed rather than
-//! replaying requests, so a subscribe and an unsubscribe of the same channel racing each other
-//! always end in the state the listeners want. After a reconnect it subscribes every wanted
-//! channel again and wakes every listener, since releases published while it was away are lost:
-//! each waiter then checks the lock once more.
+//! A task owns the connection. A channel's listeners ask it to subscribe and wait for Redis to
+//! confirm; the last one leaving makes it unsubscribe. The task compares what is wanted with
+//! what is subscribed rather than replaying requests, so racing requests end in the state the
+//! listeners want. After a reconnect it subscribes again and wakes every listener (releases
+//! published meanwhile are lost): each waiter checks its lock once more.
 
 use std::{
     collections::HashSet,
@@ -23,10 +21,10 @@ use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::target::Target;
+use super::transport::Target;
 use crate::backend::{Listener, Listeners};
 
-/// How often the connection is pinged to find out that its server went away.
+/// How often the connection is pinged: a server gone away is not always noticed otherwise.
 const PING_EVERY: Duration = Duration::from_secs(1);
 
 /// A request to the task: make sure `channel` is subscribed, then answer.
@@ -38,38 +36,29 @@ pub(super) struct PubSub {
     listeners: Arc<Listeners>,
     requests: mpsc::UnboundedSender<Subscribe>,
     reconnects: Arc<AtomicU64>,
-    /// Whether the task has a connection now (its subscriptions made).
     connected: Arc<AtomicBool>,
     timeout: Duration,
 }
 
 /// What a notification task serves: the listeners, and the handle's requests.
 pub(super) struct Feed {
-    /// Every listener of every channel.
     pub(super) listeners: Arc<Listeners>,
     /// Channels that gained their first listener, with whom to tell once subscribed.
     pub(super) requests: mpsc::UnboundedReceiver<Subscribe>,
     /// Channels that lost their last listener.
     pub(super) emptied: mpsc::UnboundedReceiver<String>,
-    /// Counts re-established connections.
     pub(super) reconnects: Arc<AtomicU64>,
-    /// Set while the task has a connection whose subscriptions are made: a listener then
-    /// waits for its subscription to be confirmed; otherwise it need not (see
-    /// [`PubSub::subscribe`]).
+    /// Set while the task's subscriptions are made: only then does a listener wait for its own.
     pub(super) connected: Arc<AtomicBool>,
 }
 
 impl PubSub {
-    /// Starts the task on the current runtime. It stops when `stop` is cancelled.
+    /// Starts the task on the current runtime; it stops when `stop` is cancelled.
     pub(super) fn start(target: Arc<Target>, timeout: Duration, stop: CancellationToken) -> Self {
         Self::spawn(timeout, false, |feed| {
             Task {
                 target,
-                listeners: feed.listeners,
-                requests: feed.requests,
-                emptied: feed.emptied,
-                reconnects: feed.reconnects,
-                connected: feed.connected,
+                feed,
                 timeout,
                 stop,
             }
@@ -77,10 +66,8 @@ impl PubSub {
         })
     }
 
-    /// Spawns the task that `serve` builds from the feed of a new handle: the handle's side
-    /// (listening, counters) is the same whatever connection the task keeps. With
-    /// `always_confirmed`, every listener waits for its subscription to be confirmed, whatever
-    /// the task says of its connection.
+    /// Spawns the task `serve` builds from the feed of a new handle. With `always_confirmed`,
+    /// every listener waits for its subscription to be confirmed, connected or not.
     pub(super) fn spawn<F>(
         timeout: Duration,
         always_confirmed: bool,
@@ -110,12 +97,10 @@ impl PubSub {
         }
     }
 
-    /// Listens on `channel`. Resolves once Redis confirmed the subscription, or after the
-    /// timeout when the connection is down (the reconnect will subscribe and wake the listener).
-    /// Every listener waits for the confirmation, not only the channel's first: a later one
-    /// may come while the first's subscribe is still on its way, and its caller checks the
-    /// lock again counting on releases reaching it from then on. The task answers in order, so
-    /// the answer comes after that subscribe's.
+    /// Listens on `channel`: resolves once Redis confirmed the subscription, or at once while
+    /// the connection is down (the reconnect subscribes and wakes the listener). Every
+    /// listener waits, not only the first: its caller checks the lock counting on every
+    /// release from then on reaching it, and the task answers in order.
     pub(super) async fn listen(&self, channel: String, only_for: Option<&str>) -> Listener {
         let (listener, confirmed) = self.subscribe(channel, only_for);
         confirmed.await;
@@ -123,12 +108,7 @@ impl PubSub {
     }
 
     /// [`listen`](Self::listen) in two halves: the listener, registered at once, and the wait
-    /// for Redis to confirm the subscription (or for the timeout), which tells whether it did.
-    ///
-    /// While the connection is down there is nothing to wait for: the listener is registered,
-    /// the task subscribes it once connected and then wakes it (as every listener after a
-    /// reconnect), so its caller checks the lock again then. Waiting instead would hold the
-    /// caller (and the local waiters queued behind it) for the whole reconnect.
+    /// for the confirmation (or the timeout), which tells whether Redis confirmed it.
     pub(super) fn subscribe(
         &self,
         channel: String,
@@ -159,130 +139,99 @@ impl PubSub {
 
 struct Task {
     target: Arc<Target>,
-    listeners: Arc<Listeners>,
-    requests: mpsc::UnboundedReceiver<Subscribe>,
-    emptied: mpsc::UnboundedReceiver<String>,
-    reconnects: Arc<AtomicU64>,
-    connected: Arc<AtomicBool>,
+    feed: Feed,
     timeout: Duration,
     stop: CancellationToken,
 }
 
-/// Why a connection ended.
-enum Ended {
-    Stopped,
-    /// The connection failed, for this reason.
-    Broken(&'static str),
-}
-
 impl Task {
     async fn run(mut self) {
-        let mut backoff = Duration::from_millis(20);
+        let (target, stop, timeout) = (self.target.clone(), self.stop.clone(), self.timeout);
+        let server = target.describe();
         let mut connected_before = false;
-        loop {
-            // After a failover the target names the new master.
-            let connect = tokio::time::timeout(self.timeout, async {
-                self.target.client().await?.get_async_pubsub().await
-            });
-            let pubsub = tokio::select! {
-                () = self.stop.cancelled() => return,
-                result = connect => result,
-            };
-            match pubsub {
-                Ok(Ok(pubsub)) => {
-                    backoff = Duration::from_millis(20);
-                    if connected_before {
-                        self.reconnects.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!(server = %self.target.describe(), "release notification connection re-established");
-                    }
-                    connected_before = true;
-                    let (sink, stream) = pubsub.split();
-                    let ended = self.serve(sink, stream).await;
-                    self.connected.store(false, Ordering::Release);
-                    let Ended::Broken(cause) = ended else {
-                        return;
-                    };
-                    // Information, not a warning: a server that is gone is reported once by
-                    // the commands' health; waiters check their locks again on reconnect.
-                    tracing::info!(server = %self.target.describe(), cause, "release notification connection lost; reconnecting");
-                }
-                Ok(Err(error)) => {
-                    tracing::debug!(server = %self.target.describe(), error = %format_args!("{error:#}"), "release notification connection failed");
-                }
-                Err(_) => {
-                    tracing::debug!(server = %self.target.describe(), timeout = ?self.timeout, "release notification connection timed out")
-                }
+        // After a failover the target names the new master.
+        let connect = || async {
+            let pubsub = async { target.client().await?.get_async_pubsub().await };
+            match tokio::time::timeout(timeout, pubsub).await {
+                Ok(result) => result.map_err(|error| error.to_string()),
+                Err(_) => Err("timed out".to_owned()),
             }
-            tokio::select! {
-                () = self.stop.cancelled() => return,
-                () = tokio::time::sleep(backoff) => {}
+        };
+        while let Some(pubsub) = connect_until(&stop, connect).await {
+            if connected_before {
+                self.feed.reconnects.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(%server, "release notification connection re-established");
             }
-            backoff = (backoff * 2).min(Duration::from_secs(1));
+            connected_before = true;
+            let (sink, stream) = pubsub.split();
+            let ended = self.serve(sink, stream).await;
+            self.feed.connected.store(false, Ordering::Release);
+            let Some(cause) = ended else { return };
+            // Not a warning: an outage is reported once by the commands' health.
+            tracing::info!(%server, cause, "release notification connection lost; reconnecting");
         }
     }
 
-    /// Serves one connection until it breaks or the backend stops.
-    async fn serve(&mut self, mut sink: PubSubSink, mut stream: PubSubStream) -> Ended {
+    /// Serves one connection until it breaks (returning why) or the backend stops (`None`).
+    async fn serve(
+        &mut self,
+        mut sink: PubSubSink,
+        mut stream: PubSubStream,
+    ) -> Option<&'static str> {
         let mut subscribed = HashSet::new();
-        for channel in self.listeners.channels() {
+        for channel in self.feed.listeners.channels() {
             if !self.reconcile(&mut sink, &mut subscribed, channel).await {
-                return Ended::Broken("a subscription failed");
+                return Some("a subscription failed");
             }
         }
-        // Releases published while disconnected are lost: every waiter checks again.
-        self.connected.store(true, Ordering::Release);
-        self.listeners.notify_all();
-        // A connection whose server went away is not always closed on this side until
-        // something is written to it: a ping finds out, so waiters hear of the outage (and
-        // check their locks again on reconnect) within a ping's interval.
+        self.feed.connected.store(true, Ordering::Release);
+        self.feed.listeners.notify_all();
         let mut ping =
             tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                () = self.stop.cancelled() => return Ended::Stopped,
+                () = self.stop.cancelled() => return None,
                 _ = ping.tick() => {
                     let pong = tokio::time::timeout(self.timeout, sink.ping::<redis::Value>()).await;
                     if !matches!(pong, Ok(Ok(_))) {
-                        return Ended::Broken("the server did not answer a ping");
+                        return Some("the server did not answer a ping");
                     }
                 }
-                message = stream.next() => match message {
-                    Some(message) => {
-                        let payload: String = message.get_payload().unwrap_or_default();
-                        self.listeners.notify(message.get_channel_name(), &payload);
+                message = stream.next() => {
+                    let Some(message) = message else {
+                        return Some("the server closed the connection");
+                    };
+                    let payload: String = message.get_payload().unwrap_or_default();
+                    self.feed.listeners.notify(message.get_channel_name(), &payload);
+                }
+                Some((channel, done)) = self.feed.requests.recv() => {
+                    if !self.reconcile(&mut sink, &mut subscribed, channel.clone()).await {
+                        return Some("a subscription failed");
                     }
-                    None => return Ended::Broken("the server closed the connection"),
-                },
-                Some((channel, done)) = self.requests.recv() => {
-                    let ok = self.reconcile(&mut sink, &mut subscribed, channel.clone()).await;
-                    if ok && done.send(()).is_err() {
-                        // Its caller did not wait (the connection was down when it asked, or
-                        // it gave up): releases reach it from now on, so it checks once more.
-                        self.listeners.notify_channel(&channel);
-                    }
-                    if !ok {
-                        return Ended::Broken("a subscription failed");
+                    if done.send(()).is_err() {
+                        // Its caller did not wait: it checks once more.
+                        self.feed.listeners.notify_channel(&channel);
                     }
                 }
-                Some(channel) = self.emptied.recv() => {
+                Some(channel) = self.feed.emptied.recv() => {
                     if !self.reconcile(&mut sink, &mut subscribed, channel).await {
-                        return Ended::Broken("an unsubscription failed");
+                        return Some("an unsubscription failed");
                     }
                 }
             }
         }
     }
 
-    /// Subscribes or unsubscribes `channel` so the connection matches the listeners. Returns
-    /// false when the connection failed.
+    /// Subscribes or unsubscribes `channel` so the connection matches the listeners; false
+    /// when the connection failed.
     async fn reconcile(
         &self,
         sink: &mut PubSubSink,
         subscribed: &mut HashSet<String>,
         channel: String,
     ) -> bool {
-        let wanted = self.listeners.is_listened(&channel);
+        let wanted = self.feed.listeners.is_listened(&channel);
         let result = if wanted && !subscribed.contains(&channel) {
             let result = tokio::time::timeout(self.timeout, sink.subscribe(&channel)).await;
             subscribed.insert(channel);
@@ -292,100 +241,34 @@ impl Task {
         } else {
             return true;
         };
-        match result {
-            Ok(Ok(())) => true,
-            Ok(Err(error)) => {
-                tracing::debug!(server = %self.target.describe(), error = %format_args!("{error:#}"), "subscription change failed");
-                false
-            }
-            Err(_) => false,
+        if let Ok(Err(error)) = &result {
+            tracing::debug!(server = %self.target.describe(), error = %format_args!("{error:#}"), "subscription change failed");
         }
+        matches!(result, Ok(Ok(())))
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A second listener of a channel whose subscribe is still on its way does not resolve
-    /// before Redis confirmed it: its caller checks the lock again counting on every release
-    /// from then on reaching it.
-    #[tokio::test]
-    async fn every_listener_waits_for_the_subscription() {
-        let (confirm, confirmed) = oneshot::channel::<()>();
-        let pubsub = Arc::new(PubSub::spawn(
-            Duration::from_secs(5),
-            true,
-            |mut feed| async move {
-                // Holds every request until the test lets the subscription be confirmed.
-                let mut waiting = Vec::new();
-                let mut confirmed = confirmed;
-                loop {
-                    tokio::select! {
-                        Some((_, done)) = feed.requests.recv() => waiting.push(done),
-                        _ = &mut confirmed => break,
-                    }
-                }
-                for done in waiting {
-                    let _ = done.send(());
-                }
-                // Subscribed from now on: every request is answered at once.
-                while let Some((_, done)) = feed.requests.recv().await {
-                    let _ = done.send(());
-                }
-            },
-        ));
-        let first = tokio::spawn({
-            let pubsub = pubsub.clone();
-            async move { pubsub.listen("lock:released".to_owned(), None).await }
-        });
-        while pubsub.channel_count() == 0 {
-            tokio::task::yield_now().await;
-        }
-        let second = tokio::time::timeout(
-            Duration::from_millis(50),
-            pubsub.listen("lock:released".to_owned(), None),
-        )
-        .await;
-        assert!(
-            second.is_err(),
-            "the second listener did not wait for the subscription"
-        );
-        confirm.send(()).unwrap();
-        let _first = first.await.unwrap();
-        let third = tokio::time::timeout(
-            Duration::from_secs(1),
-            pubsub.listen("lock:released".to_owned(), None),
-        )
-        .await;
-        assert!(third.is_ok(), "a confirmed subscription answers at once");
-    }
-
-    /// While the task has no connection, a listener does not wait for a subscription that
-    /// cannot be confirmed before the reconnect: it is registered, and the reconnect wakes it.
-    #[tokio::test]
-    async fn a_listener_does_not_wait_while_disconnected() {
-        let (requests_seen, mut seen) = mpsc::unbounded_channel();
-        let pubsub = PubSub::spawn(Duration::from_secs(5), false, |mut feed| async move {
-            // Never connects: requests are kept, never answered.
-            let mut kept = Vec::new();
-            while let Some(request) = feed.requests.recv().await {
-                let _ = requests_seen.send(());
-                kept.push(request);
+/// Calls `connect` until it succeeds, backing off from 20 ms to 1 s, or `stop` is cancelled.
+pub(super) async fn connect_until<T, E: std::fmt::Display, F>(
+    stop: &CancellationToken,
+    mut connect: impl FnMut() -> F,
+) -> Option<T>
+where
+    F: Future<Output = Result<T, E>>,
+{
+    let attempts = async {
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            match connect().await {
+                Ok(connected) => return connected,
+                Err(error) => tracing::debug!(%error, "release notification connection failed"),
             }
-        });
-        let listener = tokio::time::timeout(
-            Duration::from_secs(1),
-            pubsub.listen("lock:released".to_owned(), None),
-        )
-        .await;
-        assert!(
-            listener.is_ok(),
-            "the listener waited for a connection that is down"
-        );
-        seen.recv()
-            .await
-            .expect("the subscription is still asked for");
-        assert_eq!(pubsub.channel_count(), 1, "the listener is registered");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    };
+    tokio::select! {
+        () = stop.cancelled() => None,
+        connected = attempts => Some(connected),
     }
 }

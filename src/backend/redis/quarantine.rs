@@ -4,17 +4,11 @@
 //! process only says how long its quarantine is, and tells the operator.
 
 use std::{
-    sync::{
-        Mutex, PoisonError,
-        atomic::{AtomicBool, AtomicU64, Ordering},
-    },
+    sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
     time::Duration,
 };
 
-use tokio::time::Instant;
-
-use super::calls::Check;
-use crate::lease::Lease;
+use crate::{clock::BootInstant, lease::Lease};
 
 /// This process's quarantine for one backend.
 #[derive(Debug)]
@@ -23,15 +17,15 @@ pub(super) struct Quarantine {
     configured_ms: u64,
     /// The longest lease this process asked for, in ms.
     longest_ms: AtomicU64,
-    /// When an operator was last told that acquires are held back.
-    last_warned: Mutex<Option<Instant>>,
+    /// When an operator was last told that acquires are held back ([`BootInstant`] ns).
+    last_warned: AtomicU64,
 }
 
 /// Whether this process warned of a lease longer than its quarantine.
 static WARNED_LONG_LEASE: AtomicBool = AtomicBool::new(false);
 
-/// How often a held-back acquire is logged as a warning.
-const WARN_EVERY: Duration = Duration::from_secs(5);
+/// How often a held-back acquire is logged as a warning: every 5 s.
+const WARN_EVERY_NS: u64 = 5_000_000_000;
 
 impl Quarantine {
     /// A quarantine of `configured`, by default the default lease's; `Duration::ZERO` is off.
@@ -40,7 +34,7 @@ impl Quarantine {
         Self {
             configured_ms: u64::try_from(configured.as_millis()).unwrap_or(u64::MAX),
             longest_ms: AtomicU64::new(0),
-            last_warned: Mutex::new(None),
+            last_warned: AtomicU64::new(0),
         }
     }
 
@@ -49,19 +43,16 @@ impl Quarantine {
     pub(super) fn note_lease(&self, lease: Duration) {
         let ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
         // Called on every acquire: written only when longer, so the cache line stays shared.
-        if ms <= self.longest_ms.load(Ordering::Relaxed) {
+        if ms <= self.longest_ms.load(Relaxed) {
             return;
         }
-        self.longest_ms.fetch_max(ms, Ordering::Relaxed);
-        if self.is_on()
-            && ms > self.configured_ms
-            && !WARNED_LONG_LEASE.swap(true, Ordering::Relaxed)
-        {
+        self.longest_ms.fetch_max(ms, Relaxed);
+        if self.is_on() && ms > self.configured_ms && !WARNED_LONG_LEASE.swap(true, Relaxed) {
             tracing::warn!(
                 lease_ms = ms,
                 quarantine_ms = self.configured_ms,
-                "a lease longer than the quarantine after a Redis restart: this process waits \
-                 for its longest lease, but other processes may grant sooner; set \
+                "a lease longer than the quarantine after a Redis restart: a restarted server may \
+                 grant a lock again before its holder's lease has run out; set \
                  RedisBackendBuilder::quarantine to at least the longest lease on every process"
             );
         }
@@ -76,33 +67,34 @@ impl Quarantine {
     pub(super) fn length(&self) -> Duration {
         match self.configured_ms {
             0 => Duration::ZERO,
-            ms => Duration::from_millis(ms.max(self.longest_ms.load(Ordering::Relaxed))),
+            ms => Duration::from_millis(ms.max(self.longest_ms.load(Relaxed))),
         }
     }
 
-    /// The check an acquire on a connection that saw the server run `run` sends, if any.
-    pub(super) fn check<'a>(&self, run: &'a str) -> Option<Check<'a>> {
-        let ms = u64::try_from(self.length().as_millis()).unwrap_or(u64::MAX);
-        (ms > 0).then_some(Check { ms, run })
+    /// The check an acquire sends on a connection that saw the server run `run` (`''` when
+    /// not known): `<quarantine ms>:<run id>`, if any (see `quarantined` in `lua/prelude.lua`).
+    pub(super) fn check(&self, run: &str) -> Option<String> {
+        let ms = self.length().as_millis();
+        (ms > 0).then(|| format!("{ms}:{run}"))
     }
 
     /// Tells the operator, at most every few seconds, that acquires are held back for `left`.
     pub(super) fn held_back(&self, key: &str, left: Duration) {
-        let now = Instant::now();
-        {
-            let mut last = self
+        let (now, last) = (
+            BootInstant::now().as_nanos(),
+            self.last_warned.load(Relaxed),
+        );
+        if now < last.saturating_add(WARN_EVERY_NS)
+            || (self
                 .last_warned
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if last.is_some_and(|at| now < at + WARN_EVERY) {
-                tracing::debug!(key, ?left, "lock store in quarantine after a start");
-                return;
-            }
-            *last = Some(now);
+                .compare_exchange(last, now, Relaxed, Relaxed))
+            .is_err()
+        {
+            return tracing::debug!(key, ?left, "lock store in quarantine after a start");
         }
         tracing::warn!(
             key,
-            quarantine_left_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
+            left_ms = left.as_millis(),
             "the lock store's server run may have forgotten grants (a restart or a failover): \
              it grants no new lock until its quarantine is over (RedisBackendBuilder::quarantine)"
         );

@@ -1,11 +1,17 @@
 //! The backend against a real `redis-server` (the fixture of `tests/support`): each script's
 //! call as `calls.rs` builds it, and the protocol's rules as the store answers them.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use redis::aio::MultiplexedConnection;
+use tokio::sync::{mpsc, oneshot};
 
-use super::{RedisBackend, calls, scripts::SCRIPTS};
+use super::{
+    RedisBackend, calls,
+    pool::ServerClock,
+    pubsub::PubSub,
+    scripts::{PUBLISH, SCRIPTS, Scripts},
+};
 use crate::{
     backend::{
         LockKind,
@@ -110,12 +116,13 @@ fn score(server: &RedisServer, set: &str, member: &str) -> i64 {
         .unwrap()
 }
 
-/// Where a grant of `kind` is recorded: its record, or its member's score.
+/// Where the grant `attempt` of `kind` is recorded: its owner record, or its member's score.
 fn recorded(server: &RedisServer, key: &LockKey, kind: LockKind, attempt: &str) -> Option<String> {
     match kind {
         LockKind::Read => text(server, &["ZSCORE", &key.derived(":readers"), attempt]),
         LockKind::Semaphore => text(server, &["ZSCORE", key.as_str(), attempt]),
-        _ => text(server, &["GET", key.as_str()]),
+        _ => text(server, &["GET", key.as_str()])
+            .filter(|record| record == attempt || record.starts_with(&format!("{attempt}~"))),
     }
 }
 
@@ -317,10 +324,19 @@ async fn every_call_puts_its_keys_and_arguments_in_order() {
         (info.holders[0].id.as_str(), info.holders[0].kind),
         ("r1", LockKind::Read)
     );
+    let place = [Renew::Place {
+        key: &rw,
+        kind: LockKind::Write,
+        holder: "w1",
+        timeout: Duration::from_secs(5),
+    }];
+    assert_eq!(backend.renew(&place).await.unwrap(), [RenewReply::Renewed]);
     backend
         .release(release(&rw, LockKind::Read, "r1#1"))
         .await
         .unwrap();
+    // The readers gone, the waiting writer's turn.
+    assert_eq!(backend.renew(&place).await.unwrap(), [RenewReply::Ready]);
     acquired(backend.acquire(writer).await.unwrap());
     let nested = Grant {
         within: Some("w1#1"),
@@ -623,7 +639,9 @@ async fn a_late_acquire_is_sent_again_on_a_new_connection() {
         field.unwrap().trim().parse::<u64>().unwrap()
     };
     let (evalsha, opened) = (server.calls("evalsha"), connections());
-    let lease = Duration::from_millis(400);
+    // Long enough that its drift margin (1 % + 2 ms) takes the clock reading's round trip on a
+    // loaded machine: the connection then sends a "not after".
+    let lease = Duration::from_millis(1500);
     server.pause();
     let acquire = backend.acquire(Grant {
         lease: Lease::fixed(lease),
@@ -715,11 +733,28 @@ async fn a_fresh_run_is_quarantined_by_its_run_marker() {
             .await
             .unwrap(),
     );
-    assert_eq!(server.calls("evalsha"), evalsha, "not one SET NX");
+    assert_eq!(server.calls("evalsha"), evalsha, "one SET NX, no script");
     assert_eq!(
         text(&server, &["GET", key.as_str()]).as_deref(),
         Some("h1#3")
     );
+
+    // Restarted, the server starts a new run, quarantined again: the connection that saw the
+    // old one past it went with it (its first command may fail on the dead socket).
+    server.restart();
+    let mut refused = None;
+    for attempt in ["h1#4", "h1#5", "h1#6"] {
+        let error = backend
+            .acquire(Grant { attempt, ..lease })
+            .await
+            .unwrap_err();
+        if *error.kind() == BackendErrorKind::Quarantined {
+            refused = Some(error);
+            break;
+        }
+    }
+    assert!(refused.is_some(), "a new run granted at once");
+    assert_eq!(text(&server, &["GET", key.as_str()]), None);
 }
 
 /// A hash at a lock's key (a lock of the protocol before, or anyone's data) fails every script
@@ -821,4 +856,137 @@ async fn lost_scripts_are_sent_by_body() {
         .unwrap();
     assert!(matches!(freed, ReleaseReply::Released { .. }));
     assert_eq!(server.calls("eval") - eval, 3);
+}
+
+/// A second listener of a channel whose subscribe is still on its way does not resolve
+/// before Redis confirmed it: its caller checks the lock again counting on every release
+/// from then on reaching it.
+#[tokio::test]
+async fn every_listener_waits_for_the_subscription() {
+    let (confirm, confirmed) = oneshot::channel::<()>();
+    let pubsub = Arc::new(PubSub::spawn(
+        Duration::from_secs(5),
+        true,
+        |mut feed| async move {
+            // Holds every request until the test lets the subscription be confirmed.
+            let mut waiting = Vec::new();
+            let mut confirmed = confirmed;
+            loop {
+                tokio::select! {
+                    Some((_, done)) = feed.requests.recv() => waiting.push(done),
+                    _ = &mut confirmed => break,
+                }
+            }
+            for done in waiting {
+                let _ = done.send(());
+            }
+            // Subscribed from now on: every request is answered at once.
+            while let Some((_, done)) = feed.requests.recv().await {
+                let _ = done.send(());
+            }
+        },
+    ));
+    let first = tokio::spawn({
+        let pubsub = pubsub.clone();
+        async move { pubsub.listen("lock:released".to_owned(), None).await }
+    });
+    while pubsub.channel_count() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let second = tokio::time::timeout(
+        Duration::from_millis(50),
+        pubsub.listen("lock:released".to_owned(), None),
+    )
+    .await;
+    assert!(
+        second.is_err(),
+        "the second listener did not wait for the subscription"
+    );
+    confirm.send(()).unwrap();
+    let _first = first.await.unwrap();
+    let third = tokio::time::timeout(
+        Duration::from_secs(1),
+        pubsub.listen("lock:released".to_owned(), None),
+    )
+    .await;
+    assert!(third.is_ok(), "a confirmed subscription answers at once");
+}
+
+/// While the task has no connection, a listener does not wait for a subscription that
+/// cannot be confirmed before the reconnect: it is registered, and the reconnect wakes it.
+#[tokio::test]
+async fn a_listener_does_not_wait_while_disconnected() {
+    let (requests_seen, mut seen) = mpsc::unbounded_channel();
+    let pubsub = PubSub::spawn(Duration::from_secs(5), false, |mut feed| async move {
+        // Never connects: requests are kept, never answered.
+        let mut kept = Vec::new();
+        while let Some(request) = feed.requests.recv().await {
+            let _ = requests_seen.send(());
+            kept.push(request);
+        }
+    });
+    let listener = tokio::time::timeout(
+        Duration::from_secs(1),
+        pubsub.listen("lock:released".to_owned(), None),
+    )
+    .await;
+    assert!(
+        listener.is_ok(),
+        "the listener waited for a connection that is down"
+    );
+    seen.recv()
+        .await
+        .expect("the subscription is still asked for");
+    assert_eq!(pubsub.channel_count(), 1, "the listener is registered");
+}
+
+/// Each script is hashed from its own file; the release's common case comes before the
+/// helpers, which follow it.
+#[test]
+fn scripts_differ_and_helpers_follow_the_common_case() {
+    let all = |s: &'static Scripts| {
+        [
+            &s.acquire, &s.release, &s.share, &s.unshare, &s.renew, &s.wait, &s.inspect,
+        ]
+        .map(|lua| lua.script.get_hash().to_owned())
+    };
+    let hashes = all(&SCRIPTS);
+    for (i, hash) in hashes.iter().enumerate() {
+        assert!(hashes[i + 1..].iter().all(|other| other != hash));
+    }
+    let release = &SCRIPTS.release.code;
+    assert!(release.starts_with(PUBLISH));
+    assert!(release.find("'DEL'").unwrap() < release.find("local function now_ms").unwrap());
+    #[cfg(feature = "cluster")]
+    for (node, cluster) in hashes.iter().zip(all(&super::scripts::SHARDED_SCRIPTS)) {
+        assert_ne!(*node, cluster);
+    }
+}
+
+/// The "not after" of a request sent now covers the lease the client trusts, and no more than
+/// the lease.
+#[tokio::test(start_paused = true)]
+async fn the_expiry_covers_the_trusted_lease_and_no_more_than_the_lease() {
+    let lease = Lease::fixed(Duration::from_secs(10));
+    let clock = ServerClock {
+        answered: tokio::time::Instant::now(),
+        server_ms: 1_000_000,
+        round_trip: Duration::from_micros(300),
+    };
+    tokio::time::advance(Duration::from_millis(7)).await;
+    // The server's clock is now within 1_000_007 and 1_000_009 (a reading rounded down
+    // and the round trip): the lease from the lower bound, the margin covers the rest.
+    assert_eq!(clock.expiry(&lease), Some(1_000_007 + 10_000));
+    // A slow reading that the margin (102 ms) does not cover is not used: the hold would
+    // outlive its lease by what it does not cover.
+    let slow = ServerClock {
+        round_trip: Duration::from_millis(500),
+        ..clock
+    };
+    assert_eq!(slow.expiry(&lease), None);
+    // A longer lease's margin covers it.
+    assert!(
+        slow.expiry(&Lease::fixed(Duration::from_secs(60)))
+            .is_some()
+    );
 }
