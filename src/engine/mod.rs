@@ -251,41 +251,4 @@ impl<B: Backend> crate::holder::HeldLocks for Engine<B> {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::collections::HashSet;
-
-    use super::*;
-    use crate::MemoryBackend;
-
-    /// Numbers from one engine are never repeated, whichever threads take them and however
-    /// they switch between engines (each switch starts a new block).
-    #[test]
-    fn ids_are_unique_per_engine_across_threads() {
-        let engines = [
-            Engine::new(MemoryBackend::new(), Config::default()),
-            Engine::new(MemoryBackend::new(), Config::default()),
-        ];
-        let taken: Vec<[Vec<u64>; 2]> = std::thread::scope(|scope| {
-            let threads: Vec<_> = (0..4)
-                .map(|thread| {
-                    let engines = &engines;
-                    scope.spawn(move || {
-                        let mut ids = [Vec::new(), Vec::new()];
-                        for i in 0..3000 {
-                            // Switches engines now and then, differently on each thread.
-                            let which = (i / (7 + thread)) % 2;
-                            ids[which].push(engines[which].next_id());
-                        }
-                        ids
-                    })
-                })
-                .collect();
-            threads.into_iter().map(|t| t.join().unwrap()).collect()
-        });
-        for engine in 0..2 {
-            let all: Vec<u64> = taken.iter().flat_map(|ids| ids[engine].clone()).collect();
-            let unique: HashSet<u64> = all.iter().copied().collect();
-            assert_eq!(unique.len(), all.len(), "engine {engine} repeated an id");
-        }
-    }
-}
+mod tests;

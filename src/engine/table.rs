@@ -49,7 +49,7 @@ type Keys<L> = KeyMap<KeyState<L>>;
 /// How long waiters seen in other processes keep the hand-off streak short. One release that
 /// reached none of them (they were between an attempt and their subscription, say) must not
 /// give this process a streak eight times as long, while they wait for their turn.
-const CONTENDED_FOR: Duration = Duration::from_secs(1);
+pub(crate) const CONTENDED_FOR: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
 struct KeyState<L> {
@@ -647,6 +647,14 @@ impl<L> Table<L> {
             .sum()
     }
 
+    /// The head waiter of `key`: its id and what it asks for.
+    #[cfg(test)]
+    pub(crate) fn head(&self, key: &LockKey) -> Option<(u64, Arc<Want>)> {
+        let keys = self.keys(key);
+        let slot = keys.get(key)?.waiters.front()?;
+        Some((slot.id, slot.want.clone()))
+    }
+
     /// The entries held here for `key` right now.
     pub(crate) fn held_entries(&self, key: &LockKey) -> Vec<Arc<Held>> {
         self.keys(key)
@@ -758,101 +766,5 @@ impl Scan {
 
     fn later(&mut self, at: BootInstant) {
         self.next = Some(self.next.map_or(at, |next| next.min(at)));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn want(n: u64) -> Arc<Want> {
-        Arc::new(Want {
-            holder: Holder::new("client", n),
-            attempt: Arc::from(format!("attempt:{n}")),
-            kind: LockKind::Exclusive,
-            lease: Lease::DEFAULT,
-            fencing: false,
-            permits: 0,
-            within: None,
-        })
-    }
-
-    fn hold(key: &LockKey, want: &Want) -> Arc<Held> {
-        let grant = (want.attempt.clone(), None);
-        let now = BootInstant::now();
-        Held::new(
-            key.clone(),
-            want.holder.clone(),
-            want.kind,
-            grant,
-            want.lease,
-            now,
-            None,
-        )
-        .0
-    }
-
-    /// Hands the lock from `held` to the head waiter until the table says to release for
-    /// real; returns how many hand-offs that was and the last hold.
-    fn streak(table: &Table<()>, key: &LockKey, mut held: Arc<Held>) -> (u32, Arc<Held>) {
-        let mut handoffs = 0;
-        loop {
-            match table.ended(&held, 4) {
-                (Some(slot), false) => {
-                    handoffs += 1;
-                    held = hold(key, &slot.want);
-                    table.handed_off(held.clone());
-                }
-                (None, true) => return (handoffs, held),
-                other => panic!("unexpected release: {:?}", other.1),
-            }
-        }
-    }
-
-    /// The streak is short (4) once a release reached waiters elsewhere, and stays short
-    /// through a release that reached none for a second; then it may run eight times longer.
-    #[tokio::test(start_paused = true)]
-    async fn waiters_elsewhere_keep_the_streak_short_for_a_while() {
-        let table = Table::<()>::default();
-        let key = LockKey::new("test:", b"streak", 512).unwrap();
-        let first = want(0);
-        table.acquired(&key, 0, hold(&key, &first), false);
-        let mut tickets = Vec::new();
-        for n in 1..=200 {
-            tickets.push(
-                table
-                    .join(n, &key, want(n), None, usize::MAX, false)
-                    .unwrap(),
-            );
-        }
-        let held = table.keys(&key)[&key].held[0].clone();
-        let (handoffs, held) = streak(&table, &key, held);
-        assert_eq!(handoffs, 32, "nobody seen elsewhere yet");
-
-        let mut held = held;
-        for (elsewhere, expected) in [(true, 4), (false, 4), (false, 4)] {
-            table.released(&key, elsewhere, None);
-            let head = table.keys(&key)[&key].waiters[0].want.clone();
-            let id = table.keys(&key)[&key].waiters[0].id;
-            table.acquired(&key, id, hold(&key, &head), false);
-            let fresh = table.keys(&key)[&key].held.last().unwrap().clone();
-            drop(held);
-            let (handoffs, last) = streak(&table, &key, fresh);
-            assert_eq!(
-                handoffs, expected,
-                "after a release heard elsewhere: {elsewhere}"
-            );
-            held = last;
-        }
-
-        tokio::time::advance(CONTENDED_FOR).await;
-        table.released(&key, false, None);
-        let head = table.keys(&key)[&key].waiters[0].want.clone();
-        let id = table.keys(&key)[&key].waiters[0].id;
-        table.acquired(&key, id, hold(&key, &head), false);
-        let fresh = table.keys(&key)[&key].held.last().unwrap().clone();
-        let (handoffs, _) = streak(&table, &key, fresh);
-        assert_eq!(handoffs, 32, "a second without waiters elsewhere");
-        drop((held, tickets));
     }
 }
