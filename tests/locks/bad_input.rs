@@ -14,10 +14,12 @@ use std::{
     time::Duration,
 };
 
-use support::RedisServer;
+use support::{RedisServer, granted::Granted};
 use tower_lock::{
     Backend, ConfigError, Lease, LockClient, LockError, LockGuard, LockKind, LockLayer,
-    MemoryBackend, MultiGuard, MultiLockError, RedisBackend, backend::Renew, key,
+    MemoryBackend, MultiGuard, MultiLockError, RedisBackend,
+    backend::store::{Renew, Store},
+    key,
 };
 
 /// Panics seen in this process since the hook was installed, on any thread.
@@ -293,11 +295,15 @@ async fn a_layer_with_extreme_options_never_panics() {
     assert_eq!(panics(), before, "a thread panicked");
 }
 
-/// A backend called directly (as a scheduler of one's own would) with renewals of unlimited
-/// length answers, and panics no thread: the in-memory store keeps the hold, Redis answers
-/// or refuses.
-async fn unlimited_renewals<B: Backend>(client: LockClient<B>) {
+/// A store called directly (as a scheduler of one's own would) with renewals of unlimited
+/// length naming a held grant answers, and panics no thread: the in-memory store keeps the
+/// grant, Redis answers or refuses.
+async fn unlimited_renewals<B: Store + Clone>(backend: B) {
     let before = panics();
+    let store = Granted::new(backend);
+    let client = LockClient::builder(store.clone())
+        .build()
+        .expect("valid client");
     for kind in ["lock", "write", "semaphore"] {
         let Held::One(guard) = hold(&client, kind, "direct", Duration::ZERO, Lease::DEFAULT)
             .await
@@ -310,9 +316,17 @@ async fn unlimited_renewals<B: Backend>(client: LockClient<B>) {
             "write" => LockKind::Write,
             _ => LockKind::Semaphore,
         };
+        let grant = store
+            .grant(guard.key(), guard.holder().id())
+            .expect("the grant was answered");
         for lease in [Lease::watchdog(FOREVER), Lease::fixed(FOREVER)] {
-            let renew = Renew::hold(guard.key(), guard.holder().id(), lease, kind);
-            let _answered = client.backend().renew(&[renew]).await;
+            let renew = Renew::Grant {
+                key: guard.key(),
+                kind,
+                grant: &grant,
+                lease,
+            };
+            let _answered = store.renew(&[renew]).await;
         }
         guard.release().await.expect("released");
     }
@@ -321,15 +335,17 @@ async fn unlimited_renewals<B: Backend>(client: LockClient<B>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_renewing_without_limit_never_panics_in_memory() {
-    let (client, _) = memory_clients();
-    unlimited_renewals(client).await;
+    unlimited_renewals(MemoryBackend::new()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_renewing_without_limit_never_panics_on_redis() {
     let server = RedisServer::start();
-    let (client, _) = redis_clients(&server).await;
-    unlimited_renewals(client).await;
+    let backend = support::redis_backend(server.url())
+        .connect()
+        .await
+        .expect("connect");
+    unlimited_renewals(backend).await;
 }
 
 /// `#[locked]`: an unlimited wait takes the lock; a lease no store can hold answers 500 (a

@@ -212,7 +212,9 @@ async fn mutual_exclusion<B: Probe>(env: Env<B>) {
 }
 
 async fn reentrancy<B: Probe>(env: Env<B>) {
-    // Release the three holds outer-first and in a shuffled order: the count decides, not order.
+    // Release the three holds outer-first and in a shuffled order: the client counts them, and
+    // the lock goes with the last, whichever it is. The store keeps the one record of the
+    // grant throughout: the re-entries never reach it.
     for order in [[0, 1, 2], [2, 0, 1]] {
         let holder = env.a.holder();
         let guards = holder
@@ -230,6 +232,12 @@ async fn reentrancy<B: Probe>(env: Env<B>) {
         assert_eq!(counts, [1, 2, 3]);
         assert!(guards.iter().all(|guard| guard.holder() == &holder));
         let name = guards[0].key().as_str().to_owned();
+        let grant = env.server.as_ref().map(|server| {
+            let grant = support::owner_grant(|args| server.cmd(args), &name);
+            let grant = grant.expect("the grant's record is in Redis");
+            assert!(support::attempt_of(&grant, holder.id()), "{grant}");
+            grant
+        });
         let mut guards: Vec<Option<LockGuard<B>>> = guards.into_iter().map(Some).collect();
         for (released, &i) in order.iter().enumerate() {
             assert_busy(
@@ -239,11 +247,18 @@ async fn reentrancy<B: Probe>(env: Env<B>) {
             )
             .await;
             if let Some(server) = &env.server {
-                let count = support::hold_count(|args| server.cmd(args), &name, holder.id());
-                assert_eq!(count, Some(3 - released as u64), "hold count in Redis");
+                let record = support::owner_grant(|args| server.cmd(args), &name);
+                assert_eq!(
+                    record, grant,
+                    "the grant's one record, {released} of 3 released"
+                );
             }
             let guard = guards[i].take().expect("each guard is released once");
             guard.release().await.expect("release one hold");
+        }
+        if let Some(server) = &env.server {
+            let record = support::owner_grant(|args| server.cmd(args), &name);
+            assert_eq!(record, None, "one delete once the last hold is released");
         }
         let next = env.b.lock("order:7").try_acquire().await;
         let next = next.expect("free once every hold is released");
@@ -251,21 +266,34 @@ async fn reentrancy<B: Probe>(env: Env<B>) {
     }
 }
 
+/// A holder's scope applies to the client that made the holder only. Client B acquiring
+/// inside A's scope takes a fresh holder of its own: it never re-enters A's lock, and since it
+/// would wait for a lock its request holds through A, it fails at once instead of waiting for
+/// itself. A lock A's holder does not hold, B takes as usual, under a holder of its own.
 async fn holder_scope_is_per_client<B: Probe>(env: Env<B>) {
     let holder = env.a.holder();
     holder
+        .clone()
         .scope(async {
             let ours = env.a.lock("order:9").acquire().await.expect("acquire");
-            match env.b.lock("order:9").try_acquire().await {
-                Err(LockError::WaitTimeout { .. }) => {}
-                Ok(theirs) => panic!(
+            // A long wait: failing at once is not a wait that ran out.
+            let theirs = env.b.lock("order:9").wait(Duration::from_secs(60));
+            match timeout(Duration::from_secs(30), theirs.acquire()).await {
+                Ok(Err(LockError::HeldThroughOtherClient)) => {}
+                Ok(Ok(theirs)) => panic!(
                     "client B took client A's held lock as a re-entry (hold count {}, holder {}) \
                      because it ran inside A's holder scope",
                     theirs.hold_count(),
                     theirs.holder()
                 ),
-                Err(error) => panic!("unexpected error {error:?}"),
+                Ok(Err(error)) => panic!("unexpected error {error:?}"),
+                Err(_) => panic!("client B waited for the lock its request holds through A"),
             }
+            let other = env.b.lock("order:10").try_acquire().await;
+            let other = other.expect("a lock A's holder does not hold");
+            assert_ne!(other.holder(), &holder, "B used A's holder");
+            assert_eq!(other.hold_count(), 1);
+            other.release().await.expect("release");
             ours.release().await.expect("release");
         })
         .await;
@@ -326,8 +354,8 @@ async fn fixed_lease_expiry<B: Probe>(env: Env<B>) {
     assert!(!theirs.is_lost());
     assert_busy(&env.a, "doc:1", "after the stale release").await;
     if let Some(server) = &env.server {
-        let count = support::hold_count(|args| server.cmd(args), &name, theirs.holder().id());
-        assert_eq!(count, Some(1), "the new owner's hold is still in Redis");
+        let owned = support::owned_by(|args| server.cmd(args), &name, theirs.holder().id());
+        assert!(owned, "the new owner's grant is still in Redis");
     }
     theirs
         .release()

@@ -57,34 +57,36 @@ macro_rules! reentry_semantics {
                 }
             }
 
-            /// Each hold keeps its own lease (read and write sides, semaphore permits): a hold
-            /// of 3 s re-entered with a 60 s lease, the re-entry released, ends with its own
-            /// 3 s lease again. Its guard believes in it no longer, the store keeps it no
-            /// longer, and another holder waiting elsewhere gets in then, long before the
-            /// re-entry's lease would have ended.
+            /// Each hold keeps its own lease, on every kind: a hold of 3 s re-entered with a
+            /// 60 s lease (the grant is extended for it), the re-entry released, ends with its
+            /// own 3 s lease. Its guard never believes in more; the store keeps the grant for
+            /// the re-entry's lease (it never shortens one), so the client deletes the grant
+            /// when its last hold ends, and another holder waiting elsewhere gets in then, long
+            /// before the re-entry's lease would have ended.
             #[tokio::test]
             async fn a_released_reentry_leaves_each_hold_its_own_lease() {
                 let env = $env.await;
                 let (short, long) = (Duration::from_secs(3), Duration::from_secs(60));
-                for kind in ["read", "write", "semaphore"] {
+                for kind in support::kinds::KINDS {
                     let key = format!("own-lease-{kind}");
                     let (h, first, again) = reentered(&env.a, &key, kind, short, long).await;
                     assert_eq!(again.hold_count(), 2, "{kind}");
                     assert!(
-                        first.remaining() > short,
-                        "{kind}: the re-entry keeps the lock"
+                        again.remaining() > short,
+                        "{kind}: the re-entry's own lease"
                     );
-                    again.release().await.unwrap();
                     assert!(
                         first.remaining() <= short,
-                        "{kind}: its guard counts the re-entry"
+                        "{kind}: the first guard's own lease"
                     );
+                    again.release().await.unwrap();
+                    assert!(first.remaining() <= short, "{kind}");
                     let info = env.b.inspect(&key).await.unwrap();
                     let holder = info.holder(h.id()).expect("still held");
                     let left = holder.remaining_lease.expect("a lease");
                     assert!(
-                        left <= short,
-                        "{kind}: the store counts the re-entry: {left:?}"
+                        left > short,
+                        "{kind}: the store keeps the grant for the re-entry: {left:?}"
                     );
                     let other = if kind == "read" { "write" } else { kind };
                     let next = request(&env.b, &key, other)
@@ -100,20 +102,20 @@ macro_rules! reentry_semantics {
                 }
             }
 
-            /// A plain or fair lock keeps one lease for all its holds: after a re-entry with a
-            /// longer lease is released, the guard left believes in the lock as long as the
-            /// store keeps it, so its release is sent and frees the lock at once (a guard lost
-            /// earlier would leave the lock to the re-entry's lease).
+            /// The grant ends with its last live hold, whichever it is: the first guard
+            /// released while a re-entry with a longer lease lives leaves the lock held, and
+            /// the re-entry's release then frees it at once.
             #[tokio::test]
-            async fn a_plain_or_fair_lock_keeps_the_longest_lease_for_its_guards() {
+            async fn the_grant_ends_with_its_last_live_hold() {
                 let env = $env.await;
                 let (short, long) = (Duration::from_secs(3), Duration::from_secs(60));
-                for kind in ["plain", "fair"] {
-                    let key = format!("one-lease-{kind}");
+                for kind in support::kinds::KINDS {
+                    let key = format!("last-hold-{kind}");
                     let (_, first, again) = reentered(&env.a, &key, kind, short, long).await;
-                    again.release().await.unwrap();
-                    assert!(first.remaining() > short, "{kind}: its guard gave up early");
                     first.release().await.unwrap();
+                    assert!(!again.is_lost(), "{kind}");
+                    support::kinds::assert_refused_to(&env.b, &key, kind).await;
+                    again.release().await.unwrap();
                     support::kinds::assert_free_for(&env.b, &key, kind).await;
                 }
             }

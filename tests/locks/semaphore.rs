@@ -11,9 +11,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+use support::granted::Granted;
 use tower_lock::{
     Backend, Holder, Lease, LockClient, LockError, LockKind,
-    backend::{Renew, RenewReply},
+    backend::store::{Renew, RenewReply, Store},
 };
 
 fn builder<B: Backend>(backend: B) -> LockClient<B> {
@@ -191,23 +192,21 @@ macro_rules! semaphore_semantics {
                     .await
                     .unwrap();
                 let lease = Lease::fixed(Duration::from_millis(100));
-                let permit = env
-                    .a
-                    .semaphore("late", 2)
-                    .lease(lease)
-                    .acquire()
-                    .await
-                    .unwrap();
+                // Through a store that tells the permit's grant, which the renewal names.
+                let store = Granted::new(env.a.backend().clone());
+                let a = builder(store.clone());
+                let permit = a.semaphore("late", 2).lease(lease).acquire().await.unwrap();
                 permit.lost().await;
                 // Past its lease in the store too (the guard's own deadline comes first).
                 tokio::time::sleep(Duration::from_millis(50)).await;
-                let renew = Renew::hold(
-                    permit.key(),
-                    permit.holder().id(),
+                let grant = store.grant(permit.key(), permit.holder().id()).unwrap();
+                let renew = Renew::Grant {
+                    key: permit.key(),
+                    kind: LockKind::Semaphore,
+                    grant: &grant,
                     lease,
-                    LockKind::Semaphore,
-                );
-                let replies = env.a.backend().renew(&[renew]).await.unwrap();
+                };
+                let replies = store.renew(&[renew]).await.unwrap();
                 assert_eq!(replies, [RenewReply::NotHeld]);
                 // Its permit is free for someone else.
                 let other = env.b.semaphore("late", 2).try_acquire().await.unwrap();
