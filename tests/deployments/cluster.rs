@@ -277,7 +277,8 @@ async fn semaphores_on_every_master() {
             b.semaphore(&key, 2).try_acquire().await,
             Err(LockError::WaitTimeout { .. })
         ));
-        let holders = lock_name("sem:", &key) + ":sem:readers";
+        // The semaphore's key is the sorted set of its permit grants.
+        let holders = lock_name("sem:", &key) + ":sem";
         assert_eq!(
             cluster.owner_of(&holders),
             node,

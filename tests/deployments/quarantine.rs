@@ -308,43 +308,78 @@ async fn without_quarantine_a_restarted_redlock_node_grants_twice() {
     );
 }
 
-/// By default the quarantine is the longest lease the client asked for, counted from the
-/// server's start: a server started just now grants its first lock only a lease later.
+/// The quarantine an acquire is refused with, and how long it has left.
+fn quarantine_left(result: Result<LockGuard<RedisBackend>, LockError>) -> Duration {
+    match result {
+        Err(LockError::Backend(error))
+            if *error.kind() == tower_lock::error::BackendErrorKind::Quarantined =>
+        {
+            error
+                .retry_after()
+                .expect("the quarantine says when it ends")
+        }
+        other => panic!("not refused for the quarantine: {other:?}"),
+    }
+}
+
+/// By default the quarantine is the default lease (30 s), counted from the server's start: a
+/// server started just now is refused for about that long, whatever shorter lease the client
+/// asks for. A configured quarantine shorter than a lease the client asks for is stretched to
+/// that lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_default_quarantine_is_the_longest_lease_in_use() {
+async fn the_quarantine_is_the_default_lease_and_no_shorter_than_a_lease_in_use() {
     let server = RedisServer::start();
-    let started = Instant::now();
     let backend = RedisBackend::connect(&server.url()).await.expect("connect");
     let locks = LockClient::builder(backend)
         .lease(Lease::fixed(Duration::from_millis(1500)))
         .build()
         .expect("valid configuration");
-    let refused = locks.lock("first").wait(Duration::ZERO).acquire().await;
-    assert!(refused.is_err(), "a fresh server granted at once");
-    let guard = locks
-        .lock("first")
-        .wait(Duration::from_secs(5))
-        .acquire()
-        .await
-        .expect("granted once the quarantine is over");
-    let waited = started.elapsed();
-    // uptime_in_seconds is whole seconds: the quarantine may end up to two seconds late.
+    let left = quarantine_left(locks.lock("first").try_acquire().await);
+    let default = Lease::DEFAULT.duration();
+    // The server started moments ago (a busy machine may take seconds to get here).
     assert!(
-        waited >= Duration::from_millis(1400)
-            && waited <= Duration::from_millis(1500) + Duration::from_secs(2) + SLACK,
-        "first grant {waited:?} after the server started (lease 1.5 s)"
+        left <= default && left > default - Duration::from_secs(10),
+        "{left:?} left of a default quarantine of {default:?}"
     );
-    guard.release().await.expect("release");
+
+    let lease = Duration::from_secs(10);
+    let backend = RedisBackend::builder(server.url())
+        .quarantine(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect("connect");
+    let locks = LockClient::builder(backend)
+        .lease(Lease::fixed(lease))
+        .build()
+        .expect("valid configuration");
+    let left = quarantine_left(locks.lock("first").try_acquire().await);
+    assert!(
+        left > Duration::from_secs(1) && left <= lease,
+        "{left:?} left of a 1 s quarantine stretched to the 10 s lease"
+    );
 }
 
-/// Through an application's pool, a save (which sets `LASTSAVE`, as a start does) costs one
-/// uptime check, never a quarantine: an acquire right after it is granted, and the boot marker
-/// then holds the save's `LASTSAVE` once the server's clock has left that second.
+/// The server's `run_id`, from `INFO server`.
+fn run_id(server: &RedisServer) -> String {
+    let info = server.info("server").expect("INFO server");
+    info.lines()
+        .find_map(|line| line.strip_prefix("run_id:"))
+        .expect("run_id in INFO server")
+        .trim()
+        .to_owned()
+}
+
+/// The run marker of the default prefix: the run id of a server run whose quarantine is over,
+/// or `<run id> <origin ms>` while one runs.
+const RUN_MARKER: &str = "tower-lock:{}:run";
+
+/// Through an application's pool, the acquire scripts read the server's run themselves: once
+/// its quarantine is over the run marker holds the run id, and a save (the same run) holds
+/// back no acquire and leaves the marker as it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_save_holds_back_no_acquire_through_a_pool() {
     let server = RedisServer::start();
     let locks = node_client(&server, Via::Pool, LEASE).await;
-    let marker = "tower-lock:{}:boot";
     locks
         .lock("first")
         .wait(LEASE * 3)
@@ -354,15 +389,14 @@ async fn a_save_holds_back_no_acquire_through_a_pool() {
         .release()
         .await
         .expect("release");
-    let lastsave = |server: &RedisServer| server.cmd(&["LASTSAVE"]).as_int();
+    let run = run_id(&server);
     assert_eq!(
-        server.cmd(&["GET", marker]).as_str(),
-        Some(lastsave(&server).to_string()),
-        "the marker holds the server run's LASTSAVE"
+        server.cmd(&["GET", RUN_MARKER]).as_str(),
+        Some(run.clone()),
+        "the marker holds the server's run, its quarantine over"
     );
     for round in 0..2 {
         assert_eq!(server.cmd(&["SAVE"]).as_str().as_deref(), Some("OK"));
-        let saved = lastsave(&server);
         locks
             .lock("after-save")
             .try_acquire()
@@ -371,43 +405,17 @@ async fn a_save_holds_back_no_acquire_through_a_pool() {
             .release()
             .await
             .expect("release");
-        // The marker is written only once the server's clock has left the save's second.
-        support::eventually(
-            Duration::from_secs(3),
-            "the server's clock moves on",
-            || time_secs(&server) > saved,
-        )
-        .await;
-        locks
-            .lock("after-save")
-            .try_acquire()
-            .await
-            .expect("granted")
-            .release()
-            .await
-            .expect("release");
         assert_eq!(
-            server.cmd(&["GET", marker]).as_str(),
-            Some(saved.to_string()),
-            "round {round}: the marker follows the save"
+            server.cmd(&["GET", RUN_MARKER]).as_str(),
+            Some(run.clone()),
+            "round {round}: a save is the same run"
         );
     }
 }
 
-/// The server's clock, whole seconds.
-fn time_secs(server: &RedisServer) -> i64 {
-    match server.cmd(&["TIME"]) {
-        RespValue::Array(Some(parts)) => parts[0]
-            .as_str()
-            .and_then(|secs| secs.parse().ok())
-            .expect("TIME seconds"),
-        other => panic!("TIME answered {other:?}"),
-    }
-}
-
-/// Every acquire script checks the server's start through an application's pool: after a
-/// restart from a snapshot that has the boot marker, a free fair, read, write or semaphore
-/// lock is refused as held for the rest of the quarantine, then granted.
+/// Every acquire script checks the server's run through an application's pool: after a
+/// restart from a snapshot that has the run marker of the run before, a free fair, read,
+/// write or semaphore lock is refused for the rest of the new run's quarantine, then granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_lock_kind_waits_out_a_restart_from_a_snapshot_through_a_pool() {
     let mut server = RedisServer::start();
@@ -424,8 +432,8 @@ async fn every_lock_kind_waits_out_a_restart_from_a_snapshot_through_a_pool() {
     assert_eq!(server.cmd(&["SAVE"]).as_str().as_deref(), Some("OK"));
     server.restart();
     assert!(
-        server.cmd(&["EXISTS", "tower-lock:{}:boot"]) == RespValue::Int(1),
-        "the snapshot kept the boot marker"
+        server.cmd(&["EXISTS", RUN_MARKER]) == RespValue::Int(1),
+        "the snapshot kept the run marker"
     );
     let kinds = [
         ("fair", locks.fair_lock("fair")),

@@ -77,14 +77,32 @@ impl Nodes {
             .collect()
     }
 
-    /// On how many nodes the lock hash `name` has `holder` with `count` holds.
-    fn holding(&self, name: &str, holder: &str, count: u64) -> usize {
+    /// On how many nodes the owner record `name` names `grant`.
+    fn holding(&self, name: &str, grant: &str) -> usize {
         self.servers
             .iter()
             .filter(|server| {
-                support::hold_count(|args| server.cmd(args), name, holder) == Some(count)
+                support::owner_grant(|args| server.cmd(args), name).as_deref() == Some(grant)
             })
             .count()
+    }
+
+    /// The grant the owner record `name` names on the first node, once every node has a
+    /// record there (a call returns once a majority answered; the slowest node follows within
+    /// its call bound).
+    async fn grant_everywhere(&self, name: &str) -> Option<String> {
+        let settled = Instant::now() + NODE_TIMEOUT * 4;
+        loop {
+            let grants: Vec<Option<String>> = self
+                .servers
+                .iter()
+                .map(|server| support::owner_grant(|args| server.cmd(args), name))
+                .collect();
+            if grants.iter().all(Option::is_some) || Instant::now() >= settled {
+                return grants[0].clone();
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 }
 
@@ -219,8 +237,9 @@ async fn eight_clients_start_together() {
     assert_eq!(nodes.leftovers(), Vec::<String>::new(), "keys left behind");
 }
 
-/// A holder re-enters (counts 1, 2, 3) on every node; another client is kept out until the
-/// last hold is released, and nothing is left behind.
+/// A holder re-enters (counts 1, 2, 3, kept by its client): every node keeps the grant's one
+/// record throughout, another client is kept out until the last hold is released, and nothing
+/// is left behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reentrancy() {
     let nodes = Nodes::start();
@@ -240,18 +259,17 @@ async fn reentrancy() {
     let counts: Vec<u64> = guards.iter().map(LockGuard::hold_count).collect();
     assert_eq!(counts, [1, 2, 3]);
     let name = guards[0].key().as_str().to_owned();
+    let grant = nodes
+        .grant_everywhere(&name)
+        .await
+        .expect("the grant's record");
+    assert!(support::attempt_of(&grant, holder.id()), "{grant}");
     for (released, guard) in guards.into_iter().enumerate() {
-        let left = 3 - released as u64;
-        // A call returns once a majority answered; the slowest node follows within its call
-        // bound.
-        let settled = Instant::now() + NODE_TIMEOUT * 4;
-        while nodes.holding(&name, holder.id(), left) != NODES && Instant::now() < settled {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let left = 3 - released;
         assert_eq!(
-            nodes.holding(&name, holder.id(), left),
+            nodes.holding(&name, &grant),
             NODES,
-            "{left} holds on every node"
+            "the grant on every node, {left} holds left"
         );
         let busy = b.lock("order:7").try_acquire().await;
         assert!(
