@@ -658,9 +658,14 @@ async fn inner_error_releases_and_passes_through() {
         .service(tower::service_fn(move |_request: http::Request<()>| {
             let probe = probe.clone();
             async move {
-                // While the inner service runs, the lock is held by this request.
+                // While the inner service runs, the lock is held by this request: another
+                // client acquiring it in the request's scope would wait for itself, and fails
+                // at once.
                 let busy = probe.lock_in_namespace("err", "1").try_acquire().await;
-                assert!(busy.is_err(), "the lock is not held while the service runs");
+                assert!(
+                    matches!(busy, Err(tower_lock::LockError::HeldThroughOtherClient)),
+                    "the lock is not held while the service runs: {busy:?}"
+                );
                 Err::<http::Response<String>, _>("backend exploded")
             }
         }));
@@ -669,6 +674,40 @@ async fn inner_error_releases_and_passes_through() {
     assert_eq!(error, "backend exploded");
     let again = locks_free(&server, "err", "1").await;
     assert!(again, "the lock outlived the failed request");
+}
+
+/// Two layers over one lock built on different clients: the inner one would wait for the lock
+/// its own request holds through the outer one, so the request is answered 500 (a
+/// misconfiguration) at once rather than after the wait, and the lock is free afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_layers_on_different_clients_over_one_lock_are_refused_at_once() {
+    use tower::{ServiceBuilder, ServiceExt};
+    let backend = tower_lock::MemoryBackend::new();
+    let outer = LockClient::builder(backend.clone()).build().unwrap();
+    let inner = LockClient::builder(backend).build().unwrap();
+    let layer = |locks: &LockClient<tower_lock::MemoryBackend>| {
+        LockLayer::new(locks.clone())
+            .key(key::header("x-k"))
+            .name("twice")
+            .wait(Duration::from_secs(60))
+    };
+    let service = ServiceBuilder::new()
+        .layer(layer(&outer))
+        .layer(layer(&inner))
+        .service(tower::service_fn(|_request: http::Request<()>| async {
+            Ok::<_, Infallible>(http::Response::new(String::from("ran")))
+        }));
+    let request = http::Request::get("/").header("x-k", "1").body(()).unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(30), service.oneshot(request))
+        .await
+        .expect("answered at once, not after the inner layer's wait")
+        .expect("infallible");
+    assert_eq!(response.status(), http::StatusCode::INTERNAL_SERVER_ERROR);
+    let free = outer.lock_in_namespace("twice", "1").try_acquire().await;
+    free.expect("free after the request")
+        .release()
+        .await
+        .unwrap();
 }
 
 /// The layer asks nothing of the inner service, its future or the bodies beyond what it uses:
