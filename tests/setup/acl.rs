@@ -1,5 +1,5 @@
 //! F18 / §4.4: the crate works as a Redis ACL user limited to its key and channel prefix and
-//! to the commands it sends (`support::acl::rules`, the line the README documents):
+//! to the commands it sends (`support::acl::rules`, the line the security guide documents):
 //! exclusive, fair and read-write locks, fencing, waiting through pub/sub, renewals, leaving a
 //! queue and resolving a lost reply run with no denial in `ACL LOG`. A user missing a grant gets the typed
 //! `NoPermission` error at once.
@@ -198,40 +198,6 @@ fn no_permission(result: &Result<impl std::fmt::Debug, LockError>) -> Option<&Ba
 
 /// Without the key grant, an acquire fails at once with `NoPermission`; without the channel
 /// grant, a release that publishes (someone was refused the lock) does too.
-/// A user granted the list as it was before renewals read their locks with one `MGET` still
-/// keeps its locks: the renewal reads them one `GET` at a time (and `ACL LOG` shows the
-/// refused `MGET`, so the fallback is what ran).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn renewals_work_without_the_mget_grant() {
-    let server = RedisServer::start();
-    create_user(&server, "older", Some("+mget"));
-    let a = client_as(&server, "older", Duration::from_secs(1)).await;
-    let b = client_as(&server, "older", Duration::from_secs(1)).await;
-    // One re-entered (a hash in Redis) and one single hold, renewed in one batch.
-    let first = a.lock("order:1").acquire().await.expect("acquire");
-    let again = reenter(&a, &first, "order:1").await;
-    let second = a.lock("order:2").acquire().await.expect("acquire");
-    // Several 300 ms leases pass: only renewals keep the locks.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    for (guard, key) in [(&first, "order:1"), (&second, "order:2")] {
-        assert!(!guard.is_lost(), "{key} was lost");
-        let taken = b.lock(key).try_acquire().await;
-        assert!(
-            matches!(taken, Err(LockError::WaitTimeout { .. })),
-            "{key} is still held: {taken:?}"
-        );
-    }
-    let log = server.acl_log();
-    assert!(
-        log.iter().any(|entry| entry.contains("mget")),
-        "the renewals tried MGET first: {log:#?}"
-    );
-    again.release().await.expect("release the re-entry");
-    first.release().await.expect("release");
-    second.release().await.expect("release");
-    server.cmd(&["ACL", "LOG", "RESET"]);
-}
-
 #[tokio::test]
 async fn missing_grants_give_no_permission_at_once() {
     let server = RedisServer::start();

@@ -194,8 +194,11 @@ async fn a_promoted_replica_is_in_quarantine() {
         .connect()
         .await
         .expect("connect through the sentinels");
+    // A lease within the quarantine: the quarantine is never shorter than the longest lease
+    // the process asks for.
     let locks = LockClient::builder(backend)
         .prefix(PREFIX)
+        .lease(Lease::watchdog(Duration::from_secs(1)))
         .build()
         .expect("valid configuration");
     // The fresh master's own quarantine (uptime counts whole seconds: up to two seconds more).
