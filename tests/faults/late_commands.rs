@@ -112,14 +112,18 @@ async fn patient_client(server: &RedisServer) -> LockClient<tower_lock::RedisBac
 const STALL: Duration = Duration::from_millis(1500);
 const SHORT_LEASE: Duration = Duration::from_secs(1);
 
-/// A re-entry that reaches the server after its lease (the server stalled while its caller
-/// waited) does nothing there; the client tries it once more on a new connection and it is
-/// granted. It is not mistaken for another owner's hold: the hold it nests in is not reported
-/// lost, and nothing is left in the store when both are released.
+/// A re-entry that extends its grant (for a fencing token the grant lacks) reaches the server
+/// after its lease (the server stalled while its caller waited): the extend does nothing
+/// there, and the client sends it once more on a new connection, where it extends the grant.
+/// It is not mistaken for another owner's grant: the hold it nests in is not reported lost,
+/// and nothing is left in the store when both are released.
 #[tokio::test]
-async fn a_reentry_arriving_after_its_lease_is_sent_again() {
+async fn a_reentry_extend_arriving_after_its_lease_is_sent_again() {
     let server = RedisServer::start();
     let locks = patient_client(&server).await;
+    // The acquire script (an extend goes through it) is loaded before the stall.
+    let warm = locks.lock("w").fencing().try_acquire().await.expect("free");
+    warm.release().await.expect("release");
     let holder = locks.holder();
     let first = locks
         .lock("k")
@@ -128,23 +132,19 @@ async fn a_reentry_arriving_after_its_lease_is_sent_again() {
         .acquire()
         .await
         .expect("a free lock");
-    // The acquire script is loaded (a re-entry goes through it) before the stall.
-    let warm = locks
-        .lock("k")
-        .holder(&holder)
-        .try_acquire()
-        .await
-        .expect("a re-entry");
-    warm.release().await.expect("release");
+    assert_eq!(first.fencing_token(), None);
 
     server.pause();
     let reentry = tokio::spawn({
         let (locks, holder) = (locks.clone(), holder.clone());
         async move {
+            // A watchdog lease: the re-entry's hold lives as long as the grant, whenever the
+            // extend's answer comes.
             locks
                 .lock("k")
                 .holder(&holder)
-                .lease(Lease::fixed(SHORT_LEASE))
+                .fencing()
+                .lease(Lease::watchdog(SHORT_LEASE))
                 .try_acquire()
                 .await
         }
@@ -154,8 +154,10 @@ async fn a_reentry_arriving_after_its_lease_is_sent_again() {
     let reentry = reentry
         .await
         .expect("task")
-        .expect("the re-entry, sent again");
+        .expect("the re-entry's extend, sent again");
     assert_eq!(reentry.hold_count(), 2);
+    assert!(reentry.fencing_token().is_some(), "the extend gave a token");
+    assert_eq!(first.fencing_token(), reentry.fencing_token());
     assert!(
         !first.is_lost(),
         "the hold the re-entry nests in was reported lost"

@@ -1,5 +1,5 @@
-//! Replies lost on their way back, with the undo of the attempt failing too: a re-entry whose
-//! reply was lost, a hand-off whose outcome is unknown, the release of a re-entered hold
+//! Replies lost on their way back, with the undo of the attempt failing too: a re-entry's
+//! extend whose reply was lost, a hand-off whose outcome is unknown, the release of a grant
 //! whose reply was lost, an attempt the store gave back and voided. None of them may grant a
 //! lock twice or strand it.
 //!
@@ -22,12 +22,14 @@ use std::{
 
 use support::{
     RedisServer,
-    kinds::{KINDS, assert_free_for, hold},
+    kinds::{KINDS, assert_free_for, hold, request},
 };
 use tokio::sync::watch;
 use tower_lock::{
-    Backend, BackendError, Lease, LockClient, LockError, MemoryBackend,
-    backend::{AcquireReply, Grant, Reentry, Release, ReleaseReply, Renew, RenewReply},
+    Backend, BackendError, Lease, LockClient, LockError, LockInfo, LockKind, MemoryBackend,
+    backend::store::{
+        AcquireReply, Extend, ExtendReply, Grant, Release, ReleaseReply, Renew, RenewReply, Store,
+    },
     error::BackendErrorKind,
     key::LockKey,
 };
@@ -35,25 +37,26 @@ use tower_lock::{
 /// Faults armed for the next matching calls (each counter is how many calls to hit).
 #[derive(Default)]
 struct Faults {
-    /// Re-entries: applied, then answered with a timeout.
-    reentry_reply_lost: AtomicU32,
+    /// Extends (a re-entry that needs more than its grant has): applied, then answered with
+    /// a timeout.
+    extend_reply_lost: AtomicU32,
     /// Releases with a hand-off: not applied, answered with a timeout.
     handoff_unanswered: AtomicU32,
-    /// Releases of one hold without a hand-off: applied, then answered with a timeout.
+    /// Releases without a hand-off: applied, then answered with a timeout.
     release_reply_lost: AtomicU32,
-    /// Releases of one hold without a hand-off: applied, then the connection drops.
+    /// Releases without a hand-off: applied, then the connection drops.
     release_connection_dropped: AtomicU32,
-    /// Releases of one hold without a hand-off: not applied, answered with a timeout.
+    /// Releases without a hand-off: not applied, answered with a timeout.
     release_unanswered: AtomicU32,
-    /// Releases of one hold without a hand-off: refused, as if no connection could be had.
+    /// Releases without a hand-off: refused, as if no connection could be had.
     release_refused: AtomicU32,
     /// Undos of an attempt: refused, as if no connection could be had.
     abandon_refused: AtomicU32,
-    /// Acquires of a new hold: not applied; the attempt is given back and answered `Spent`, as
-    /// a Redlock round that lost its vote is. Like a node that voided it, the store refuses
-    /// the attempt from then on.
+    /// Acquires: not applied; the attempt is given back and answered `Spent`, as a Redlock
+    /// round that lost its vote is. Like a node that voided it, the store refuses the attempt
+    /// from then on.
     acquire_spent: AtomicU32,
-    /// Acquires that granted a new hold: answered with a timeout.
+    /// Acquires that granted: answered with a timeout.
     grant_reply_lost: AtomicU32,
     /// The attempts spent so far.
     spent: Mutex<HashSet<String>>,
@@ -70,7 +73,9 @@ fn timeout() -> BackendError {
     BackendError::from_kind(BackendErrorKind::Timeout)
 }
 
-/// A store with [`Faults`], counting the undos that reached it.
+/// A store with [`Faults`], counting the undos that reached it. Every release goes through
+/// [`Store::release`] (it does not answer at once), so the faults meet the in-memory store's
+/// releases too.
 #[derive(Clone)]
 struct Lossy<B = MemoryBackend> {
     inner: B,
@@ -84,7 +89,7 @@ impl Lossy {
     }
 }
 
-impl<B: Backend> Lossy<B> {
+impl<B: Store> Lossy<B> {
     fn over(inner: B) -> Self {
         Self {
             inner,
@@ -104,7 +109,7 @@ impl<B: Backend> Lossy<B> {
 
 type BackendResult<T> = Result<T, BackendError>;
 
-impl<B: Backend> Backend for Lossy<B> {
+impl<B: Store> Store for Lossy<B> {
     type Listener = B::Listener;
 
     async fn acquire(&self, grant: Grant<'_>) -> BackendResult<AcquireReply> {
@@ -114,18 +119,23 @@ impl<B: Backend> Backend for Lossy<B> {
         if self.faults.spent.lock().unwrap().contains(grant.attempt) {
             return Ok(spent());
         }
-        if grant.reentry != Reentry::Only && hit(&self.faults.acquire_spent) {
+        if hit(&self.faults.acquire_spent) {
             self.abandon(grant).await?;
             let mut attempts = self.faults.spent.lock().unwrap();
             attempts.insert(grant.attempt.to_owned());
             return Ok(spent());
         }
         let reply = self.inner.acquire(grant).await;
-        if grant.reentry == Reentry::Only && hit(&self.faults.reentry_reply_lost) {
+        let granted = matches!(reply, Ok(AcquireReply::Acquired { .. }));
+        if granted && hit(&self.faults.grant_reply_lost) {
             return Err(timeout());
         }
-        let granted = matches!(reply, Ok(AcquireReply::Acquired { count: 1, .. }));
-        if grant.reentry != Reentry::Only && granted && hit(&self.faults.grant_reply_lost) {
+        reply
+    }
+
+    async fn extend(&self, extend: Extend<'_>) -> BackendResult<ExtendReply> {
+        let reply = self.inner.extend(extend).await;
+        if hit(&self.faults.extend_reply_lost) {
             return Err(timeout());
         }
         reply
@@ -135,18 +145,18 @@ impl<B: Backend> Backend for Lossy<B> {
         if release.handoff.is_some() && hit(&self.faults.handoff_unanswered) {
             return Err(timeout());
         }
-        let one_hold = release.handoff.is_none() && !release.all;
-        if one_hold && hit(&self.faults.release_unanswered) {
+        let plain = release.handoff.is_none();
+        if plain && hit(&self.faults.release_unanswered) {
             return Err(timeout());
         }
-        if one_hold && hit(&self.faults.release_refused) {
+        if plain && hit(&self.faults.release_refused) {
             return Err(BackendError::from_kind(BackendErrorKind::Unavailable));
         }
         let reply = self.inner.release(release).await;
-        if one_hold && hit(&self.faults.release_reply_lost) {
+        if plain && hit(&self.faults.release_reply_lost) {
             return Err(timeout());
         }
-        if one_hold && hit(&self.faults.release_connection_dropped) {
+        if plain && hit(&self.faults.release_connection_dropped) {
             return Err(BackendError::from_kind(BackendErrorKind::Interrupted));
         }
         reply
@@ -166,12 +176,7 @@ impl<B: Backend> Backend for Lossy<B> {
         reply
     }
 
-    async fn leave(
-        &self,
-        key: &LockKey,
-        holder: &str,
-        kind: tower_lock::LockKind,
-    ) -> BackendResult<()> {
+    async fn leave(&self, key: &LockKey, holder: &str, kind: LockKind) -> BackendResult<()> {
         self.inner.leave(key, holder, kind).await
     }
 
@@ -179,19 +184,11 @@ impl<B: Backend> Backend for Lossy<B> {
         self.inner.listen(key, only_for).await
     }
 
-    async fn inspect(
-        &self,
-        key: &LockKey,
-        kind: tower_lock::LockKind,
-    ) -> BackendResult<tower_lock::LockInfo> {
+    async fn inspect(&self, key: &LockKey, kind: LockKind) -> BackendResult<LockInfo> {
         self.inner.inspect(key, kind).await
     }
 
-    async fn force_unlock(
-        &self,
-        key: &LockKey,
-        kind: tower_lock::LockKind,
-    ) -> BackendResult<tower_lock::LockInfo> {
+    async fn force_unlock(&self, key: &LockKey, kind: LockKind) -> BackendResult<LockInfo> {
         self.inner.force_unlock(key, kind).await
     }
 }
@@ -303,7 +300,7 @@ async fn an_undone_fair_grant_on_redis_wakes_the_next_waiter() {
     undone_fair_grant_wakes_the_next_waiter(backend).await;
 }
 
-async fn undone_fair_grant_wakes_the_next_waiter<B: Backend + Clone>(store: B) {
+async fn undone_fair_grant_wakes_the_next_waiter<B: Store + Clone>(store: B) {
     fn patient<B: Backend>(backend: B) -> LockClient<B> {
         LockClient::builder(backend)
             .waiter_timeout(Duration::from_secs(30))
@@ -349,27 +346,27 @@ async fn undone_fair_grant_wakes_the_next_waiter<B: Backend + Clone>(store: B) {
     guard.release().await.expect("released");
 }
 
-/// The release of a re-entered hold whose reply was lost is not sent again: a second one would
-/// give back the outer guard's hold too.
+/// A re-entered hold's release stays in the client (the store keeps one record for the
+/// grant), and the last hold's release, whose reply was lost, is sent again: the caller hears
+/// it released and the lock is free.
 #[tokio::test]
-async fn a_lost_reply_to_an_inner_release_keeps_the_outer_hold() {
-    inner_release_fails(|faults| &faults.release_reply_lost).await;
+async fn the_last_release_with_its_reply_lost_is_sent_again() {
+    last_release_fails(|faults| &faults.release_reply_lost).await;
 }
 
 /// The same when the connection drops after the release ran.
 #[tokio::test]
-async fn a_dropped_connection_on_an_inner_release_keeps_the_outer_hold() {
-    inner_release_fails(|faults| &faults.release_connection_dropped).await;
+async fn the_last_release_with_its_connection_dropped_is_sent_again() {
+    last_release_fails(|faults| &faults.release_connection_dropped).await;
 }
 
-/// The same when the release never ran: the outer guard's release then finds a hold left over,
-/// and gives it back too, so the lock is free at once.
+/// The same when the release never ran.
 #[tokio::test]
-async fn an_inner_release_that_never_ran_is_given_back_with_the_outer_one() {
-    inner_release_fails(|faults| &faults.release_unanswered).await;
+async fn the_last_release_that_never_ran_is_sent_again() {
+    last_release_fails(|faults| &faults.release_unanswered).await;
 }
 
-async fn inner_release_fails(fault: impl Fn(&Faults) -> &AtomicU32) {
+async fn last_release_fails(fault: impl Fn(&Faults) -> &AtomicU32) {
     let backend = Lossy::new();
     let locks = client(backend.clone());
     let other = client(backend.inner.clone());
@@ -378,153 +375,95 @@ async fn inner_release_fails(fault: impl Fn(&Faults) -> &AtomicU32) {
     let inner = locks.lock("doc").holder(&holder).acquire().await.unwrap();
     assert_eq!(inner.hold_count(), 2);
     fault(&backend.faults).store(1, Ordering::SeqCst);
-    let released = inner.release().await;
+    inner.release().await.expect("an inner release needs no store");
+    assert_eq!(
+        fault(&backend.faults).load(Ordering::SeqCst),
+        1,
+        "the inner release reached the store"
+    );
     assert!(!outer.is_lost());
     assert_held_against(&other, "doc", Duration::ZERO).await;
-    assert!(
-        matches!(&released, Err(LockError::Backend(_))),
-        "the caller hears of the failure: {released:?}"
+    outer.release().await.expect("released on the second try");
+    assert_eq!(
+        fault(&backend.faults).load(Ordering::SeqCst),
+        0,
+        "the last release met the fault"
     );
-    outer.release().await.expect("released");
     assert_free_within(&other, "doc", Duration::from_secs(1)).await;
 }
 
-/// A holder holds a lock through two clients (an explicit holder); the first releases, and the
-/// second's release is refused for want of a connection, so it is sent again: the retry names
-/// what the first try named (the second client's hold is not the store's grant), and frees the
-/// lock. Every kind of lock.
+/// A holder belongs to the client that made it: another client refuses it, whatever the kind,
+/// and takes nothing. The grant's release, refused for want of a connection, is sent again and
+/// frees the lock.
 #[tokio::test]
-async fn a_refused_release_of_a_joined_hold_is_sent_again() {
+async fn a_foreign_holder_is_refused_and_a_refused_release_is_sent_again() {
     for kind in KINDS {
         let store = MemoryBackend::new();
         let backend = Lossy::over(store.clone());
-        let (first, joined, other) = (
-            client(store.clone()),
+        let (first, foreign, other) = (
             client(backend.clone()),
+            client(store.clone()),
             client(store),
         );
         let holder = first.holder();
-        let outer = hold(&first, "doc", kind, &holder).await;
-        let inner = hold(&joined, "doc", kind, &holder).await;
-        outer.release().await.expect("released");
+        let held = hold(&first, "doc", kind, &holder).await;
+        let refused = request(&foreign, "doc", kind)
+            .holder(&holder)
+            .try_acquire()
+            .await;
+        assert!(
+            matches!(refused, Err(LockError::ForeignHolder)),
+            "{kind}: another client's holder: {refused:?}"
+        );
+        support::kinds::assert_refused_to(&other, "doc", kind).await;
         backend.faults.release_refused.store(1, Ordering::SeqCst);
-        inner.release().await.expect("released on the second try");
+        held.release().await.expect("released on the second try");
+        assert_eq!(backend.faults.release_refused.load(Ordering::SeqCst), 0);
         assert_free_for(&other, "doc", kind).await;
     }
 }
 
-/// A re-entry whose reply was lost, and whose undo must wait for the background: the next
-/// re-entry of the same hold waits for that undo (the store records only a hold's last
-/// re-entry, which the undo needs), so no hold is left over once every guard is released.
+/// A re-entry that asks for a fencing token the grant lacks extends the grant first; with the
+/// extend's reply lost, the re-entry fails and the outer guard keeps the lock. The next
+/// re-entry extends again and gets the token, no undo is sent (an extend names the grant, and
+/// its lease is the grant's to cover), and the last release frees the lock at once, though
+/// the lost extend may have lengthened the record.
 #[tokio::test]
-async fn a_reentry_waits_for_the_undo_of_one_whose_reply_was_lost() {
+async fn a_reentry_whose_extend_reply_was_lost_fails_alone() {
     let backend = Lossy::new();
     let locks = client(backend.clone());
     let other = client(backend.inner.clone());
     let holder = locks.holder();
     let outer = locks.lock("doc").holder(&holder).acquire().await.unwrap();
-    backend.faults.reentry_reply_lost.store(1, Ordering::SeqCst);
-    backend.faults.abandon_refused.store(1, Ordering::SeqCst);
-    let lost = locks.lock("doc").holder(&holder).acquire().await;
+    assert_eq!(outer.fencing_token(), None);
+    backend.faults.extend_reply_lost.store(1, Ordering::SeqCst);
+    let lost = locks.lock("doc").holder(&holder).fencing().acquire().await;
     assert!(
         matches!(&lost, Err(LockError::Backend(error)) if error.is_timeout()),
         "{lost:?}"
     );
-    let inner = locks.lock("doc").holder(&holder).acquire().await.unwrap();
-    assert!(
-        *backend.abandons.borrow() >= 2,
-        "the second re-entry was sent before the first was undone"
-    );
+    assert!(!outer.is_lost());
+    assert_held_against(&other, "doc", Duration::ZERO).await;
+    let inner = locks
+        .lock("doc")
+        .holder(&holder)
+        .fencing()
+        .acquire()
+        .await
+        .expect("the next re-entry extends the grant");
+    assert!(inner.fencing_token().is_some());
     assert_eq!(inner.hold_count(), 2);
+    assert_eq!(*backend.abandons.borrow(), 0, "an extend is never undone");
     inner.release().await.expect("released");
     outer.release().await.expect("released");
     assert_free_within(&other, "doc", Duration::from_secs(1)).await;
 }
 
-/// Takes `doc` for `holder`, then re-enters it with the reply lost and every undo refused
-/// until the test lets them through: the re-entry's undo is left to the background. Returns
-/// the outer guard.
-async fn lose_a_reentry(
-    backend: &Lossy,
-    locks: &LockClient<Lossy>,
-    holder: &tower_lock::Holder,
-) -> tower_lock::LockGuard<Lossy> {
-    let outer = locks.lock("doc").holder(holder).acquire().await.unwrap();
-    backend.faults.reentry_reply_lost.store(1, Ordering::SeqCst);
-    backend
-        .faults
-        .abandon_refused
-        .store(u32::MAX, Ordering::SeqCst);
-    let lost = locks.lock("doc").holder(holder).acquire().await;
-    assert!(matches!(lost, Err(LockError::Backend(_))), "{lost:?}");
-    outer
-}
-
-/// A re-entry waiting for the undo of an earlier one waits within its own wait: with the undo
-/// refused for as long as the backend refuses it, a re-entry with a short wait times out, and
-/// once the undo gets through the next re-entry goes ahead.
+/// On Redis: a re-entered hold's release needs no store, so it returns while the server is
+/// frozen and the outer guard keeps the lock. The last release, on its way while the server
+/// is frozen, is sent again once it answers, and the lock is free.
 #[tokio::test]
-async fn a_reentry_waits_for_an_earlier_undo_within_its_wait() {
-    let backend = Lossy::new();
-    let locks = client(backend.clone());
-    let holder = locks.holder();
-    let outer = lose_a_reentry(&backend, &locks, &holder).await;
-    let short = locks
-        .lock("doc")
-        .holder(&holder)
-        .wait(Duration::from_millis(100))
-        .acquire();
-    let short = tokio::time::timeout(Duration::from_secs(2), short)
-        .await
-        .expect("the re-entry gave up within its wait");
-    assert!(
-        matches!(short, Err(LockError::WaitTimeout { .. })),
-        "{short:?}"
-    );
-    backend.faults.abandon_refused.store(0, Ordering::SeqCst);
-    let inner = locks.lock("doc").holder(&holder).acquire().await.unwrap();
-    assert_eq!(inner.hold_count(), 2);
-    inner.release().await.expect("released");
-    outer.release().await.expect("released");
-}
-
-/// The undo of a re-entry whose reply was lost is being retried in the background when the
-/// runtime running it shuts down, while the client lives on in another runtime: the re-entry's
-/// claim ends with that task, so the hold's next re-entry goes ahead instead of waiting for an
-/// undo that will never come.
-#[test]
-fn a_reentry_claim_ends_with_the_runtime_of_its_undo() {
-    let runtime = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-    };
-    let backend = Lossy::new();
-    let locks = client(backend.clone());
-    let holder = locks.holder();
-    let first = runtime();
-    let outer = first.block_on(lose_a_reentry(&backend, &locks, &holder));
-    drop(first);
-    backend.faults.abandon_refused.store(0, Ordering::SeqCst);
-    runtime().block_on(async {
-        let inner = locks
-            .lock("doc")
-            .holder(&holder)
-            .wait(Duration::from_secs(1))
-            .acquire()
-            .await
-            .expect("the next re-entry goes ahead");
-        inner.release().await.expect("released");
-        outer.release().await.expect("released");
-    });
-}
-
-/// On Redis: the server freezes while the release of a re-entered hold is on its way, and the
-/// client gives up on its reply. The outer guard still holds the lock. Once it is released,
-/// the lock is free, whether the lost release ran or not.
-#[tokio::test]
-async fn a_lost_reply_to_an_inner_release_on_redis_keeps_the_outer_hold() {
+async fn a_release_on_a_frozen_redis_is_sent_again_once_it_answers() {
     let server = RedisServer::start();
     let backend = support::redis_backend(server.url())
         .command_timeout(Duration::from_millis(100))
@@ -546,13 +485,20 @@ async fn a_lost_reply_to_an_inner_release_on_redis_keeps_the_outer_hold() {
     server.pause();
     let released = inner.release().await;
     server.resume();
+    released.expect("an inner release needs no store");
     assert!(!outer.is_lost());
-    // Long enough for a stray retry of the lost release to arrive, had one been sent.
+    // Long enough for a stray release to arrive, had one been sent.
     assert_held_against(&other, "doc", Duration::from_millis(1500)).await;
+    server.pause();
+    let release = tokio::spawn(outer.release());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.resume();
+    // Released at once, or (on a machine slow enough that the inline retries ran out) the
+    // caller heard of the timeout and the retries went on in the background.
+    let released = release.await.unwrap();
     assert!(
-        matches!(&released, Err(LockError::Backend(error)) if error.is_timeout()),
-        "the caller hears that the reply timed out: {released:?}"
+        matches!(&released, Ok(()) | Err(LockError::Backend(_))),
+        "{released:?}"
     );
-    outer.release().await.expect("released");
-    assert_free_within(&other, "doc", Duration::from_secs(1)).await;
+    assert_free_within(&other, "doc", Duration::from_secs(3)).await;
 }
