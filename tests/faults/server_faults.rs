@@ -1,12 +1,12 @@
 //! Random programs against real `redis-server`s whose *servers* fail: Redlock nodes stalled
 //! (`SIGSTOP`) and resumed, killed and restarted empty; a single Redis killed (`SIGKILL`) and
 //! restarted empty, or from a snapshot (`SAVE`, RDB) taken at a random earlier moment, so that
-//! it comes back with old locks, old void records, an old boot marker and old fencing records;
+//! it comes back with old locks, old void records, an old run marker and old fencing records;
 //! a single Redis stalled (`SIGSTOP`) for less than a lease or past the longest, and resumed,
 //! so that the acquires, undos and releases sent meanwhile run late, after their callers may
-//! have timed out. The protocol guide (`src/guide/protocol.md`, "A store restarted empty, or
-//! from an older snapshot", "A command delivered late", acquire.lua and "Redlock") says what
-//! must hold under those faults; this file checks it.
+//! have timed out. The protocol page (`src/backend/protocol.md`: "The quarantine and the run
+//! marker", "Faults" and "Redlock") says what must hold under those faults; this file checks
+//! it.
 //!
 //! Each seed builds a program: two or three clients (each with a backend of its own: a separate
 //! process's connections; on the single Redis one more, through an application's pool), two
@@ -16,10 +16,10 @@
 //! single Redis a section sometimes re-enters its hold (the same key, its guard's holder, a
 //! lease and wait of its own) and releases or drops the re-entry's guard before it leaves. A
 //! fault driver, drawn from the same seed, injects server faults at random moments while the
-//! program runs, and heals them when it ends. The Redlock nodes have a quarantine of the longest
-//! lease; the single Redis's clients keep the default (the longest lease each backend asked
-//! for, which each asks for once before the program), and the pool client's quarantine goes
-//! through the boot marker. On the single Redis half the acquires ask for a fencing token, the
+//! program runs, and heals them when it ends. The Redlock nodes and the single Redis's clients
+//! have a quarantine of the longest lease (which each client also asks for once before the
+//! program), checked by the acquire scripts against the run marker; the pool client's scripts
+//! read the server's run themselves. On the single Redis half the acquires ask for a fencing token, the
 //! first client's commands time out after 150 ms and the second's after the default (1 s), the
 //! others draw one of the two.
 //!
@@ -46,8 +46,8 @@
 //! violations and the program's log:
 //!
 //! ```text
-//! SERVER_FAULTS_SEED=7 cargo test --all-features --test server_faults -- --nocapture
-//! SERVER_FAULTS_SEEDS=40 cargo test --all-features --test server_faults -- --nocapture
+//! SERVER_FAULTS_SEED=7 cargo test --all-features --test faults server_faults -- --nocapture
+//! SERVER_FAULTS_SEEDS=40 cargo test --all-features --test faults server_faults -- --nocapture
 //! ```
 //!
 //! `SERVER_FAULTS_NO_QUARANTINE=1` turns the quarantine off in every backend: a negative control
@@ -79,8 +79,9 @@ use tower_lock::{
 const LEASES_MS: [u64; 3] = [300, 600, 1200];
 /// The longest of them.
 const LONGEST_LEASE: Duration = Duration::from_millis(1200);
-/// The quarantine of the Redlock nodes (the single Redis uses the default: the longest lease
-/// each backend asked for, which every client asks for once before its program).
+/// The quarantine of the Redlock nodes and of the single Redis's clients: the longest lease
+/// (the default, the default lease of 30 s, would hold a restarted server back past the
+/// program).
 const QUARANTINE: Duration = LONGEST_LEASE;
 /// How long tasks start new operations, and the fault driver injects faults.
 const PROGRAM: Duration = Duration::from_secs(4);
@@ -1035,8 +1036,8 @@ impl Single {
         }
     }
 
-    /// A client over connections its backend opens itself (quarantine by default), with the
-    /// [`SHORT_COMMAND_TIMEOUT`] when `short`.
+    /// A client over connections its backend opens itself (a quarantine of [`QUARANTINE`]),
+    /// with the [`SHORT_COMMAND_TIMEOUT`] when `short`.
     async fn own_client(&self, prefix: &str, short: bool) -> LockClient<RedisBackend> {
         let backend = connect(|| async {
             command_timeout(control(RedisBackend::builder(self.url.clone())), short)
@@ -1047,8 +1048,8 @@ impl Single {
         single_client(backend, prefix)
     }
 
-    /// A client over an application's pool: the acquire scripts check the server's start
-    /// against the boot marker.
+    /// A client over an application's pool: the acquire scripts read the server's run
+    /// themselves and check it against the run marker.
     async fn pool_client(&self, prefix: &str, short: bool) -> LockClient<RedisBackend> {
         use tower_lock::backend::redis::{bb8, bb8_redis::RedisConnectionManager};
 
@@ -1124,11 +1125,11 @@ fn command_timeout(
     }
 }
 
-/// The builder as it is, or with the quarantine off for the negative control.
+/// The builder with a quarantine of [`QUARANTINE`], or off for the negative control.
 fn control(builder: tower_lock::RedisBackendBuilder) -> tower_lock::RedisBackendBuilder {
     match quarantine_off() {
         true => builder.quarantine(Duration::ZERO),
-        false => builder,
+        false => builder.quarantine(QUARANTINE),
     }
 }
 
@@ -1264,8 +1265,8 @@ async fn single_seed(single: &Arc<Single>, seed: u64) -> Outcome {
         clients.push(single.own_client(&prefix, short).await);
     }
     clients.push(single.pool_client(&prefix, short[own]).await);
-    // Each backend's quarantine follows the longest lease its clients asked for: every client
-    // asks for the longest once, so every backend's covers every lease in the program.
+    // Every client asks for the longest lease once, which its quarantine covers, and finds the
+    // server past its quarantine.
     for client in &clients {
         warm_up(client).await;
     }
@@ -1293,8 +1294,8 @@ async fn single_seed(single: &Arc<Single>, seed: u64) -> Outcome {
     checker.outcome()
 }
 
-/// Acquires and releases a key of its own with the longest lease: the backend's quarantine now
-/// covers it.
+/// Acquires and releases a key of its own with the longest lease, once the server is past its
+/// quarantine.
 /// A short command timeout may run out on a busy machine (no fault is injected yet): such an
 /// acquire is tried again.
 async fn warm_up(client: &LockClient<RedisBackend>) {
@@ -1386,8 +1387,8 @@ where
             if first_report.is_none() {
                 first_report = Some(format!(
                     "{family} seed {seed}: {} violation(s):\n  {}\nprogram log:\n{}\nreplay: \
-                     SERVER_FAULTS_SEED={seed} cargo test --all-features --test server_faults \
-                     {test} -- --nocapture",
+                     SERVER_FAULTS_SEED={seed} cargo test --all-features --test faults \
+                     server_faults::{test} -- --nocapture",
                     outcome.violations.len(),
                     outcome.violations.join("\n  "),
                     outcome.log
