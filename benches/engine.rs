@@ -711,7 +711,9 @@ impl Bench<'_> {
             };
             grants.extend(values.iter().map(|value| {
                 let record = value.as_str().expect("a held lock's record");
-                let grant = record.split_once('~').map_or(record.as_str(), |(grant, _)| grant);
+                let grant = record
+                    .split_once('~')
+                    .map_or(record.as_str(), |(grant, _)| grant);
                 grant.to_owned()
             }));
         }

@@ -375,7 +375,10 @@ async fn last_release_fails(fault: impl Fn(&Faults) -> &AtomicU32) {
     let inner = locks.lock("doc").holder(&holder).acquire().await.unwrap();
     assert_eq!(inner.hold_count(), 2);
     fault(&backend.faults).store(1, Ordering::SeqCst);
-    inner.release().await.expect("an inner release needs no store");
+    inner
+        .release()
+        .await
+        .expect("an inner release needs no store");
     assert_eq!(
         fault(&backend.faults).load(Ordering::SeqCst),
         1,

@@ -411,10 +411,17 @@ async fn an_extend_racing_the_release_of_the_other_hold_keeps_the_grant() {
     first.release().await.unwrap();
     let reply = held.run().await;
     let _ = reply.send(());
-    let second = reentry.await.unwrap().expect("the re-entry extends the grant");
+    let second = reentry
+        .await
+        .unwrap()
+        .expect("the re-entry extends the grant");
     // A hold of the same grant, the other gone: nothing was deleted, nothing acquired anew.
     assert_eq!(second.hold_count(), 1);
-    assert_eq!(backend.calls(Call::Release), 0, "the grant ended under the re-entry");
+    assert_eq!(
+        backend.calls(Call::Release),
+        0,
+        "the grant ended under the re-entry"
+    );
     assert_eq!(backend.calls(Call::Acquire), 1, "acquired afresh");
     // Several leases later: still renewed, still ours.
     tokio::time::sleep(Duration::from_millis(600)).await;
