@@ -5,10 +5,10 @@
 //! runs every lock once, in a rotated order) and the ratios within a run are what counts.
 //!
 //! ```text
-//! cargo bench --features unstable-backend --bench engine                           # 5 repetitions of 2 s windows
-//! BENCH_SECS=1 BENCH_REPS=3 cargo bench --features unstable-backend --bench engine # quicker
-//! BENCH_ONLY=W1,W3 cargo bench --features unstable-backend --bench engine          # some workloads only
-//! BENCH_LOCKS=tower cargo bench --features unstable-backend --bench engine         # some locks only (profiling)
+//! cargo bench --bench engine --features unstable-backend        # 5 repetitions of 2 s windows
+//! BENCH_SECS=1 BENCH_REPS=3 cargo bench --bench engine --features unstable-backend   # quicker
+//! BENCH_ONLY=W1,W3 cargo bench --bench engine --features unstable-backend  # some workloads
+//! BENCH_LOCKS=tower cargo bench --bench engine --features unstable-backend # some locks only
 //! ```
 //!
 //! - W1: one task, sequential acquire + release of one key: pairs/s; per pair the client's CPU,
