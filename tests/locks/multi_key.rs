@@ -481,6 +481,57 @@ async fn cancelled_acquire_leaves_nothing<B: Backend>(env: Env<B>) {
     }
 }
 
+async fn holders_of_another_client<B: Backend>(env: Env<B>) {
+    let holder = env.a.holder();
+    let held = env.a.lock("h:2").holder(&holder).acquire().await.unwrap();
+    // An explicit holder of another client: refused before any lock is asked for.
+    let foreign = env
+        .b
+        .lock_all(["h:1", "h:3"])
+        .holder(&holder)
+        .try_acquire()
+        .await;
+    let error = foreign.expect_err("another client's holder");
+    assert!(
+        matches!(error.error(), LockError::ForeignHolder),
+        "{error:?}"
+    );
+    assert!(error.key().is_none(), "{error:?}");
+    assert_eq!(env.b.active_keys(), 0);
+    holder
+        .clone()
+        .scope(async {
+            // In the scope of a holder of another client that holds one of the set's locks:
+            // the set would wait for itself, so it fails at once, naming that lock.
+            let set = env
+                .b
+                .lock_all(["h:1", "h:2"])
+                .wait(Duration::from_secs(60))
+                .acquire();
+            let error = timeout(Duration::from_secs(30), set)
+                .await
+                .expect("failed at once, not after the wait")
+                .expect_err("held through the other client");
+            assert!(
+                matches!(error.error(), LockError::HeldThroughOtherClient),
+                "{error:?}"
+            );
+            assert!(
+                error
+                    .key()
+                    .is_some_and(|key| key.as_str().ends_with("{h:2}")),
+                "{error:?}"
+            );
+            // A set of locks it does not hold: taken under a holder of the client's own.
+            let set = env.b.lock_all(["h:1", "h:3"]).try_acquire().await.unwrap();
+            assert_ne!(set.holder(), &holder);
+            set.release().await.unwrap();
+        })
+        .await;
+    held.release().await.unwrap();
+    assert_free(&env.b, &["h:1", "h:2", "h:3"]).await;
+}
+
 macro_rules! multi_key {
     ($backend:ident, $make:expr) => {
         mod $backend {
@@ -558,6 +609,13 @@ macro_rules! multi_key {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn cancelled_acquire_leaves_nothing() {
                 super::cancelled_acquire_leaves_nothing($make.await).await;
+            }
+
+            /// A holder belongs to its client: a set refuses another client's, and fails at
+            /// once in the scope of another client's holder that holds one of its locks.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn holders_of_another_client() {
+                super::holders_of_another_client($make.await).await;
             }
         }
     };
