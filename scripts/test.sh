@@ -200,7 +200,8 @@ echo "1 doc --all-features --doc -- guide::testing" >>"$logs/jobs"
 # wrapped stores and server faults run as the default user), services, ui (no Redis).
 passes+=(acl)
 cp "$logs/0.bins" "$logs/2.bins"
-cp "$logs/0.status" "$logs/2.status"
+# The pass fails on the build only when one of its binaries was not built (queue_bins says so).
+echo 0 >"$logs/2.status"
 : >"$logs/2.log"
 queue_bins 2 1 locks deployments http
 
