@@ -5,10 +5,10 @@
 //! runs every lock once, in a rotated order) and the ratios within a run are what counts.
 //!
 //! ```text
-//! cargo bench --bench engine                                  # 5 repetitions of 2 s windows
-//! BENCH_SECS=1 BENCH_REPS=3 cargo bench --bench engine        # quicker
-//! BENCH_ONLY=W1,W3 cargo bench --bench engine                 # some workloads only
-//! BENCH_LOCKS=tower cargo bench --bench engine                 # some locks only (profiling)
+//! cargo bench --bench engine --features unstable-backend        # 5 repetitions of 2 s windows
+//! BENCH_SECS=1 BENCH_REPS=3 cargo bench --bench engine --features unstable-backend   # quicker
+//! BENCH_ONLY=W1,W3 cargo bench --bench engine --features unstable-backend  # some workloads
+//! BENCH_LOCKS=tower cargo bench --bench engine --features unstable-backend # some locks only
 //! ```
 //!
 //! - W1: one task, sequential acquire + release of one key: pairs/s; per pair the client's CPU,
@@ -23,7 +23,9 @@
 //!   fair lock.
 //! - W4: one watchdog tick for 10 000 held locks: the renewal of all of them, p50/p99, and
 //!   Redis's time per tick; beside them, the floor of any renewal that moves each lock's own
-//!   expiry: a bare `PEXPIRE` per lock, on the hand-written lock's keys.
+//!   expiry: a bare `PEXPIRE` per lock, on the hand-written lock's keys. The renewal is built
+//!   through the feature `unstable-backend` (`Renew::Grant` for each guard's grant, read from
+//!   Redis), which this bench requires.
 //!
 //! See `benches/README.md` for what is counted and the latest results.
 
@@ -49,10 +51,10 @@ use std::{
 
 use lockers::{Held, Impl, Locker};
 use measure::{Errors, Spread, ms, quantile, redis_counters, rotated, selected, us};
-use support::RedisServer;
+use support::{RedisServer, RespValue};
 use tower_lock::{
-    Lease, LockGuard,
-    backend::{Backend, Renew, RenewReply},
+    Lease, LockGuard, LockKind, RedisBackend,
+    backend::store::{Renew, RenewReply, Store},
 };
 
 /// Locks renewed by one W4 tick.
@@ -114,7 +116,7 @@ fn main() {
             println!("    (the hand-written lock and rslock have no fair lock: no baseline for W3f)");
         }
         if selected("W4") {
-            let w4 = [Impl::Tower, Impl::TowerLease, Impl::Hand, Impl::Rslock];
+            let w4 = [Impl::Tower, Impl::Hand, Impl::Rslock];
             bench.w4(&lockers::chosen(&w4), &mut table).await;
         }
         table.print();
@@ -579,21 +581,8 @@ impl Bench<'_> {
                     errors.describe()
                 );
             }
-            // The client lease's figures in rows of their own, beside the same baselines.
-            let rows: &[&str] = match which {
-                Impl::TowerLease => &[", client lease"],
-                _ if which.is_peer() => &["", ", client lease"],
-                _ => &[""],
-            };
-            for lease in rows {
-                table.add(&format!("W4 tick p50 ms{lease}"), false, which, p50.clone());
-                table.add(
-                    &format!("W4 Redis CPU ms/tick{lease}"),
-                    false,
-                    which,
-                    cpu.clone(),
-                );
-            }
+            table.add("W4 tick p50 ms", false, which, p50.clone());
+            table.add("W4 Redis CPU ms/tick", false, which, cpu.clone());
             table.add_errors("W4 errors", which, errors.total() + not_renewed);
             if which == Impl::Hand {
                 let floor = of(|r| r.floor_cpu_ms.unwrap_or(f64::NAN));
@@ -623,7 +612,18 @@ impl Bench<'_> {
                     client.lock(k).lease(Lease::watchdog(lease)).acquire()
                 })
                 .await;
-                let renewals: Vec<Renew<'_>> = guards.iter().map(LockGuard::renewal).collect();
+                // Each guard's grant, as its record in Redis names it: the renewal names it.
+                let grants = self.grants(&guards);
+                let renewals: Vec<Renew<'_>> = guards
+                    .iter()
+                    .zip(&grants)
+                    .map(|(guard, grant)| Renew::Grant {
+                        key: guard.key(),
+                        kind: LockKind::Exclusive,
+                        grant,
+                        lease: Lease::watchdog(lease),
+                    })
+                    .collect();
                 let counted = self
                     .ticks(&mut ticks, &mut run, async || {
                         let replies = client
@@ -697,6 +697,27 @@ impl Bench<'_> {
         run.redis_cpu_ms = ms(delta.cpu) / n;
         run.calls = delta.calls as f64 / n;
         Ok(run)
+    }
+
+    /// The grant each of `guards` holds, read from its owner record in Redis (`<attempt>` or
+    /// `<attempt>~<token>`), a thousand at a time.
+    fn grants(&self, guards: &[LockGuard<RedisBackend>]) -> Vec<String> {
+        let mut grants = Vec::with_capacity(guards.len());
+        for chunk in guards.chunks(1000) {
+            let mut args = vec!["MGET"];
+            args.extend(chunk.iter().map(|guard| guard.key().as_str()));
+            let RespValue::Array(Some(values)) = self.server.cmd(&args) else {
+                panic!("MGET of the held locks");
+            };
+            grants.extend(values.iter().map(|value| {
+                let record = value.as_str().expect("a held lock's record");
+                let grant = record
+                    .split_once('~')
+                    .map_or(record.as_str(), |(grant, _)| grant);
+                grant.to_owned()
+            }));
+        }
+        grants
     }
 
     /// Runs `tick` repeatedly for the window, recording each one's time in `ticks`; returns the
@@ -804,7 +825,6 @@ impl Table {
         let columns = [
             Impl::Tower,
             Impl::TowerFair,
-            Impl::TowerLease,
             Impl::Memory,
             Impl::Hand,
             Impl::Rslock,
@@ -843,7 +863,7 @@ impl Table {
             let ours = row
                 .cells
                 .iter()
-                .find(|(w, _)| matches!(w, Impl::Tower | Impl::TowerFair | Impl::TowerLease))
+                .find(|(w, _)| matches!(w, Impl::Tower | Impl::TowerFair))
                 .map(|(_, v)| v.as_slice());
             let peers: Vec<&[f64]> = row
                 .cells

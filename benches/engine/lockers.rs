@@ -32,8 +32,6 @@ pub(crate) fn rslock_retry_delay() -> Duration {
 pub(crate) enum Impl {
     Tower,
     TowerFair,
-    /// tower-lock on Redis with the client lease (W4).
-    TowerLease,
     Memory,
     Hand,
     Rslock,
@@ -45,7 +43,6 @@ impl Impl {
         match self {
             Self::Tower => "tower-lock",
             Self::TowerFair => "tower-lock fair",
-            Self::TowerLease => "tower-lock lease",
             Self::Memory => "tower-lock memory",
             Self::Hand => "hand-written",
             Self::Rslock => "rslock",
@@ -57,7 +54,6 @@ impl Impl {
         match self {
             Self::Tower => "tower",
             Self::TowerFair => "fair",
-            Self::TowerLease => "lease",
             Self::Memory => "memory",
             Self::Hand => "hand",
             Self::Rslock => "rslock",
@@ -69,7 +65,6 @@ impl Impl {
         [
             Self::Tower,
             Self::TowerFair,
-            Self::TowerLease,
             Self::Memory,
             Self::Hand,
             Self::Rslock,
@@ -130,9 +125,8 @@ impl Locker {
     /// A fresh client of `which` on the server at `url` (memory: a fresh in-process table).
     pub(crate) async fn connect(which: Impl, url: &str) -> Result<Self, String> {
         Ok(match which {
-            Impl::Tower | Impl::TowerFair | Impl::TowerLease => {
+            Impl::Tower | Impl::TowerFair => {
                 let backend = support::redis_backend(url)
-                    .client_lease(which == Impl::TowerLease)
                     .connect()
                     .await
                     .map_err(|e| format!("tower-lock connect: {e:#}"))?;

@@ -244,11 +244,30 @@ impl Leaks {
     pub(crate) fn count(&self) -> usize {
         self.keys.len() + self.channels.len()
     }
+
+    /// These leaks less the records of attempts given up on (`…:void`) that expire on their
+    /// own within `lease` (an undo records its attempt whether or not it held the lock, and the
+    /// record lives the lease of the last attempt added), and how many those were. A `:void`
+    /// key without a TTL, or with a longer one, stays a leak.
+    pub(crate) fn less_bounded_voids(self, node: &Node, lease: Duration) -> (Self, usize) {
+        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+        let (voids, keys): (Vec<String>, Vec<String>) = self.keys.into_iter().partition(|key| {
+            key.ends_with(":void") && {
+                let ttl = node.cmd(&["PTTL", key]).as_int();
+                ttl > 0 && ttl <= lease_ms
+            }
+        });
+        let leaks = Self {
+            keys,
+            channels: self.channels,
+        };
+        (leaks, voids.len())
+    }
 }
 
 /// `SCAN 0 MATCH <prefix>*` and `PUBSUB CHANNELS <prefix>*` on `node`. Every kind's keys and
-/// channels start with the prefix: a semaphore's `:sem`, `:sem:readers`, `:sem:void` and
-/// `:sem:released` as much as a lock's.
+/// channels start with the prefix: a semaphore's `:sem`, `:sem:void` and `:sem:released` as
+/// much as a lock's.
 pub(crate) fn server_leaks(node: &Node, prefix: &str) -> Leaks {
     let pattern = format!("{prefix}*");
     let mut keys = Vec::new();

@@ -56,8 +56,6 @@ pub(crate) struct Setup {
     pub(crate) waiter_timeout_ms: u64,
     /// Run on a current-thread runtime, where a blocking section also stalls the watchdog.
     pub(crate) current_thread: bool,
-    /// Hold exclusive watchdog locks on the backend's client lease.
-    pub(crate) client_lease: bool,
 }
 
 /// Contention load: `tasks` tasks each run `sections` critical sections.
@@ -314,7 +312,6 @@ fn lost_time(lost: Lost) -> Arc<AtomicU64> {
 async fn serve(setup: Setup) {
     let backend = crate::support::redis_backend(&setup.url)
         .command_timeout(Duration::from_millis(setup.command_timeout_ms))
-        .client_lease(setup.client_lease)
         .connect()
         .await
         .expect("holder connects to Redis");

@@ -1,5 +1,6 @@
-//! The crate's Redis ACL user, as the README documents it: its key and channel prefixes, the
-//! commands it sends and the commands its Lua scripts call (Redis checks those too).
+//! The crate's Redis ACL user, as the security guide documents it: its key and channel
+//! prefixes, the commands it sends and the commands its Lua scripts call (Redis checks those
+//! too).
 //!
 //! With `TOWER_LOCK_TEST_ACL=1` in the environment, every `RedisServer` the fixture starts (or
 //! restarts) is started with this user (so it exists before any client connects), granted the
@@ -31,15 +32,7 @@ pub const COMMANDS: &[&str] = &[
     "+pttl",
     "+pexpire",
     "+get",
-    "+mget",
     "+set",
-    "+hget",
-    "+hmget",
-    "+hset",
-    "+hdel",
-    "+hexists",
-    "+hincrby",
-    "+hkeys",
     "+lindex",
     "+lpop",
     "+lrem",
@@ -48,6 +41,7 @@ pub const COMMANDS: &[&str] = &[
     "+sismember",
     "+zadd",
     "+zcard",
+    "+zcount",
     "+zrange",
     "+zrangebyscore",
     "+zrem",
@@ -55,10 +49,9 @@ pub const COMMANDS: &[&str] = &[
     "+zscore",
 ];
 
-/// The commands options add: `RedisBackendBuilder::min_replicas` sends `WAIT`, and with
-/// `RedisBackendBuilder::pool` the acquire scripts read `LASTSAVE`
+/// The commands options add: `RedisBackendBuilder::min_replicas` sends `WAIT`
 /// (`RedisBackendBuilder::wait_aof`'s `WAITAOF` is in [`rules`] on the versions that have it).
-pub const OPTION_COMMANDS: &[&str] = &["+wait", "+lastsave"];
+pub const OPTION_COMMANDS: &[&str] = &["+wait"];
 
 /// The commands a Redis Cluster client adds: sharded pub/sub (the scripts' `SPUBLISH`, the
 /// waiters' `SSUBSCRIBE`), and what the cluster client sends to learn the slot map and follow

@@ -35,6 +35,8 @@ use std::{
 };
 
 pub mod cluster;
+#[cfg(feature = "unstable-backend")]
+pub mod granted;
 pub mod kinds;
 #[cfg(feature = "metrics")]
 pub mod recorded;
@@ -759,25 +761,29 @@ where
     tower_lock::RedlockBackend::builder(urls).quarantine(Duration::ZERO)
 }
 
-/// How many holds `holder` has of the lock at `name`, read through `cmd` (one server's command
-/// function): the lock is a single hold (a string naming its holder, set by `SET NX`) or a hash
-/// counting each holder's holds. `None` when the holder holds nothing there. A single hold
-/// only ever turns into a hash (when re-entered or contended), so a read that finds the form
-/// changed under it reads again.
-pub fn hold_count(cmd: impl Fn(&[&str]) -> RespValue, name: &str, holder: &str) -> Option<u64> {
-    loop {
-        match cmd(&["HGET", name, holder]) {
-            RespValue::Error(error) if error.starts_with("WRONGTYPE") => {}
-            counted => return counted.as_str()?.parse().ok(),
-        }
-        match cmd(&["GET", name]) {
-            RespValue::Error(error) if error.starts_with("WRONGTYPE") => continue,
-            single => {
-                let owner = format!("{}:{holder}", holder.len());
-                return single.as_str()?.starts_with(&owner).then_some(1);
-            }
-        }
-    }
+/// The grant an owner record names (the attempt that won it), read through `cmd` (one server's
+/// command function): the record at `name` (a plain or fair lock's key, a read-write lock's
+/// writer) is `<attempt>` or `<attempt>~<token>`. `None` when there is none (or `name` holds
+/// something else).
+pub fn owner_grant(cmd: impl Fn(&[&str]) -> RespValue, name: &str) -> Option<String> {
+    let record = match cmd(&["GET", name]) {
+        record @ RespValue::Bulk(Some(_)) => record.as_str()?,
+        _ => return None,
+    };
+    let grant = record
+        .split_once('~')
+        .map_or(record.as_str(), |(grant, _)| grant);
+    Some(grant.to_owned())
+}
+
+/// Whether the owner record at `name` is a grant of `holder` (an attempt `<holder>#<n>`).
+pub fn owned_by(cmd: impl Fn(&[&str]) -> RespValue, name: &str, holder: &str) -> bool {
+    owner_grant(cmd, name).is_some_and(|grant| attempt_of(&grant, holder))
+}
+
+/// Whether `attempt` is one of `holder`'s (`<holder>#<n>`).
+pub fn attempt_of(attempt: &str, holder: &str) -> bool {
+    attempt.rsplit_once('#').is_some_and(|(of, _)| of == holder)
 }
 
 /// Polls `check` every 5 ms until it holds; fails the test after `within`, saying `what` was

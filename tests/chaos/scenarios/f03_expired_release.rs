@@ -13,7 +13,7 @@ use crate::{
     checker, clock,
     history::{History, Outcome, Section},
     run,
-    support::hold_count,
+    support::owned_by,
     witness::Witness,
 };
 
@@ -96,8 +96,8 @@ async fn one_run(
         let _ = b_holds.send(());
         let _ = a_released.await;
         // A has released: B's hold must be intact, and C must not get in.
-        let count = hold_count(|args| bed.redis.cmd(args), &bed.lock_key(&key), &b.holder);
-        let wrong_deletion = count != Some(1);
+        let owned = owned_by(|args| bed.redis.cmd(args), &bed.lock_key(&key), &b.holder);
+        let wrong_deletion = !owned;
         let mut c = history.begin(&key, "");
         match clients
             .c

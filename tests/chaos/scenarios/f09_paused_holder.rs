@@ -5,10 +5,6 @@
 //! control runs the same with the store's fencing check off: the checker must report the stale
 //! write, or it is blind.
 //!
-//! The client lease variant: the stopped holder's locks live on its backend's client lease,
-//! which runs out while it is stopped; the other holder finds the lock free because the lease
-//! key it names is gone, not because the lock's own key expired.
-//!
 //! The layer variant: the holder is an HTTP service whose route runs behind a fenced
 //! `LockLayer`. A request's handler holds the lock and starts a write with its token, the
 //! service process is stopped past the lease, another holder takes over and writes, and on
@@ -49,18 +45,11 @@ struct Figures {
     lost_after_resume: Vec<Duration>,
 }
 
-async fn paused_holder(
-    name: &'static str,
-    stall: Stall,
-    enforce: bool,
-    runs: usize,
-    client_lease: bool,
-) -> Figures {
+async fn paused_holder(name: &'static str, stall: Stall, enforce: bool, runs: usize) -> Figures {
     let mut bed = Bed::new(name, Topology::Single).await;
     let history = bed.scenario.history();
     let other = bed.client().await;
-    let mut setup = bed.setup(bed.redis.url(), stall == Stall::Blocking);
-    setup.client_lease = client_lease;
+    let setup = bed.setup(bed.redis.url(), stall == Stall::Blocking);
     let mut holder = HolderProc::spawn(&setup).await;
     let mut lost_after_resume = Vec::new();
     for run in 0..runs {
@@ -74,12 +63,6 @@ async fn paused_holder(
             panic!("holder did not take {key}");
         };
         let token = token.expect("fencing token");
-        let lease_key = bed.redis.cmd(&["HGET", &bed.lock_key(&key), "~s"]).as_str();
-        assert_eq!(
-            lease_key.is_some(),
-            client_lease,
-            "run {run}: the lock names a client lease: {lease_key:?}"
-        );
         holder.send(&Command::WriteAfterCheck {
             delay_ms: match stall {
                 Stall::Signal => 200,
@@ -191,7 +174,7 @@ fn assert_fenced(figures: &Figures, runs: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f09_paused_holder_is_fenced() {
     let runs = run::count(3, 100);
-    let figures = paused_holder("F9", Stall::Signal, true, runs, false).await;
+    let figures = paused_holder("F9", Stall::Signal, true, runs).await;
     assert_fenced(&figures, runs);
     assert_lost_on_resume(&figures);
 }
@@ -206,23 +189,15 @@ fn assert_lost_on_resume(figures: &Figures) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f09_paused_holder_on_the_client_lease_is_fenced() {
-    let runs = run::count(3, 100);
-    let figures = paused_holder("F9-lease", Stall::Signal, true, runs, true).await;
-    assert_fenced(&figures, runs);
-    assert_lost_on_resume(&figures);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f09_blocked_runtime_is_fenced() {
     let runs = run::count(2, 20);
-    let figures = paused_holder("F9-blocking", Stall::Blocking, true, runs, false).await;
+    let figures = paused_holder("F9-blocking", Stall::Blocking, true, runs).await;
     assert_fenced(&figures, runs);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f09_control_without_fencing_is_caught() {
-    let figures = paused_holder("F9-control", Stall::Signal, false, 1, false).await;
+    let figures = paused_holder("F9-control", Stall::Signal, false, 1).await;
     assert!(
         figures.stale_accepted > 0,
         "checker blind: a stale write without fencing went unnoticed"

@@ -29,7 +29,7 @@ use crate::{
     history::{History, Outcome, Section},
     proxy::Proxy,
     run::{self, Node},
-    support::hold_count,
+    support::owned_by,
 };
 
 /// How long `WAIT` waits for the replica.
@@ -423,12 +423,12 @@ async fn check_kept(
     ) in kept.into_iter().zip(problems)
     {
         let key = section.key.clone();
-        let count = hold_count(
+        let owned = owned_by(
             |args| master.cmd(args),
             &bed.lock_key(&key),
             &section.holder,
         );
-        if count.is_none() {
+        if !owned {
             problems.push("not in Redis under its holder".to_owned());
         }
         if guard.is_lost() {

@@ -216,14 +216,16 @@ async fn victim_holds(
     None
 }
 
-/// The fencing token of the hold at `key`'s lock now (read before anyone else can take it).
+/// The fencing token of the grant at `key`'s lock now (read before anyone else can take it):
+/// its owner record is `<attempt>~<token>`.
 fn token_in_redis(bed: &Bed, key: &str) -> Option<u64> {
-    let reply = bed.redis.cmd(&["HGET", &bed.lock_key(key), "~f"]);
+    let reply = bed.redis.cmd(&["GET", &bed.lock_key(key)]);
     assert!(
         !matches!(reply, RespValue::Error(_)),
-        "HGET {key} ~f: {reply:?}"
+        "GET {key}: {reply:?}"
     );
-    reply.as_str().and_then(|token| token.parse().ok())
+    let record = reply.as_str()?;
+    record.split_once('~')?.1.parse().ok()
 }
 
 /// A fresh client takes the whole set at once, without waiting: nothing of the runs is left

@@ -122,7 +122,6 @@ impl Bed {
             command_timeout_ms: 1000,
             waiter_timeout_ms: 5000,
             current_thread,
-            client_lease: false,
         }
     }
 
