@@ -53,12 +53,16 @@ pub enum LockError {
     ShutDown,
     /// The holder named with [`LockRequest::holder`](crate::LockRequest::holder) was made by
     /// another client: a holder belongs to the client that made it (and its clones).
-    #[error("the holder belongs to another lock client: a holder is used only by the client that made it")]
+    #[error(
+        "the holder belongs to another lock client: a holder is used only by the client that made it"
+    )]
     ForeignHolder,
     /// The request already holds this lock through another client (a layer and an attribute,
     /// or two layers, built on different clients): it would wait for itself, so it fails at
     /// once. Re-entry works within one client: build them on the same `LockClient`.
-    #[error("the request already holds this lock through another lock client; re-entry works within one client")]
+    #[error(
+        "the request already holds this lock through another lock client; re-entry works within one client"
+    )]
     HeldThroughOtherClient,
 }
 

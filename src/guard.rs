@@ -267,7 +267,10 @@ impl Watch {
     fn poll(&mut self, cx: &mut Context<'_>) -> bool {
         let now = BootInstant::now();
         if self.held.is_marked_lost()
-            || self.held.hold_until(self.hold).is_some_and(|until| until <= now)
+            || self
+                .held
+                .hold_until(self.hold)
+                .is_some_and(|until| until <= now)
         {
             return true;
         }

@@ -42,10 +42,8 @@ use crate::backend::LockKind;
 /// normal for the read side of a read-write lock and for a semaphore; a holder of the write
 /// side that also took the read side appears once per side.
 ///
-/// **Exclusive or fair.** Both keep the same data for a hold; a fair lock also keeps a waiter
-/// queue. A hold is reported as [`LockKind::Fair`] when it was granted by a fair acquire, which
-/// records that in the hold, or while fair waiters are queued; otherwise as
-/// [`LockKind::Exclusive`].
+/// **Exclusive or fair.** Both keep the same record for a grant, reported as
+/// [`LockKind::Exclusive`]; a fair lock also keeps a waiter queue (`queue_len`).
 ///
 /// New fields may be added, hence `#[non_exhaustive]`.
 ///
@@ -153,14 +151,22 @@ impl LockInfo {
     }
 }
 
-/// One holder of a lock, as the backend records it.
+/// One grant of a lock, as the store records it: who holds it, and how.
 ///
 /// ```
-/// use std::time::Duration;
-/// use tower_lock::{LockKind, inspect::HolderInfo};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_lock::LockError> {
+/// use tower_lock::{LockClient, LockKind};
 ///
-/// let holder = HolderInfo::new("client:7", LockKind::Exclusive, 2, Some(Duration::from_secs(9)));
-/// assert_eq!(holder.hold_count, 2);
+/// let locks = LockClient::in_memory();
+/// let outer = locks.lock("cart:9").acquire().await?;
+/// let inner = locks.lock("cart:9").holder(outer.holder()).acquire().await?;
+/// let info = locks.inspect("cart:9").await?;
+/// let holder = &info.holders[0];
+/// assert_eq!((holder.kind, holder.hold_count), (LockKind::Exclusive, 2));
+/// # inner.release().await?;
+/// # outer.release().await
+/// # }
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -174,7 +180,9 @@ pub struct HolderInfo {
     /// Which kind of hold it has: exclusive or fair, a side of a read-write lock, or a
     /// semaphore's permit.
     pub kind: LockKind,
-    /// How many times the holder holds it (above 1 after re-entries).
+    /// How many times the holder holds it: above 1 after re-entries, as counted by the client
+    /// that holds the grant when it is the one asking; 1 from any other client, since the
+    /// store keeps one record per grant.
     pub hold_count: u64,
     /// How long the backend keeps the hold without another renewal; `None` when it has no
     /// expiry.

@@ -90,7 +90,10 @@ impl<B: Backend> MultiGuard<B> {
 
     /// Resolves when any lock of the set is lost while held.
     pub fn lost(&self) -> Lost {
-        Lost::any(self.guards().map(|guard| (guard.entry().clone(), guard.hold())))
+        Lost::any(
+            self.guards()
+                .map(|guard| (guard.entry().clone(), guard.hold())),
+        )
     }
 
     /// Each lock's user key and guard, for what the middleware tells a handler.

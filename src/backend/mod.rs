@@ -72,6 +72,7 @@ impl LockKind {
     /// Whether a holder's grant of kind `held` serves a new acquire of `self` by the same
     /// holder as a re-entry: the same record (a plain and a fair lock of one name share theirs).
     pub(crate) fn reenters(self, held: Self) -> bool {
-        self == held || (self.owns() && held.owns() && (self == Self::Write) == (held == Self::Write))
+        self == held
+            || (self.owns() && held.owns() && (self == Self::Write) == (held == Self::Write))
     }
 }

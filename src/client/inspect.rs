@@ -90,7 +90,12 @@ impl<B: Backend> LockClient<B> {
             let mut found = found.map_err(|error| error.with_key(key.as_str()))?;
             // The store keeps one record per grant; this client counts its own holders' holds.
             for holder in &mut found.holders {
-                if let Some(count) = self.inner.engine.table.hold_count(key, &holder.id, holder.kind) {
+                if let Some(count) =
+                    self.inner
+                        .engine
+                        .table
+                        .hold_count(key, &holder.id, holder.kind)
+                {
                     holder.hold_count = count;
                 }
             }

@@ -243,7 +243,11 @@ impl<B: Backend> Engine<B> {
         let lease = match held.reenter(want.lease, want.fencing, now) {
             Reentry::Local(hold) => {
                 self.watch(held.next_event());
-                return Ok(Some(Acquired { held, hold, at: now }));
+                return Ok(Some(Acquired {
+                    held,
+                    hold,
+                    at: now,
+                }));
             }
             Reentry::Ended => return Ok(None),
             Reentry::Extend(lease) => lease,
@@ -263,15 +267,24 @@ impl<B: Backend> Engine<B> {
         let reply = self.backend.extend(extend).await;
         pending.done = true;
         match reply {
-            Ok(ExtendReply::Extended { token }) => {
-                let hold = held.extended(want.lease, token, now);
-                self.watch(held.next_event());
-                Ok(Some(Acquired {
-                    held: held.clone(),
-                    hold,
-                    at: BootInstant::now(),
-                }))
-            }
+            Ok(ExtendReply::Extended { token }) => match held.extended(want.lease, token, now) {
+                Ok(hold) => {
+                    self.watch(held.next_event());
+                    Ok(Some(Acquired {
+                        held: held.clone(),
+                        hold,
+                        at: BootInstant::now(),
+                    }))
+                }
+                // The grant was lost while the extend was on its way (the new hold would be lost
+                // from the start), or the extend came after the re-entry's own lease.
+                Err(ended) => {
+                    if ended {
+                        self.end_quietly(&held);
+                    }
+                    Err(LockError::Lost)
+                }
+            },
             Ok(ExtendReply::NotHeld) => {
                 held.extend_failed();
                 self.lose(&held, Loss::Taken("extend found the grant gone"));

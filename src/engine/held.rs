@@ -200,7 +200,9 @@ impl Held {
         let until = lease.valid_until(now);
         let covered = match lease.is_renewed() {
             // Renewed with it (or longer) already, or the record outlives its first renewal.
-            true => state.renew.is_some_and(|renew| renew.duration() >= lease.duration()),
+            true => state
+                .renew
+                .is_some_and(|renew| renew.duration() >= lease.duration()),
             false => false,
         } || until <= self.deadline();
         if covered && (!fencing || self.token().is_some()) {
@@ -213,17 +215,30 @@ impl Held {
     }
 
     /// An extend sent at `sent_at` for a re-entry with `lease` came back extended, with the
-    /// grant's `token`: the re-entry's hold is added; its id.
-    pub(crate) fn extended(&self, lease: Lease, token: Option<u64>, sent_at: BootInstant) -> u64 {
+    /// grant's `token`: the re-entry's hold is added; its id. `Err` when the grant was lost (or
+    /// ended) while the extend was on its way, or the re-entry's own lease ran out meanwhile: no
+    /// hold is added, and `true` says that left the entry with no live hold (it ends now; its
+    /// delete is the caller's to send).
+    pub(crate) fn extended(
+        &self,
+        lease: Lease,
+        token: Option<u64>,
+        sent_at: BootInstant,
+    ) -> Result<u64, bool> {
+        let now = BootInstant::now();
+        let mut state = self.state();
+        state.pending -= 1;
+        let late = !lease.is_renewed() && lease.valid_until(sent_at) <= now;
+        if state.ended || self.is_lost_at(now) || late {
+            return Err(Self::end_if_idle(&mut state, now));
+        }
         if let Some(token) = token {
             // One token per grant: one already known is the same.
             let _ = self.token.set(token);
         }
         self.deadline
             .fetch_max(lease.valid_until(sent_at).as_nanos(), Ordering::AcqRel);
-        let mut state = self.state();
-        state.pending -= 1;
-        self.add_hold(&mut state, lease, sent_at)
+        Ok(self.add_hold(&mut state, lease, sent_at))
     }
 
     /// An extend did not happen (or its outcome is unknown). True when that leaves the entry
@@ -414,7 +429,9 @@ impl Held {
     pub(crate) fn renew_failed(&self, now: BootInstant) {
         let mut state = self.state();
         state.renewing = false;
-        let interval = state.renew.map_or(Duration::from_secs(1), |r| r.renew_interval());
+        let interval = state
+            .renew
+            .map_or(Duration::from_secs(1), |r| r.renew_interval());
         state.next_renew = now + (interval / 4).min(Duration::from_secs(1));
     }
 

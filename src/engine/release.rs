@@ -295,6 +295,10 @@ impl<B: Backend> Engine<B> {
         held: &Arc<Held>,
         error: BackendError,
     ) -> Result<ReleaseReply, BackendError> {
+        // An answer the store gave (no permission, foreign data at the key) would be the same.
+        if !(error.is_unavailable() || error.outcome_unknown()) {
+            return Err(error);
+        }
         let mut unknown = error.outcome_unknown();
         let inline_until = tokio::time::Instant::now() + RELEASE_RETRY_INLINE;
         let mut pause = Duration::from_millis(10);
@@ -310,6 +314,7 @@ impl<B: Backend> Engine<B> {
             tokio::time::sleep(pause).await;
             last = self.backend.release(held.release()).await;
             match &last {
+                Err(error) if !(error.is_unavailable() || error.outcome_unknown()) => return last,
                 Err(error) => unknown |= error.outcome_unknown(),
                 // After a try whose outcome is unknown, "not held" says that one went through
                 // (or the lease ran out): either way the grant is gone.

@@ -267,9 +267,10 @@ impl<L> Table<L> {
     /// read nests in.
     pub(crate) fn find(&self, key: &LockKey, holder: &Holder, kind: LockKind) -> Option<Found> {
         let keys = self.keys(key);
-        let mine = keys.get(key)?.held.iter().filter(|held| {
-            held.holder == *holder && !held.is_marked_lost() && !held.is_ended()
-        });
+        let mine =
+            keys.get(key)?.held.iter().filter(|held| {
+                held.holder == *holder && !held.is_marked_lost() && !held.is_ended()
+            });
         let mut found = None;
         for held in mine {
             if kind.reenters(held.kind) {
@@ -693,8 +694,11 @@ impl Slot {
 /// shut down) while the lock was on its way, or after it arrived but before the waiter looked.
 pub(crate) struct Handoff {
     held: Option<(Arc<Held>, u64)>,
-    release: Option<Box<dyn FnOnce((Arc<Held>, u64)) + Send + Sync>>,
+    release: Option<ReleaseUntaken>,
 }
+
+/// How a hand-off nobody took is released.
+type ReleaseUntaken = Box<dyn FnOnce((Arc<Held>, u64)) + Send + Sync>;
 
 impl Handoff {
     /// `held`, to be released by `release` unless it is [taken](Self::take).

@@ -4,11 +4,7 @@ mod held {
     use std::{sync::Arc, time::Duration};
 
     use crate::{
-        backend::LockKind,
-        clock::BootInstant,
-        engine::held::*,
-        holder::Holder,
-        lease::Lease,
+        backend::LockKind, clock::BootInstant, engine::held::*, holder::Holder, lease::Lease,
         lock_key::LockKey,
     };
 
@@ -34,12 +30,20 @@ mod held {
         let now = BootInstant::now();
         let watchdog = Lease::watchdog(Duration::from_secs(30));
         let held = entry(watchdog, now);
-        assert!(matches!(held.reenter(watchdog, false, now), Reentry::Local(_)));
+        assert!(matches!(
+            held.reenter(watchdog, false, now),
+            Reentry::Local(_)
+        ));
         let short = Lease::fixed(Duration::from_secs(1));
         assert!(matches!(held.reenter(short, false, now), Reentry::Local(_)));
         let longer = Lease::watchdog(Duration::from_secs(60));
-        assert!(matches!(held.reenter(longer, false, now), Reentry::Extend(lease) if lease == longer));
-        assert!(matches!(held.reenter(watchdog, true, now), Reentry::Extend(_)));
+        assert!(
+            matches!(held.reenter(longer, false, now), Reentry::Extend(lease) if lease == longer)
+        );
+        assert!(matches!(
+            held.reenter(watchdog, true, now),
+            Reentry::Extend(_)
+        ));
         // Both extends end unanswered; the holds taken so far keep the entry.
         assert!(!held.extend_failed());
         assert!(!held.extend_failed());
@@ -235,10 +239,7 @@ mod watchdog {
             .release()
             .await
             .unwrap();
-        assert!(matches!(
-            guard.release().await,
-            Err(crate::LockError::Lost)
-        ));
+        assert!(matches!(guard.release().await, Err(crate::LockError::Lost)));
     }
 
     /// An entry added while the watchdog scans (after it looked at the table, before it stored
@@ -271,8 +272,8 @@ mod watchdog {
 mod engine {
     use std::collections::HashSet;
 
-    use crate::engine::*;
     use crate::MemoryBackend;
+    use crate::engine::*;
 
     /// Numbers from one engine are never repeated, whichever threads take them and however
     /// they switch between engines (each switch starts a new block).

@@ -154,7 +154,9 @@ async fn renew<B: Backend>(
             // Ended while the renewal was in flight: the reply is about a grant that is over
             // (and the holder may hold the lock anew), not a loss.
             Some(RenewReply::NotHeld) if held.is_ended() => {}
-            Some(RenewReply::NotHeld) => shared.lose(held, Loss::Taken("renewal found the grant gone")),
+            Some(RenewReply::NotHeld) => {
+                shared.lose(held, Loss::Taken("renewal found the grant gone"))
+            }
             Some(_) => held.renewed(lease, sent_at),
             None => held.renew_failed(BootInstant::now()),
         }

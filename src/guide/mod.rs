@@ -61,4 +61,3 @@ pub mod grpc {}
 
 #[doc = include_str!("testing.md")]
 pub mod testing {}
-

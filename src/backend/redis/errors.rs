@@ -25,7 +25,8 @@ pub(super) fn redis_error(error: RedisError) -> BackendError {
         BackendErrorKind::WrongType {
             found: found.to_owned(),
         }
-    } else if message.contains("NOPERM")
+    } else if error.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
+        || message.contains("NOPERM")
         // An ACL denial inside a script comes back as a plain ERR with this wording.
         || message.contains("The user executing the script can't")
     {

@@ -533,7 +533,7 @@ impl Stragglers {
                         tracing::debug!(key = %grant.key, node = index, "could not give a late grant back; its lease frees it");
                     }
                 } else {
-                    inner.straggled(&grant, index, reply.is_ok()).await;
+                    inner.straggled(&grant, index).await;
                 }
             }
         });
@@ -636,17 +636,17 @@ impl Inner {
         );
     }
 
-    /// After the vote on `grant` was won, `node` answered that it took the lock (`granted`),
-    /// or never answered (it may take it still). When the grant was released meanwhile (or its
+    /// After the vote on `grant` was won, `node` answered that it took the lock, or never
+    /// answered (it may take it still). When the grant was released meanwhile (or its
     /// lease ended), the attempt is undone there at once: the release may have come first.
-    /// Otherwise a grant is part of the won one, and an attempt never answered is undone there
-    /// after the release (see [`Held`]).
-    async fn straggled(self: &Arc<Self>, grant: &Arc<OwnedGrant>, node: usize, granted: bool) {
+    /// Otherwise the node is owed the grant's undo after its release (see [`Held`]): a late
+    /// grant there may come after the release.
+    async fn straggled(self: &Arc<Self>, grant: &Arc<OwnedGrant>, node: usize) {
         let hold = (grant.key.clone(), grant.attempt.clone());
         if let Some(held) = lock(&self.holds).get_mut(&hold) {
-            if !granted {
-                held.unanswered.push(node);
-            }
+            // Granted late, its record may come after the grant's release reached that node:
+            // the node gets the undo after the release either way.
+            held.unanswered.push(node);
             return;
         }
         let until = Instant::now() + grant.lease.duration();

@@ -82,7 +82,10 @@ pub(super) fn acquire_decided(replies: &[Option<NodeResult<AcquireReply>>], quor
 /// Tallies a release on every node: released when any node had the grant; not held only when
 /// a majority answered that they had not. Fails with the number of nodes that answered when
 /// that is too few to tell.
-pub(super) fn release(replies: &[NodeResult<ReleaseReply>], quorum: usize) -> Result<ReleaseReply, usize> {
+pub(super) fn release(
+    replies: &[NodeResult<ReleaseReply>],
+    quorum: usize,
+) -> Result<ReleaseReply, usize> {
     let reachable = replies.iter().filter(|reply| reply.is_ok()).count();
     let mut freed = false;
     let mut notified: Option<u64> = None;
