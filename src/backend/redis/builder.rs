@@ -219,7 +219,10 @@ impl RedisBackendBuilder {
             // `WAIT` and `WAITAOF` must follow the write on its connection, which a cluster
             // connection does not promise.
             if self.acknowledgement.is_wanted() {
-                let feature = "min_replicas or wait_aof on a Redis Cluster";
+                let feature = match self.acknowledgement.replicas {
+                    Some(_) => "min_replicas on a Redis Cluster",
+                    None => "wait_aof on a Redis Cluster",
+                };
                 return Err(BackendError::from_kind(BackendErrorKind::Unsupported {
                     feature,
                 }));
