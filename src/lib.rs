@@ -170,6 +170,8 @@ pub mod grpc;
 mod guard;
 pub mod guide;
 mod holder;
+#[cfg(feature = "idempotency")]
+pub mod idempotency;
 pub mod inspect;
 pub mod key;
 mod lease;
@@ -190,6 +192,8 @@ pub use client::{
 pub use error::{BackendError, ConfigError, LockError};
 pub use guard::{LockGuard, Lost};
 pub use holder::Holder;
+#[cfg(feature = "idempotency")]
+pub use idempotency::IdempotencyLayer;
 pub use inspect::{HolderInfo, LockInfo, Permits};
 pub use lease::Lease;
 pub use lock_key::LockKey;

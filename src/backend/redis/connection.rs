@@ -70,7 +70,7 @@ impl RedisBackend {
     /// Checks out a connection and runs `op` on it, all within the command timeout. A
     /// connection that failed at the connection level, ran out of time, or whose server is no
     /// longer a master, is not put back.
-    pub(super) async fn with_conn<T>(
+    pub(crate) async fn with_conn<T>(
         &self,
         key: Option<&LockKey>,
         op: impl AsyncFnOnce(&mut Conn) -> Result<T, RedisError>,

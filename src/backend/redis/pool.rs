@@ -235,7 +235,7 @@ pub(super) enum Pool {
 ///
 /// A multiplexed connection carries any number of requests at once, so a command does not keep
 /// it to itself: `pool_size` is the number of sockets, not a cap on commands in flight.
-pub(super) struct Conn {
+pub(crate) struct Conn {
     conn: MultiplexedConnection,
     /// The connection's flag, for connections of the backend's own.
     broken: Option<Arc<AtomicBool>>,

@@ -79,7 +79,7 @@ impl Transport {
 }
 
 /// A connection checked out of a [`Transport`].
-pub(super) enum Conn {
+pub(crate) enum Conn {
     Node(pool::Conn),
     /// A handle on the shared cluster connection (cheap to clone).
     #[cfg(feature = "cluster")]
