@@ -18,8 +18,48 @@ use pin_project::pin_project;
 ///
 /// Its data is [`Bytes`] and its error the original body's, so an axum router, a tonic
 /// server made by `tonic-build` or a hyper service generic over its body takes it as it is. A
-/// service written for one body type (tonic's `Routes`, say) gets it mapped:
-/// `ServiceBuilder::new().layer(idempotency).map_request_body(tonic::body::Body::new)`.
+/// service written for one body type (tonic's `Routes` behind `Server::builder().layer(..)`,
+/// say) gets it mapped: `ServiceBuilder::new().layer(idempotency).map_request(|r:
+/// http::Request<_>| r.map(tonic::body::Body::new))`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::convert::Infallible;
+///
+/// use http::{Request, Response};
+/// use http_body_util::BodyExt;
+/// use tower::{ServiceBuilder, ServiceExt, service_fn};
+/// use tower_lock::{
+///     LockClient,
+///     idempotency::{IdempotencyLayer, MemoryAnswerStore, RequestBody},
+/// };
+///
+/// // A plain service, written for the layer's request body over any body.
+/// async fn echo<B: http_body::Body>(
+///     request: Request<RequestBody<B>>,
+/// ) -> Result<Response<String>, Infallible> {
+///     let read = request.body().is_read(); // the layer read it to fingerprint it
+///     let bytes = match request.into_body().collect().await {
+///         Ok(body) => body.to_bytes(),
+///         Err(_) => Default::default(),
+///     };
+///     Ok(Response::new(format!("{} bytes, read first: {read}", bytes.len())))
+/// }
+///
+/// let service = ServiceBuilder::new()
+///     .layer(IdempotencyLayer::new(LockClient::in_memory(), MemoryAnswerStore::new()))
+///     .service(service_fn(echo));
+/// let request = Request::post("/echo")
+///     .header("idempotency-key", "k-1")
+///     .header("authorization", "Bearer alice")
+///     .body(String::from("hello"))?;
+/// let response = service.oneshot(request).await?;
+/// let text = response.into_body().collect().await?.to_bytes();
+/// assert_eq!(text, "5 bytes, read first: true");
+/// # Ok(())
+/// # }
+/// ```
 #[pin_project]
 pub struct RequestBody<B> {
     #[pin]
@@ -106,6 +146,29 @@ impl<B> fmt::Debug for RequestBody<B> {
 /// answer kept or replayed, a refusal).
 ///
 /// Its data is [`Bytes`] and its error the inner body's: axum and tonic serve it as it is.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::convert::Infallible;
+///
+/// use http::{Request, Response};
+/// use http_body_util::BodyExt;
+/// use tower::{ServiceBuilder, ServiceExt, service_fn};
+/// use tower_lock::{LockClient, idempotency::{IdempotencyLayer, MemoryAnswerStore}};
+///
+/// let service = ServiceBuilder::new()
+///     .layer(IdempotencyLayer::new(LockClient::in_memory(), MemoryAnswerStore::new()))
+///     .service(service_fn(|_: Request<_>| async {
+///         Ok::<_, Infallible>(Response::new(String::from("created")))
+///     }));
+/// // A GET is left alone: its body is the handler's, as it comes.
+/// let response = service.oneshot(Request::get("/").body(String::new())?).await?;
+/// assert!(!response.body().is_full());
+/// assert_eq!(response.into_body().collect().await?.to_bytes(), "created");
+/// # Ok(())
+/// # }
+/// ```
 #[pin_project]
 pub struct ResponseBody<B: Body> {
     #[pin]

@@ -403,6 +403,17 @@ impl<S> Layer<S> for IdempotencyLayer {
 
 /// Settings of an [`IdempotencyLayer`]; [`build`](Self::build) checks them. Each setter states
 /// its default.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use tower_lock::{ConfigError, LockClient, idempotency::{IdempotencyLayer, MemoryAnswerStore}};
+///
+/// let built = IdempotencyLayer::builder(LockClient::in_memory(), MemoryAnswerStore::new())
+///     .ttl(Duration::ZERO)
+///     .build();
+/// assert!(matches!(built, Err(ConfigError::Invalid { setting: "ttl", .. })));
+/// ```
 #[must_use]
 pub struct IdempotencyLayerBuilder {
     locks: Arc<dyn Locks>,

@@ -102,8 +102,8 @@
 //! `RESOURCE_EXHAUSTED`, 422 as `FAILED_PRECONDITION`, 503 as `UNAVAILABLE`. A unary reply is
 //! kept with its trailers and replayed whole. The request's body is a [`RequestBody`]: a
 //! service made by `tonic-build` takes it as it is; one fixed on `tonic::body::Body` (tonic's
-//! `Routes`, behind `Server::builder().layer(..)`) gets it through
-//! `.map_request_body(tonic::body::Body::new)`.
+//! `Routes`, behind `Server::builder().layer(..)`) gets it mapped back (the `grpc` section of
+//! the `idempotency` guide shows it).
 //!
 //! # The handler
 //!

@@ -16,6 +16,21 @@ use super::{
 };
 
 /// The service made by [`IdempotencyLayer`](super::IdempotencyLayer).
+///
+/// ```
+/// use std::convert::Infallible;
+///
+/// use http::{Request, Response};
+/// use tower::{Layer, service_fn};
+/// use tower_lock::{LockClient, idempotency::{IdempotencyLayer, MemoryAnswerStore, RequestBody}};
+///
+/// let layer = IdempotencyLayer::new(LockClient::in_memory(), MemoryAnswerStore::new());
+/// let service = layer.layer(service_fn(|_: Request<RequestBody<String>>| async {
+///     Ok::<_, Infallible>(Response::new(String::from("created")))
+/// }));
+/// let inner = service.into_inner(); // the service without the layer
+/// # let _ = inner;
+/// ```
 pub struct IdempotencyService<S> {
     pub(crate) inner: S,
     pub(crate) shared: Arc<Shared>,

@@ -16,6 +16,25 @@ use crate::{Backend, LockKey, MemoryBackend, error::BackendError};
 
 /// An answer as a store keeps it: the fencing token of the lock it was made under, and the
 /// encoded response (opaque to the store).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+///
+/// use tower_lock::{LockClient, LockKind, idempotency::{AnswerStore, MemoryAnswerStore, Put, Record}};
+///
+/// let store = MemoryAnswerStore::new();
+/// let key = LockClient::in_memory().lock_key("idempotency:", "-:k", LockKind::Exclusive)?;
+/// let record = |token| Record { token, answer: "an encoded answer".into() };
+/// let day = Duration::from_secs(86_400);
+/// assert_eq!(store.put(&key, record(20), day).await?, Put::Stored);
+/// // A put under an older lock (a holder that lost it) changes nothing.
+/// assert_eq!(store.put(&key, record(10), day).await?, Put::Stale { kept: 20 });
+/// assert_eq!(store.get(&key).await?.map(|kept| kept.token), Some(20));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct Record {
     /// The fencing token of the lock held while the answer was made. A store refuses to
@@ -54,9 +73,8 @@ pub enum Put {
 ///
 /// The key is the name of the key's lock ([`LockKey`]); a store derives its own key from it
 /// (the Redis store appends `:answer`, so that the record shares the lock's Redis Cluster hash
-/// slot). [`MemoryAnswerStore`] and, with feature `redis`,
-/// [`RedisAnswerStore`](super::RedisAnswerStore) implement it; another store implements the
-/// two methods with the same contract.
+/// slot). [`MemoryAnswerStore`] and, with feature `redis`, `RedisAnswerStore` implement it;
+/// another store implements the two methods with the same contract.
 ///
 /// ```
 /// use std::{collections::HashMap, sync::Mutex, time::Duration};
@@ -118,6 +136,14 @@ pub trait AnswerStore: Send + Sync + 'static {
 /// [`IdempotencyLayer`](super::IdempotencyLayer) cannot be built on it. A backend of one's own
 /// that issues fencing tokens ([`AcquireReply`](crate::backend::AcquireReply) carries them)
 /// implements this trait to be used with the layer.
+///
+/// ```
+/// use tower_lock::{Backend, LockClient, idempotency::FencingBackend};
+///
+/// fn takes_keys<B: FencingBackend>(locks: LockClient<B>) -> LockClient<B> { locks }
+/// let locks = takes_keys(LockClient::in_memory());
+/// # let _ = locks;
+/// ```
 pub trait FencingBackend: Backend {}
 
 impl FencingBackend for MemoryBackend {}
