@@ -178,7 +178,7 @@ sysroot=$(rustc --print sysroot)
 rust_libs="$sysroot/lib/rustlib/$(rustc -vV | sed -n 's/^host: //p')/lib:$sysroot/lib"
 
 # Every feature but test-util: lock deadlines on the boot clock alone, as in applications.
-features=tower-lock/sentinel,tower-lock/cluster,tower-lock/keyed-hash,tower-lock/metrics,tower-lock/tls,tower-lock/macros,tower-lock/serde,tower-lock/tonic
+features=tower-lock/sentinel,tower-lock/cluster,tower-lock/keyed-hash,tower-lock/metrics,tower-lock/tls,tower-lock/macros,tower-lock/serde,tower-lock/tonic,tower-lock/idempotency
 build main --workspace --features "$features"
 queue_bins 0 0
 echo "0 doc --workspace --features $features --doc" >>"$logs/jobs"
@@ -197,8 +197,9 @@ passes+=(acl)
 cp "$logs/0.bins" "$logs/2.bins"
 cp "$logs/0.status" "$logs/2.status"
 : >"$logs/2.log"
-queue_bins 2 1 bad_input cluster engine fair_rw fixed_lease inspect key_fuzz keyed_hash layer \
-  locked metrics multi_key names quarantine redis_faults redlock reentry replicas semaphore waiter_caps
+queue_bins 2 1 bad_input cluster engine fair_rw fixed_lease idempotency inspect key_fuzz keyed_hash \
+  layer locked metrics multi_key names quarantine redis_faults redlock reentry replicas semaphore \
+  waiter_caps
 
 # The doc tests (compiled as they run) and the slow binaries first, then the rest in the order
 # queued.
