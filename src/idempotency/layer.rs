@@ -259,8 +259,12 @@ impl Shared {
                     .chain_update(scope)
                     .finalize()
                     .into();
+                const HEX: &[u8; 16] = b"0123456789abcdef";
                 for byte in digest {
-                    name.extend_from_slice(format!("{byte:02x}").as_bytes());
+                    name.extend_from_slice(&[
+                        HEX[usize::from(byte >> 4)],
+                        HEX[usize::from(byte & 15)],
+                    ]);
                 }
             }
             None => name.push(b'-'),
