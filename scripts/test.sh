@@ -182,7 +182,7 @@ sysroot=$(rustc --print sysroot)
 rust_libs="$sysroot/lib/rustlib/$(rustc -vV | sed -n 's/^host: //p')/lib:$sysroot/lib"
 
 # Every feature but test-util: lock deadlines on the boot clock alone, as in applications.
-features=tower-lock/sentinel,tower-lock/cluster,tower-lock/keyed-hash,tower-lock/metrics,tower-lock/tls,tower-lock/macros,tower-lock/serde,tower-lock/tonic,tower-lock/unstable-backend
+features=tower-lock/sentinel,tower-lock/cluster,tower-lock/keyed-hash,tower-lock/metrics,tower-lock/tls,tower-lock/macros,tower-lock/serde,tower-lock/tonic,tower-lock/unstable-backend,tower-lock/idempotency
 build main --workspace --features "$features"
 queue_bins 0 0
 echo "0 doc --workspace --features $features --doc" >>"$logs/jobs"
@@ -194,7 +194,7 @@ echo "1 doc --all-features --doc -- guide::testing" >>"$logs/jobs"
 
 # The Redis tests again, same binaries, with every client logged in as the crate's limited
 # ACL user (the README's line; tests/support/acl.rs). Any ACL denial fails the test. A binary
-# runs here only if every test in it can: locks, deployments and http. Not run here: setup
+# runs here only if every test in it can: locks, deployments, http and idempotency. Not run here: setup
 # (sentinel and tls make their own servers and grants, acl its own users, harness checks the
 # fixture's plain URL), faults (late_commands talks through a proxy to the plain address, the
 # wrapped stores and server faults run as the default user), services, ui (no Redis).
@@ -203,7 +203,7 @@ cp "$logs/0.bins" "$logs/2.bins"
 # The pass fails on the build only when one of its binaries was not built (queue_bins says so).
 echo 0 >"$logs/2.status"
 : >"$logs/2.log"
-queue_bins 2 1 locks deployments http
+queue_bins 2 1 locks deployments http idempotency
 
 # The doc tests (compiled as they run) and the slow binaries first, then the rest in the order
 # queued.

@@ -128,8 +128,8 @@
 //! `guide::attribute` (`#[locked]`), [`guide::locks`] (leases, guards, reentrancy, fair and
 //! read-write locks, fencing), `guide::backends`, `guide::failover` (Sentinel, replica
 //! acknowledgement, the quarantine after a restart), `guide::redlock`, `guide::cluster`,
-//! [`guide::security`], [`guide::errors`], `guide::metrics`, `guide::grpc` (tonic services) and
-//! [`guide::testing`]. The guides
+//! [`guide::security`], [`guide::errors`], `guide::metrics`, `guide::grpc` (tonic services),
+//! `guide::idempotency` (idempotency keys) and [`guide::testing`]. The guides
 //! about a feature are built with it: `cargo doc --open --all-features` builds them all.
 //!
 //! # Features
@@ -147,6 +147,7 @@
 //! | `serde` | no | `Serialize` and `Deserialize` for [`LockInfo`] and its parts |
 //! | `grpc` | no | `grpc::GrpcRejection`: rejections as gRPC statuses with a retry pushback, `key::grpc_method`; no gRPC library needed |
 //! | `tonic` | no | implies `grpc`: `LockError` and `LockRejection` into `tonic::Status` (tonic 0.14), `NamedService` for a layered service |
+//! | `idempotency` | no | `IdempotencyLayer` (module `idempotency`): a write with an `Idempotency-Key` runs once across instances, its answer kept and replayed |
 //!
 //! The minimum supported Rust version is 1.88.
 
@@ -170,6 +171,8 @@ pub mod grpc;
 mod guard;
 pub mod guide;
 mod holder;
+#[cfg(feature = "idempotency")]
+pub mod idempotency;
 pub mod inspect;
 pub mod key;
 mod lease;
@@ -190,6 +193,8 @@ pub use client::{
 pub use error::{BackendError, ConfigError, LockError};
 pub use guard::{LockGuard, Lost};
 pub use holder::Holder;
+#[cfg(feature = "idempotency")]
+pub use idempotency::IdempotencyLayer;
 pub use inspect::{HolderInfo, LockInfo, Permits};
 pub use lease::Lease;
 pub use lock_key::LockKey;

@@ -17,6 +17,7 @@
 //! | `errors` | what each error means and what the layer answers | |
 //! | `metrics` | the metrics recorded through the `metrics` facade | `metrics` |
 //! | `grpc` | a tonic gRPC service: rejections as gRPC statuses, keys from metadata, the method or the message, server streams | `grpc` |
+//! | `idempotency` | idempotency keys: a retried write runs once across instances and gets its kept answer; what is promised, what is kept, the cost | `idempotency` |
 //! | `testing` | testing code that takes locks; how the crate itself is tested | |
 
 #[doc = include_str!("layer.md")]
@@ -58,6 +59,10 @@ pub mod metrics {}
 #[cfg(feature = "grpc")]
 #[doc = include_str!("grpc.md")]
 pub mod grpc {}
+
+#[cfg(feature = "idempotency")]
+#[doc = include_str!("idempotency.md")]
+pub mod idempotency {}
 
 #[doc = include_str!("testing.md")]
 pub mod testing {}
