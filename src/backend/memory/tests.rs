@@ -422,6 +422,30 @@ async fn hand_off_passes_the_record_on() {
     assert_eq!(acquire(&store, grant(&k, Exclusive, "c#2")).await, GRANTED);
 }
 
+/// A forced unlock of a fair lock wakes its live queue head by name, past a waiter whose place
+/// ended before it (as the script drops dead places first): no lost wake-up.
+#[tokio::test(start_paused = true)]
+async fn a_forced_unlock_wakes_the_live_head() {
+    let store = MemoryBackend::new();
+    let k = key("forced");
+    assert_eq!(acquire(&store, grant(&k, Fair, "a#1")).await, GRANTED);
+    let dead = Grant {
+        queue: Some(secs(1)),
+        ..grant(&k, Fair, "d#1")
+    };
+    assert_eq!(acquire(&store, dead).await, held(10));
+    assert_eq!(acquire(&store, grant(&k, Fair, "b#1")).await, held(10));
+    let (dead, live) = (
+        listen(&store, &k, Some("d")).await,
+        listen(&store, &k, Some("b")).await,
+    );
+    advance(secs(2)).await;
+    store.force_unlock(&k, Fair).await.unwrap();
+    assert!(woken(&live), "the live head was not woken");
+    assert!(!woken(&dead));
+    assert_eq!(acquire(&store, grant(&k, Fair, "b#2")).await, GRANTED);
+}
+
 /// Only a plain lock is handed off, as the Redis backend sends the release of any other kind
 /// plainly: a fair or write grant's release with a hand-off frees the lock and wakes its
 /// waiters.
