@@ -352,7 +352,8 @@ impl<B: Backend> LockClient<B> {
 
     /// Releases every lock this client holds, fails every waiting acquire with
     /// [`LockError::ShutDown`](crate::LockError::ShutDown), and stops the background tasks. Guards still alive report
-    /// themselves lost.
+    /// themselves lost. Other clients on clones of the same backend keep their locks, and the
+    /// backend keeps serving them (its own background work stops with its last handle).
     pub async fn shutdown(&self) {
         let shared = &self.inner.engine;
         shared.stop.cancel();
