@@ -308,6 +308,10 @@ impl<B: Backend> Engine<B> {
                 return last;
             }
             tokio::time::sleep(pause).await;
+            // The grant may have ended during the pause: then nothing is left to delete.
+            if !held.kept_past(BootInstant::now()) || self.stop.is_cancelled() {
+                break;
+            }
             last = self.backend.release(held.release()).await;
             match &last {
                 Err(error) => unknown |= error.outcome_unknown(),
@@ -323,10 +327,14 @@ impl<B: Backend> Engine<B> {
         last
     }
 
-    /// The retries of a delete after its caller heard of the failure.
+    /// The retries of a delete after its caller heard of the failure, while the store may keep
+    /// the record (checked again after each pause, just before the delete is sent).
     async fn retry_in_background(&self, held: &Held, mut pause: Duration) {
-        while held.kept_past(BootInstant::now()) && !self.stop.is_cancelled() {
+        loop {
             tokio::time::sleep(pause).await;
+            if !held.kept_past(BootInstant::now()) || self.stop.is_cancelled() {
+                return;
+            }
             match self.backend.release(held.release()).await {
                 Ok(reply) => {
                     tracing::debug!(key = %held.key, ?reply, "released after retrying");
