@@ -644,9 +644,9 @@ on_every_store!(release_retries_stop_once_the_grant_is_over:
     release_retries_stop_once_the_grant_is_over_on_redis,
     release_retries_stop_once_the_grant_is_over_on_redlock);
 
-/// (8) An attempt recorded as given up on (its acquire's reply lost, then undone) blocks that
-/// attempt id only: another client's acquire is granted at once, and the given-up attempt,
-/// delivered late, takes nothing.
+/// (8) An attempt recorded as given up on (its acquire held back unanswered, then undone)
+/// blocks that attempt id only: another client's acquire is granted at once, and the given-up
+/// attempt, delivered late, takes nothing.
 async fn a_given_up_attempt_blocks_only_itself<B: Backend + Clone>(store: B) {
     let lossy = Lossy::new(store.clone());
     let (x, y, w) = (
