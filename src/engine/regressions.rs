@@ -43,6 +43,8 @@ struct Plan {
     resume: Notify,
     /// While set, releases fail with a timeout without reaching the store.
     releases_dropped: AtomicBool,
+    /// Releases to fail with a timeout without reaching the store.
+    releases_failed: AtomicUsize,
     /// Extends to apply and answer with a timeout.
     extends_lost: AtomicUsize,
     /// Acquires to hold back (not applied, answered with a timeout), kept to be delivered late.
@@ -187,7 +189,7 @@ impl<B: Store + Clone> Store for Lossy<B> {
 
     async fn release(&self, release: Release<'_>) -> Result<ReleaseReply, BackendError> {
         self.plan.releases.fetch_add(1, Ordering::SeqCst);
-        if self.plan.releases_dropped.load(Ordering::SeqCst) {
+        if self.plan.releases_dropped.load(Ordering::SeqCst) || take(&self.plan.releases_failed) {
             return Err(timeout());
         }
         let reply = self.inner.release(release).await;
@@ -362,6 +364,44 @@ on_every_store!(shutdown_leaves_another_clients_locks:
     shutdown_leaves_another_clients_locks_in_memory,
     shutdown_leaves_another_clients_locks_on_redis,
     shutdown_leaves_another_clients_locks_on_redlock);
+
+/// (1b) A client that shuts down while a release of one of its locks fails, or keeps failing,
+/// still frees the lock once the store answers, within its clean-up grace: the release its
+/// shutdown sends is sent again after a failure, and a release already being retried is not
+/// cut off by the shutdown. The lock is not left to its lease.
+async fn a_shutdown_finishes_its_releases<B: Backend + Clone>(store: B) {
+    let lossy = Lossy::new(store.clone());
+    let (x, z) = (client(lossy.clone()), client(store.clone()));
+    let lease = Lease::watchdog(Duration::from_secs(30));
+    let held = x.lock("held").lease(lease).acquire().await.unwrap();
+    let releasing = x.lock("releasing").lease(lease).acquire().await.unwrap();
+    lossy.plan.releases_dropped.store(true, Ordering::SeqCst);
+    let released = tokio::spawn(releasing.release());
+    // The release is being sent again when the client stops.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    lossy.plan.releases_dropped.store(false, Ordering::SeqCst);
+    // The first delete the shutdown sends fails too.
+    lossy.plan.releases_failed.store(1, Ordering::SeqCst);
+    x.shutdown().await;
+    assert!(held.is_lost());
+    assert!(released.await.unwrap().is_ok());
+    for name in ["held", "releasing"] {
+        let next = z
+            .lock(name)
+            .wait(Duration::from_millis(900))
+            .acquire()
+            .await;
+        next.unwrap_or_else(|e| panic!("{name}: left to its lease: {e:?}"))
+            .release()
+            .await
+            .unwrap();
+    }
+}
+
+on_every_store!(a_shutdown_finishes_its_releases:
+    a_shutdown_finishes_its_releases_in_memory,
+    a_shutdown_finishes_its_releases_on_redis,
+    a_shutdown_finishes_its_releases_on_redlock);
 
 /// X's release of `key` is applied, its reply lost; `between` runs before X hears of it (and
 /// sends the release again). Returns once X's release returned.

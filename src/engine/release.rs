@@ -287,10 +287,10 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Sends the grant's delete again after `error`: first for up to [`RELEASE_RETRY_INLINE`],
-    /// then in the background, while the store may keep the record. A repeat is safe: it names
-    /// the grant, and finds nothing once one copy got through. The reply of the last try made
-    /// here.
-    async fn release_again(
+    /// then in the background, while the store may keep the record (and, once the client
+    /// stopped, for its clean-up grace). A repeat is safe: it names the grant, and finds
+    /// nothing once one copy got through. The reply of the last try made here.
+    pub(crate) async fn release_again(
         self: &Arc<Self>,
         held: &Arc<Held>,
         error: BackendError,
@@ -299,7 +299,7 @@ impl<B: Backend> Engine<B> {
         let inline_until = tokio::time::Instant::now() + RELEASE_RETRY_INLINE;
         let mut pause = Duration::from_millis(10);
         let mut last = Err(error);
-        while held.kept_past(BootInstant::now()) && !self.stop.is_cancelled() {
+        while held.kept_past(BootInstant::now()) && self.stop.allows_cleanup() {
             if tokio::time::Instant::now() + pause >= inline_until {
                 let (engine, held) = (self.clone(), held.clone());
                 if let Some(runtime) = self.runtime() {
@@ -309,7 +309,7 @@ impl<B: Backend> Engine<B> {
             }
             tokio::time::sleep(pause).await;
             // The grant may have ended during the pause: then nothing is left to delete.
-            if !held.kept_past(BootInstant::now()) || self.stop.is_cancelled() {
+            if !held.kept_past(BootInstant::now()) || !self.stop.allows_cleanup() {
                 break;
             }
             last = self.backend.release(held.release()).await;
@@ -332,7 +332,7 @@ impl<B: Backend> Engine<B> {
     async fn retry_in_background(&self, held: &Held, mut pause: Duration) {
         loop {
             tokio::time::sleep(pause).await;
-            if !held.kept_past(BootInstant::now()) || self.stop.is_cancelled() {
+            if !held.kept_past(BootInstant::now()) || !self.stop.allows_cleanup() {
                 return;
             }
             match self.backend.release(held.release()).await {
