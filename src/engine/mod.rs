@@ -134,11 +134,7 @@ impl Stop {
     /// Whether a release or an undo may still be tried again: while running, and for
     /// [`CLEANUP_GRACE`] after the stop.
     pub(crate) fn allows_cleanup(&self) -> bool {
-        !self.is_cancelled()
-            || self
-                .at
-                .get()
-                .is_none_or(|at| at.elapsed() < CLEANUP_GRACE)
+        !self.is_cancelled() || self.at.get().is_none_or(|at| at.elapsed() < CLEANUP_GRACE)
     }
 
     /// Resolves once stopped.
