@@ -242,7 +242,9 @@ pub trait Store: Send + Sync + 'static {
         only_for: Option<&str>,
     ) -> impl Future<Output = Result<Self::Listener, BackendError>> + Send;
 
-    /// Stops background work (connections, tasks).
+    /// Stops background work (connections, tasks), unless other handles (clones) of the store
+    /// are left: a store shared by several clients keeps serving the others when one of them
+    /// shuts down.
     fn shutdown(&self) -> impl Future<Output = ()> + Send {
         async {}
     }

@@ -352,15 +352,23 @@ impl<B: Backend> LockClient<B> {
 
     /// Releases every lock this client holds, fails every waiting acquire with
     /// [`LockError::ShutDown`](crate::LockError::ShutDown), and stops the background tasks. Guards still alive report
-    /// themselves lost.
+    /// themselves lost. A release that fails (this one's, or one already being retried) is sent
+    /// again for up to a second, so that a lock is not left to its lease over one failed try.
+    /// Other clients on clones of the same backend keep their locks, and the backend keeps
+    /// serving them (its own background work stops with its last handle).
     pub async fn shutdown(&self) {
         let shared = &self.inner.engine;
         shared.stop.cancel();
         let held = shared.table.drain_held();
-        // Each of this client's own grants, by name: nothing of another client's goes.
+        // Each of this client's own grants, by name: nothing of another client's goes. A delete
+        // that fails is sent again for the clean-up grace, as any release's is.
         let releases = held.iter().filter(|held| held.end()).map(|held| async move {
             held.mark_lost();
-            if let Err(error) = shared.backend.release(held.release()).await {
+            let mut reply = shared.backend.release(held.release()).await;
+            if let Err(error) = reply {
+                reply = shared.release_again(held, error).await;
+            }
+            if let Err(error) = reply {
                 tracing::warn!(key = %held.key, error = %format_args!("{error:#}"), "release at shutdown failed");
             }
         });

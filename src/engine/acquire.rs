@@ -592,7 +592,7 @@ impl<B: Backend> Engine<B> {
         while let Err(error) = self.try_resolve(key, want).await {
             let next =
                 tokio::time::Instant::now() + pause.max(error.retry_after().unwrap_or_default());
-            if next >= give_up || self.stop.is_cancelled() {
+            if next >= give_up || !self.stop.allows_cleanup() {
                 tracing::debug!(key = %key, attempt = %want.attempt, tries, "stopped resolving an attempt whose reply was lost: its lease is over");
                 return;
             }

@@ -30,6 +30,8 @@ use crate::{backend::Backend, clock::BootInstant, holder::Holder, lease::Lease, 
 pub(crate) mod acquire;
 pub(crate) mod held;
 pub(crate) mod place;
+#[cfg(all(test, feature = "redis"))]
+mod regressions;
 pub(crate) mod release;
 pub(crate) mod table;
 pub(crate) mod watchdog;
@@ -104,22 +106,35 @@ impl<T> std::ops::Deref for OwnLine<T> {
     }
 }
 
+/// How long after the client stops a release or an undo it started is still tried again: a
+/// lock it was giving back when it stopped is not left to its lease over one failed try.
+pub(crate) const CLEANUP_GRACE: Duration = Duration::from_secs(1);
+
 /// The engine's stop signal. Checked on every acquire and release, so the check is one atomic
 /// load: a cancellation token's takes a mutex shared by every thread.
 #[derive(Default)]
 pub(crate) struct Stop {
     stopped: AtomicBool,
     token: CancellationToken,
+    /// When it stopped.
+    at: OnceLock<tokio::time::Instant>,
 }
 
 impl Stop {
     pub(crate) fn cancel(&self) {
+        let _ = self.at.set(tokio::time::Instant::now());
         self.stopped.store(true, Ordering::Release);
         self.token.cancel();
     }
 
     pub(crate) fn is_cancelled(&self) -> bool {
         self.stopped.load(Ordering::Acquire)
+    }
+
+    /// Whether a release or an undo may still be tried again: while running, and for
+    /// [`CLEANUP_GRACE`] after the stop.
+    pub(crate) fn allows_cleanup(&self) -> bool {
+        !self.is_cancelled() || self.at.get().is_none_or(|at| at.elapsed() < CLEANUP_GRACE)
     }
 
     /// Resolves once stopped.

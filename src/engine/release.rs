@@ -287,10 +287,10 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Sends the grant's delete again after `error`: first for up to [`RELEASE_RETRY_INLINE`],
-    /// then in the background, while the store may keep the record. A repeat is safe: it names
-    /// the grant, and finds nothing once one copy got through. The reply of the last try made
-    /// here.
-    async fn release_again(
+    /// then in the background, while the store may keep the record (and, once the client
+    /// stopped, for its clean-up grace). A repeat is safe: it names the grant, and finds
+    /// nothing once one copy got through. The reply of the last try made here.
+    pub(crate) async fn release_again(
         self: &Arc<Self>,
         held: &Arc<Held>,
         error: BackendError,
@@ -303,7 +303,7 @@ impl<B: Backend> Engine<B> {
         let inline_until = tokio::time::Instant::now() + RELEASE_RETRY_INLINE;
         let mut pause = Duration::from_millis(10);
         let mut last = Err(error);
-        while held.kept_past(BootInstant::now()) && !self.stop.is_cancelled() {
+        while held.kept_past(BootInstant::now()) && self.stop.allows_cleanup() {
             if tokio::time::Instant::now() + pause >= inline_until {
                 let (engine, held) = (self.clone(), held.clone());
                 if let Some(runtime) = self.runtime() {
@@ -312,6 +312,10 @@ impl<B: Backend> Engine<B> {
                 return last;
             }
             tokio::time::sleep(pause).await;
+            // The grant may have ended during the pause: then nothing is left to delete.
+            if !held.kept_past(BootInstant::now()) || !self.stop.allows_cleanup() {
+                break;
+            }
             last = self.backend.release(held.release()).await;
             match &last {
                 Err(error) if !(error.is_unavailable() || error.outcome_unknown()) => return last,
@@ -328,10 +332,14 @@ impl<B: Backend> Engine<B> {
         last
     }
 
-    /// The retries of a delete after its caller heard of the failure.
+    /// The retries of a delete after its caller heard of the failure, while the store may keep
+    /// the record (checked again after each pause, just before the delete is sent).
     async fn retry_in_background(&self, held: &Held, mut pause: Duration) {
-        while held.kept_past(BootInstant::now()) && !self.stop.is_cancelled() {
+        loop {
             tokio::time::sleep(pause).await;
+            if !held.kept_past(BootInstant::now()) || !self.stop.allows_cleanup() {
+                return;
+            }
             match self.backend.release(held.release()).await {
                 Ok(reply) => {
                     tracing::debug!(key = %held.key, ?reply, "released after retrying");

@@ -1,7 +1,5 @@
 //! Reading and clearing a lock for operators, as `inspect.lua` does.
 
-use std::borrow::Cow;
-
 use tokio::time::Instant;
 
 use super::lock::{Lock, Publish, RELEASED};
@@ -54,8 +52,8 @@ impl Lock {
     }
 
     /// Deletes the owner record and every shared grant when the lock is held, keeping the
-    /// queue; wakes the head of a plain or fair lock's queue by name (as the script reads it,
-    /// a place that ended included), any other waiter with `released`. What it held before.
+    /// queue; wakes the head of a plain or fair lock's queue by name (after dropping the places
+    /// that ended, as the script does), any other waiter with `released`. What it held before.
     pub(super) fn force_unlock(&mut self, kind: LockKind, now: Instant) -> (LockInfo, Publish) {
         let before = self.inspect(kind, now);
         if !before.is_locked() {
@@ -63,11 +61,10 @@ impl Lock {
         }
         self.owner = None;
         self.grants = Default::default();
-        let head = match kind {
-            LockKind::Exclusive | LockKind::Fair => self.head(),
-            _ => None,
+        let publish = match kind {
+            LockKind::Exclusive | LockKind::Fair => self.freed(true, now),
+            _ => RELEASED,
         };
-        let publish = head.map_or(RELEASED, |(head, _)| Cow::Owned(head.to_owned()));
         (before, Some(publish))
     }
 }

@@ -223,6 +223,11 @@ impl Store for MemoryBackend {
     }
 
     async fn leave(&self, key: &LockKey, holder: &str, kind: LockKind) -> Result<(), BackendError> {
+        // Only a fair waiter or a writer keeps a place (the Redis backend sends nothing for the
+        // others): a reader leaving must not take its holder's place as a writer.
+        if !kind.queues() {
+            return Ok(());
+        }
         let (_, publish) = self.at(key, |lock, now| lock.wait(holder, kind, None, now));
         self.publish(key, publish);
         Ok(())

@@ -130,8 +130,9 @@ impl Lock {
         })
     }
 
-    /// Deletes the owner record if it names the grant, or hands it to `release.handoff`
-    /// unless that attempt was given up on (`release.lua`).
+    /// Deletes the owner record if it names the grant, or hands a plain lock to
+    /// `release.handoff` unless that attempt was given up on (`release.lua`; the Redis backend
+    /// sends the release of any other kind plainly).
     pub(super) fn release_owner(
         &mut self,
         release: &Release<'_>,
@@ -141,7 +142,10 @@ impl Lock {
         if !self.names(release.grant, release.token) {
             return (ReleaseReply::NotHeld, None);
         }
-        if let Some(next) = release.handoff.filter(|next| !self.given_up(next.attempt)) {
+        let handoff = release
+            .handoff
+            .filter(|_| release.kind == LockKind::Exclusive);
+        if let Some(next) = handoff.filter(|next| !self.given_up(next.attempt)) {
             let token = self.own(
                 next.attempt,
                 next.lease.duration(),

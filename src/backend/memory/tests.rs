@@ -422,6 +422,69 @@ async fn hand_off_passes_the_record_on() {
     assert_eq!(acquire(&store, grant(&k, Exclusive, "c#2")).await, GRANTED);
 }
 
+/// A forced unlock of a fair lock wakes its live queue head by name, past a waiter whose place
+/// ended before it (as the script drops dead places first): no lost wake-up.
+#[tokio::test(start_paused = true)]
+async fn a_forced_unlock_wakes_the_live_head() {
+    let store = MemoryBackend::new();
+    let k = key("forced");
+    assert_eq!(acquire(&store, grant(&k, Fair, "a#1")).await, GRANTED);
+    let dead = Grant {
+        queue: Some(secs(1)),
+        ..grant(&k, Fair, "d#1")
+    };
+    assert_eq!(acquire(&store, dead).await, held(10));
+    assert_eq!(acquire(&store, grant(&k, Fair, "b#1")).await, held(10));
+    let (dead, live) = (
+        listen(&store, &k, Some("d")).await,
+        listen(&store, &k, Some("b")).await,
+    );
+    advance(secs(2)).await;
+    store.force_unlock(&k, Fair).await.unwrap();
+    assert!(woken(&live), "the live head was not woken");
+    assert!(!woken(&dead));
+    assert_eq!(acquire(&store, grant(&k, Fair, "b#2")).await, GRANTED);
+}
+
+/// Only a plain lock is handed off, as the Redis backend sends the release of any other kind
+/// plainly: a fair or write grant's release with a hand-off frees the lock and wakes its
+/// waiters.
+#[tokio::test(start_paused = true)]
+async fn only_a_plain_lock_is_handed_off() {
+    let store = MemoryBackend::new();
+    for (k, kind) in [(key("hf"), Fair), (rw("hw"), Write)] {
+        let listener = listen(&store, &k, None).await;
+        assert_eq!(acquire(&store, grant(&k, kind, "a#1")).await, GRANTED);
+        let next = grant(&k, kind, "b#1");
+        let release = Release {
+            handoff: Some(next),
+            ..release(&k, kind, "a#1")
+        };
+        assert_eq!(free(&store, release).await, released(1), "{kind:?}");
+        assert!(woken(&listener), "{kind:?}");
+        assert!(!inspect(&store, &k, kind).await.is_locked(), "{kind:?}");
+    }
+}
+
+/// Leaving as a kind that keeps no place (a reader, a plain lock, a permit) changes nothing,
+/// as the Redis backend sends nothing for it: the holder's place as a writer stays, and
+/// nobody is woken.
+#[tokio::test(start_paused = true)]
+async fn leaving_as_a_kind_without_a_place_changes_nothing() {
+    let store = MemoryBackend::new();
+    let k = rw("leave");
+    assert_eq!(acquire(&store, grant(&k, Read, "r#1")).await, GRANTED);
+    assert_eq!(acquire(&store, grant(&k, Write, "w#1")).await, held(10));
+    let listener = listen(&store, &k, None).await;
+    for kind in [Read, Exclusive, Semaphore] {
+        store.leave(&k, "w", kind).await.unwrap();
+        assert_eq!(inspect(&store, &k, Write).await.queue_len, 1, "{kind:?}");
+        assert!(!woken(&listener), "{kind:?}");
+    }
+    store.leave(&k, "w", Write).await.unwrap();
+    assert_eq!(inspect(&store, &k, Write).await.queue_len, 0);
+}
+
 /// A fair lock is granted in queue order: refused acquires keep a place, a release wakes the
 /// head alone by name, and a waiter behind the head is told when the head's place ends.
 #[tokio::test(start_paused = true)]
@@ -725,17 +788,20 @@ async fn fencing_tokens_rise_across_owners() {
         tokens.push(token(&store, fenced(grant(&k, Exclusive, &a))).await);
         free(&store, release(&k, Exclusive, &a)).await;
         tokens.push(token(&clone, fenced(grant(&l, Fair, &b))).await);
+        free(&clone, release(&l, Fair, &b)).await;
         tokens.push(token(&store, fenced(grant(&w, Write, &a))).await);
         free(&store, release(&w, Write, &a)).await;
+        // Only a plain lock is handed off.
+        tokens.push(token(&clone, fenced(grant(&l, Exclusive, &b))).await);
         let handoff = Release {
-            handoff: Some(fenced(grant(&l, Fair, &a))),
-            ..release(&l, Fair, &b)
+            handoff: Some(fenced(grant(&l, Exclusive, &a))),
+            ..release(&l, Exclusive, &b)
         };
         let ReleaseReply::HandedOff { token: Some(token) } = free(&clone, handoff).await else {
             panic!("not handed off");
         };
         tokens.push(token);
-        free(&store, release(&l, Fair, &a)).await;
+        free(&store, release(&l, Exclusive, &a)).await;
         acquire(&store, grant(&k, Exclusive, &b)).await;
         let add = Extend {
             fencing: true,

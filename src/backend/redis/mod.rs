@@ -531,7 +531,11 @@ impl Store for RedisBackend {
     }
 
     async fn shutdown(&self) {
-        self.inner.stop.cancel();
+        // A backend shared by several clients (clones of it) keeps serving the others: its
+        // pub/sub connection and probes stop with the last handle, or when it is dropped.
+        if Arc::strong_count(&self.inner) == 1 {
+            self.inner.stop.cancel();
+        }
     }
 
     async fn inspect(&self, key: &LockKey, kind: LockKind) -> Result<LockInfo, BackendError> {

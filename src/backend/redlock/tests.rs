@@ -1,89 +1,222 @@
-//! Why a lost round's attempt is spent, against real `redis-server`s (the test fixture of
-//! `tests/support`): a node that voided an attempt refuses it for a lease, so trying again
-//! under that id can be refused by a majority while the lock is free.
+//! Redlock against three real `redis-server`s (the test fixture of `tests/support`), at the
+//! store level: a grant is one record, named by its attempt, on a majority of the nodes; a
+//! vote lost is undone where it won; node calls still on their way when the vote was decided
+//! are settled after it; a release reaches a node that missed it once the node is back; an
+//! extend and a renewal hold only on a majority.
 
-use crate::test_support as support;
+use crate::test_support::{self as support, RedisServer, RespValue};
 
 use std::time::Duration;
 
 use crate::{
-    backend::{AcquireReply, Backend, Grant, LockKind, Reentry, Release, ReleaseReply},
+    RedlockBackend,
+    backend::{
+        LockKind,
+        store::{
+            AcquireReply, Extend, ExtendReply, Grant, Release, ReleaseReply, Renew, RenewReply,
+            Store, holder_of,
+        },
+    },
     lease::Lease,
     lock_key::LockKey,
 };
 
-fn grant<'a>(key: &'a LockKey, holder: &'a str, attempt: &'a str) -> Grant<'a> {
+const LEASE: Duration = Duration::from_secs(10);
+
+fn key(name: &str) -> LockKey {
+    LockKey::new("rl:", name.as_bytes(), 512).unwrap()
+}
+
+/// An acquire of a plain lock by `attempt` (`<holder>#<n>`), with a 10 s lease.
+fn grant<'a>(key: &'a LockKey, attempt: &'a str) -> Grant<'a> {
     Grant {
         key,
-        holder,
+        holder: holder_of(attempt),
         attempt,
-        lease: Lease::fixed(Duration::from_secs(10)),
+        lease: Lease::fixed(LEASE),
         fencing: false,
         kind: LockKind::Exclusive,
         queue: None,
-        supersedes: None,
-        reentry: Reentry::Refused,
         contended: false,
-        permits: 1,
+        permits: 0,
+        within: None,
     }
 }
 
-/// The release of `holder`'s hold of `key`.
-fn release<'a>(key: &'a LockKey, holder: &'a str) -> Release<'a> {
+/// The same acquire sent through the scripts (the uncontended `SET NX` cannot see an undo).
+fn contended(grant: Grant<'_>) -> Grant<'_> {
+    Grant {
+        contended: true,
+        ..grant
+    }
+}
+
+fn release<'a>(key: &'a LockKey, grant: &'a str) -> Release<'a> {
     Release {
         key,
-        holder,
-        all: false,
-        handoff: None,
         kind: LockKind::Exclusive,
-        attempt: None,
-        hold: None,
+        grant,
+        token: None,
+        handoff: None,
     }
 }
 
-/// A round lost to a holder answers `Spent`. Had two of three nodes voided that attempt (its
-/// give-back reached them before its acquire), sending it again once the lock is free would
-/// leave holds there that are nobody's, which a third holder takes while the second believes
-/// it holds the lock. A new attempt, superseding the spent one, holds on every node.
-#[tokio::test]
-async fn a_lost_round_spends_its_attempt() {
-    let servers: Vec<_> = (0..3).map(|_| support::RedisServer::start()).collect();
-    let backend = support::redlock_backend(servers.iter().map(support::RedisServer::url))
+fn three() -> (Vec<RedisServer>, RedlockBackend) {
+    let servers: Vec<_> = (0..3).map(|_| RedisServer::start()).collect();
+    let backend = support::redlock_backend(servers.iter().map(RedisServer::url))
         .build()
         .unwrap();
-    for (name, renamed) in [("reused", false), ("renamed", true)] {
-        let key = LockKey::new("rl:", name.as_bytes(), 512).unwrap();
-        let taken = backend.acquire(grant(&key, "a", "a#1")).await.unwrap();
-        assert!(matches!(taken, AcquireReply::Acquired { .. }), "{taken:?}");
-        let lost = backend.acquire(grant(&key, "b", "b#1")).await.unwrap();
-        assert!(matches!(lost, AcquireReply::Spent { .. }), "{lost:?}");
-        for node in &backend.nodes()[..2] {
-            assert!(!node.abandon(grant(&key, "b", "b#1")).await.unwrap());
-        }
-        backend.release(release(&key, "a")).await.unwrap();
+    (servers, backend)
+}
 
-        let next = match renamed {
-            true => Grant {
-                supersedes: Some("b#1"),
-                ..grant(&key, "b", "b#2")
-            },
-            false => grant(&key, "b", "b#1"),
-        };
-        let taken = backend.acquire(next).await.unwrap();
-        assert!(matches!(taken, AcquireReply::Acquired { .. }), "{taken:?}");
-        let third = backend.acquire(grant(&key, "c", "c#1")).await.unwrap();
-        match renamed {
-            true => assert!(
-                matches!(third, AcquireReply::Spent { .. }),
-                "a third holder got in: {third:?}"
-            ),
-            // The hazard a spent attempt avoids (so this test cannot pass blind).
-            false => assert!(
-                matches!(third, AcquireReply::Acquired { .. }),
-                "the reused attempt held on the nodes that voided it: {third:?}"
-            ),
-        }
+/// The owner record of `key` on `server`, if any.
+fn record(server: &RedisServer, key: &LockKey) -> Option<String> {
+    server.cmd(&["GET", key.as_str()]).as_str()
+}
+
+/// The milliseconds the owner record of `key` on `server` has left.
+fn pttl(server: &RedisServer, key: &LockKey) -> i64 {
+    server.cmd(&["PTTL", key.as_str()]).as_int()
+}
+
+/// Whether `server` recorded `attempt` as given up on for `key`.
+fn voided(server: &RedisServer, key: &LockKey, attempt: &str) -> bool {
+    let void = key.derived(":void");
+    server.cmd(&["SISMEMBER", &void, attempt]) == RespValue::Int(1)
+}
+
+fn acquired(reply: AcquireReply) -> bool {
+    matches!(reply, AcquireReply::Acquired { .. })
+}
+
+/// A grant is the same record on every node; the same acquire sent again answers granted, and
+/// a second holder loses its vote. With one node down, a majority of two grants, extends,
+/// renews and releases.
+#[tokio::test]
+async fn a_grant_is_one_record_on_a_majority() {
+    let (mut servers, backend) = three();
+    let key = key("majority");
+    assert!(acquired(backend.acquire(grant(&key, "a#1")).await.unwrap()));
+    // A won vote answers once a majority granted; the last node's call may still be on its way.
+    support::eventually(Duration::from_secs(1), "the record on every node", || {
+        servers
+            .iter()
+            .all(|server| record(server, &key).as_deref() == Some("a#1"))
+    })
+    .await;
+    assert!(
+        acquired(
+            backend
+                .acquire(contended(grant(&key, "a#1")))
+                .await
+                .unwrap()
+        ),
+        "the same acquire, sent again, finds its own record"
+    );
+    let lost = backend.acquire(grant(&key, "b#1")).await.unwrap();
+    assert!(matches!(lost, AcquireReply::Spent { .. }), "{lost:?}");
+
+    servers[2].kill();
+    let extend = Extend {
+        key: &key,
+        kind: LockKind::Exclusive,
+        grant: "a#1",
+        lease: Lease::fixed(Duration::from_secs(30)),
+        fencing: false,
+    };
+    assert_eq!(
+        backend.extend(extend).await.unwrap(),
+        ExtendReply::Extended { token: None }
+    );
+    for server in &servers[..2] {
+        assert!(pttl(server, &key) > 20_000, "extended on every live node");
     }
+    let renew = Renew::Grant {
+        key: &key,
+        kind: LockKind::Exclusive,
+        grant: "a#1",
+        lease: Lease::fixed(Duration::from_secs(40)),
+    };
+    assert_eq!(
+        backend.renew(&[renew]).await.unwrap(),
+        [RenewReply::Renewed]
+    );
+    assert!(matches!(
+        backend.release(release(&key, "a#1")).await.unwrap(),
+        ReleaseReply::Released { .. }
+    ));
+    for server in &servers[..2] {
+        assert_eq!(record(server, &key), None);
+    }
+    assert!(acquired(backend.acquire(grant(&key, "c#1")).await.unwrap()));
+}
+
+/// A vote lost to a holder of two nodes: the third node granted the attempt, and that grant is
+/// undone there (its record deleted, the attempt recorded as given up on), so that a late copy
+/// of the attempt takes nothing on that node either. A new attempt wins once the lock is free.
+#[tokio::test]
+async fn a_lost_vote_is_undone_where_it_won() {
+    let (servers, backend) = three();
+    let key = key("lost-vote");
+    for node in &backend.nodes()[..2] {
+        assert!(acquired(node.acquire(grant(&key, "x#1")).await.unwrap()));
+    }
+    let lost = backend.acquire(grant(&key, "b#1")).await.unwrap();
+    assert!(matches!(lost, AcquireReply::Spent { .. }), "{lost:?}");
+    assert_eq!(record(&servers[2], &key), None, "undone where it won");
+    assert!(voided(&servers[2], &key, "b#1"));
+    let late = backend.nodes()[2]
+        .acquire(contended(grant(&key, "b#1")))
+        .await
+        .unwrap();
+    assert!(!acquired(late), "a late copy of the lost attempt: {late:?}");
+    assert_eq!(record(&servers[2], &key), None);
+
+    for node in &backend.nodes()[..2] {
+        assert!(matches!(
+            node.release(release(&key, "x#1")).await.unwrap(),
+            ReleaseReply::Released { .. }
+        ));
+    }
+    assert!(acquired(backend.acquire(grant(&key, "b#2")).await.unwrap()));
+    support::eventually(Duration::from_secs(1), "the record on every node", || {
+        servers
+            .iter()
+            .all(|server| record(server, &key).as_deref() == Some("b#2"))
+    })
+    .await;
+}
+
+/// Why a lost round's attempt is spent: a node that recorded it as given up on refuses it for
+/// its lease, so the same id sent again once the lock is free wins only where it was not (a
+/// minority); a new attempt wins on every node, and a third holder loses.
+#[tokio::test]
+async fn a_lost_round_spends_its_attempt() {
+    let (_servers, backend) = three();
+    let key = key("spent");
+    assert!(acquired(backend.acquire(grant(&key, "a#1")).await.unwrap()));
+    let lost = backend.acquire(grant(&key, "b#1")).await.unwrap();
+    assert!(matches!(lost, AcquireReply::Spent { .. }), "{lost:?}");
+    // Its undo reached two nodes (say its acquire timed out there).
+    for node in &backend.nodes()[..2] {
+        assert!(!node.abandon(grant(&key, "b#1")).await.unwrap());
+    }
+    backend.release(release(&key, "a#1")).await.unwrap();
+
+    let reused = backend
+        .acquire(contended(grant(&key, "b#1")))
+        .await
+        .unwrap();
+    assert!(
+        matches!(reused, AcquireReply::Spent { .. }),
+        "the reused id won on the nodes that gave it up: {reused:?}"
+    );
+    assert!(acquired(backend.acquire(grant(&key, "b#2")).await.unwrap()));
+    let third = backend.acquire(grant(&key, "c#1")).await.unwrap();
+    assert!(
+        matches!(third, AcquireReply::Spent { .. }),
+        "a third holder got in: {third:?}"
+    );
 }
 
 #[allow(dead_code)]
@@ -94,8 +227,8 @@ use proxy::{Mode, Proxy};
 
 /// Three nodes, each behind a proxy that can hold back or swallow its traffic, with a short
 /// node timeout.
-async fn behind_proxies() -> (Vec<support::RedisServer>, Vec<Proxy>, crate::RedlockBackend) {
-    let servers: Vec<_> = (0..3).map(|_| support::RedisServer::start()).collect();
+async fn behind_proxies() -> (Vec<RedisServer>, Vec<Proxy>, RedlockBackend) {
+    let servers: Vec<_> = (0..3).map(|_| RedisServer::start()).collect();
     let mut proxies = Vec::new();
     for server in &servers {
         proxies.push(Proxy::start(&server.url()).await);
@@ -105,17 +238,16 @@ async fn behind_proxies() -> (Vec<support::RedisServer>, Vec<Proxy>, crate::Redl
         .build()
         .unwrap();
     // Every node's connection is open before any traffic is held back.
-    let key = LockKey::new("rl:", b"warm", 512).unwrap();
-    let taken = backend.acquire(grant(&key, "w", "w#1")).await.unwrap();
-    assert!(matches!(taken, AcquireReply::Acquired { .. }), "{taken:?}");
-    backend.release(release(&key, "w")).await.unwrap();
+    let key = key("warm");
+    assert!(acquired(backend.acquire(grant(&key, "w#1")).await.unwrap()));
+    backend.release(release(&key, "w#1")).await.unwrap();
     (servers, proxies, backend)
 }
 
 /// Acquires `key` for `holder` with a new attempt each round, until a round wins or `within`
 /// has passed.
 async fn acquire_within(
-    backend: &crate::RedlockBackend,
+    backend: &RedlockBackend,
     key: &LockKey,
     holder: &str,
     within: Duration,
@@ -123,7 +255,7 @@ async fn acquire_within(
     let deadline = tokio::time::Instant::now() + within;
     for round in 1.. {
         let attempt = format!("{holder}#{round}");
-        let reply = backend.acquire(grant(key, holder, &attempt)).await;
+        let reply = backend.acquire(grant(key, &attempt)).await;
         if let Ok(reply @ AcquireReply::Acquired { .. }) = reply {
             return reply;
         }
@@ -135,44 +267,54 @@ async fn acquire_within(
     unreachable!()
 }
 
-/// Two of three nodes stalled while a hold was released: one node freed it, so the release
-/// is done, but the other two never saw it. Released again until they answer, they free it
-/// once they are back, not when the 10 s lease runs out.
+/// Two of three nodes stalled while a grant was released: one node freed it, so the release
+/// is done, and the other two get the grant's undo once they are back (the same write on every
+/// node: no count to reconcile). The grant is gone from every node then, and its attempt is
+/// given up on there, not left until its 10 s lease ends.
 #[tokio::test]
 async fn a_release_missed_by_stalled_nodes_reaches_them_once_they_are_back() {
-    let (_servers, proxies, backend) = behind_proxies().await;
-    let key = LockKey::new("rl:", b"stalled", 512).unwrap();
-    let taken = backend.acquire(grant(&key, "a", "a#1")).await.unwrap();
-    assert!(matches!(taken, AcquireReply::Acquired { .. }), "{taken:?}");
+    let (servers, proxies, backend) = behind_proxies().await;
+    let key = key("stalled");
+    assert!(acquired(backend.acquire(grant(&key, "a#1")).await.unwrap()));
 
     for proxy in &proxies[1..] {
         proxy.set(Mode::Blackhole);
     }
-    let released = backend.release(release(&key, "a")).await.unwrap();
+    let released = backend.release(release(&key, "a#1")).await.unwrap();
     assert!(
         matches!(released, ReleaseReply::Released { .. }),
         "{released:?}"
     );
+    assert_eq!(record(&servers[0], &key), None);
+    for server in &servers[1..] {
+        assert_eq!(record(server, &key).as_deref(), Some("a#1"), "stalled");
+    }
     tokio::time::sleep(Duration::from_millis(300)).await;
     for proxy in &proxies[1..] {
         proxy.set(Mode::Pass);
     }
-
-    let next = acquire_within(&backend, &key, "b", Duration::from_secs(4)).await;
+    support::eventually(Duration::from_secs(3), "the stalled nodes free it", || {
+        servers[1..]
+            .iter()
+            .all(|server| record(server, &key).is_none() && voided(server, &key, "a#1"))
+    })
+    .await;
+    let next = acquire_within(&backend, &key, "b", Duration::from_secs(2)).await;
     assert!(
-        matches!(next, AcquireReply::Acquired { .. }),
-        "the stalled nodes kept the released hold: {next:?}"
+        acquired(next),
+        "the stalled nodes kept the released grant: {next:?}"
     );
 }
 
-/// An acquire's `SET` to one node is held back past the node timeout; the vote is won on the
-/// other two, and the hold released. The `SET` then lands on its node: a hold there that
-/// nobody holds. With one more node stalled, that minority hold must not keep the lock from
-/// the next holder: the release left a record there that gives the late grant no weight.
+/// An acquire's call to one node is held back past the node timeout; the vote is won on the
+/// other two, and the grant released. The held-back acquire then lands on its node (within
+/// its lease, so it acts): a record there that nobody holds, which the straggler's settlement
+/// undoes once its reply comes. With one more node stalled, the next holder gets the lock from
+/// the two others.
 #[tokio::test]
 async fn a_late_grant_on_a_node_never_outlives_the_release() {
     let (servers, proxies, backend) = behind_proxies().await;
-    let key = LockKey::new("rl:", b"straggler", 512).unwrap();
+    let key = key("straggler");
     let late_by = Duration::from_millis(800);
     let sets = servers[2].calls("set");
 
@@ -180,64 +322,85 @@ async fn a_late_grant_on_a_node_never_outlives_the_release() {
         up: late_by,
         down: Duration::ZERO,
     });
-    let taken = backend.acquire(grant(&key, "a", "a#1")).await.unwrap();
-    assert!(matches!(taken, AcquireReply::Acquired { .. }), "{taken:?}");
+    assert!(acquired(backend.acquire(grant(&key, "a#1")).await.unwrap()));
     proxies[2].set(Mode::Pass);
-    let released = backend.release(release(&key, "a")).await.unwrap();
+    let released = backend.release(release(&key, "a#1")).await.unwrap();
     assert!(
         matches!(released, ReleaseReply::Released { .. }),
         "{released:?}"
     );
-    support::eventually(late_by * 4, "the late SET lands", || {
+    support::eventually(late_by * 4, "the late acquire lands and is undone", || {
         servers[2].calls("set") > sets
+            && record(&servers[2], &key).is_none()
+            && voided(&servers[2], &key, "a#1")
     })
     .await;
 
     proxies[0].set(Mode::Blackhole);
     let next = acquire_within(&backend, &key, "b", Duration::from_secs(3)).await;
     assert!(
-        matches!(next, AcquireReply::Acquired { .. }),
+        acquired(next),
         "a late grant on one node and a stalled node kept a free lock: {next:?}"
     );
 }
 
-/// A holder that also holds on one node through another client: there the grant is a
-/// re-entry (the other client's attempt is that node's grant record), elsewhere the grant.
-/// A renewal naming the grant is accepted on every node, so it holds with another node down.
+/// An extend and a renewal name the grant on every node and hold only where a majority has
+/// it: with the record gone from one node they hold (and lengthen it on the others), with it
+/// gone from two they answer not held, and with two nodes down they fail.
 #[tokio::test]
-async fn a_renewal_naming_a_grant_reentered_on_one_node_is_kept_there() {
-    use crate::backend::{Renew, RenewReply};
-    let mut servers: Vec<_> = (0..3).map(|_| support::RedisServer::start()).collect();
-    let backend = support::redlock_backend(servers.iter().map(support::RedisServer::url))
-        .build()
-        .unwrap();
-    let key = LockKey::new("rl:", b"reentered-on-one", 512).unwrap();
-    let shared = |attempt| Grant {
-        reentry: Reentry::Allowed,
-        ..grant(&key, "h", attempt)
+async fn an_extend_and_a_renewal_hold_on_a_majority_only() {
+    let (mut servers, backend) = three();
+    let key = key("extend");
+    let extend = |ms| Extend {
+        key: &key,
+        kind: LockKind::Exclusive,
+        grant: "a#1",
+        lease: Lease::fixed(Duration::from_millis(ms)),
+        fencing: false,
     };
-    let other = backend.nodes()[0].acquire(shared("g#1")).await.unwrap();
-    assert!(
-        matches!(other, AcquireReply::Acquired { count: 1, .. }),
-        "{other:?}"
-    );
-    // With the third node down, the majority is nodes 0 and 1: both answered the grant.
-    servers[2].kill();
-    let taken = backend.acquire(shared("x#1")).await.unwrap();
-    assert!(matches!(taken, AcquireReply::Acquired { .. }), "{taken:?}");
-    let reentered = backend.nodes()[0]
-        .inspect(&key, LockKind::Exclusive)
-        .await
-        .unwrap();
+    let renew = |ms| Renew::Grant {
+        key: &key,
+        kind: LockKind::Exclusive,
+        grant: "a#1",
+        lease: Lease::fixed(Duration::from_millis(ms)),
+    };
+    assert!(acquired(backend.acquire(grant(&key, "a#1")).await.unwrap()));
+    servers[0].cmd(&["DEL", key.as_str()]);
     assert_eq!(
-        reentered.holder("h").map(|h| h.hold_count),
-        Some(2),
-        "{reentered:?}"
+        backend.extend(extend(30_000)).await.unwrap(),
+        ExtendReply::Extended { token: None }
     );
-    let lease = Lease::fixed(Duration::from_secs(10));
-    let renew = Renew::hold(&key, "h", lease, LockKind::Exclusive).granted_by("x#1");
     assert_eq!(
-        backend.renew(&[renew]).await.unwrap(),
+        backend.renew(&[renew(40_000)]).await.unwrap(),
         [RenewReply::Renewed]
+    );
+    for server in &servers[1..] {
+        assert!(pttl(server, &key) > 30_000, "renewed where it is held");
+    }
+    assert_eq!(
+        record(&servers[0], &key),
+        None,
+        "never created where it is gone"
+    );
+
+    servers[1].cmd(&["DEL", key.as_str()]);
+    assert_eq!(
+        backend.extend(extend(50_000)).await.unwrap(),
+        ExtendReply::NotHeld
+    );
+    assert_eq!(
+        backend.renew(&[renew(50_000)]).await.unwrap(),
+        [RenewReply::NotHeld]
+    );
+
+    servers[0].kill();
+    servers[1].kill();
+    assert!(
+        backend.extend(extend(50_000)).await.is_err(),
+        "no majority answers"
+    );
+    assert!(
+        backend.renew(&[renew(50_000)]).await.is_err(),
+        "no majority answers"
     );
 }

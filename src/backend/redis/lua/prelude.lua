@@ -42,35 +42,32 @@ end
 -- milliseconds its quarantine has left, or false. `check` is '' (no quarantine), or
 -- '<quarantine ms>:<run id>' with the run id the connection saw when it opened ('' for a
 -- connection the backend did not open, whose run this script reads). The run marker `marker`
--- holds the id of a run past its quarantine, or '<run id> <origin ms>' while one runs. A run
--- is quarantined from its start, or, on a replica promoted to master (the old master's last
--- grants may not have reached it), from when a script first sees it. Every process waits its
--- own quarantine from that one origin, whoever asked first.
+-- holds '<run id> <origin ms>' for the whole run: when its quarantine began, its start, or, on
+-- a replica promoted to master (the old master's last grants may not have reached it), when a
+-- script first saw it. Every process waits its own quarantine from that one origin, whoever
+-- asked first: the marker never says a quarantine is over, as processes' lengths differ.
 local function quarantined(check, marker)
   if check == '' then
     return false
   end
   local length, run = string.match(check, '^(%d+):(%w*)$')
-  local seen = redis.call('GET', marker)
-  if run ~= '' and seen == run then
-    return false
-  end
-  local server = redis.call('INFO', 'server')
-  run = string.match(server, 'run_id:(%w+)')
-  if seen == run then
-    return false
-  end
-  local now = now_ms()
-  local origin = tonumber(string.match(seen or '', '^' .. run .. ' (%d+)$'))
+  local seen = redis.call('GET', marker) or ''
+  local origin = run ~= '' and tonumber(string.match(seen, '^' .. run .. ' (%d+)$'))
   if not origin then
-    -- uptime_in_seconds may be one more than the real uptime: one second is taken off.
-    origin = now - math.max(tonumber(string.match(server, 'uptime_in_seconds:(%d+)')) - 1, 0) * 1000
-    if string.match(redis.call('INFO', 'replication'), 'second_repl_offset:(-?%d+)') ~= '-1' then
-      origin = now
+    local server = redis.call('INFO', 'server')
+    run = string.match(server, 'run_id:(%w+)')
+    origin = tonumber(string.match(seen, '^' .. run .. ' (%d+)$'))
+    if not origin then
+      local now = now_ms()
+      -- uptime_in_seconds may be one more than the real uptime: one second is taken off.
+      origin = now - math.max(tonumber(string.match(server, 'uptime_in_seconds:(%d+)')) - 1, 0) * 1000
+      if string.match(redis.call('INFO', 'replication'), 'second_repl_offset:(-?%d+)') ~= '-1' then
+        origin = now
+      end
+      redis.call('SET', marker, run .. ' ' .. origin, 'PX', 86400000)
     end
   end
-  local left = origin + tonumber(length) - now
-  redis.call('SET', marker, left > 0 and (run .. ' ' .. origin) or run, 'PX', 86400000)
+  local left = origin + tonumber(length) - now_ms()
   return left > 0 and left
 end
 
