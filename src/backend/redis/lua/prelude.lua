@@ -58,11 +58,14 @@ local function quarantined(check, marker)
     run = string.match(server, 'run_id:(%w+)')
     origin = tonumber(string.match(seen, '^' .. run .. ' (%d+)$'))
     if not origin then
-      local now = now_ms()
-      -- uptime_in_seconds may be one more than the real uptime: one second is taken off.
-      origin = now - math.max(tonumber(string.match(server, 'uptime_in_seconds:(%d+)')) - 1, 0) * 1000
+      -- The second the run started in (its cached clock less its uptime, both whole seconds
+      -- of one reading): the same for every script, so every marker has the same origin, the
+      -- end of that second.
+      local started = math.floor(tonumber(string.match(server, 'server_time_usec:(%d+)')) / 1000000)
+        - tonumber(string.match(server, 'uptime_in_seconds:(%d+)'))
+      origin = (started + 1) * 1000
       if string.match(redis.call('INFO', 'replication'), 'second_repl_offset:(-?%d+)') ~= '-1' then
-        origin = now
+        origin = now_ms()
       end
       redis.call('SET', marker, run .. ' ' .. origin, 'PX', 86400000)
     end
