@@ -30,8 +30,6 @@ use crate::{backend::Backend, clock::BootInstant, holder::Holder, lease::Lease, 
 pub(crate) mod acquire;
 pub(crate) mod held;
 pub(crate) mod place;
-#[cfg(all(test, feature = "redis"))]
-mod regressions;
 pub(crate) mod release;
 pub(crate) mod table;
 pub(crate) mod watchdog;

@@ -14,4 +14,5 @@ mod late_commands;
 mod lost_replies;
 mod outage_logs;
 mod races;
+mod regressions;
 mod server_faults;

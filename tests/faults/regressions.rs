@@ -16,7 +16,7 @@ use std::{
 
 use tokio::{sync::Notify, time::Instant};
 
-use crate::{
+use tower_lock::{
     Lease, LockClient, LockError, LockGuard, MemoryBackend, RedisBackend, RedlockBackend,
     backend::{
         Backend, LockKind,
@@ -27,9 +27,10 @@ use crate::{
     },
     error::{BackendError, BackendErrorKind},
     inspect::LockInfo,
-    lock_key::LockKey,
-    test_support::{self as support, RedisServer},
+    key::LockKey,
 };
+
+use crate::support::{self, RedisServer};
 
 /// What [`Lossy`] does to the next calls.
 #[derive(Default)]
@@ -509,7 +510,7 @@ async fn readers_hold_on_their_own<B: Backend + Clone>(store: B) {
         client(store.clone()),
         client(store.clone()),
     );
-    fn rw<B: Backend>(client: &LockClient<B>) -> crate::LockRequest<'_, B> {
+    fn rw<B: Backend>(client: &LockClient<B>) -> tower_lock::LockRequest<'_, B> {
         client.read_write_lock("doc").read()
     }
     let long = rw(&a)
@@ -561,7 +562,7 @@ enum Side {
 }
 
 impl Side {
-    fn request<B: Backend>(self, client: &LockClient<B>) -> crate::LockRequest<'_, B> {
+    fn request<B: Backend>(self, client: &LockClient<B>) -> tower_lock::LockRequest<'_, B> {
         match self {
             Self::Plain => client.lock("k"),
             Self::Read => client.read_write_lock("k").read(),
@@ -570,7 +571,7 @@ impl Side {
     }
 
     /// A newcomer's request that the grant keeps out.
-    fn excluded<B: Backend>(self, client: &LockClient<B>) -> crate::LockRequest<'_, B> {
+    fn excluded<B: Backend>(self, client: &LockClient<B>) -> tower_lock::LockRequest<'_, B> {
         match self {
             Self::Read => client.read_write_lock("k").write(),
             other => other.request(client),
