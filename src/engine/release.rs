@@ -114,12 +114,16 @@ impl<B: Backend> Engine<B> {
         if !held.kept_past(BootInstant::now()) {
             return;
         }
-        let releasing = Releasing {
+        self.finish_in_background(Releasing {
             held,
             handoff: None,
             yield_turn: false,
             sent: None,
-        };
+        });
+    }
+
+    /// Finishes `releasing` on the runtime (without one, the lease frees the lock).
+    fn finish_in_background(self: &Arc<Self>, releasing: Releasing) {
         match self.runtime() {
             Some(runtime) => {
                 let engine = self.clone();
@@ -360,18 +364,9 @@ impl<B: Backend> Engine<B> {
         let Ok(Some(releasing)) = self.begin_release(held, hold, BootInstant::now()) else {
             return;
         };
-        let releasing = match self.release_at_once(releasing) {
-            AtOnce::Done(outcome) => return background_outcome(outcome),
-            AtOnce::Later(releasing) => releasing,
-        };
-        match self.runtime() {
-            Some(runtime) => {
-                let engine = self.clone();
-                runtime.spawn(async move {
-                    background_outcome(engine.finish_release(releasing).await);
-                });
-            }
-            None => self.abort_release(releasing),
+        match self.release_at_once(releasing) {
+            AtOnce::Done(outcome) => background_outcome(outcome),
+            AtOnce::Later(releasing) => self.finish_in_background(releasing),
         }
     }
 

@@ -50,8 +50,9 @@ pub const COMMANDS: &[&str] = &[
 ];
 
 /// The commands options add: `RedisBackendBuilder::min_replicas` sends `WAIT`
-/// (`RedisBackendBuilder::wait_aof`'s `WAITAOF` is in [`rules`] on the versions that have it).
-pub const OPTION_COMMANDS: &[&str] = &["+wait"];
+/// (`RedisBackendBuilder::wait_aof`'s `WAITAOF` is in [`rules`] on the versions that have it),
+/// and the idempotency layer's Redis answer store reads and writes hashes.
+pub const OPTION_COMMANDS: &[&str] = &["+wait", "+hget", "+hmget", "+hset"];
 
 /// The commands a Redis Cluster client adds: sharded pub/sub (the scripts' `SPUBLISH`, the
 /// waiters' `SSUBSCRIBE`), and what the cluster client sends to learn the slot map and follow
