@@ -336,9 +336,10 @@ async fn the_quarantine_is_the_default_lease_and_no_shorter_than_a_lease_in_use(
         .expect("valid configuration");
     let left = quarantine_left(locks.lock("first").try_acquire().await);
     let default = Lease::DEFAULT.duration();
-    // The server started moments ago (a busy machine may take seconds to get here).
+    // The server started moments ago (a busy machine may take seconds to get here); the
+    // quarantine counts from the end of the second it started in.
     assert!(
-        left <= default && left > default - Duration::from_secs(10),
+        left <= default + Duration::from_secs(1) && left > default - Duration::from_secs(10),
         "{left:?} left of a default quarantine of {default:?}"
     );
 
@@ -354,7 +355,7 @@ async fn the_quarantine_is_the_default_lease_and_no_shorter_than_a_lease_in_use(
         .expect("valid configuration");
     let left = quarantine_left(locks.lock("first").try_acquire().await);
     assert!(
-        left > Duration::from_secs(1) && left <= lease,
+        left > Duration::from_secs(1) && left <= lease + Duration::from_secs(1),
         "{left:?} left of a 1 s quarantine stretched to the 10 s lease"
     );
 }
@@ -390,10 +391,10 @@ async fn a_save_holds_back_no_acquire_through_a_pool() {
         .await
         .expect("release");
     let run = run_id(&server);
-    assert_eq!(
-        server.cmd(&["GET", RUN_MARKER]).as_str(),
-        Some(run.clone()),
-        "the marker holds the server's run, its quarantine over"
+    let marker = server.cmd(&["GET", RUN_MARKER]).as_str().unwrap_or_default();
+    assert!(
+        marker.starts_with(&format!("{run} ")),
+        "the marker names the server's run and its origin: {marker}"
     );
     for round in 0..2 {
         assert_eq!(server.cmd(&["SAVE"]).as_str().as_deref(), Some("OK"));
@@ -407,7 +408,7 @@ async fn a_save_holds_back_no_acquire_through_a_pool() {
             .expect("release");
         assert_eq!(
             server.cmd(&["GET", RUN_MARKER]).as_str(),
-            Some(run.clone()),
+            Some(marker.clone()),
             "round {round}: a save is the same run"
         );
     }
@@ -447,8 +448,10 @@ async fn every_lock_kind_waits_out_a_restart_from_a_snapshot_through_a_pool() {
                 if *error.kind() == tower_lock::error::BackendErrorKind::Quarantined =>
             {
                 let left = error.retry_after();
+                // From the end of the second the server started in: up to a second more.
+                let most = LEASE + Duration::from_secs(1);
                 assert!(
-                    left.is_some_and(|left| left > Duration::ZERO && left <= LEASE),
+                    left.is_some_and(|left| left > Duration::ZERO && left <= most),
                     "{kind}: refused with {left:?} left of a quarantine of {LEASE:?}"
                 )
             }
