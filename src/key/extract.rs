@@ -149,7 +149,7 @@ impl MakeKey for Query {
 /// crate is in the tree (through `redis` and `url`): it returns `str`s, decoding invalid UTF-8
 /// lossily, so `?id=%FF` and `?id=%FE` would both become `U+FFFD` and share one lock, and keys
 /// that are not UTF-8 would name different locks than they do now. Keys are bytes here, passed
-/// on unchanged (`tests/key_fuzz.rs` checks this for arbitrary bytes).
+/// on unchanged (`tests/locks/key_fuzz.rs` checks this for arbitrary bytes).
 fn decode(raw: &str) -> Vec<u8> {
     if raw.contains('+') {
         percent_decode_str(&raw.replace('+', " ")).collect()
