@@ -258,10 +258,10 @@ fn refused<B: Backend>(outcome: Result<LockGuard<B>, LockError>) -> bool {
     matches!(outcome, Err(LockError::WaitTimeout { .. }))
 }
 
-/// Runs `case` on the in-memory store (paused clock), on Redis and on Redlock: one test each.
+/// Runs `case` on the in-memory store, on Redis and on Redlock: one test each.
 macro_rules! on_every_store {
     ($case:ident: $memory:ident, $redis:ident, $redlock:ident) => {
-        #[tokio::test(start_paused = true)]
+        #[tokio::test]
         async fn $memory() {
             $case(MemoryBackend::new()).await;
         }
@@ -279,7 +279,7 @@ macro_rules! on_every_store {
         }
     };
     ($case:ident: $memory:ident, $redis:ident) => {
-        #[tokio::test(start_paused = true)]
+        #[tokio::test]
         async fn $memory() {
             $case(MemoryBackend::new()).await;
         }
