@@ -12,7 +12,7 @@ use std::{
 use super::{
     Engine, Held, Loss,
     held::Reentry,
-    table::{Found, Ticket, Turn, Want},
+    table::{Found, Turn, Want},
 };
 use crate::{
     backend::{
@@ -83,56 +83,24 @@ struct QueueGuard<'a, B: Backend> {
     shared: &'a Arc<Engine<B>>,
     request: &'a Request,
     id: u64,
-    /// The waiter joined the local queue.
-    joined: bool,
-    /// The waiter's attempt started before it joined ([`Table::try_alone`]) has not ended.
-    trying: bool,
     /// The waiter has a place in the backend's queue to give up.
     in_backend: bool,
 }
 
-impl<B: Backend> QueueGuard<'_, B> {
-    /// Joins the key's local queue (ending the attempt made before joining, if any).
-    fn join(&mut self, want: &Arc<Want>, queue: Option<Duration>) -> Result<Ticket, LockError> {
-        let after_try = std::mem::take(&mut self.trying);
-        let ticket = self.shared.table.join(
-            self.id,
-            &self.request.key,
-            want.clone(),
-            queue,
-            self.shared.config.max_waiters_per_key,
-            after_try,
-        )?;
-        self.joined = true;
-        Ok(ticket)
-    }
-}
-
 impl<B: Backend> Drop for QueueGuard<'_, B> {
     fn drop(&mut self) {
-        if self.trying {
-            self.shared.table.end_try(&self.request.key);
+        self.shared.table.leave(&self.request.key, self.id);
+        if self.in_backend
+            && let Some(runtime) = self.shared.runtime()
+        {
+            // Leave at once rather than wait to be purged, passing the wake-up on if first.
+            let (shared, key, want) = (
+                self.shared.clone(),
+                self.request.key.clone(),
+                self.request.want.clone(),
+            );
+            runtime.spawn(async move { shared.leave_queue(&key, &want).await });
         }
-        if self.joined {
-            self.shared.table.leave(&self.request.key, self.id);
-        }
-        if !self.in_backend {
-            return;
-        }
-        let Some(runtime) = self.shared.runtime() else {
-            return;
-        };
-        // Leave at once rather than wait to be purged, passing the wake-up on if first.
-        let (shared, key, want) = (
-            self.shared.clone(),
-            self.request.key.clone(),
-            self.request.want.clone(),
-        );
-        runtime.spawn(async move {
-            if let Err(error) = shared.backend.leave(&key, want.holder.id(), want.kind).await {
-                tracing::debug!(key = %key, error = %format_args!("{error:#}"), "leaving the wait queue failed; the entry times out");
-            }
-        });
     }
 }
 
@@ -179,10 +147,8 @@ impl<B: Backend> Drop for InFlight<'_, B> {
             shared.resolve_until_done(&key, &want).await;
             // The attempt may have queued its holder (fair locks, writers): leave the queue
             // rather than stay in the way until the place times out.
-            if want.kind.queues()
-                && let Err(error) = shared.backend.leave(&key, want.holder.id(), want.kind).await
-            {
-                tracing::debug!(key = %key, error = %format_args!("{error:#}"), "leaving the wait queue failed; the entry times out");
+            if want.kind.queues() {
+                shared.leave_queue(&key, &want).await;
             }
         });
     }
@@ -309,21 +275,18 @@ impl<B: Backend> Engine<B> {
         // Fair waiters and waiting writers keep a place in the backend's queue while waiting.
         let queue =
             (want.kind.queues() && !request.wait.is_zero()).then_some(self.config.waiter_timeout);
-        // An exclusive acquire of a key that nobody here holds or waits for tries the backend
-        // before it joins the local queue: the uncontended case, the common one, keeps no
-        // queue entry. It joins once it has to wait.
-        let alone = want.kind == LockKind::Exclusive && self.table.try_alone(&request.key);
+        let mut ticket = self.table.join(
+            id,
+            &request.key,
+            want.clone(),
+            queue,
+            self.config.max_waiters_per_key,
+        )?;
         let mut queued = QueueGuard {
             shared: self,
             request,
             id,
-            joined: false,
-            trying: alone,
             in_backend: false,
-        };
-        let mut ticket = match alone {
-            true => None,
-            false => Some(queued.join(&want, queue)?),
         };
         // The wait counts from the first attempt's clock reading (the uncontended case reads
         // no other clock); its deadline is worked out when first needed.
@@ -339,11 +302,7 @@ impl<B: Backend> Engine<B> {
         let mut contended = false;
         loop {
             // When to try again at the latest (the holder's lease runs out).
-            let turn = match ticket {
-                Some(_) => self.table.turn(&request.key, id),
-                None => Turn::Contend(None),
-            };
-            let retry_in = match turn {
+            let retry_in = match self.table.turn(&request.key, id) {
                 Turn::Contend(renamed) => {
                     if let Some(renamed) = renamed {
                         want = renamed;
@@ -389,9 +348,7 @@ impl<B: Backend> Engine<B> {
                                 sent_at,
                                 self.config.max_hold,
                             );
-                            let after_try = std::mem::take(&mut queued.trying);
-                            self.table
-                                .acquired(&request.key, id, held.clone(), after_try);
+                            self.table.acquired(&request.key, id, held.clone());
                             self.watch(held.next_event());
                             return Ok(Acquired {
                                 held,
@@ -402,16 +359,13 @@ impl<B: Backend> Engine<B> {
                         Ok(reply @ (AcquireReply::Held { ttl } | AcquireReply::Spent { ttl })) => {
                             behind.saw(ttl, replied_at);
                             contended = true;
-                            if ticket.is_none() {
-                                ticket = Some(queued.join(&want, queue)?);
-                            }
                             if matches!(reply, AcquireReply::Spent { .. }) {
                                 // Undone on part of the store, where its id is now refused.
                                 drop(in_flight);
                                 want = self.next_attempt(&want);
                                 self.table.set_want(&request.key, id, want.clone());
                             }
-                            if let Some(place) = ticket.as_ref().and_then(|t| t.queued.as_ref()) {
+                            if let Some(place) = &ticket.queued {
                                 // The watchdog keeps the place alive from now on.
                                 self.watch(place.joined(sent_at));
                                 queued.in_backend = true;
@@ -447,9 +401,11 @@ impl<B: Backend> Engine<B> {
                                 let unknown = error.outcome_unknown();
                                 // The attempt may have queued its holder: leave when done.
                                 queued.in_backend |= unknown && queue.is_some();
+                                if unknown {
+                                    Box::pin(self.resolve_attempt(&request.key, &want)).await;
+                                }
                                 let error =
-                                    Box::pin(self.unknown_outcome(&request.key, &want, error))
-                                        .await;
+                                    LockError::Backend(error.with_key(request.key.as_str()));
                                 in_flight.settle();
                                 drop(in_flight);
                                 // An attempt that could not end before the deadline is not
@@ -489,10 +445,6 @@ impl<B: Backend> Engine<B> {
                 Turn::AwaitHandoff => None,
             };
             tracing::trace!(?retry_in, "waiting for the lock");
-            let ticket = match ticket {
-                Some(ref mut joined) => joined,
-                None => ticket.insert(queued.join(&want, queue)?),
-            };
             let listening = listener.clone();
             let deadline = wait.deadline();
             // Boxed, like every step the uncontended path skips: the acquire future stays small
@@ -554,17 +506,11 @@ impl<B: Backend> Engine<B> {
         Ok((listener, true))
     }
 
-    /// An acquire failed without a clear answer: undo what it may have taken, then report it.
-    async fn unknown_outcome(
-        self: &Arc<Self>,
-        key: &LockKey,
-        want: &Arc<Want>,
-        error: BackendError,
-    ) -> LockError {
-        if error.outcome_unknown() {
-            self.resolve_attempt(key, want).await;
+    /// Gives up `want`'s place in the backend's wait queue (its entry times out otherwise).
+    async fn leave_queue(&self, key: &LockKey, want: &Want) {
+        if let Err(error) = self.backend.leave(key, want.holder.id(), want.kind).await {
+            tracing::debug!(key = %key, error = %format_args!("{error:#}"), "leaving the wait queue failed; the entry times out");
         }
-        LockError::Backend(error.with_key(key.as_str()))
     }
 
     /// Makes sure an attempt of `want` whose reply was lost holds nothing: once now, and while

@@ -290,71 +290,65 @@ impl<B: Backend> Engine<B> {
         outcome
     }
 
-    /// Sends the grant's delete again after `error`: first for up to [`RELEASE_RETRY_INLINE`],
-    /// then in the background, while the store may keep the record (and, once the client
-    /// stopped, for its clean-up grace). A repeat is safe: it names the grant, and finds
-    /// nothing once one copy got through. The reply of the last try made here.
+    /// Sends the grant's delete again after `error` while the store may keep the record (and,
+    /// once the client stopped, for its clean-up grace): here for up to
+    /// [`RELEASE_RETRY_INLINE`], then in the background. A repeat is safe: it names the grant,
+    /// and finds nothing once one copy got through. The reply of the last try made here.
     pub(crate) async fn release_again(
         self: &Arc<Self>,
         held: &Arc<Held>,
         error: BackendError,
     ) -> Result<ReleaseReply, BackendError> {
         // An answer the store gave (no permission, foreign data at the key) would be the same.
-        if !(error.is_unavailable() || error.outcome_unknown()) {
+        let worth_repeating =
+            |error: &BackendError| error.is_unavailable() || error.outcome_unknown();
+        if !worth_repeating(&error) {
             return Err(error);
         }
-        let mut unknown = error.outcome_unknown();
         let inline_until = tokio::time::Instant::now() + RELEASE_RETRY_INLINE;
-        let mut pause = Duration::from_millis(10);
+        let mut unknown = error.outcome_unknown();
         let mut last = Err(error);
-        while held.kept_past(BootInstant::now()) && self.stop.allows_cleanup() {
-            if tokio::time::Instant::now() + pause >= inline_until {
-                let (engine, held) = (self.clone(), held.clone());
-                if let Some(runtime) = self.runtime() {
-                    runtime.spawn(async move { engine.retry_in_background(&held, pause).await });
+        let mut pause = Duration::from_millis(10);
+        while tokio::time::Instant::now() + pause < inline_until {
+            match self.delete_after(held, pause).await {
+                None => return last,
+                Some(Err(error)) if worth_repeating(&error) => {
+                    unknown |= error.outcome_unknown();
+                    last = Err(error);
                 }
-                return last;
-            }
-            tokio::time::sleep(pause).await;
-            // The grant may have ended during the pause: then nothing is left to delete.
-            if !held.kept_past(BootInstant::now()) || !self.stop.allows_cleanup() {
-                break;
-            }
-            last = self.backend.release(held.release()).await;
-            match &last {
-                Err(error) if !(error.is_unavailable() || error.outcome_unknown()) => return last,
-                Err(error) => unknown |= error.outcome_unknown(),
                 // After a try whose outcome is unknown, "not held" says that one went through
                 // (or the lease ran out): either way the grant is gone.
-                Ok(ReleaseReply::NotHeld) if unknown => {
+                Some(Ok(ReleaseReply::NotHeld)) if unknown => {
                     return Ok(ReleaseReply::Released { notified: None });
                 }
-                Ok(_) => return last,
+                Some(reply) => return reply,
             }
             pause = (pause * 2).min(Duration::from_millis(500));
+        }
+        if let Some(runtime) = self.runtime() {
+            let (engine, held) = (self.clone(), held.clone());
+            runtime.spawn(async move {
+                while let Some(Err(error)) = engine.delete_after(&held, pause).await {
+                    tracing::debug!(key = %held.key, error = %format_args!("{error:#}"), "release failed; retrying while the store may keep the lock");
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+            });
         }
         last
     }
 
-    /// The retries of a delete after its caller heard of the failure, while the store may keep
-    /// the record (checked again after each pause, just before the delete is sent).
-    async fn retry_in_background(&self, held: &Held, mut pause: Duration) {
-        loop {
-            tokio::time::sleep(pause).await;
-            if !held.kept_past(BootInstant::now()) || !self.stop.allows_cleanup() {
-                return;
-            }
-            match self.backend.release(held.release()).await {
-                Ok(reply) => {
-                    tracing::debug!(key = %held.key, ?reply, "released after retrying");
-                    return;
-                }
-                Err(error) => {
-                    tracing::debug!(key = %held.key, error = %format_args!("{error:#}"), "release failed; retrying while the store may keep the lock");
-                }
-            }
-            pause = (pause * 2).min(Duration::from_secs(1));
+    /// Sends the grant's delete after `pause`, unless by then the store cannot keep the record
+    /// any more or the client's clean-up grace is over (`None`).
+    async fn delete_after(
+        &self,
+        held: &Held,
+        pause: Duration,
+    ) -> Option<Result<ReleaseReply, BackendError>> {
+        tokio::time::sleep(pause).await;
+        if !held.kept_past(BootInstant::now()) || !self.stop.allows_cleanup() {
+            return None;
         }
+        Some(self.backend.release(held.release()).await)
     }
 
     /// Gives back hold `hold` of `held` without a caller to tell: a dropped guard, or a lock

@@ -5,11 +5,6 @@
 //! for the holder to hand it over. A release wakes (or hands the lock to) the head alone, so a hot
 //! key costs one backend round trip per hand-off instead of one per waiter, and the connections
 //! and subscriptions used do not grow with the number of waiters.
-//!
-//! An exclusive acquire of a key that nobody here holds or waits for makes its first attempt
-//! before it joins (the uncontended case keeps no queue entry). Waiters that arrive meanwhile
-//! wait for that attempt as for a holder, and if it finds the lock held, its acquire joins at
-//! the front: it came first, and it stays the only waiter on the key's release listener.
 
 use std::{
     collections::VecDeque,
@@ -57,9 +52,6 @@ struct KeyState<L> {
     waiters: VecDeque<Slot>,
     /// Hand-offs in flight: the lock is on its way to a local waiter.
     handing_off: u32,
-    /// Attempts of acquires that found the key unused here and contend before joining the
-    /// queue: the waiters wait for them as for a holder.
-    trying: u32,
     /// Consecutive hand-offs without a real release.
     streak: u32,
     /// Until when waiters in other processes count as present: a real release that reached
@@ -78,7 +70,6 @@ impl<L> Default for KeyState<L> {
             held: Vec::new(),
             waiters: VecDeque::new(),
             handing_off: 0,
-            trying: 0,
             streak: 0,
             contended_until: None,
             listener: None,
@@ -91,14 +82,13 @@ impl<L> KeyState<L> {
     /// Whether an exclusive lock of this name is held (or being handed over) here.
     fn held_here(&self) -> bool {
         self.handing_off > 0
-            || self.trying > 0
             || self.held.iter().any(|held| {
                 matches!(held.kind, LockKind::Exclusive | LockKind::Fair) && !held.is_marked_lost()
             })
     }
 
     fn is_idle(&self) -> bool {
-        self.held.is_empty() && self.waiters.is_empty() && self.handing_off == 0 && self.trying == 0
+        self.held.is_empty() && self.waiters.is_empty() && self.handing_off == 0
     }
 
     fn wake_head(&self) {
@@ -285,14 +275,11 @@ impl<L> Table<L> {
         found
     }
 
-    /// Queues a waiter; `after_try` when its attempt started by
-    /// [`try_alone`](Self::try_alone) found the lock held: it then goes first, ahead of the
-    /// waiters that joined during the attempt.
+    /// Queues a waiter. With `queue_timeout`, it keeps a place in the backend's queue, which
+    /// the watchdog keeps alive.
     ///
     /// # Errors
     /// [`LockError::TooManyWaiters`] when `max_waiters` already wait for the key.
-    /// With `queue_timeout`, the waiter keeps a place in the backend's queue, which the
-    /// watchdog keeps alive.
     pub(crate) fn join(
         &self,
         id: u64,
@@ -300,18 +287,10 @@ impl<L> Table<L> {
         want: Arc<Want>,
         queue_timeout: Option<Duration>,
         max_waiters: usize,
-        after_try: bool,
     ) -> Result<Ticket, LockError> {
         let mut keys = self.keys(key);
         let state = state_of(&mut keys, key);
-        if after_try {
-            state.trying = state.trying.saturating_sub(1);
-        }
         if state.waiters.len() >= max_waiters {
-            if after_try {
-                // The head waited for this attempt: it may contend now.
-                state.wake_head();
-            }
             return Err(LockError::TooManyWaiters);
         }
         let (tx, rx) = oneshot::channel();
@@ -333,48 +312,12 @@ impl<L> Table<L> {
             queued: queued.clone(),
             renamed: false,
         };
-        // A waiter whose attempt came first goes first: the others joined during it.
-        match after_try {
-            true => state.waiters.push_front(slot),
-            false => state.waiters.push_back(slot),
-        }
+        state.waiters.push_back(slot);
         Ok(Ticket {
             wake,
             handoff: rx,
             queued,
         })
-    }
-
-    /// Starts an attempt on `key` before joining its queue, when nobody of this client holds or
-    /// waits for it: the common, uncontended acquire then keeps no queue entry. Until the
-    /// attempt ends ([`acquired`](Self::acquired) or [`join`](Self::join) after it,
-    /// or [`end_try`](Self::end_try)) local waiters of the key wait as for a holder, so that a
-    /// hand-off never goes to a waiter whose own attempt may be on its way. `false` when the
-    /// key is in use here: the acquire joins the queue instead.
-    pub(crate) fn try_alone(&self, key: &LockKey) -> bool {
-        let mut keys = self.keys(key);
-        if keys.contains_key(key) {
-            return false;
-        }
-        let state = KeyState {
-            trying: 1,
-            ..KeyState::default()
-        };
-        keys.insert(key.clone(), state);
-        true
-    }
-
-    /// The attempt started by [`try_alone`](Self::try_alone) ended without the lock, and its
-    /// acquire does not wait (or was dropped): the head waiter looks again.
-    pub(crate) fn end_try(&self, key: &LockKey) {
-        let mut keys = self.keys(key);
-        if let Some(state) = keys.get_mut(key) {
-            state.trying = state.trying.saturating_sub(1);
-            state.wake_head();
-            if state.is_idle() {
-                keys.remove(key);
-            }
-        }
     }
 
     /// Replaces what waiter `id` asks for (a new attempt id after a failed attempt).
@@ -427,14 +370,10 @@ impl<L> Table<L> {
         }
     }
 
-    /// Waiter `id` acquired the lock in the backend; `after_try` when it did so with the
-    /// attempt started by [`try_alone`](Self::try_alone), before joining the queue.
-    pub(crate) fn acquired(&self, key: &LockKey, id: u64, held: Arc<Held>, after_try: bool) {
+    /// Waiter `id` acquired the lock in the backend.
+    pub(crate) fn acquired(&self, key: &LockKey, id: u64, held: Arc<Held>) {
         let mut keys = self.keys(key);
         let state = state_of(&mut keys, key);
-        if after_try {
-            state.trying = state.trying.saturating_sub(1);
-        }
         if let Some(pos) = state.waiters.iter().position(|slot| slot.id == id) {
             state.waiters.remove(pos);
             state.wake_new_contender(pos);

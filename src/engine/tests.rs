@@ -147,14 +147,10 @@ mod table {
         let table = Table::<()>::default();
         let key = LockKey::new("test:", b"streak", 512).unwrap();
         let first = want(0);
-        table.acquired(&key, 0, hold(&key, &first), false);
+        table.acquired(&key, 0, hold(&key, &first));
         let mut tickets = Vec::new();
         for n in 1..=200 {
-            tickets.push(
-                table
-                    .join(n, &key, want(n), None, usize::MAX, false)
-                    .unwrap(),
-            );
+            tickets.push(table.join(n, &key, want(n), None, usize::MAX).unwrap());
         }
         let held = table.held_entries(&key)[0].clone();
         let (handoffs, held) = streak(&table, &key, held);
@@ -164,7 +160,7 @@ mod table {
         for (elsewhere, expected) in [(true, 4), (false, 4), (false, 4)] {
             table.released(&key, elsewhere, None);
             let (id, head) = table.head(&key).unwrap();
-            table.acquired(&key, id, hold(&key, &head), false);
+            table.acquired(&key, id, hold(&key, &head));
             let fresh = table.held_entries(&key).last().unwrap().clone();
             drop(held);
             let (handoffs, last) = streak(&table, &key, fresh);
@@ -178,7 +174,7 @@ mod table {
         tokio::time::advance(CONTENDED_FOR).await;
         table.released(&key, false, None);
         let (id, head) = table.head(&key).unwrap();
-        table.acquired(&key, id, hold(&key, &head), false);
+        table.acquired(&key, id, hold(&key, &head));
         let fresh = table.held_entries(&key).last().unwrap().clone();
         let (handoffs, _) = streak(&table, &key, fresh);
         assert_eq!(handoffs, 32, "a second without waiters elsewhere");

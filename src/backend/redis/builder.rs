@@ -236,6 +236,7 @@ impl RedisBackendBuilder {
             ));
         }
         let backend = self.build_lazy()?;
+        #[cfg_attr(not(feature = "cluster"), allow(irrefutable_let_patterns))]
         if let Transport::Node { target, .. } = &backend.inner.transport {
             // One connection made directly first, for an error that says why (a pool would
             // retry a refused certificate or password until its timeout).
