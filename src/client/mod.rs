@@ -344,8 +344,7 @@ impl<B: Backend> LockClient<B> {
     }
 
     /// How many acquires of this client are waiting right now: queued behind a holder or
-    /// another waiter. An acquire whose first attempt at a key unused in this client is on
-    /// its way does not wait yet.
+    /// another waiter, or with their attempt on its way to the backend.
     pub fn waiters(&self) -> usize {
         self.inner.engine.table.waiter_count()
     }

@@ -105,32 +105,14 @@ impl<B: Backend> Drop for QueueGuard<'_, B> {
 }
 
 /// An attempt sent to the store whose answer has not been dealt with. Dropped unsettled (the
-/// acquire future was cancelled while the call was on its way: a client disconnected, a timeout
-/// fired; or the attempt's reply was lost and could not be resolved at once), it is resolved in
-/// the background exactly like an attempt whose reply was lost: undone if it took the lock,
-/// recorded as given up on if it has not arrived yet.
-// Borrowed: what it needs is cloned only for a resolution in the background.
+/// acquire was cancelled mid-call, or its reply was lost and not resolved at once), it is
+/// resolved in the background like any lost reply: undone if it took the lock, voided if it
+/// has not arrived yet.
 struct InFlight<'a, B: Backend> {
     shared: &'a Arc<Engine<B>>,
     key: &'a LockKey,
     want: &'a Arc<Want>,
     settled: bool,
-}
-
-impl<'a, B: Backend> InFlight<'a, B> {
-    fn new(shared: &'a Arc<Engine<B>>, key: &'a LockKey, want: &'a Arc<Want>) -> Self {
-        Self {
-            shared,
-            key,
-            want,
-            settled: false,
-        }
-    }
-
-    /// The answer was dealt with: nothing to resolve.
-    fn settle(&mut self) {
-        self.settled = true;
-    }
 }
 
 impl<B: Backend> Drop for InFlight<'_, B> {
@@ -288,13 +270,8 @@ impl<B: Backend> Engine<B> {
             id,
             in_backend: false,
         };
-        // The wait counts from the first attempt's clock reading (the uncontended case reads
-        // no other clock); its deadline is worked out when first needed.
-        let mut wait = WaitClock {
-            wait: request.wait,
-            started: None,
-            deadline: None,
-        };
+        let started = tokio::time::Instant::now();
+        let deadline = crate::clock::after(started, request.wait);
         let mut listener = None;
         // The current holder's remaining lease, as last seen: the hint for a caller timed out.
         let mut behind = Behind::default();
@@ -312,15 +289,19 @@ impl<B: Backend> Engine<B> {
                         ..want.grant(&request.key, queue)
                     };
                     let sent_at = BootInstant::now();
-                    wait.started.get_or_insert(sent_at);
-                    let mut in_flight = InFlight::new(self, &request.key, &want);
+                    let mut in_flight = InFlight {
+                        shared: self,
+                        key: &request.key,
+                        want: &want,
+                        settled: false,
+                    };
                     let reply = self.backend.acquire(grant).await;
                     let replied_at = BootInstant::now();
                     let late = matches!(reply, Ok(AcquireReply::Acquired { .. }))
                         && want.lease.valid_until(sent_at) <= replied_at;
                     // Settled now unless something is still to be undone below.
                     if !late && !matches!(&reply, Err(error) if error.outcome_unknown()) {
-                        in_flight.settle();
+                        in_flight.settled = true;
                     }
                     match reply {
                         Ok(AcquireReply::Acquired { token }) => {
@@ -330,7 +311,7 @@ impl<B: Backend> Engine<B> {
                                 // Granted, but the reply came after the lease ran out: the
                                 // lock may be someone else's already. Undo it and say so.
                                 Box::pin(self.resolve_attempt(&request.key, &want)).await;
-                                in_flight.settle();
+                                in_flight.settled = true;
                                 let error = BackendError::new(
                                     BackendErrorKind::Timeout,
                                     "the lock was granted, but the reply came after its lease ran out",
@@ -370,10 +351,8 @@ impl<B: Backend> Engine<B> {
                                 self.watch(place.joined(sent_at));
                                 queued.in_backend = true;
                             }
-                            if request.wait.is_zero()
-                                || tokio::time::Instant::now() >= wait.deadline()
-                            {
-                                return Err(behind.timed_out(&mut wait));
+                            if request.wait.is_zero() || tokio::time::Instant::now() >= deadline {
+                                return Err(behind.timed_out(started));
                             }
                             if listener.is_none() {
                                 let (shared_listener, fresh) =
@@ -390,9 +369,9 @@ impl<B: Backend> Engine<B> {
                             let retry_in = if let Some(ends) = error.quarantine_ends() {
                                 // Nothing was sent: come back when the quarantine ends, or
                                 // answer now if the wait ends first.
-                                in_flight.settle();
+                                in_flight.settled = true;
                                 drop(in_flight);
-                                if request.wait.is_zero() || ends >= wait.deadline() {
+                                if request.wait.is_zero() || ends >= deadline {
                                     let error = error.with_key(request.key.as_str());
                                     return Err(LockError::Backend(error));
                                 }
@@ -406,13 +385,13 @@ impl<B: Backend> Engine<B> {
                                 }
                                 let error =
                                     LockError::Backend(error.with_key(request.key.as_str()));
-                                in_flight.settle();
+                                in_flight.settled = true;
                                 drop(in_flight);
                                 // An attempt that could not end before the deadline is not
                                 // started: the caller hears of the failure within its wait.
                                 let took = BootInstant::now().duration_since(sent_at);
                                 let next_ends = tokio::time::Instant::now() + RETRY_PAUSE + took;
-                                if !worth_retrying(&error) || next_ends >= wait.deadline() {
+                                if !worth_retrying(&error) || next_ends >= deadline {
                                     return Err(error);
                                 }
                                 tracing::debug!(key = %request.key, error = %format_args!("{error:#}"), "backend error while waiting; trying again");
@@ -431,14 +410,14 @@ impl<B: Backend> Engine<B> {
                         behind.saw(remaining, BootInstant::now());
                     }
                     if request.wait.is_zero() {
-                        return Err(behind.timed_out(&mut wait));
+                        return Err(behind.timed_out(started));
                     }
                     None
                 }
                 Turn::Yield(pause) => {
                     if request.wait.is_zero() {
                         behind.saw(Some(pause), BootInstant::now());
-                        return Err(behind.timed_out(&mut wait));
+                        return Err(behind.timed_out(started));
                     }
                     Some(pause)
                 }
@@ -446,7 +425,6 @@ impl<B: Backend> Engine<B> {
             };
             tracing::trace!(?retry_in, "waiting for the lock");
             let listening = listener.clone();
-            let deadline = wait.deadline();
             // Boxed, like every step the uncontended path skips: the acquire future stays small
             // for the common case, which moves it into place on every request.
             let woke = Box::pin(async {
@@ -475,7 +453,7 @@ impl<B: Backend> Engine<B> {
                         at: BootInstant::now(),
                     });
                 }
-                Woke::TimedOut => return Err(behind.timed_out(&mut wait)),
+                Woke::TimedOut => return Err(behind.timed_out(started)),
             }
         }
     }
@@ -594,15 +572,15 @@ impl Behind {
         self.lease = ttl.map(|ttl| (ttl, at));
     }
 
-    /// The error for a wait that ran out now: the holder's lease left now, and how long the
-    /// acquire waited.
-    fn timed_out(&self, wait: &mut WaitClock) -> LockError {
+    /// The error for a wait that started at `started` and ran out now: the holder's lease left
+    /// now, and how long the acquire waited.
+    fn timed_out(&self, started: tokio::time::Instant) -> LockError {
         let now = BootInstant::now();
         LockError::WaitTimeout {
             retry_after: self
                 .lease
                 .map(|(ttl, at)| ttl.saturating_sub(now.duration_since(at))),
-            waited: wait.waited(),
+            waited: started.elapsed(),
         }
     }
 }
@@ -618,32 +596,5 @@ async fn sleep_opt(duration: Option<Duration>) {
     match duration {
         Some(duration) => tokio::time::sleep(duration).await,
         None => std::future::pending().await,
-    }
-}
-
-/// An acquire's wait: when it started (its first attempt's clock reading) and, worked out when
-/// first needed, when it ends on tokio's clock.
-struct WaitClock {
-    wait: Duration,
-    started: Option<BootInstant>,
-    deadline: Option<tokio::time::Instant>,
-}
-
-impl WaitClock {
-    /// How much of the wait has passed.
-    fn waited(&mut self) -> Duration {
-        let left = self
-            .deadline()
-            .saturating_duration_since(tokio::time::Instant::now());
-        self.wait.saturating_sub(left)
-    }
-
-    fn deadline(&mut self) -> tokio::time::Instant {
-        let (wait, started) = (self.wait, self.started);
-        *self.deadline.get_or_insert_with(|| {
-            let now = tokio::time::Instant::now();
-            let spent = started.map_or(Duration::ZERO, |at| BootInstant::now().duration_since(at));
-            crate::clock::after(now.checked_sub(spent).unwrap_or(now), wait)
-        })
     }
 }

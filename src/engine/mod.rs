@@ -17,7 +17,7 @@
 use std::{
     sync::{
         Arc, OnceLock,
-        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -91,48 +91,32 @@ impl<B: Backend> Drop for EngineRef<B> {
     }
 }
 
-/// A value alone on its cache line (two, for CPUs that fetch lines in pairs), so that writing
-/// it does not make other threads fetch its neighbours again.
-#[repr(align(128))]
-pub(crate) struct OwnLine<T>(pub(crate) T);
-
-impl<T> std::ops::Deref for OwnLine<T> {
-    type Target = T;
-
-    fn deref(&self) -> &T {
-        &self.0
-    }
-}
-
 /// How long after the client stops a release or an undo it started is still tried again: a
 /// lock it was giving back when it stopped is not left to its lease over one failed try.
 pub(crate) const CLEANUP_GRACE: Duration = Duration::from_secs(1);
 
 /// The engine's stop signal. Checked on every acquire and release, so the check is one atomic
-/// load: a cancellation token's takes a mutex shared by every thread.
+/// load (the time of the stop being set), not a cancellation token's mutex.
 #[derive(Default)]
 pub(crate) struct Stop {
-    stopped: AtomicBool,
     token: CancellationToken,
-    /// When it stopped.
     at: OnceLock<tokio::time::Instant>,
 }
 
 impl Stop {
     pub(crate) fn cancel(&self) {
         let _ = self.at.set(tokio::time::Instant::now());
-        self.stopped.store(true, Ordering::Release);
         self.token.cancel();
     }
 
     pub(crate) fn is_cancelled(&self) -> bool {
-        self.stopped.load(Ordering::Acquire)
+        self.at.get().is_some()
     }
 
     /// Whether a release or an undo may still be tried again: while running, and for
     /// [`CLEANUP_GRACE`] after the stop.
     pub(crate) fn allows_cleanup(&self) -> bool {
-        !self.is_cancelled() || self.at.get().is_none_or(|at| at.elapsed() < CLEANUP_GRACE)
+        self.at.get().is_none_or(|at| at.elapsed() < CLEANUP_GRACE)
     }
 
     /// Resolves once stopped.
@@ -147,14 +131,10 @@ pub(crate) struct Engine<B: Backend> {
     pub(crate) config: Config,
     pub(crate) table: Table<B::Listener>,
     pub(crate) id: String,
-    /// Numbers handed out in blocks by [`next_id`](Self::next_id).
+    /// The numbers handed out by [`next_id`](Self::next_id).
     pub(crate) sequence: AtomicU64,
-    /// This engine among the process's: tells a thread's block of numbers apart from another
-    /// engine's (an address could be reused).
-    pub(crate) serial: u64,
-    /// Acquires waiting right now, for the `max_waiters` cap. Written twice by every acquire:
-    /// on a cache line of its own, away from what every acquire only reads.
-    pub(crate) waiting: OwnLine<AtomicUsize>,
+    /// Acquires waiting right now, for the `max_waiters` cap.
+    pub(crate) waiting: AtomicUsize,
     pub(crate) stop: Stop,
     pub(crate) watchdog_wake: Notify,
     /// When the watchdog plans to wake next (boot-clock nanoseconds).
@@ -181,11 +161,7 @@ impl<B: Backend> Engine<B> {
             config,
             table: Table::default(),
             sequence: AtomicU64::new(0),
-            serial: {
-                static ENGINES: AtomicU64 = AtomicU64::new(1);
-                ENGINES.fetch_add(1, Ordering::Relaxed)
-            },
-            waiting: OwnLine(AtomicUsize::new(0)),
+            waiting: AtomicUsize::new(0),
             stop: Stop::default(),
             watchdog_wake: Notify::new(),
             watchdog_due: AtomicU64::new(0),
@@ -219,24 +195,9 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// A number no other call of this engine returns. Each thread takes a block of them at a
-    /// time, so that acquires on different threads do not write one shared counter.
+    /// A number no other call of this engine returns.
     pub(crate) fn next_id(&self) -> u64 {
-        const BLOCK: u64 = 1024;
-        thread_local! {
-            // The engine's serial, the next number and the end of the block.
-            static IDS: std::cell::Cell<(u64, u64, u64)> = const { std::cell::Cell::new((0, 0, 0)) };
-        }
-        IDS.with(|ids| {
-            let (engine, next, end) = ids.get();
-            if engine == self.serial && next < end {
-                ids.set((engine, next + 1, end));
-                return next;
-            }
-            let start = self.sequence.fetch_add(BLOCK, Ordering::Relaxed);
-            ids.set((self.serial, start + 1, start + BLOCK));
-            start
-        })
+        self.sequence.fetch_add(1, Ordering::Relaxed)
     }
 
     /// A new attempt id of `holder`.

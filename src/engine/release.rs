@@ -35,23 +35,15 @@ pub(crate) struct Releasing {
     handoff: Option<Slot>,
     /// The hand-off streak ended: local waiters let other processes go first.
     yield_turn: bool,
-    /// Set once the release was tried at once: when, and the answer if there was one.
-    sent: Option<Sent>,
+    /// When the delete was first sent (a hand-off's lease counts from there, and how long it
+    /// took sets a yield), and the store's answer if it came at once.
+    sent: Option<(BootInstant, Option<Result<ReleaseReply, BackendError>>)>,
 }
 
 /// A release tried at once: done, or to finish with [`Engine::finish_release`].
 pub(crate) enum AtOnce {
     Done(Result<(), LockError>),
     Later(Releasing),
-}
-
-/// When a release was sent (read once, before its first try), and the store's reply.
-struct Sent {
-    /// When a hand-off was asked for: the hand-off's lease counts from here.
-    sent_at: Option<BootInstant>,
-    /// When a release that ended a streak was sent: how long it took sets the yield.
-    started: Option<tokio::time::Instant>,
-    reply: Option<Result<ReleaseReply, BackendError>>,
 }
 
 impl Releasing {
@@ -63,16 +55,6 @@ impl Releasing {
                 .as_ref()
                 .map(|slot| slot.want.grant(&self.held.key, None)),
             ..self.held.release()
-        }
-    }
-
-    /// The clock readings the reply is judged by, taken just before the call (a reading only
-    /// when it is needed).
-    fn send(&self) -> Sent {
-        Sent {
-            sent_at: self.handoff.as_ref().map(|_| BootInstant::now()),
-            started: self.yield_turn.then(tokio::time::Instant::now),
-            reply: None,
         }
     }
 }
@@ -175,15 +157,11 @@ impl<B: Backend> Engine<B> {
     /// in-memory one): then no future is made for it. Otherwise `releasing` comes back, for
     /// [`finish_release`](Self::finish_release).
     pub(crate) fn release_at_once(self: &Arc<Self>, mut releasing: Releasing) -> AtOnce {
-        let sent = releasing.send();
+        let sent_at = BootInstant::now();
         match self.backend.release_now(releasing.request()) {
-            Some(Ok(reply)) => {
-                let Releasing { held, handoff, .. } = releasing;
-                let (sent_at, started) = (sent.sent_at, sent.started);
-                AtOnce::Done(self.settle_release(&held, handoff, sent_at, started, Ok(reply)))
-            }
+            Some(Ok(reply)) => AtOnce::Done(self.settle_release(releasing, sent_at, Ok(reply))),
             reply => {
-                releasing.sent = Some(Sent { reply, ..sent });
+                releasing.sent = Some((sent_at, reply));
                 AtOnce::Later(releasing)
             }
         }
@@ -194,19 +172,12 @@ impl<B: Backend> Engine<B> {
         self: &Arc<Self>,
         mut releasing: Releasing,
     ) -> Result<(), LockError> {
-        let Sent {
-            sent_at,
-            started,
-            reply,
-        } = match releasing.sent.take() {
-            Some(sent) => sent,
-            None => releasing.send(),
-        };
+        let (sent_at, reply) = releasing.sent.take().unwrap_or((BootInstant::now(), None));
         let reply = match reply {
             Some(reply) => reply,
             None => self.backend.release(releasing.request()).await,
         };
-        let Releasing { held, handoff, .. } = releasing;
+        let (held, handoff) = (&releasing.held, releasing.handoff.take());
         let (reply, handoff) = match (reply, handoff) {
             (Err(error), Some(mut slot)) => {
                 if error.outcome_unknown() {
@@ -217,24 +188,30 @@ impl<B: Backend> Engine<B> {
                 }
                 self.table.restore(&held.key, slot);
                 // The grant's own delete: sent again like any other.
-                (self.release_again(&held, error).await, None)
+                (self.release_again(held, error).await, None)
             }
-            (Err(error), None) => (self.release_again(&held, error).await, None),
+            (Err(error), None) => (self.release_again(held, error).await, None),
             (reply, handoff) => (reply, handoff),
         };
-        self.settle_release(&held, handoff, sent_at, started, reply)
+        releasing.handoff = handoff;
+        self.settle_release(releasing, sent_at, reply)
     }
 
     /// What the store's final `reply` to a release means here: the hand-off delivered or the
     /// waiters told, and the caller's result.
     fn settle_release(
         self: &Arc<Self>,
-        held: &Arc<Held>,
-        handoff: Option<Slot>,
-        sent_at: Option<BootInstant>,
-        started: Option<tokio::time::Instant>,
+        releasing: Releasing,
+        sent_at: BootInstant,
         reply: Result<ReleaseReply, BackendError>,
     ) -> Result<(), LockError> {
+        let Releasing {
+            held,
+            handoff,
+            yield_turn,
+            ..
+        } = releasing;
+        let held = &held;
         if let Ok(ReleaseReply::Released { .. } | ReleaseReply::HandedOff { .. }) = reply {
             crate::metrics::released(held.kind, held.acquired_at);
         }
@@ -250,8 +227,9 @@ impl<B: Backend> Engine<B> {
         };
         // They learn of it about when we do and need one more round trip to reach the store:
         // hold local waiters back for two.
-        let yield_for = started.filter(|_| others_heard).map(|started| {
-            (started.elapsed() * 2).clamp(Duration::from_micros(200), Duration::from_millis(20))
+        let yield_for = (yield_turn && others_heard).then(|| {
+            let took = BootInstant::now().duration_since(sent_at);
+            (took * 2).clamp(Duration::from_micros(200), Duration::from_millis(20))
         });
         let outcome = match (reply, handoff) {
             (Ok(ReleaseReply::HandedOff { token }), Some(slot)) => {
@@ -261,7 +239,7 @@ impl<B: Backend> Engine<B> {
                     slot.want.kind,
                     (slot.want.attempt.clone(), token),
                     slot.want.lease,
-                    sent_at.unwrap_or_else(BootInstant::now),
+                    sent_at,
                     self.config.max_hold,
                 );
                 self.table.handed_off(next.clone());

@@ -559,32 +559,30 @@ impl<L> Table<L> {
         scan
     }
 
+    /// Sums `count` over the states of every key.
+    fn sum(&self, count: impl Fn(&KeyState<L>) -> usize) -> usize {
+        let count = &count;
+        self.all_keys()
+            .map(|keys| keys.values().map(count).sum::<usize>())
+            .sum()
+    }
+
     /// How many keys have local state (held or waited on).
     pub(crate) fn key_count(&self) -> usize {
-        self.all_keys().map(|keys| keys.len()).sum()
+        self.sum(|_| 1)
     }
 
     /// How many waiters hold a place in a backend queue.
     pub(crate) fn queued_count(&self) -> usize {
-        self.all_keys()
-            .map(|keys| {
-                keys.values()
-                    .flat_map(|state| &state.waiters)
-                    .filter(|slot| slot.queued.as_ref().is_some_and(|q| q.is_active()))
-                    .count()
-            })
-            .sum()
+        self.sum(|state| {
+            let active = |slot: &&Slot| slot.queued.as_ref().is_some_and(|q| q.is_active());
+            state.waiters.iter().filter(active).count()
+        })
     }
 
     /// How many waiters are queued across all keys.
     pub(crate) fn waiter_count(&self) -> usize {
-        self.all_keys()
-            .map(|keys| {
-                keys.values()
-                    .map(|state| state.waiters.len())
-                    .sum::<usize>()
-            })
-            .sum()
+        self.sum(|state| state.waiters.len())
     }
 
     /// The head waiter of `key`: its id and what it asks for.
