@@ -26,6 +26,9 @@
 //!   expiry: a bare `PEXPIRE` per lock, on the hand-written lock's keys. The renewal is built
 //!   through the feature `unstable-backend` (`Renew::Grant` for each guard's grant, read from
 //!   Redis), which this bench requires.
+//! - W5: one task holds a key and takes it again and gives it back in a loop: tower-lock
+//!   re-enters its own grant (counted in the client, no round trip); the baselines have no
+//!   re-entry, so their nearest is a pair on a second key while the first is held.
 //!
 //! See `benches/README.md` for what is counted and the latest results.
 
@@ -118,6 +121,9 @@ fn main() {
         if selected("W4") {
             let w4 = [Impl::Tower, Impl::Hand, Impl::Rslock];
             bench.w4(&lockers::chosen(&w4), &mut table).await;
+        }
+        if selected("W5") {
+            bench.w5(&all, &mut table).await;
         }
         table.print();
     });
@@ -313,6 +319,86 @@ impl Bench<'_> {
                 run.scripts = f64::NAN;
             }
         }
+        Ok(run)
+    }
+
+    /// W5: re-entries of a held key (the baselines: pairs on a second key while holding one).
+    async fn w5(&self, impls: &[Impl], table: &mut Table) {
+        println!();
+        println!(
+            "W5: one task holding a key takes it again and gives it back (baselines, without re-entry: a pair on a second key)"
+        );
+        let runs = self
+            .repeated("W5", impls, async |which, key| {
+                self.w5_once(which, &key).await
+            })
+            .await;
+        println!(
+            "  {:<18} {:>24} {:>20} {:>16}",
+            "", "pairs/s", "ns/pair", "Redis cmds/pair"
+        );
+        for &which in impls {
+            let of = |f: fn(&PairRun) -> f64| by_rep(&runs, self.reps, which, f);
+            let (rate, ns, cmds) = (of(|r| r.rate), of(|r| 1e9 / r.rate), of(|r| r.cmds));
+            println!(
+                "  {:<18} {:>24} {:>20} {:>16}",
+                which.name(),
+                show(&rate, 0),
+                show(&ns, 0),
+                show(&cmds, 2)
+            );
+            let mut errors = Errors::default();
+            for (_, _, run) in runs.iter().filter(|r| r.0 == which) {
+                errors.merge(&run.errors);
+            }
+            if errors.total() > 0 {
+                println!("  {:<18}   errors: {}", "", errors.describe());
+            }
+            table.add("W5 nested pairs/s", true, which, rate);
+            table.add("W5 ns/nested pair", false, which, ns);
+            if which != Impl::Memory {
+                table.add("W5 Redis cmds/nested pair", false, which, cmds);
+            }
+            table.add_errors("W5 errors", which, errors.total());
+        }
+    }
+
+    async fn w5_once(&self, which: Impl, key: &str) -> Result<PairRun, String> {
+        let locker = Locker::connect(which, self.url).await?;
+        warm_up(&locker, key).await;
+        let before = redis_counters(self.server);
+        let mut run = PairRun::default();
+        let start = Instant::now();
+        let pairs = match &locker {
+            Locker::Tower(client, _) => {
+                reenter_for(client, key, self.window, &mut run.errors).await
+            }
+            Locker::Memory(client) => reenter_for(client, key, self.window, &mut run.errors).await,
+            Locker::Hand(_) | Locker::Rslock(_) => {
+                let outer = locker.acquire(key).await.map_err(|f| f.message)?;
+                let inner = format!("{key}:inner");
+                let mut pairs = 0u64;
+                while start.elapsed() < self.window {
+                    match locker.acquire(&inner).await {
+                        Ok(held) => match locker.release(held).await {
+                            Ok(()) => pairs += 1,
+                            Err(f) => run.errors.add(f.kind, || f.message),
+                        },
+                        Err(f) => run.errors.add(f.kind, || f.message),
+                    }
+                }
+                let _ = locker.release(outer).await;
+                pairs
+            }
+        };
+        let elapsed = start.elapsed();
+        let after = redis_counters(self.server);
+        locker.shutdown().await;
+        run.rate = pairs as f64 / elapsed.as_secs_f64();
+        run.cmds = match (before, after) {
+            (Some(before), Some(after)) => before.delta(&after).calls as f64 / pairs.max(1) as f64,
+            _ => f64::NAN,
+        };
         Ok(run)
     }
 
@@ -747,6 +833,37 @@ impl Bench<'_> {
 
 /// One acquire + release on a key of its own, so connections, pools and scripts are ready
 /// before the measured window.
+/// W5 on tower-lock: holds `key` for one holder and re-enters it for `window`; the re-entries
+/// made. The outer acquire and release are outside the count.
+async fn reenter_for<B: tower_lock::Backend>(
+    client: &tower_lock::LockClient<B>,
+    key: &str,
+    window: Duration,
+    errors: &mut Errors,
+) -> u64 {
+    let holder = client.holder();
+    let outer = match client.lock(key).holder(&holder).acquire().await {
+        Ok(guard) => guard,
+        Err(e) => {
+            errors.add("acquire", || e.to_string());
+            return 0;
+        }
+    };
+    let start = Instant::now();
+    let mut pairs = 0u64;
+    while start.elapsed() < window {
+        match client.lock(key).holder(&holder).acquire().await {
+            Ok(guard) => match guard.release().await {
+                Ok(()) => pairs += 1,
+                Err(e) => errors.add("release", || e.to_string()),
+            },
+            Err(e) => errors.add("acquire", || e.to_string()),
+        }
+    }
+    let _ = outer.release().await;
+    pairs
+}
+
 async fn warm_up(locker: &Locker, key: &str) {
     for _ in 0..3 {
         if let Ok(held) = locker.acquire(&format!("{key}:warm")).await {
