@@ -27,7 +27,7 @@ pub struct Grant<'a> {
     pub fencing: bool,
     /// The kind of lock.
     pub kind: LockKind,
-    /// For kinds that [queue](LockKind::queues): when refused, keep a place in the queue for
+    /// For kinds that queue (fair locks, writers): when refused, keep a place in the queue for
     /// this long (renewed with [`Renew::Place`]).
     pub queue: Option<Duration>,
     /// An earlier attempt of the same acquisition found the lock held: a store skips a first

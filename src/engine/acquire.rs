@@ -2,17 +2,14 @@
 //! release, and resolving attempts whose outcome is unknown.
 
 use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicUsize, Ordering},
-    },
+    sync::{Arc, atomic::Ordering},
     time::Duration,
 };
 
 use super::{
     Engine, Held, Loss,
     held::Reentry,
-    table::{Found, Turn, Want},
+    table::{Found, Ticket, Turn, Want},
 };
 use crate::{
     backend::{
@@ -32,18 +29,6 @@ pub(crate) struct Acquired {
     pub(crate) at: BootInstant,
 }
 
-/// Why a waiter woke up.
-enum Woke {
-    /// Something changed: look at the lock again.
-    Again,
-    /// The client is shutting down.
-    Stopped,
-    /// A releasing holder here handed the lock over.
-    HandedOff((Arc<Held>, u64)),
-    /// The wait ran out.
-    TimedOut,
-}
-
 /// A validated acquire.
 pub(crate) struct Request {
     pub(crate) key: LockKey,
@@ -51,34 +36,8 @@ pub(crate) struct Request {
     pub(crate) wait: Duration,
 }
 
-/// One acquire counted against `max_waiters` until it ends, however it ends.
-struct Waiting<'a>(&'a AtomicUsize);
-
-impl<'a> Waiting<'a> {
-    /// Counts one more waiter of `shared`, or refuses it when `max_waiters` already wait.
-    fn admit<B: Backend>(shared: &'a Engine<B>) -> Result<Self, LockError> {
-        let waiting = &shared.waiting;
-        if waiting.fetch_add(1, Ordering::AcqRel) >= shared.config.max_waiters {
-            waiting.fetch_sub(1, Ordering::AcqRel);
-            tracing::debug!(
-                max = shared.config.max_waiters,
-                "too many waiters in this client"
-            );
-            return Err(LockError::TooManyWaiters);
-        }
-        crate::metrics::waiting(true);
-        Ok(Self(waiting))
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-        crate::metrics::waiting(false);
-    }
-}
-
-/// Leaves the waiter queue when the acquire future ends, however it ends.
+/// A waiter of the client (counted against `max_waiters`) in its key's queue, given up when
+/// the acquire future ends, however it ends.
 struct QueueGuard<'a, B: Backend> {
     shared: &'a Arc<Engine<B>>,
     request: &'a Request,
@@ -87,8 +46,39 @@ struct QueueGuard<'a, B: Backend> {
     in_backend: bool,
 }
 
+impl<'a, B: Backend> QueueGuard<'a, B> {
+    /// Counts the waiter and queues it (with a place in the backend's queue kept for `queue`).
+    fn join(
+        shared: &'a Arc<Engine<B>>,
+        request: &'a Request,
+        queue: Option<Duration>,
+    ) -> Result<(Self, Ticket), LockError> {
+        let config = &shared.config;
+        if shared.waiting.fetch_add(1, Ordering::AcqRel) >= config.max_waiters {
+            shared.waiting.fetch_sub(1, Ordering::AcqRel);
+            tracing::debug!(max = config.max_waiters, "too many waiters in this client");
+            return Err(LockError::TooManyWaiters);
+        }
+        crate::metrics::waiting(true);
+        let id = shared.next_id();
+        let guard = Self {
+            shared,
+            request,
+            id,
+            in_backend: false,
+        };
+        let (key, want) = (&request.key, request.want.clone());
+        let ticket = shared
+            .table
+            .join(id, key, want, queue, config.max_waiters_per_key)?;
+        Ok((guard, ticket))
+    }
+}
+
 impl<B: Backend> Drop for QueueGuard<'_, B> {
     fn drop(&mut self) {
+        self.shared.waiting.fetch_sub(1, Ordering::AcqRel);
+        crate::metrics::waiting(false);
         self.shared.table.leave(&self.request.key, self.id);
         if self.in_backend
             && let Some(runtime) = self.shared.runtime()
@@ -251,25 +241,12 @@ impl<B: Backend> Engine<B> {
     /// Queues behind local waiters, contends in the backend when first, and waits for a
     /// release notification, a hand-off or the holder's lease to run out.
     async fn wait_and_acquire(self: &Arc<Self>, request: &Request) -> Result<Acquired, LockError> {
-        let _waiting = Waiting::admit(self)?;
         let mut want = request.want.clone();
-        let id = self.next_id();
         // Fair waiters and waiting writers keep a place in the backend's queue while waiting.
         let queue =
             (want.kind.queues() && !request.wait.is_zero()).then_some(self.config.waiter_timeout);
-        let mut ticket = self.table.join(
-            id,
-            &request.key,
-            want.clone(),
-            queue,
-            self.config.max_waiters_per_key,
-        )?;
-        let mut queued = QueueGuard {
-            shared: self,
-            request,
-            id,
-            in_backend: false,
-        };
+        let (mut queued, mut ticket) = QueueGuard::join(self, request, queue)?;
+        let id = queued.id;
         let started = tokio::time::Instant::now();
         let deadline = crate::clock::after(started, request.wait);
         let mut listener = None;
@@ -427,33 +404,28 @@ impl<B: Backend> Engine<B> {
             let listening = listener.clone();
             // Boxed, like every step the uncontended path skips: the acquire future stays small
             // for the common case, which moves it into place on every request.
-            let woke = Box::pin(async {
+            // The outcome, if the wake-up decided it; otherwise the lock is looked at again.
+            let outcome = Box::pin(async {
                 tokio::select! {
                     biased;
-                    () = self.stop.cancelled() => Woke::Stopped,
-                    handed = &mut ticket.handoff => match handed {
-                        Ok(handoff) => Woke::HandedOff(handoff.take()),
+                    () = self.stop.cancelled() => Some(Err(LockError::ShutDown)),
+                    handed = &mut ticket.handoff => Some(match handed {
+                        Ok(handoff) => {
+                            let (held, hold) = handoff.take();
+                            Ok(Acquired { held, hold, at: BootInstant::now() })
+                        }
                         // Only a dropped table could drop the sender.
-                        Err(_) => Woke::Stopped,
-                    },
-                    () = ticket.wake.notified() => Woke::Again,
-                    () = notified(listening.as_deref()) => Woke::Again,
-                    () = sleep_opt(retry_in) => Woke::Again,
-                    () = tokio::time::sleep_until(deadline) => Woke::TimedOut,
+                        Err(_) => Err(LockError::ShutDown),
+                    }),
+                    () = ticket.wake.notified() => None,
+                    () = notified(listening.as_deref()) => None,
+                    () = sleep_opt(retry_in) => None,
+                    () = tokio::time::sleep_until(deadline) => Some(Err(behind.timed_out(started))),
                 }
             })
             .await;
-            match woke {
-                Woke::Again => {}
-                Woke::Stopped => return Err(LockError::ShutDown),
-                Woke::HandedOff((held, hold)) => {
-                    return Ok(Acquired {
-                        held,
-                        hold,
-                        at: BootInstant::now(),
-                    });
-                }
-                Woke::TimedOut => return Err(behind.timed_out(started)),
+            if let Some(outcome) = outcome {
+                return outcome;
             }
         }
     }
@@ -504,11 +476,9 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Resolves an attempt whose reply was lost, trying until the store answers, the attempt's
-    /// lease has run out (it then holds nothing anyway) or the client stops. Each try waits at
-    /// least until the store is expected back (a store known to be down says when it is probed
-    /// next). Logged at debug: the store's own incident is logged once by its backend, and a
-    /// resolution changes nothing a caller can see (an attempt left unresolved holds the lock
-    /// no longer than its lease, like a crashed holder).
+    /// lease has run out (it then holds nothing anyway) or the client stops; each try no sooner
+    /// than the store is expected back. Logged at debug: the store's incident is logged by its
+    /// backend, and an unresolved attempt holds the lock no longer than a crashed holder.
     async fn resolve_until_done(&self, key: &LockKey, want: &Want) {
         let give_up = tokio::time::Instant::now() + want.lease.duration();
         let mut pause = RETRY_PAUSE;
@@ -529,31 +499,19 @@ impl<B: Backend> Engine<B> {
     /// One try at resolving an attempt of `want` whose reply was lost: `Ok` once the backend
     /// has undone or voided it.
     async fn try_resolve(&self, key: &LockKey, want: &Want) -> Result<(), BackendError> {
-        match self.backend.abandon(want.grant(key, None)).await {
-            Ok(undone) => {
-                tracing::debug!(key = %key, attempt = %want.attempt, undone, "resolved an attempt whose reply was lost");
-                Ok(())
-            }
-            Err(error) => {
-                tracing::debug!(
-                    key = %key,
-                    attempt = %want.attempt,
-                    error = %format_args!("{error:#}"),
-                    "could not resolve an attempt whose reply was lost yet; trying again while its lease lasts"
-                );
-                Err(error)
-            }
-        }
+        let outcome = self.backend.abandon(want.grant(key, None)).await;
+        let error = outcome.as_ref().err().map(|error| format!("{error:#}"));
+        tracing::debug!(key = %key, attempt = %want.attempt, undone = ?outcome.as_ref().ok(), error, "resolving an attempt whose reply was lost");
+        outcome.map(drop)
     }
 }
 
 /// The pause before an acquire whose attempt failed tries again.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
-/// Whether an acquire that failed with `error` tries again within its wait: when the store
-/// could not be reached or did not answer in time (a connection that broke, a restart, a
-/// paused or busy server, a failover under way), unless the store is known to be down (it
-/// refuses connections and says when it is probed next): then the caller hears at once.
+/// Whether an acquire that failed with `error` tries again within its wait: when the store could
+/// not be reached or did not answer in time, unless it is known to be down (it refuses
+/// connections and says when it is probed next): then the caller hears at once.
 fn worth_retrying(error: &LockError) -> bool {
     matches!(error, LockError::Backend(e)
         if (e.is_unavailable() || e.is_timeout()) && e.retry_after().is_none())

@@ -1,16 +1,13 @@
 //! One grant held by one holder in a client, with the holds of that holder's guards in it.
 //!
-//! The store keeps one record per grant and no counts: a re-entry of the holder is one more
-//! hold of this entry, counted here. Each hold keeps its own lease: a fixed one ends that hold
-//! only; watchdog holds are renewed with the grant, by the longest watchdog lease among them.
-//! The record covers every live hold: a re-entry that needs more than the grant is known to
-//! have (a fixed lease past the deadline, a longer watchdog lease, a token the grant lacks)
-//! extends it first. When the last live hold ends (released, or its own lease ran out) the
-//! entry ends, once, and its client sends one delete naming the grant.
+//! The store keeps one record per grant and no counts: a re-entry is one more hold here. Each
+//! hold keeps its own lease (a fixed one ends that hold only; watchdog holds are renewed with
+//! the grant, by the longest of their leases), and a re-entry that needs more than the record
+//! is known to have (lease or token) extends it first. When the last live hold ends, the entry
+//! ends once, and one delete naming the grant is sent.
 //!
-//! Leases count from when the write that set them was *sent*, minus a drift margin, on a clock
-//! that keeps counting through suspend: a holder whose process or network stalled learns of it
-//! from its own clock, not from a reply that may never come.
+//! Leases count from when the write that set them was *sent*, less a drift margin, on a clock
+//! that counts through suspend: a stalled holder learns of it from its own clock.
 
 use std::{
     sync::{
@@ -47,12 +44,11 @@ pub(crate) struct Held {
     marked_lost: AtomicBool,
     /// Wakes what waits for the loss ([`until_lost`](Self::until_lost)).
     lost_wake: Notify,
-    /// Until when the record certainly lives ([`BootInstant::as_nanos`]): the latest sent time
-    /// plus lease less drift of the grant, its extends and its renewals. Read outside the
-    /// state's mutex: every poll of a locked request reads it.
+    /// Until when the record certainly lives (boot-clock nanoseconds): the latest sent time plus
+    /// lease less drift of the grant's writes. Outside the mutex: every poll of a request reads it.
     deadline: AtomicU64,
     /// The latest sent time plus lease of any write naming the grant, answered or not: until
-    /// when the store may keep the record. The grant's final delete is sent until then.
+    /// then the store may keep the record, and its delete is worth sending.
     kept_until: AtomicU64,
     /// When the request that acquired it was sent, for the hold-time metric.
     pub(crate) acquired_at: BootInstant,
@@ -63,8 +59,7 @@ pub(crate) struct Held {
 struct HeldState {
     holds: Vec<Hold>,
     next_hold: u64,
-    /// The lease the watchdog renews the grant with: the longest watchdog lease of the live
-    /// holds; none while every live hold has a fixed lease.
+    /// The longest watchdog lease of the live holds, which renewals use; none if all are fixed.
     renew: Option<Lease>,
     next_renew: BootInstant,
     renewing: bool,
@@ -81,8 +76,7 @@ struct HeldState {
 struct Hold {
     id: u64,
     lease: Lease,
-    /// A fixed lease's end (sent time plus lease less drift); none for a watchdog lease, which
-    /// lives as long as the grant.
+    /// A fixed lease's end (sent time plus lease less drift); none for a watchdog lease.
     until: Option<BootInstant>,
 }
 
@@ -97,8 +91,8 @@ impl Hold {
 pub(crate) enum Reentry {
     /// Added at once: the hold's id.
     Local(u64),
-    /// The grant must first be extended to this lease (a token added, when asked for): send
-    /// [`Held::extend_request`] and report with [`Held::extended`] or [`Held::extend_failed`].
+    /// The grant must first be extended to this lease (and given a token, when asked for);
+    /// report with [`Held::extended`] or [`Held::extend_failed`].
     Extend(Lease),
     /// The grant is lost, over or past its deadline: acquire afresh.
     Ended,

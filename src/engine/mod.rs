@@ -1,15 +1,11 @@
 //! The lock engine behind [`LockClient`](crate::LockClient): what one client holds and waits
 //! for, and how attempts, holds and releases play out against the [`Backend`].
 //!
-//! Each thing that can race has one owner, and the watchdog and the guards talk to that owner:
-//! - an attempt on its way to the backend is an `InFlight` value ([`acquire`]): dropped before
-//!   its answer was dealt with (a cancelled acquire), it resolves the attempt in the background,
-//!   undoing or voiding it, like an attempt whose reply was lost;
-//! - a grant is one [`Held`] entry; the guards of a holder that re-entered it are its holds,
-//!   counted there under its own lock, so a re-entry and the release of the last hold cannot
-//!   pass each other, and the entry ends once, with one delete naming the grant;
-//! - the [`watchdog`] reads the table and reports back to the entries and to
-//!   [`Engine::lose`]; releases go through [`release`].
+//! Each thing that can race has one owner: an attempt on its way is an `InFlight` value
+//! ([`acquire`]; dropped unanswered, it is resolved in the background like a lost reply); a
+//! grant is one [`Held`] entry, whose holds (its holder's guards) are counted under its own
+//! lock, so it ends once, with one delete naming the grant; the [`watchdog`] reports to the
+//! entries and to [`Engine::lose`]; releases go through [`release`].
 //!
 //! Dependencies point one way: `held` and `place` know nothing of the rest, `table` keeps
 //! them, `Engine` owns a table, and `acquire`, `release` and `watchdog` work on an `Engine`.
@@ -42,7 +38,7 @@ pub(crate) use table::{Table, Want};
 /// The shortest lease that can be kept: renewals run every third of it.
 pub(crate) const MIN_LEASE: Duration = Duration::from_millis(3);
 
-/// Settings of a [`LockClient`]; `Default` states every default in one place.
+/// Settings of a [`LockClient`](crate::LockClient); `Default` states every default in one place.
 #[derive(Clone, Debug)]
 pub(crate) struct Config {
     /// The name in the client's holder ids; `None` for the service's or executable's.

@@ -41,9 +41,8 @@ pub(crate) struct Table<L> {
 /// One shard of the table.
 type Keys<L> = KeyMap<KeyState<L>>;
 
-/// How long waiters seen in other processes keep the hand-off streak short. One release that
-/// reached none of them (they were between an attempt and their subscription, say) must not
-/// give this process a streak eight times as long, while they wait for their turn.
+/// How long waiters seen in other processes keep the hand-off streak short: one release that
+/// reached none of them (between an attempt and a subscription, say) must not lengthen it.
 pub(crate) const CONTENDED_FOR: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
@@ -54,13 +53,11 @@ struct KeyState<L> {
     handing_off: u32,
     /// Consecutive hand-offs without a real release.
     streak: u32,
-    /// Until when waiters in other processes count as present: a real release that reached
-    /// some keeps them counted for [`CONTENDED_FOR`].
+    /// Until when waiters in other processes count as present ([`CONTENDED_FOR`]).
     contended_until: Option<Instant>,
     /// The release listener, shared by whichever waiter is head.
     listener: Option<Arc<L>>,
-    /// After a streak ended, local waiters hold back until then so that waiters in other
-    /// processes, woken by the published release, get the lock first.
+    /// After a streak, local waiters hold back until then: other processes' go first.
     yield_until: Option<Instant>,
 }
 
@@ -97,8 +94,7 @@ impl<L> KeyState<L> {
         }
     }
 
-    /// A semaphore waiter left position `left` (granted, or gone): the waiter that moved
-    /// into the last place among the contenders starts to contend.
+    /// A semaphore waiter left position `left`: the one that moved into the contenders contends.
     fn wake_new_contender(&self, left: usize) {
         let Some(front) = self.waiters.front() else {
             return;
@@ -174,8 +170,7 @@ pub(crate) struct Slot {
     wake: Arc<Notify>,
     /// Its place in a backend queue, kept alive by the watchdog.
     queued: Option<Arc<Queued>>,
-    /// `want` was replaced behind the waiter's back ([`rename`](Self::rename)): its next turn
-    /// to contend says so.
+    /// `want` was replaced ([`rename`](Self::rename)): its next turn to contend says so.
     renamed: bool,
 }
 
@@ -201,11 +196,10 @@ pub(crate) enum Found {
 /// What a waiter should do next.
 #[derive(Debug)]
 pub(crate) enum Turn {
-    /// Try the backend; under a new attempt when one is given (the waiter's own was handed a
-    /// lock with an unknown outcome, and its undo may still be on its way).
+    /// Try the backend; under a new attempt when one is given (a hand-off to the waiter's own
+    /// had an unknown outcome, and its undo may still be on its way).
     Contend(Option<Arc<Want>>),
-    /// Wait: the lock is held here or another waiter is ahead. Carries the local holder's
-    /// remaining lease when known.
+    /// Wait: the lock is held here or another waiter is ahead (the holder's lease left).
     Park(Option<Duration>),
     /// Wait this long before contending: other processes have their turn.
     Yield(Duration),
@@ -252,9 +246,7 @@ impl<L> Table<L> {
         })
     }
 
-    /// What `holder` holds here of the lock `key` that an acquire of `kind` by it must know:
-    /// a grant to re-enter, a read side that a write would wait for, or a write grant that a
-    /// read nests in.
+    /// What `holder` holds here of the lock `key` that its acquire of `kind` must know.
     pub(crate) fn find(&self, key: &LockKey, holder: &Holder, kind: LockKind) -> Option<Found> {
         let keys = self.keys(key);
         let mine =
@@ -340,8 +332,7 @@ impl<L> Table<L> {
         match state.waiters.iter().position(|slot| slot.id == id) {
             None => Turn::AwaitHandoff,
             // A semaphore's first `permits` waiters contend, each on its own: a permit given
-            // back wakes at most that many calls of this client, not one per waiter, and as
-            // many as could be granted at once still try.
+            // back wakes at most that many, and as many as could be granted at once try.
             Some(pos) if state.waiters[pos].want.kind == LockKind::Semaphore => {
                 if pos < contenders(&state.waiters[pos].want) {
                     state.waiters[pos].contend()
@@ -478,9 +469,8 @@ impl<L> Table<L> {
         }
     }
 
-    /// A hand-off did not happen: the waiter goes back to the head of the queue and re-checks.
-    /// A waiter that gave up meanwhile is not put back: it left the queue already, and a dead
-    /// head would hold back every waiter behind it.
+    /// A hand-off did not happen: the waiter goes back to the head of the queue and re-checks,
+    /// unless it gave up meanwhile (a dead head would hold back every waiter behind it).
     pub(crate) fn restore(&self, key: &LockKey, slot: Slot) {
         let mut keys = self.keys(key);
         let state = state_of(&mut keys, key);
@@ -496,9 +486,8 @@ impl<L> Table<L> {
         state.waiters.push_front(slot);
     }
 
-    /// The lock was really released (or lost): the next waiter contends again, after
-    /// `yield_for` when local waiters should let other processes go first. `elsewhere` tells
-    /// whether the release reached waiters in other processes.
+    /// The lock was really released (or lost): the next waiter contends, after `yield_for` when
+    /// other processes go first; `elsewhere` when the release reached waiters in other ones.
     pub(crate) fn released(&self, key: &LockKey, elsewhere: bool, yield_for: Option<Duration>) {
         let mut keys = self.keys(key);
         if let Some(state) = keys.get_mut(key) {
@@ -626,9 +615,8 @@ impl Slot {
     }
 }
 
-/// A lock handed over to a local waiter: its entry and the hold that is the waiter's. Released
-/// when dropped untaken: the waiter gave up (its wait ran out, its future was dropped, its client
-/// shut down) while the lock was on its way, or after it arrived but before the waiter looked.
+/// A lock handed over to a local waiter: its entry and the waiter's hold. Released when dropped
+/// untaken: the waiter gave up while the lock was on its way, or before it looked.
 pub(crate) struct Handoff {
     held: Option<(Arc<Held>, u64)>,
     release: Option<ReleaseUntaken>,

@@ -1,9 +1,8 @@
 //! The watchdog that keeps held leases (and waiters' places) alive.
 //!
-//! One background task per client wakes when the earliest entry needs attention, renews every
-//! entry that is due in one [`Backend::renew`] call (one pipelined round trip per Redis node),
-//! and marks an entry lost the moment its validity deadline passes, whether or not a renewal is
-//! still in flight.
+//! One task per client wakes when the earliest entry needs it, renews every entry that is due in
+//! one [`Store::renew`](crate::backend::store::Store::renew) call (one pipelined round trip per node), and marks an entry lost the
+//! moment its deadline passes, whether or not a renewal is in flight.
 
 use std::{
     sync::{Arc, atomic::Ordering},

@@ -134,8 +134,8 @@ pub trait AnswerStore: Send + Sync + 'static {
 /// answer it stores is fenced by the token of the lock held while it was made. The in-memory
 /// and the Redis backends issue them; Redlock does not (it refuses fencing), so an
 /// [`IdempotencyLayer`](super::IdempotencyLayer) cannot be built on it. A backend of one's own
-/// that issues fencing tokens ([`AcquireReply`](crate::backend::AcquireReply) carries them)
-/// implements this trait to be used with the layer.
+/// (feature `unstable-backend`) that issues fencing tokens implements this trait to be used
+/// with the layer.
 ///
 /// ```
 /// use tower_lock::{Backend, LockClient, idempotency::FencingBackend};
