@@ -126,9 +126,8 @@ impl<B: Backend> Drop for InFlight<'_, B> {
     }
 }
 
-/// A re-entry whose extend is on its way: reported as failed should it end otherwise (the
-/// future was dropped), so the entry does not wait for it for ever, and ends if it was the
-/// last thing keeping it.
+/// A re-entry whose extend is on its way: reported as failed if its future is dropped, so the
+/// entry does not wait for it for ever.
 struct PendingExtend<'a, B: Backend> {
     shared: &'a Arc<Engine<B>>,
     held: &'a Arc<Held>,
@@ -159,7 +158,7 @@ impl<B: Backend> Engine<B> {
             Some(Found::Within(grant)) => {
                 let want = Arc::new(Want {
                     within: Some(grant),
-                    ..want.retry(want.attempt.clone())
+                    ..(**want).clone()
                 });
                 return self.wait_and_acquire(&Request { want, ..request }).await;
             }
@@ -430,10 +429,9 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// The release listener for a waiter of `key`; the flag tells whether it is new (the lock
-    /// must then be checked again). Exclusive waiters share one per key, awaited by the head
-    /// only (only the head contends); a fair waiter listens for its own name; readers, writers
-    /// and a semaphore's contenders each listen.
+    /// The release listener for a waiter of `key`, and whether it is new (the lock is then
+    /// checked again). Exclusive waiters share one per key (only the head contends); a fair
+    /// waiter listens for its own name; readers, writers and a semaphore's contenders each listen.
     async fn listen(
         &self,
         key: &LockKey,

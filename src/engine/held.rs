@@ -363,17 +363,22 @@ impl Held {
 
     /// When the watchdog must look at this entry next.
     pub(crate) fn next_event(&self) -> BootInstant {
-        let state = self.state();
-        match state.renew {
-            Some(_) => self.deadline().min(state.next_renew),
-            None => Self::last_end(&state).map_or(self.deadline(), |end| end.min(self.deadline())),
-        }
+        Self::next(&self.state(), self.deadline(), true)
     }
 
-    /// When the last fixed hold's own lease ends: the entry ends then unless a watchdog hold
-    /// lives (see [`check`](Self::check)).
-    fn last_end(state: &HeldState) -> Option<BootInstant> {
-        state.holds.iter().filter_map(|hold| hold.until).max()
+    /// When an entry whose record lives until `deadline` next needs the watchdog: its next
+    /// renewal if `renewable`, or while only fixed holds live, the last one's end.
+    fn next(state: &HeldState, deadline: BootInstant, renewable: bool) -> BootInstant {
+        match state.renew {
+            Some(_) if renewable => deadline.min(state.next_renew),
+            Some(_) => deadline,
+            None => state
+                .holds
+                .iter()
+                .filter_map(|hold| hold.until)
+                .max()
+                .map_or(deadline, |end| end.min(deadline)),
+        }
     }
 
     /// Looks at the entry at `now`: what it needs and when it next needs attention.
@@ -401,13 +406,7 @@ impl Held {
                 .fetch_max((now + renew.duration()).as_nanos(), Ordering::SeqCst);
             return Check::Due(deadline);
         }
-        let next = match state.renew {
-            Some(_) if renewable => deadline.min(state.next_renew),
-            Some(_) => deadline,
-            // Only fixed holds live: the last one's end ends the entry.
-            None => Self::last_end(&state).map_or(deadline, |end| end.min(deadline)),
-        };
-        Check::Later(next)
+        Check::Later(Self::next(&state, deadline, renewable))
     }
 
     /// A renewal with `lease`, sent at `sent_at`, succeeded.

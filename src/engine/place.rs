@@ -18,7 +18,6 @@ use crate::{
 
 /// A waiter's place in a backend wait queue (fair locks, waiting writers), kept alive by the
 /// watchdog while the waiter waits, so that only a waiter that died is ever purged.
-#[derive(Debug)]
 pub(crate) struct Queued {
     pub(crate) key: LockKey,
     pub(crate) holder: Holder,
@@ -29,7 +28,6 @@ pub(crate) struct Queued {
     state: Mutex<QueuedState>,
 }
 
-#[derive(Debug)]
 struct QueuedState {
     /// The backend has a place for this waiter.
     active: bool,

@@ -84,9 +84,8 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// The entry `held` ended without a guard's release to report to (its holds ran out, a
-    /// loss, a shutdown): out of the table, and its delete sent in the background while the
-    /// store may keep the record.
+    /// The entry `held` ended with no release to report to (holds ran out, a loss, a shutdown):
+    /// out of the table, its delete sent in the background while the store may keep the record.
     pub(crate) fn end_quietly(self: &Arc<Self>, held: &Arc<Held>) {
         self.table.remove_held(held);
         self.delete_in_background(held.clone());
@@ -154,8 +153,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// The store half of a release, done at once when the store answers without waiting (the
-    /// in-memory one): then no future is made for it. Otherwise `releasing` comes back, for
-    /// [`finish_release`](Self::finish_release).
+    /// in-memory one); otherwise `releasing` comes back, for [`Self::finish_release`].
     pub(crate) fn release_at_once(self: &Arc<Self>, mut releasing: Releasing) -> AtOnce {
         let sent_at = BootInstant::now();
         match self.backend.release_now(releasing.request()) {
@@ -329,9 +327,8 @@ impl<B: Backend> Engine<B> {
         Some(self.backend.release(held.release()).await)
     }
 
-    /// Gives back hold `hold` of `held` without a caller to tell: a dropped guard, or a lock
-    /// handed to a waiter that gave up before taking it. A store call that must wait runs on
-    /// the runtime (without one, the lease frees the lock).
+    /// Gives back hold `hold` of `held` with no caller to tell (a dropped guard, an untaken
+    /// hand-off); a store call that must wait runs on the runtime.
     pub(crate) fn release_detached(self: &Arc<Self>, held: Arc<Held>, hold: u64) {
         let Ok(Some(releasing)) = self.begin_release(held, hold, BootInstant::now()) else {
             return;

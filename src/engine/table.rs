@@ -32,7 +32,6 @@ use super::{
 };
 
 /// The per-key state of one client.
-#[derive(Debug)]
 pub(crate) struct Table<L> {
     /// The keys' states, spread over shards by name.
     shards: Shards<Keys<L>>,
@@ -45,7 +44,6 @@ type Keys<L> = KeyMap<KeyState<L>>;
 /// reached none of them (between an attempt and a subscription, say) must not lengthen it.
 pub(crate) const CONTENDED_FOR: Duration = Duration::from_secs(1);
 
-#[derive(Debug)]
 struct KeyState<L> {
     held: Vec<Arc<Held>>,
     waiters: VecDeque<Slot>,
@@ -117,7 +115,7 @@ fn contenders(want: &Want) -> usize {
 }
 
 /// What a waiter asks for.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Want {
     pub(crate) holder: Holder,
     pub(crate) attempt: Arc<str>,
@@ -134,13 +132,8 @@ impl Want {
     /// The same request under a new attempt id, after this attempt failed or was spent.
     pub(crate) fn retry(&self, attempt: Arc<str>) -> Self {
         Self {
-            holder: self.holder.clone(),
             attempt,
-            kind: self.kind,
-            lease: self.lease,
-            fencing: self.fencing,
-            permits: self.permits,
-            within: self.within.clone(),
+            ..self.clone()
         }
     }
 
@@ -162,7 +155,6 @@ impl Want {
 }
 
 /// A queued waiter, with what it asks for and where to deliver a hand-off.
-#[derive(Debug)]
 pub(crate) struct Slot {
     id: u64,
     pub(crate) want: Arc<Want>,
@@ -175,7 +167,6 @@ pub(crate) struct Slot {
 }
 
 /// A waiter's place in the queue, held by its acquire future.
-#[derive(Debug)]
 pub(crate) struct Ticket {
     pub(crate) wake: Arc<Notify>,
     pub(crate) handoff: oneshot::Receiver<Handoff>,
@@ -649,14 +640,6 @@ impl Drop for Handoff {
         if let (Some(held), Some(release)) = (self.held.take(), self.release.take()) {
             release(held);
         }
-    }
-}
-
-impl std::fmt::Debug for Handoff {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Handoff")
-            .field("held", &self.held)
-            .finish_non_exhaustive()
     }
 }
 

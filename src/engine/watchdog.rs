@@ -1,7 +1,7 @@
 //! The watchdog that keeps held leases (and waiters' places) alive.
 //!
 //! One task per client wakes when the earliest entry needs it, renews every entry that is due in
-//! one [`Store::renew`](crate::backend::store::Store::renew) call (one pipelined round trip per node), and marks an entry lost the
+//! one renewal call to the store (a pipelined round trip per node), and marks an entry lost the
 //! moment its deadline passes, whether or not a renewal is in flight.
 
 use std::{
