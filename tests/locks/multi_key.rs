@@ -253,13 +253,15 @@ async fn one_wait_for_the_set<B: Backend>(env: Env<B>) {
         env.b.lock("w1").acquire().await.unwrap(),
         env.b.lock("w2").acquire().await.unwrap(),
     );
+    // w1 frees after 300 ms of a 400 ms wait: one wait for the set ends at 400 ms, a wait per
+    // lock would run to 700 ms.
     let started = Instant::now();
     let set = env
         .a
         .lock_all(["w1", "w2"])
-        .wait(Duration::from_millis(200));
+        .wait(Duration::from_millis(400));
     let release_first = async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
         x.release().await.unwrap();
     };
     let (result, ()) = tokio::join!(set.acquire(), release_first);
@@ -267,7 +269,7 @@ async fn one_wait_for_the_set<B: Backend>(env: Env<B>) {
     let error = result.expect_err("w2 stays held");
     assert_eq!(error.key().map(|key| key.user_key()), Some(b"w2".to_vec()));
     assert!(
-        took < Duration::from_millis(350),
+        took < Duration::from_millis(650),
         "the set waited {took:?}, more than its wait"
     );
     y.release().await.unwrap();

@@ -18,8 +18,9 @@ const PROCESSES: usize = 2;
 /// Waiters per holder process.
 const TASKS: usize = 50;
 const LEASE_MS: u64 = 30_000;
-/// The catalogue's bound on the release → acquire gap (tests/chaos/README.md).
-const GAP: Duration = Duration::from_millis(10);
+/// The bound on the release → acquire gap's p99 (tests/chaos/README.md): a waiter that polled
+/// would wait out the 30 s lease; an idle machine shows 1–3 ms, a busy one tens.
+const GAP: Duration = Duration::from_millis(100);
 /// The catalogue's bound on scripts per hand-off (tests/chaos/README.md).
 const EVALSHA_PER_HANDOFF: f64 = 2.0;
 

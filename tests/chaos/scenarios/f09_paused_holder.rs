@@ -26,6 +26,8 @@ use crate::{
 };
 
 const LEASE: Duration = Duration::from_millis(500);
+/// The second holder's lease: long, so that a busy machine's watchdog keeps it while it writes.
+const TAKEOVER_LEASE: Duration = Duration::from_secs(10);
 /// How long the first holder is stopped: three leases.
 const PAUSE: Duration = Duration::from_millis(1500);
 
@@ -84,7 +86,7 @@ async fn paused_holder(name: &'static str, stall: Stall, enforce: bool, runs: us
         let mut section = history.begin(&key, "");
         let guard = other
             .lock(&key)
-            .lease(Lease::watchdog(LEASE))
+            .lease(Lease::watchdog(TAKEOVER_LEASE))
             .fencing()
             .wait(PAUSE * 2)
             .acquire()
@@ -235,7 +237,7 @@ async fn f09_paused_service_answers_503() {
         // The second holder takes the same lock the layer holds once its lease ran out.
         let guard = other
             .lock_in_namespace(holder::SERVICE, &key)
-            .lease(Lease::watchdog(LEASE))
+            .lease(Lease::watchdog(TAKEOVER_LEASE))
             .fencing()
             .wait(PAUSE * 2)
             .acquire()
