@@ -2,8 +2,9 @@
 //! once. A server that **refuses connections** is probed in the background; until a probe
 //! reaches it, every command fails at once as `Unavailable`, saying when the next probe looks.
 //! A server that **does not answer** in time is not down: callers try again within their
-//! waits. Either is an incident, logged as a warning when it begins and as information when it
-//! ends; the failures in between at debug, their errors marked as reported.
+//! waits. Either is an incident, logged as a warning when it begins and as information when the
+//! probe (or a command) reaches the server again; the failures in between at debug, their
+//! errors marked as reported.
 
 use std::{
     sync::{
@@ -88,20 +89,18 @@ impl Health {
             .reported())
     }
 
-    /// Records a failed command, and tells whether the probe must start (a refusal that
-    /// opened the incident, or turned a silent one into a refusal). Returns the error marked
-    /// as reported.
+    /// Records a failed command, and tells whether the probe must start (the command opened
+    /// an incident). Returns the error marked as reported.
     pub(super) fn failed(&self, trouble: Trouble, error: BackendError) -> (BackendError, bool) {
         let mut incident = self.incident();
         let probe = match incident.as_mut() {
             Some(open) => {
                 open.failures += 1;
                 tracing::debug!(server = %self.server, error = %format_args!("{error:#}"), "lock store still failing");
-                let escalated = trouble == Trouble::Refused && open.trouble == Trouble::Silent;
-                if escalated {
+                if trouble == Trouble::Refused {
                     open.trouble = Trouble::Refused;
                 }
-                escalated
+                false
             }
             None => {
                 *incident = Some(Incident {
@@ -122,7 +121,7 @@ impl Health {
                     }
                 };
                 tracing::warn!(server = %self.server, error = %format_args!("{error:#}"), "{what}");
-                trouble == Trouble::Refused
+                true
             }
         };
         (error.reported(), probe)
@@ -147,29 +146,24 @@ impl Health {
         );
     }
 
-    /// The probe found the server still refusing: down until the next probe, at `next`.
-    /// False when something reached it meanwhile.
-    fn still_down(&self, next: Instant) -> bool {
+    /// The probe did not reach the server; it looks again at `next`. A server that refuses
+    /// connections is down until then. False when something reached it meanwhile.
+    fn still_failing(&self, next: Instant) -> bool {
         let mut incident = self.incident();
         let Some(open) = incident.as_mut() else {
             return false;
         };
         open.next_probe = Some(next);
-        self.down.store(true, Ordering::Release);
+        if open.trouble == Trouble::Refused {
+            self.down.store(true, Ordering::Release);
+        }
         true
-    }
-
-    /// Whether a refusal is open (the probe's work is not done).
-    fn refusing(&self) -> bool {
-        self.incident()
-            .as_ref()
-            .is_some_and(|open| open.trouble == Trouble::Refused)
     }
 }
 
 impl RedisBackend {
     /// Probes the server in the background (a connection and a `PING`) until it answers, or
-    /// the backend goes.
+    /// the backend goes: an incident ends when the server is back, not at the next command.
     pub(super) fn start_probe(&self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -185,7 +179,7 @@ impl RedisBackend {
                 }
                 let Some(inner) = inner.upgrade() else { return };
                 let health = &inner.health;
-                if !health.refusing() {
+                if !health.troubled.load(Ordering::Acquire) {
                     return;
                 }
                 match (Self { inner: inner.clone() }).probe().await {
@@ -193,7 +187,7 @@ impl RedisBackend {
                     Err(error) => {
                         tracing::debug!(server = %health.server, error = %format_args!("{error:#}"), "lock store probe failed");
                         pause = (pause * 2).min(PROBE_EVERY);
-                        if !health.still_down(Instant::now() + pause) {
+                        if !health.still_failing(Instant::now() + pause) {
                             return;
                         }
                     }

@@ -419,7 +419,8 @@ impl Store for RedisBackend {
                 let left = millis(left)
                     .unwrap_or_default()
                     .max(Duration::from_millis(1));
-                self.inner.quarantine.held_back(key, left);
+                let server = self.inner.transport.describe();
+                self.inner.quarantine.held_back(&server, key, left);
                 Err(errors::quarantined(left).with_key(key))
             }
             _ => Err(protocol_error("acquire reply").with_key(key)),

@@ -17,15 +17,13 @@ pub(super) struct Quarantine {
     configured_ms: u64,
     /// The longest lease this process asked for, in ms.
     longest_ms: AtomicU64,
-    /// When an operator was last told that acquires are held back ([`BootInstant`] ns).
-    last_warned: AtomicU64,
+    /// Until when the quarantine the operator was last told of lasts ([`BootInstant`] ns): one
+    /// warning per quarantine.
+    warned_until: AtomicU64,
 }
 
 /// Whether this process warned of a lease longer than its quarantine.
 static WARNED_LONG_LEASE: AtomicBool = AtomicBool::new(false);
-
-/// How often a held-back acquire is logged as a warning: every 5 s.
-const WARN_EVERY_NS: u64 = 5_000_000_000;
 
 impl Quarantine {
     /// A quarantine of `configured`, by default the default lease's; `Duration::ZERO` is off.
@@ -34,7 +32,7 @@ impl Quarantine {
         Self {
             configured_ms: u64::try_from(configured.as_millis()).unwrap_or(u64::MAX),
             longest_ms: AtomicU64::new(0),
-            last_warned: AtomicU64::new(0),
+            warned_until: AtomicU64::new(0),
         }
     }
 
@@ -78,21 +76,21 @@ impl Quarantine {
         (ms > 0).then(|| format!("{ms}:{run}"))
     }
 
-    /// Tells the operator, at most every few seconds, that acquires are held back for `left`.
-    pub(super) fn held_back(&self, key: &str, left: Duration) {
-        let (now, last) = (
-            BootInstant::now().as_nanos(),
-            self.last_warned.load(Relaxed),
-        );
-        if now < last.saturating_add(WARN_EVERY_NS)
+    /// Tells the operator once per quarantine (at debug after that) that `server` holds
+    /// acquires back for `left`.
+    pub(super) fn held_back(&self, server: &str, key: &str, left: Duration) {
+        let (now, until) = (BootInstant::now(), self.warned_until.load(Relaxed));
+        let ends = (now + left).as_nanos();
+        if now.as_nanos() < until
             || (self
-                .last_warned
-                .compare_exchange(last, now, Relaxed, Relaxed))
+                .warned_until
+                .compare_exchange(until, ends, Relaxed, Relaxed))
             .is_err()
         {
-            return tracing::debug!(key, ?left, "lock store in quarantine after a start");
+            return tracing::debug!(server, key, ?left, "lock store in quarantine after a start");
         }
         tracing::warn!(
+            server,
             key,
             left_ms = left.as_millis(),
             "the lock store's server run may have forgotten grants (a restart or a failover): \
