@@ -272,7 +272,6 @@ impl Options {
                 name: #name,
                 resource: #resource,
                 abort_on_lost: #abort_on_lost,
-                holds: #private::HoldTimes::new(),
                 template: #template,
                 announced: #private::Announced::new(),
             }

@@ -79,6 +79,8 @@ pub use context::LockContext;
 #[cfg(feature = "macros")]
 pub use erased::AnyLockClient;
 pub use layer::LockLayer;
+#[cfg(feature = "grpc")]
+pub(crate) use rejection::pushback_ms;
 pub use rejection::{DefaultRejection, LockRejection, OnRejected};
 pub use service::LockService;
 #[cfg(feature = "axum")]

@@ -391,7 +391,10 @@ async fn a_save_holds_back_no_acquire_through_a_pool() {
         .await
         .expect("release");
     let run = run_id(&server);
-    let marker = server.cmd(&["GET", RUN_MARKER]).as_str().unwrap_or_default();
+    let marker = server
+        .cmd(&["GET", RUN_MARKER])
+        .as_str()
+        .unwrap_or_default();
     assert!(
         marker.starts_with(&format!("{run} ")),
         "the marker names the server's run and its origin: {marker}"

@@ -111,7 +111,9 @@ async fn same_key_serializes_across_instances() {
     );
 }
 
-/// A request that cannot get the lock within the wait gets 423 with `Retry-After`.
+/// A request that cannot get the lock within the wait gets 423 with `Retry-After`: with no
+/// hold of the lock seen yet, the 200 ms it waited (in whole seconds: 1), in milliseconds in
+/// the text, never the 30 s watchdog lease the holder has left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn wait_timeout_is_423_with_retry_after() {
     let server = RedisServer::start();
@@ -133,10 +135,19 @@ async fn wait_timeout_is_423_with_retry_after() {
         .await
         .unwrap();
     let started = Instant::now();
-    let (status, retry, _) = send(&http(), "POST", &format!("{base}/docs/7")).await;
+    let (status, retry, body) = send(&http(), "POST", &format!("{base}/docs/7")).await;
     assert_eq!(status, StatusCode::LOCKED);
-    let retry: u64 = retry.expect("Retry-After").parse().unwrap();
-    assert!((25..=30).contains(&retry), "Retry-After {retry}");
+    assert_eq!(retry.as_deref(), Some("1"), "{body}");
+    let ms: u64 = body
+        .strip_prefix("locked; retry in about ")
+        .and_then(|rest| rest.strip_suffix(" ms\n"))
+        .expect("milliseconds under a second")
+        .parse()
+        .unwrap();
+    assert!(
+        (200..1000).contains(&ms),
+        "{ms} ms: the wait, not the lease"
+    );
     assert!(started.elapsed() < Duration::from_secs(2));
     holder.release().await.unwrap();
     let (status, _, _) = send(&http(), "POST", &format!("{base}/docs/7")).await;
@@ -1177,12 +1188,14 @@ async fn permits_let_n_requests_per_key_run() {
 }
 
 /// A set's hold time counts from when the whole set was taken, not from when its first lock
-/// was: a request that waited 1.2 s for its second account and then held both for a moment
-/// makes a later request that tries once in vain (through a clone of the layer, which shares
-/// its hold times) hear `Retry-After: 1`, not 2.
+/// was: a request that waited 1.2 s for its second account (held through another client of
+/// the same store, whose hold times are its own) and then held both for a moment makes a later
+/// request that tries once in vain hear `Retry-After: 1`, not 2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_hold_time_leaves_out_the_wait_for_its_members() {
-    let locks = LockClient::in_memory();
+    let store = tower_lock::MemoryBackend::new();
+    let locks = LockClient::builder(store.clone()).build().unwrap();
+    let elsewhere = LockClient::builder(store).build().unwrap();
     let layer = LockLayer::new(locks.clone())
         .key(key::all([key::path_param("from"), key::path_param("to")]))
         .name("transfers")
@@ -1198,7 +1211,7 @@ async fn a_set_hold_time_leaves_out_the_wait_for_its_members() {
     let base = serve(app).await;
 
     // One account taken elsewhere for 1.2 s: the request waits for it, then moves at once.
-    let held = locks
+    let held = elsewhere
         .lock_in_namespace("transfers", "2")
         .lease(Lease::fixed(Duration::from_secs(30)))
         .acquire()
