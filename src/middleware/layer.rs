@@ -206,8 +206,8 @@ impl<B: Backend, K, R, H> LockLayer<B, K, R, H> {
     }
 
     /// The lease to hold locks with. Defaults to the client's lease
-    /// ([`LockClientBuilder::lease`](crate::LockClientBuilder::lease), `Lease::watchdog(30 s)`
-    /// unless set: renewed while the request runs, freed within 30 s if the instance dies).
+    /// ([`LockClientBuilder::lease`](crate::LockClientBuilder::lease), `Lease::watchdog(5 s)`
+    /// unless set: renewed while the request runs, freed within 5 s if the instance dies).
     pub fn lease(self, lease: Lease) -> Self {
         self.config(|c| c.lease = Some(lease))
     }
