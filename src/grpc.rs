@@ -30,6 +30,11 @@
 //!
 //! [`guide::grpc`]: crate::guide::grpc
 
+#[cfg(feature = "tonic")]
+mod methods;
+#[cfg(feature = "tonic")]
+pub use methods::{MethodLockService, MethodLocks};
+
 use std::{fmt, time::Duration};
 
 use http::{HeaderMap, HeaderValue, Response, header::CONTENT_TYPE};

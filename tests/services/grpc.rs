@@ -761,3 +761,139 @@ async fn the_end_of_a_stream_waits_for_its_release() {
         "released before the end reached the client"
     );
 }
+
+/// A layer with no rejection hook set answers a gRPC call in gRPC form anyway: a busy lock is
+/// `UNAVAILABLE` with a pushback, a missing key `INVALID_ARGUMENT` (not `UNKNOWN` or
+/// `INTERNAL` read from an HTTP 423 or 400), and an HTTP route beside it keeps its 423.
+#[tokio::test]
+async fn grpc_calls_get_grpc_answers_without_grpc_rejection() {
+    let locks = LockClient::in_memory();
+    let (bank, mut steer) = test_bank(&locks);
+    let layer = LockLayer::new(locks.clone())
+        .key(key::header("account-id").prefixed("account:"))
+        .wait(Duration::from_millis(50));
+    let mut client = serve_grpc(layer.layer(BankServer::new(bank))).await;
+
+    let held = locks.lock("account:7").acquire().await.unwrap();
+    let status = client.withdraw(withdraw("7", 1)).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    let pushback = pushback(&status).expect("a pushback");
+    assert_eq!(
+        status.message(),
+        format!("locked; retry in about {pushback} ms")
+    );
+    held.release().await.unwrap();
+
+    let no_key = Request::new(Change {
+        account: "7".into(),
+        amount: 1,
+    });
+    let status = client.withdraw(no_key).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(steer.entered.try_recv().is_err(), "the method never ran");
+
+    let app = Router::new()
+        .route("/accounts/{id}", post(|| async { "ok" }))
+        .route_layer(
+            LockLayer::new(locks.clone())
+                .key(key::path_param("id").prefixed("account:"))
+                .wait(Duration::ZERO),
+        );
+    let base = serve(app).await;
+    let held = locks.lock("account:7").acquire().await.unwrap();
+    let (status, retry, _) = send(&http(), "POST", &format!("{base}/accounts/7")).await;
+    assert_eq!(status, StatusCode::LOCKED);
+    assert!(retry.is_some());
+    held.release().await.unwrap();
+}
+
+/// `MethodLocks`: `Withdraw` locked from its metadata (a call without it is
+/// `INVALID_ARGUMENT` and never runs), `Statement` holding its lock until its stream ends,
+/// `Deposit` left to lock itself from the message, through the client, answering with `?` the
+/// same pushback a layer would; over real HTTP/2 with a tonic client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_rule_per_method() {
+    let locks = LockClient::in_memory();
+    let (bank, mut steer) = test_bank(&locks);
+    let account = || key::header("account-id").prefixed("account:");
+    let layer = tower_lock::grpc::MethodLocks::new()
+        .method(
+            "Withdraw",
+            LockLayer::new(locks.clone())
+                .key(account())
+                .wait(Duration::from_millis(100)),
+        )
+        .method(
+            "/bank.Bank/Statement",
+            LockLayer::new(locks.clone())
+                .key(account())
+                .wait(Duration::ZERO)
+                .hold_until_body_ends(),
+        )
+        .unlocked("Deposit");
+    let mut client = serve_grpc(layer.layer(BankServer::new(bank))).await;
+
+    // Each method runs as its rule says.
+    assert_eq!(
+        client
+            .withdraw(withdraw("7", 2))
+            .await
+            .unwrap()
+            .into_inner()
+            .balance,
+        -2
+    );
+    assert_eq!(steer.entered.recv().await.as_deref(), Some("7"));
+    let deposit = Change {
+        account: "7".into(),
+        amount: 5,
+    };
+    assert_eq!(
+        client
+            .deposit(deposit.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .balance,
+        3,
+        "no metadata needed: the method takes its lock from the message"
+    );
+    assert_eq!(steer.entered.recv().await.as_deref(), Some("7"));
+
+    // A rule's call without its key is refused, never run unlocked.
+    let no_key = Request::new(Change {
+        account: "7".into(),
+        amount: 1,
+    });
+    let status = client.withdraw(no_key).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert_eq!(status.message(), "request has no lock key");
+    assert!(steer.entered.try_recv().is_err(), "the method never ran");
+
+    // Busy: the layer's rule and the method's own lock answer alike.
+    let held = locks.lock("account:7").acquire().await.unwrap();
+    for status in [
+        client.withdraw(withdraw("7", 1)).await.unwrap_err(),
+        client.deposit(deposit.clone()).await.unwrap_err(),
+    ] {
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        let pushback = pushback(&status).expect("a pushback");
+        assert!((100..=5_000).contains(&pushback), "{pushback} ms");
+        assert_eq!(
+            status.message(),
+            format!("locked; retry in about {pushback} ms")
+        );
+    }
+    held.release().await.unwrap();
+
+    // The stream holds its account's lock until it ends.
+    let mut stream = client.statement(statement("7")).await.unwrap().into_inner();
+    steer.feed.send(balance(1)).await.unwrap();
+    assert_eq!(stream.message().await.unwrap(), Some(balance(1)));
+    assert!(!is_free(&locks).await, "held while the stream is open");
+    let status = client.withdraw(withdraw("7", 1)).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    drop(steer.feed);
+    assert_eq!(stream.message().await.unwrap(), None);
+    assert!(is_free(&locks).await, "released with the stream's end");
+}
