@@ -1451,3 +1451,49 @@ async fn a_set_retry_after_counts_the_whole_wait() {
     assert_eq!(retry.as_deref(), Some("2"), "the set waited 1.5 s in all");
     release.await.unwrap();
 }
+
+/// A hyper client under `RetryAfterPolicy` waits out a 423: its first attempt is answered 423
+/// with `Retry-After`, the lock is freed once the test sees that answer, and the retry, sent
+/// after the `Retry-After`, succeeds; the caller sees only the success.
+#[cfg(feature = "retry")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_policy_waits_out_retry_after_over_hyper() {
+    use tower::{ServiceBuilder, ServiceExt as _, retry::RetryLayer};
+    use tower_lock::retry::RetryAfterPolicy;
+
+    let locks = LockClient::in_memory();
+    let app = Router::new()
+        .route("/docs/{id}", post(|| async { "saved" }))
+        .route_layer(
+            LockLayer::new(locks.clone())
+                .key(key::path_param("id").prefixed("doc:"))
+                .wait(Duration::from_millis(50)),
+        );
+    let base = serve(app).await;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<String>();
+    let (seen, mut answers) = tokio::sync::mpsc::unbounded_channel();
+    let service = ServiceBuilder::new()
+        .layer(RetryLayer::new(RetryAfterPolicy::new()))
+        .map_response(move |response: http::Response<hyper::body::Incoming>| {
+            let _ = seen.send(response.status());
+            response
+        })
+        .service(client);
+
+    let held = locks.lock("doc:7").acquire().await.unwrap();
+    let started = Instant::now();
+    let request = http::Request::post(format!("{base}/docs/7"))
+        .body(String::new())
+        .unwrap();
+    let call = tokio::spawn(service.oneshot(request));
+    assert_eq!(answers.recv().await, Some(StatusCode::LOCKED));
+    held.release().await.unwrap();
+    let response = call.await.unwrap().expect("the retry is answered");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(answers.recv().await, Some(StatusCode::OK));
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "sent again after the 1 s Retry-After"
+    );
+}

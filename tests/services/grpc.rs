@@ -897,3 +897,83 @@ async fn a_lock_rule_per_method() {
     assert_eq!(stream.message().await.unwrap(), None);
     assert!(is_free(&locks).await, "released with the stream's end");
 }
+
+/// Serves `service` with tonic on a free loopback port; returns its URL.
+#[cfg(feature = "retry")]
+async fn grpc_url<S>(service: S) -> String
+where
+    S: tower::Service<http::Request<tonic::body::Body>, Error = std::convert::Infallible>
+        + tonic::server::NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Response: axum::response::IntoResponse,
+    S::Future: Send + 'static,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let server = tonic::transport::Server::builder().add_service(service);
+    tokio::spawn(async move { server.serve_with_incoming(incoming).await.unwrap() });
+    url
+}
+
+/// A tonic client whose `Channel` sits under `RetryAfterPolicy` (with `BufferRequestLayer`, so
+/// a call can be sent again) waits out a busy lock: its first attempt is answered
+/// `UNAVAILABLE` with a pushback, the lock is freed once the test sees that answer, and the
+/// retry, sent after the pushback, succeeds; the caller sees only the success.
+#[cfg(feature = "retry")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_policy_waits_out_the_pushback_over_a_channel() {
+    use tower::{ServiceBuilder, retry::RetryLayer};
+    use tower_lock::retry::{BufferRequestLayer, Buffered, RetryAfterPolicy};
+
+    let locks = LockClient::in_memory();
+    let (bank, _steer) = test_bank(&locks);
+    let url =
+        grpc_url(account_layer(&locks, Duration::from_millis(50)).layer(BankServer::new(bank)))
+            .await;
+    let channel = tonic::transport::Endpoint::from_shared(url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    // Each answer's gRPC status, as the retry policy sees it.
+    let (seen, mut answers) = mpsc::unbounded_channel::<Option<String>>();
+    let service = ServiceBuilder::new()
+        .layer(BufferRequestLayer::new())
+        .layer(RetryLayer::new(RetryAfterPolicy::new()))
+        .map_response(move |response: http::Response<tonic::body::Body>| {
+            let status = response.headers().get("grpc-status");
+            let _ = seen.send(status.map(|s| s.to_str().unwrap().to_owned()));
+            response
+        })
+        .map_request(|request: http::Request<Buffered>| request.map(tonic::body::Body::new))
+        .service(channel);
+    let mut grpc = tonic::client::Grpc::new(service);
+
+    let held = locks.lock("account:7").acquire().await.unwrap();
+    let started = Instant::now();
+    let call = tokio::spawn(async move {
+        grpc.ready().await.unwrap();
+        let codec = tonic_prost::ProstCodec::<Change, Balance>::default();
+        let path = http::uri::PathAndQuery::from_static("/bank.Bank/Withdraw");
+        grpc.unary(withdraw("7", 4), path, codec).await
+    });
+    assert_eq!(
+        answers.recv().await.unwrap().as_deref(),
+        Some("14"),
+        "the first attempt finds the account busy"
+    );
+    held.release().await.unwrap();
+    let balance = call.await.unwrap().expect("the retry succeeds");
+    assert_eq!(balance.into_inner().balance, -4);
+    assert_eq!(
+        answers.recv().await.unwrap(),
+        None,
+        "the retry's answer: a success"
+    );
+    // The pushback of a fresh client is the wait, raised to 100 ms.
+    assert!(started.elapsed() >= Duration::from_millis(100));
+}
