@@ -3,7 +3,8 @@
 //! A gRPC server built on tower (tonic) is a tower service, so [`LockLayer`](crate::LockLayer)
 //! runs in front of it as it does in front of an axum router. What changes is how a refusal is
 //! told: a gRPC client reads an HTTP 423 with a text body as `UNKNOWN`, with no message and no
-//! hint of when to try again. [`GrpcRejection`] answers in gRPC's own terms instead: a
+//! hint of when to try again. So a call whose `content-type` starts with `application/grpc` is
+//! answered in gRPC's own terms by default (and by [`GrpcRejection`], whatever the request): a
 //! *trailers-only* response (HTTP 200, `content-type: application/grpc`, the status in the
 //! `grpc-status` and `grpc-message` headers, no body), with the `Retry-After` hint as
 //! `grpc-retry-pushback-ms`, which a gRPC retry policy acts on.
@@ -11,20 +12,20 @@
 //! ```
 //! use std::time::Duration;
 //!
-//! use tower_lock::{LockClient, LockLayer, grpc::GrpcRejection, key};
+//! use tower_lock::{LockClient, LockLayer, key};
 //!
-//! // One lock per account, from the `account-id` metadata; rejections as gRPC statuses.
+//! // One lock per account, from the `account-id` metadata; gRPC calls refused with a status.
 //! let layer = LockLayer::new(LockClient::in_memory())
 //!     .key(key::header("account-id").prefixed("account:"))
-//!     .wait(Duration::from_secs(2))
-//!     .on_rejected(GrpcRejection);
+//!     .wait(Duration::from_secs(2));
 //! # let _ = layer;
 //! ```
 //!
 //! A gRPC response is only HTTP headers, so nothing here depends on a gRPC library: the layer
 //! works under any tonic version. Feature `tonic` adds what needs tonic's types: `LockError` and
 //! [`LockRejection`] into `tonic::Status` (for `?` in a service method that takes its lock from
-//! the decoded message), and `NamedService` for a layered service. The [`guide::grpc`] page
+//! the decoded message), `NamedService` for a layered service, and `MethodLocks`, a lock layer
+//! per gRPC method. The [`guide::grpc`] page
 //! says how the codes were chosen, how keys are taken from gRPC calls, and what a streaming
 //! call holds.
 //!

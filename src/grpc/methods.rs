@@ -34,8 +34,28 @@ type RouteFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible
 /// gRPC statuses (a gRPC call is answered in gRPC form by default).
 ///
 /// ```
+/// # use std::{convert::Infallible, future::{Ready, ready}, task::{Context, Poll}};
+/// # /// Stands for the server tonic's code generator makes for the `bank.Bank` service.
+/// # #[derive(Clone)]
+/// # struct BankServer;
+/// # impl tonic::server::NamedService for BankServer {
+/// #     const NAME: &'static str = "bank.Bank";
+/// # }
+/// # impl tower::Service<http::Request<tonic::body::Body>> for BankServer {
+/// #     type Response = http::Response<tonic::body::Body>;
+/// #     type Error = Infallible;
+/// #     type Future = Ready<Result<Self::Response, Infallible>>;
+/// #     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+/// #         Poll::Ready(Ok(()))
+/// #     }
+/// #     fn call(&mut self, _: http::Request<tonic::body::Body>) -> Self::Future {
+/// #         ready(Ok(http::Response::new(tonic::body::Body::empty())))
+/// #     }
+/// # }
 /// use std::time::Duration;
 ///
+/// use tonic::transport::Server;
+/// use tower::Layer;
 /// use tower_lock::{LockClient, LockLayer, grpc::MethodLocks, key};
 ///
 /// let locks = LockClient::in_memory();
@@ -57,8 +77,9 @@ type RouteFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible
 ///     )
 ///     // Takes `account:<id>` itself, from the decoded message.
 ///     .unlocked("Deposit");
-/// # let _ = layer;
-/// // Server::builder().add_service(layer.layer(BankServer::new(bank)))
+/// let router = Server::builder().add_service(layer.layer(BankServer));
+/// // router.serve(addr).await?;
+/// # let _ = router;
 /// ```
 pub struct MethodLocks<S> {
     rules: Vec<Rule<S>>,
