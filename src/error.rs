@@ -20,7 +20,8 @@ pub enum LockError {
         /// long its holds of like locks (the same name up to the key's last `:`) typically
         /// last, never less than this acquire waited; with no hold seen yet, the wait (100 ms
         /// to 5 s), never the holder's whole lease; capped by the holder's lease left, when
-        /// some was; never under 10 ms. `None` only in an error made outside the client.
+        /// some was, but not below the wait; never under 10 ms. `None` only in an error made
+        /// outside the client.
         retry_after: Option<Duration>,
         /// How long this acquire waited: its holder has held the lock at least that long.
         waited: Duration,

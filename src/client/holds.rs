@@ -114,8 +114,10 @@ impl HoldStats {
 ///   has held the lock at least that long already).
 /// - With none: the wait the request had, within 100 ms to 5 s (never the holder's lease).
 /// - Either way no later than `lease_left`, the holder's lease left as last heard, when some of
-///   it is left (by then the lock is free, unless renewed); a lease that ran out while the
-///   request waited was renewed, and caps nothing.
+///   it is left (by then the lock is free, unless renewed), but not below the wait either: a
+///   lease left shorter than the wait may well have been renewed during it (a watchdog lease
+///   is renewed every third of its length), so it says nothing of this holder's end; a lease
+///   that ran out while the request waited caps nothing.
 /// - Never under 10 ms.
 pub(crate) fn likely_free_in(
     typical: Option<Duration>,
@@ -127,7 +129,7 @@ pub(crate) fn likely_free_in(
         None => waited.clamp(MIN_GUESS, MAX_GUESS),
     };
     let estimate = match lease_left {
-        Some(left) if !left.is_zero() => estimate.min(left),
+        Some(left) if !left.is_zero() => estimate.min(left.max(waited)),
         _ => estimate,
     };
     estimate.max(MIN_RETRY)
@@ -179,8 +181,10 @@ mod tests {
             likely_free_in(Some(ms(1)), Some(Duration::ZERO), ms(0)),
             ms(10)
         );
-        // Some lease left caps even the wait.
-        assert_eq!(likely_free_in(None, Some(ms(500)), s(2)), ms(500));
+        // A lease left shorter than the wait may have been renewed during it: the wait stands.
+        assert_eq!(likely_free_in(None, Some(ms(500)), s(2)), s(2));
+        // A lease about to end when nothing was waited for caps the guess.
+        assert_eq!(likely_free_in(None, Some(ms(20)), Duration::ZERO), ms(20));
     }
 
     /// Recorded holds average per family, and a new family past the cap is not kept.
