@@ -1497,3 +1497,48 @@ async fn a_retry_policy_waits_out_retry_after_over_hyper() {
         "sent again after the 1 s Retry-After"
     );
 }
+
+/// A busy lock is a normal outcome: no line at INFO or above for any number of 423s (they are
+/// at debug, and counted). A rejection of a gRPC call is logged with the gRPC code it was
+/// answered with, and answered as a gRPC status by a layer with no rejection hook.
+#[tokio::test(flavor = "current_thread")]
+async fn busy_rejections_are_quiet_and_grpc_ones_name_their_code() {
+    let (logs, _capturing) = Logs::capture();
+    let locks = LockClient::in_memory();
+    let app = Router::new()
+        .route("/docs/{id}", post(|| async { "ok" }))
+        .route_layer(
+            LockLayer::new(locks.clone())
+                .key(key::path_param("id").prefixed("doc:"))
+                .wait(Duration::ZERO),
+        );
+    let base = serve(app).await;
+    let held = locks.lock("doc:7").acquire().await.unwrap();
+    for _ in 0..20 {
+        let (status, retry, _) = send(&http(), "POST", &format!("{base}/docs/7")).await;
+        assert_eq!(status, StatusCode::LOCKED);
+        assert!(retry.is_some());
+    }
+    held.release().await.unwrap();
+    assert!(
+        !logs.text().contains("request rejected"),
+        "a busy lock logged at INFO or above: {}",
+        logs.text()
+    );
+
+    // A gRPC call whose key is refused (the empty path parameter cannot be; an oversized one
+    // can): INVALID_ARGUMENT in the answer and in the warning.
+    let long = "9".repeat(600);
+    let request = http::Request::post(format!("{base}/docs/{long}"))
+        .header("content-type", "application/grpc")
+        .body(Empty::new())
+        .unwrap();
+    let response = http().request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["grpc-status"], "3");
+    let text = logs.text();
+    assert!(
+        text.contains("request rejected") && text.contains("status=INVALID_ARGUMENT"),
+        "{text}"
+    );
+}
