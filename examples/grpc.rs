@@ -1,7 +1,10 @@
 //! A gRPC bank (tonic) served by two instances on two ports that share one lock store: many
 //! concurrent Withdraw and Deposit calls on a few accounts, spread over both instances, lose
-//! updates without `LockLayer` (read-modify-write races) and none with it. Then a call that
-//! finds its account busy shows the gRPC status, message and pushback a client gets.
+//! updates without locks (read-modify-write races) and none with them. The locks are set per
+//! method (`grpc::MethodLocks`): Withdraw by a `LockLayer` keyed by the `account-id` metadata,
+//! Deposit in the method itself, keyed by the decoded message. Then calls that find their
+//! account busy show the gRPC status, message and pushback a client gets, the same on both
+//! paths.
 //!
 //! ```text
 //! cargo run --example grpc --features tonic                                  # in-memory locks
@@ -17,7 +20,9 @@ use std::{
 use tonic::{Request, Response, Status};
 use tower::Layer;
 use tower_lock::{
-    Backend, LockClient, LockLayer, MemoryBackend, RedisBackend, grpc::GrpcRejection, key,
+    Backend, LockClient, LockLayer, MemoryBackend, RedisBackend,
+    grpc::{MethodLockService, MethodLocks},
+    key,
 };
 
 #[path = "common/bank.rs"]
@@ -65,19 +70,45 @@ impl Ledger {
     }
 }
 
-impl Bank for Ledger {
+/// One instance's service: the shared ledger, and the instance's lock client (none in the
+/// unlocked run).
+#[derive(Clone)]
+struct Teller<B: Backend> {
+    ledger: Ledger,
+    locks: Option<LockClient<B>>,
+    /// How long a call waits for its account's lock.
+    wait: Duration,
+}
+
+impl<B: Backend> Bank for Teller<B> {
+    /// Locked by the layer's rule for this method, from the `account-id` metadata.
     async fn withdraw(&self, request: Request<Change>) -> Result<Response<Balance>, Status> {
         let change = request.into_inner();
         Ok(Response::new(
-            self.change(&change.account, -change.amount).await,
+            self.ledger.change(&change.account, -change.amount).await,
         ))
     }
 
+    /// Locked here, from the message: the same `account:<id>` lock the layer takes for
+    /// Withdraw. `?` answers a busy lock as the layer would (`UNAVAILABLE` with the same
+    /// pushback, from the client's hold times).
     async fn deposit(&self, request: Request<Change>) -> Result<Response<Balance>, Status> {
         let change = request.into_inner();
-        Ok(Response::new(
-            self.change(&change.account, change.amount).await,
-        ))
+        let guard = match &self.locks {
+            Some(locks) => Some(
+                locks
+                    .lock(format!("account:{}", change.account))
+                    .wait(self.wait)
+                    .acquire()
+                    .await?,
+            ),
+            None => None,
+        };
+        let balance = self.ledger.change(&change.account, change.amount).await;
+        if let Some(guard) = guard {
+            guard.release().await?;
+        }
+        Ok(Response::new(balance))
     }
 
     async fn statement(&self, _: Request<Account>) -> Result<Response<BalanceStream>, Status> {
@@ -85,20 +116,29 @@ impl Bank for Ledger {
     }
 }
 
-/// The layer: one lock per account, named `account:<id>` from the `account-id` metadata (as
-/// an HTTP route's `key::path_param("id").prefixed("account:")` names it), rejections as
-/// gRPC statuses.
-fn layer<B: Backend>(
+/// The locks per method: Withdraw takes one lock per account, named `account:<id>` from the
+/// `account-id` metadata (as an HTTP route's `key::path_param("id").prefixed("account:")`
+/// names it), and a call without that metadata is `INVALID_ARGUMENT`, never run unlocked;
+/// Deposit takes the same lock itself, from the message; Statement needs none. Rejections are
+/// gRPC statuses without `on_rejected`: the layer sees the call's `content-type`.
+fn locked<B: Backend>(
     locks: &LockClient<B>,
-    wait: Duration,
-) -> LockLayer<B, key::Prefixed<key::Header>, GrpcRejection> {
-    LockLayer::new(locks.clone())
-        .key(key::header("account-id").prefixed("account:"))
-        .wait(wait)
-        .on_rejected(GrpcRejection)
+    teller: Teller<B>,
+) -> MethodLockService<BankServer<Teller<B>>> {
+    let wait = teller.wait;
+    MethodLocks::new()
+        .method(
+            "Withdraw",
+            LockLayer::new(locks.clone())
+                .key(key::header("account-id").prefixed("account:"))
+                .wait(wait),
+        )
+        .unlocked("Deposit")
+        .unlocked("Statement")
+        .layer(BankServer::new(teller))
 }
 
-/// Serves `bank` (behind the layer when `locks` is set) on a free port; returns its URL.
+/// Serves the ledger (with locks when `locks` is set) on a free port; returns its URL.
 async fn serve<B: Backend>(
     ledger: Ledger,
     locks: Option<&LockClient<B>>,
@@ -107,12 +147,14 @@ async fn serve<B: Backend>(
     let url = format!("http://{}", listener.local_addr()?);
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     let mut server = tonic::transport::Server::builder();
+    let teller = Teller {
+        ledger,
+        locks: locks.cloned(),
+        wait: Duration::from_secs(30),
+    };
     let router = match locks {
-        Some(locks) => {
-            let service = layer(locks, Duration::from_secs(30)).layer(BankServer::new(ledger));
-            server.add_service(service)
-        }
-        None => server.add_service(BankServer::new(ledger)),
+        Some(locks) => server.add_service(locked(locks, teller)),
+        None => server.add_service(BankServer::new(teller)),
     };
     tokio::spawn(router.serve_with_incoming(incoming));
     Ok(url)
@@ -192,9 +234,9 @@ async fn run<B: Backend>(
         println!(
             "{}: {CALLS} calls over 2 instances on {} accounts -> {lost} units off the expected balances ({}), in {elapsed:?}",
             if locked {
-                "with LockLayer   "
+                "with locks   "
             } else {
-                "without LockLayer"
+                "without locks"
             },
             ACCOUNTS.len(),
             if lost == 0 {
@@ -212,7 +254,12 @@ async fn run<B: Backend>(
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        let service = layer(&a, Duration::from_millis(200)).layer(BankServer::new(ledger));
+        let teller = Teller {
+            ledger,
+            locks: Some(a.clone()),
+            wait: Duration::from_millis(200),
+        };
+        let service = locked(&a, teller);
         let router = tonic::transport::Server::builder().add_service(service);
         tokio::spawn(router.serve_with_incoming(incoming));
         url
@@ -222,24 +269,50 @@ async fn run<B: Backend>(
         account: "alice".into(),
         amount: 1,
     };
-    // One call first: the layer learns how long its calls hold a lock, which its pushback uses.
-    let request = with_metadata(change.clone(), "account-id", "alice");
-    client.withdraw(request).await?;
-    let held = b.lock("account:alice").acquire().await?;
+    // The first busy answers come before any hold was seen: the pushback is the wait the call
+    // had (200 ms here), not the holder's whole lease. Then a few calls teach the client how
+    // long its locks are held, which later pushbacks use.
+    for round in ["fresh instance", "after a few calls"] {
+        if round != "fresh instance" {
+            for _ in 0..3 {
+                let request = with_metadata(change.clone(), "account-id", "alice");
+                client.withdraw(request).await?;
+            }
+        }
+        let held = b.lock("account:alice").acquire().await?;
+        let by_layer = client
+            .withdraw(with_metadata(change.clone(), "account-id", "alice"))
+            .await
+            .expect_err("the account is busy");
+        let in_method = client
+            .deposit(change.clone())
+            .await
+            .expect_err("the account is busy");
+        for (path, status) in [("Withdraw (layer)", by_layer), ("Deposit (?)", in_method)] {
+            let pushback = status
+                .metadata()
+                .get("grpc-retry-pushback-ms")
+                .and_then(|value| value.to_str().ok())
+                .unwrap_or("none")
+                .to_owned();
+            println!(
+                "busy account, {round}, {path}: status {:?}, message {:?}, grpc-retry-pushback-ms {pushback}",
+                status.code(),
+                status.message()
+            );
+        }
+        held.release().await?;
+    }
+
+    // A Withdraw without its key is refused, never run unlocked.
     let status = client
-        .withdraw(with_metadata(change, "account-id", "alice"))
+        .withdraw(change)
         .await
-        .expect_err("the account is busy");
-    let pushback = status
-        .metadata()
-        .get("grpc-retry-pushback-ms")
-        .and_then(|value| value.to_str().ok())
-        .unwrap_or("none");
+        .expect_err("no account-id metadata");
     println!(
-        "busy account: status {:?}, message {:?}, grpc-retry-pushback-ms {pushback}",
+        "no key: status {:?}, message {:?}",
         status.code(),
         status.message()
     );
-    held.release().await?;
     Ok(())
 }

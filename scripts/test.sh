@@ -182,7 +182,7 @@ sysroot=$(rustc --print sysroot)
 rust_libs="$sysroot/lib/rustlib/$(rustc -vV | sed -n 's/^host: //p')/lib:$sysroot/lib"
 
 # Every feature but test-util: lock deadlines on the boot clock alone, as in applications.
-features=tower-lock/sentinel,tower-lock/cluster,tower-lock/keyed-hash,tower-lock/metrics,tower-lock/tls,tower-lock/macros,tower-lock/serde,tower-lock/tonic,tower-lock/unstable-backend,tower-lock/idempotency
+features=tower-lock/sentinel,tower-lock/cluster,tower-lock/keyed-hash,tower-lock/metrics,tower-lock/tls,tower-lock/macros,tower-lock/serde,tower-lock/tonic,tower-lock/unstable-backend,tower-lock/idempotency,tower-lock/retry
 build main --workspace --features "$features"
 queue_bins 0 0
 echo "0 doc --workspace --features $features --doc" >>"$logs/jobs"

@@ -16,8 +16,12 @@ pub enum LockError {
     /// The lock stayed held by another holder for the whole wait.
     #[error("lock wait timed out")]
     WaitTimeout {
-        /// How long the current holder's lease still ran when the wait ended, when the backend
-        /// reported it: the latest the lock is free, unless its holder renews it.
+        /// When the lock is likely free, as the client estimated it when the wait ended: how
+        /// long its holds of like locks (the same name up to the key's last `:`) typically
+        /// last, never less than this acquire waited; with no hold seen yet, the wait (100 ms
+        /// to 5 s), never the holder's whole lease; capped by the holder's lease left, when
+        /// some was, but not below the wait; never under 10 ms. `None` only in an error made
+        /// outside the client.
         retry_after: Option<Duration>,
         /// How long this acquire waited: its holder has held the lock at least that long.
         waited: Duration,
@@ -66,18 +70,34 @@ pub enum LockError {
     HeldThroughOtherClient,
 }
 
+/// How soon to try again after a failure that may pass by itself (a store that did not
+/// answer, too many waiters, a lock lost mid-request) when nothing better is known.
+pub(crate) const RETRY_SOON: Duration = Duration::from_secs(1);
+
 impl LockError {
-    /// When trying again may succeed, for a `Retry-After` hint, measured now. For a wait that
-    /// ran out: the holder's remaining lease when the wait ended, or, when the backend did not
-    /// report it, how long the wait lasted. For a store known to be down or in its restart
-    /// quarantine: [`BackendError::retry_after`].
+    /// When trying again may succeed, for a `Retry-After` (gRPC: `grpc-retry-pushback-ms`)
+    /// hint, measured now; the same figure the [`LockRejection`](crate::LockRejection) this
+    /// error becomes answers with, on every path (a layer, `#[locked]`, `?` into a
+    /// `tonic::Status`).
+    ///
+    /// - A wait that ran out: when the lock is likely free (see [`WaitTimeout`](Self::WaitTimeout)).
+    /// - A store in its restart quarantine, or known to be down:
+    ///   [`BackendError::retry_after`]; any other store failure but an unsupported lock kind:
+    ///   that, else 1 s.
+    /// - Too many waiters, a lock lost, a client shut down: 1 s.
+    /// - Otherwise (a bad key or setting, a deadlock refused): `None`; trying again will not help.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::WaitTimeout {
                 retry_after,
                 waited,
-            } => retry_after.or((!waited.is_zero()).then_some(*waited)),
-            Self::Backend(error) => error.retry_after(),
+            } => Some(
+                retry_after
+                    .unwrap_or_else(|| crate::client::holds::likely_free_in(None, None, *waited)),
+            ),
+            Self::Backend(error) if error.is_unsupported() => None,
+            Self::Backend(error) => Some(error.retry_hint()),
+            Self::TooManyWaiters | Self::Lost | Self::NotHeld | Self::ShutDown => Some(RETRY_SOON),
             _ => None,
         }
     }
@@ -218,6 +238,14 @@ impl BackendError {
     pub fn retry_after(&self) -> Option<Duration> {
         self.back_at
             .map(|at| at.saturating_duration_since(Instant::now()))
+    }
+
+    /// When to try again after this failure: [`retry_after`](Self::retry_after) when known,
+    /// else 1 s; never under 10 ms.
+    pub(crate) fn retry_hint(&self) -> Duration {
+        self.retry_after()
+            .unwrap_or(RETRY_SOON)
+            .max(crate::client::holds::MIN_RETRY)
     }
 
     /// When the quarantine of a store that restarted recently ends.

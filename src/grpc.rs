@@ -3,7 +3,8 @@
 //! A gRPC server built on tower (tonic) is a tower service, so [`LockLayer`](crate::LockLayer)
 //! runs in front of it as it does in front of an axum router. What changes is how a refusal is
 //! told: a gRPC client reads an HTTP 423 with a text body as `UNKNOWN`, with no message and no
-//! hint of when to try again. [`GrpcRejection`] answers in gRPC's own terms instead: a
+//! hint of when to try again. So a call whose `content-type` starts with `application/grpc` is
+//! answered in gRPC's own terms by default (and by [`GrpcRejection`], whatever the request): a
 //! *trailers-only* response (HTTP 200, `content-type: application/grpc`, the status in the
 //! `grpc-status` and `grpc-message` headers, no body), with the `Retry-After` hint as
 //! `grpc-retry-pushback-ms`, which a gRPC retry policy acts on.
@@ -11,31 +12,39 @@
 //! ```
 //! use std::time::Duration;
 //!
-//! use tower_lock::{LockClient, LockLayer, grpc::GrpcRejection, key};
+//! use tower_lock::{LockClient, LockLayer, key};
 //!
-//! // One lock per account, from the `account-id` metadata; rejections as gRPC statuses.
+//! // One lock per account, from the `account-id` metadata; gRPC calls refused with a status.
 //! let layer = LockLayer::new(LockClient::in_memory())
 //!     .key(key::header("account-id").prefixed("account:"))
-//!     .wait(Duration::from_secs(2))
-//!     .on_rejected(GrpcRejection);
+//!     .wait(Duration::from_secs(2));
 //! # let _ = layer;
 //! ```
 //!
 //! A gRPC response is only HTTP headers, so nothing here depends on a gRPC library: the layer
 //! works under any tonic version. Feature `tonic` adds what needs tonic's types: `LockError` and
 //! [`LockRejection`] into `tonic::Status` (for `?` in a service method that takes its lock from
-//! the decoded message), and `NamedService` for a layered service. The [`guide::grpc`] page
+//! the decoded message), `NamedService` for a layered service, and `MethodLocks`, a lock layer
+//! per gRPC method. The [`guide::grpc`] page
 //! says how the codes were chosen, how keys are taken from gRPC calls, and what a streaming
 //! call holds.
 //!
 //! [`guide::grpc`]: crate::guide::grpc
+
+#[cfg(feature = "tonic")]
+mod methods;
+#[cfg(feature = "tonic")]
+pub use methods::{MethodLockService, MethodLocks};
 
 use std::{fmt, time::Duration};
 
 use http::{HeaderMap, HeaderValue, Response, header::CONTENT_TYPE};
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 
-use crate::{LockError, middleware::LockRejection, middleware::OnRejected};
+use crate::{
+    LockError,
+    middleware::{LockRejection, OnRejected, pushback_ms},
+};
 
 /// The header (or trailer) that carries a gRPC status code.
 pub const GRPC_STATUS: &str = "grpc-status";
@@ -132,17 +141,26 @@ impl LockRejection {
         self.retry_after()
     }
 
+    /// The message of this rejection's gRPC status, with `pushback` as
+    /// `grpc-retry-pushback-ms` says it: `locked; retry in about 2501 ms`.
+    pub(crate) fn grpc_message(&self, pushback: Option<Duration>) -> String {
+        self.message(pushback, true)
+    }
+
     /// The `grpc-status`, `grpc-message` and, where known, `grpc-retry-pushback-ms` of this
     /// rejection, as headers (a trailers-only response's) or trailers (a stream cut short).
+    /// The message names the same number of milliseconds as the pushback.
     pub fn grpc_headers(&self) -> HeaderMap {
         let mut headers = HeaderMap::with_capacity(3);
         headers.insert(GRPC_STATUS, HeaderValue::from(self.grpc_code().as_i32()));
-        let message = self.message();
+        // Measured once: the message and the header say the same.
+        let pushback = self.grpc_pushback();
+        let message = self.grpc_message(pushback);
         let encoded = utf8_percent_encode(&message, MESSAGE_ENCODE).to_string();
         if let Ok(value) = HeaderValue::try_from(encoded) {
             headers.insert(GRPC_MESSAGE, value);
         }
-        if let Some(pushback) = self.grpc_pushback() {
+        if let Some(pushback) = pushback {
             headers.insert(
                 GRPC_RETRY_PUSHBACK_MS,
                 HeaderValue::from(pushback_ms(pushback)),
@@ -160,12 +178,6 @@ impl LockRejection {
         headers.extend(self.grpc_headers());
         response
     }
-}
-
-/// Milliseconds, rounded up: a client that waits exactly this long finds what was promised.
-fn pushback_ms(pushback: Duration) -> u64 {
-    let ms = pushback.as_millis() + u128::from(!pushback.subsec_nanos().is_multiple_of(1_000_000));
-    u64::try_from(ms).unwrap_or(u64::MAX)
 }
 
 impl LockError {
@@ -235,20 +247,24 @@ mod tonic_status {
     /// pushback (in the status's metadata, which tonic sends with the status).
     impl From<LockRejection> for tonic::Status {
         fn from(rejection: LockRejection) -> Self {
+            let pushback = rejection.grpc_pushback();
             status(
                 rejection.grpc_code(),
-                rejection.message(),
-                rejection.grpc_pushback(),
+                rejection.grpc_message(pushback),
+                pushback,
             )
         }
     }
 
     /// The status a layer answers for this outcome (see [`LockRejection`]'s): `?` on an
-    /// acquire in a tonic service method answers as a [`GrpcRejection`](super::GrpcRejection)
-    /// layer would.
+    /// acquire in a tonic service method answers as a layer would, with the same pushback
+    /// ([`LockError::retry_after`]: from the client's hold times for a busy lock). The
+    /// rejection is logged and counted as a layer's is.
     impl From<LockError> for tonic::Status {
         fn from(error: LockError) -> Self {
-            LockRejection::from(error).into()
+            let rejection = LockRejection::from(error);
+            rejection.trace(true);
+            rejection.into()
         }
     }
 }
@@ -322,7 +338,7 @@ mod tests {
         let headers = response.headers();
         assert_eq!(headers[CONTENT_TYPE], "application/grpc");
         assert_eq!(headers[GRPC_STATUS], "14");
-        assert_eq!(headers[GRPC_MESSAGE], "locked; retry in about 3 s");
+        assert_eq!(headers[GRPC_MESSAGE], "locked; retry in about 2501 ms");
         assert_eq!(headers[GRPC_RETRY_PUSHBACK_MS], "2501");
         assert!(!headers.contains_key(http::header::RETRY_AFTER));
         assert_eq!(response.body(), "");

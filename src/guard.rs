@@ -11,6 +11,7 @@ use std::{
 
 use crate::{
     backend::Backend,
+    client::holds::HoldStats,
     clock::BootInstant,
     engine::{AtOnce, EngineRef, Held},
     error::LockError,
@@ -49,6 +50,8 @@ use crate::{
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard<B: Backend> {
     client: Arc<EngineRef<B>>,
+    /// The client's hold times, where this hold's is recorded when it ends.
+    holds: Arc<HoldStats>,
     held: Option<Arc<Held>>,
     /// This guard's hold of the grant.
     hold: u64,
@@ -59,13 +62,14 @@ pub struct LockGuard<B: Backend> {
 
 impl<B: Backend> LockGuard<B> {
     pub(crate) fn new(
-        client: Arc<EngineRef<B>>,
+        (client, holds): (Arc<EngineRef<B>>, Arc<HoldStats>),
         (held, hold): (Arc<Held>, u64),
         count: u64,
         acquired_at: BootInstant,
     ) -> Self {
         Self {
             client,
+            holds,
             held: Some(held),
             hold,
             count,
@@ -76,6 +80,11 @@ impl<B: Backend> LockGuard<B> {
     /// When the acquire heard of the grant: this hold's time counts from here.
     pub(crate) fn acquired_at(&self) -> BootInstant {
         self.acquired_at
+    }
+
+    /// Counts this hold's time from `at` (a set's, from when its last lock was taken).
+    pub(crate) fn held_from(&mut self, at: BootInstant) {
+        self.acquired_at = at;
     }
 
     fn held(&self) -> &Held {
@@ -154,6 +163,7 @@ impl<B: Backend> LockGuard<B> {
     /// stopped, a hand-off chosen) done now.
     pub(crate) fn into_release(mut self, now: BootInstant) -> FinishOnDrop {
         let held = self.held.take().expect("guard released twice");
+        self.record(&held, now);
         let shared = self.client.engine.clone();
         let releasing = match shared.begin_release(held, self.hold, now) {
             Ok(Some(releasing)) => shared.release_at_once(releasing),
@@ -177,11 +187,23 @@ impl<B: Backend> LockGuard<B> {
     }
 }
 
+impl<B: Backend> LockGuard<B> {
+    /// Records how long the lock was held, for the `Retry-After` of those who find it busy: the
+    /// first hold of a grant only (a re-entry's is part of it), and not a lock that was lost.
+    fn record(&self, held: &Held, now: BootInstant) {
+        if self.count == 1 && !held.hold_lost_at(self.hold, now) {
+            self.holds
+                .record(&held.key, now.duration_since(self.acquired_at));
+        }
+    }
+}
+
 impl<B: Backend> Drop for LockGuard<B> {
     fn drop(&mut self) {
         let Some(held) = self.held.take() else {
             return;
         };
+        self.record(&held, BootInstant::now());
         // Renewal stops here, synchronously; only the backend call is spawned.
         self.client.engine.release_detached(held, self.hold);
     }

@@ -146,7 +146,8 @@
 //! | `macros` | no | the `#[locked(...)]` attribute and `AnyLockClient` (implies `axum`) |
 //! | `serde` | no | `Serialize` and `Deserialize` for [`LockInfo`] and its parts |
 //! | `grpc` | no | `grpc::GrpcRejection`: rejections as gRPC statuses with a retry pushback, `key::grpc_method`; no gRPC library needed |
-//! | `tonic` | no | implies `grpc`: `LockError` and `LockRejection` into `tonic::Status` (tonic 0.14), `NamedService` for a layered service |
+//! | `tonic` | no | implies `grpc`: `LockError` and `LockRejection` into `tonic::Status` (tonic 0.14), `NamedService` for a layered service, `grpc::MethodLocks` (a lock layer per gRPC method) |
+//! | `retry` | no | `retry::RetryAfterPolicy`: a `tower::retry` policy for clients (hyper, a tonic `Channel`) that honours `Retry-After` and `grpc-retry-pushback-ms` within a cap and a retry budget |
 //! | `idempotency` | no | `IdempotencyLayer` (module `idempotency`): a write with an `Idempotency-Key` runs once across instances, its answer kept and replayed |
 //!
 //! The minimum supported Rust version is 1.88.
@@ -180,6 +181,8 @@ mod lock_key;
 pub mod metrics;
 pub mod middleware;
 mod multi_guard;
+#[cfg(feature = "retry")]
+pub mod retry;
 mod scratch;
 
 #[cfg(feature = "redis")]

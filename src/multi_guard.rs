@@ -47,8 +47,14 @@ pub struct MultiGuard<B: Backend> {
 }
 
 impl<B: Backend> MultiGuard<B> {
-    pub(crate) fn new(members: Vec<Member<B>>) -> Self {
+    pub(crate) fn new(mut members: Vec<Member<B>>) -> Self {
         debug_assert!(!members.is_empty(), "a lock set is never empty");
+        // The set is held from now: the waits for its later members are not hold time of its
+        // earlier ones (the `Retry-After` of those who find them busy).
+        let now = crate::clock::BootInstant::now();
+        for member in &mut members {
+            member.guard.held_from(now);
+        }
         Self { members }
     }
 

@@ -22,7 +22,7 @@ use proc_macro::TokenStream;
 /// | `key = "..."` | template: `{name}`, `{name.field}`, `{{`/`}}` for braces; names are the handler's bindings | required, or `keys` |
 /// | `keys = ["...", "..."]` | several templates: all their locks are held together, taken in one canonical order (no deadlock between requests naming them in opposite orders), all or nothing within `wait`; a `Json(t)` binding makes body fields usable, as in `"account:{t.from}"` | instead of `key` |
 /// | `wait = "2s"` | how long to wait before answering 423 (`ms`, `s`, `m`, `h`) | `"5s"` |
-/// | `lease = "10s"` | fixed lease; `"watchdog"` or `"watchdog(10s)"` for a renewed one | `"watchdog"` (30 s) |
+/// | `lease = "10s"` | fixed lease; `"watchdog"` or `"watchdog(10s)"` for a renewed one | `"watchdog"` (5 s) |
 /// | `fair` / `read` / `write` | fair lock; read or write side of a read-write lock | exclusive |
 /// | `fencing` | issue a fencing token (see `LockContext::fencing_token`) | off |
 /// | `on_lost = "abort"` / `"continue"` | lock lost mid-handler: cancel it with 503, or let it finish | `"abort"` |

@@ -272,7 +272,6 @@ impl Options {
                 name: #name,
                 resource: #resource,
                 abort_on_lost: #abort_on_lost,
-                holds: #private::HoldTimes::new(),
                 template: #template,
                 announced: #private::Announced::new(),
             }
@@ -315,7 +314,7 @@ fn set<T>(slot: &mut Option<T>, value: T, span: Span, name: &str) -> syn::Result
     Ok(())
 }
 
-/// `"10s"` (a fixed lease), `"watchdog"` (renewed, 30 s) or `"watchdog(10s)"`.
+/// `"10s"` (a fixed lease), `"watchdog"` (renewed, 5 s by default) or `"watchdog(10s)"`.
 fn parse_lease(lit: &LitStr) -> syn::Result<Lease> {
     let value = lit.value();
     let value = value.trim();

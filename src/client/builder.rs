@@ -55,7 +55,7 @@ impl<B: Backend> LockClientBuilder<B> {
     }
 
     /// The lease used when a request does not set one, 3 ms to 365 days. Defaults to
-    /// `Lease::watchdog(Duration::from_secs(30))`.
+    /// `Lease::watchdog(Duration::from_secs(5))` ([`Lease::DEFAULT`]).
     pub fn lease(mut self, lease: Lease) -> Self {
         self.config.lease = lease;
         self
@@ -173,6 +173,7 @@ impl<B: Backend> LockClientBuilder<B> {
         let engine = Engine::new(self.backend, config);
         Ok(LockClient {
             inner: Arc::new(EngineRef { engine }),
+            holds: Arc::default(),
         })
     }
 }

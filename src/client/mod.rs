@@ -10,6 +10,7 @@ use crate::{
 };
 
 mod builder;
+pub(crate) mod holds;
 mod inspect;
 mod multi;
 mod request;
@@ -48,12 +49,16 @@ pub use request::{LockRequest, ReadWriteLock};
 /// ```
 pub struct LockClient<B: Backend> {
     pub(crate) inner: Arc<EngineRef<B>>,
+    /// How long this client's locks are typically held, per lock family: the `Retry-After` of
+    /// a busy lock on every path.
+    pub(crate) holds: Arc<holds::HoldStats>,
 }
 
 impl<B: Backend> Clone for LockClient<B> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
+            holds: self.holds.clone(),
         }
     }
 }

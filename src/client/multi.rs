@@ -281,10 +281,15 @@ impl<'a, B: Backend> MultiLockRequest<'a, B> {
                         release_all(members).await;
                         // The set waited for every lock it took before this one, too.
                         let error = match error {
-                            LockError::WaitTimeout { retry_after, .. } => LockError::WaitTimeout {
-                                retry_after,
-                                waited: started.elapsed(),
-                            },
+                            LockError::WaitTimeout { retry_after, .. } => {
+                                // Its holder has held the lock at least as long as the set
+                                // waited for it.
+                                let waited = started.elapsed();
+                                LockError::WaitTimeout {
+                                    retry_after: retry_after.map(|after| after.max(waited)),
+                                    waited,
+                                }
+                            }
                             other => other,
                         };
                         return Err(MultiLockError {

@@ -223,6 +223,7 @@ impl<B: Backend> LockRequest<'_, B> {
             }
         };
         let inner = client.inner.clone();
+        let holds = client.holds.clone();
         Either::Right(async move {
             let shared = &inner.engine;
             if shared.stop.is_cancelled() {
@@ -282,7 +283,7 @@ impl<B: Backend> LockRequest<'_, B> {
                         token = held.token(),
                         "lock acquired"
                     );
-                    Ok(LockGuard::new(inner, (held, hold), count, at))
+                    Ok(LockGuard::new((inner, holds), (held, hold), count, at))
                 }
                 Err(error) => {
                     tracing::debug!(
@@ -291,7 +292,18 @@ impl<B: Backend> LockRequest<'_, B> {
                         error = %format_args!("{error:#}"),
                         "lock not acquired"
                     );
-                    Err(error)
+                    // A busy lock says when it is likely free, from this client's hold times:
+                    // the figure every answer (a layer's, `#[locked]`'s, `?`'s) gives.
+                    Err(match error {
+                        LockError::WaitTimeout {
+                            retry_after,
+                            waited,
+                        } => LockError::WaitTimeout {
+                            retry_after: Some(holds.retry_after(&key_name, retry_after, waited)),
+                            waited,
+                        },
+                        other => other,
+                    })
                 }
             }
         })

@@ -3,7 +3,7 @@
 
 use std::{convert::Infallible, future::Future, time::Duration};
 
-pub use super::{layer::HoldTimes, names::Announced};
+pub use super::names::Announced;
 
 use axum::{
     extract::{FromRef, FromRequestParts},
@@ -39,8 +39,6 @@ pub struct Options {
     pub resource: Resource,
     /// Whether a lost lock cancels the handler (503) instead of letting it finish.
     pub abort_on_lost: bool,
-    /// How long this handler's requests hold their lock, for `Retry-After`.
-    pub holds: HoldTimes,
     /// The key template (or templates, comma-separated), as written.
     pub template: &'static str,
     /// Whether the handler said which lock it takes.
@@ -392,9 +390,8 @@ where
         };
         let guard = match acquired {
             Ok(guard) => guard,
-            Err(error) => return rejected(options.holds.rejection(error)),
+            Err(error) => return rejected(error.into()),
         };
-        let acquired_at = std::time::Instant::now();
         let context = guard.context();
         let lost = context.lost();
         let watch = context.clone();
@@ -425,7 +422,6 @@ where
         } else {
             body.await.into_response()
         };
-        options.holds.record(acquired_at.elapsed());
         if let Err(error) = guard.release().await {
             tracing::debug!(error = %format_args!("{error:#}"), "release after the handler failed");
         }
@@ -436,6 +432,6 @@ where
 }
 
 fn rejected(rejection: LockRejection) -> Response {
-    rejection.trace();
+    rejection.trace(false);
     rejection.into_response()
 }

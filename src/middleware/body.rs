@@ -70,8 +70,9 @@ struct Holding<B: Backend, R> {
     /// Watched while the body streams, unless the layer lets requests continue on a loss.
     lost: Option<Lost>,
     on_rejected: R,
+    /// Whether the request is a gRPC call, answered in gRPC form.
+    grpc: bool,
     config: Arc<LayerConfig>,
-    acquired: BootInstant,
 }
 
 impl<Body: http_body::Body, B: Backend, R> LockBody<Body, B, R> {
@@ -89,9 +90,8 @@ impl<Body: http_body::Body, B: Backend, R> LockBody<Body, B, R> {
     pub(crate) fn holding(
         inner: Body,
         hold: Hold<B>,
-        on_rejected: R,
+        (on_rejected, grpc): (R, bool),
         config: Arc<LayerConfig>,
-        acquired: BootInstant,
     ) -> Self {
         let lost = (!config.continue_on_lost).then(|| hold.lost());
         Self {
@@ -101,8 +101,8 @@ impl<Body: http_body::Body, B: Backend, R> LockBody<Body, B, R> {
                 release: None,
                 lost,
                 on_rejected,
+                grpc,
                 config,
-                acquired,
             }),
             then: None,
             ended: false,
@@ -186,10 +186,6 @@ where
             // The body is over: release, then send its last frame (so that a client that sees
             // the end and calls again finds the lock free).
             let now = BootInstant::now();
-            holding
-                .config
-                .holds
-                .record(now.duration_since(holding.acquired));
             let hold = holding.hold.take().expect("held until the body ends");
             if holding.config.release_in_background {
                 drop(hold);
@@ -228,9 +224,8 @@ where
 {
     let holding = holding.take().expect("holding while streaming");
     *ended = true;
-    let rejection = LockRejection::Lost;
-    rejection.trace();
-    let response = holding.on_rejected.on_rejected(rejection);
+    let response =
+        super::rejection::answer(&holding.on_rejected, LockRejection::Lost, holding.grpc);
     if response.headers().contains_key("grpc-status") {
         let mut trailers = response.into_parts().0.headers;
         trailers.remove(CONTENT_TYPE);

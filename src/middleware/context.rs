@@ -27,7 +27,11 @@ use crate::{
 ///     );
 /// # }
 /// ```
-#[derive(Clone, Debug)]
+///
+/// Its `Debug` shows what a handler may use: the key (or a set's keys), the holder, the fencing
+/// token, how long the lock is certainly held without another renewal (`deadline`), and
+/// whether it is lost.
+#[derive(Clone)]
 pub struct LockContext {
     /// The lock's entry (a set's first lock's), which names its key, holder and token.
     pub(crate) held: Arc<Held>,
@@ -163,6 +167,26 @@ impl LockContext {
     }
 }
 
+impl std::fmt::Debug for LockContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut s = f.debug_struct("LockContext");
+        match &self.set {
+            None => s.field("key", &self.held.key),
+            Some(_) => s.field("keys", &self.keys().collect::<Vec<_>>()),
+        };
+        let own = self
+            .held
+            .hold_until(self.hold)
+            .map(|until| until.saturating_duration_until(BootInstant::now()));
+        let left = own.map_or(self.held.remaining(), |own| own.min(self.held.remaining()));
+        s.field("holder", &self.held.holder)
+            .field("fencing_token", &self.fencing_token())
+            .field("deadline", &format_args!("in {left:?}"))
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
 /// A handler asked for a [`LockContext`] on a route no [`LockLayer`](super::LockLayer) runs on:
 /// a mistake in the router, answered with 500 and a log line that says how to fix it.
 #[cfg(feature = "axum")]
@@ -186,5 +210,28 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for LockContext {
             http::StatusCode::INTERNAL_SERVER_ERROR,
             "this route takes a lock context but runs under no lock layer",
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// `Debug` names the key, holder, token and deadline, and no internals.
+    #[tokio::test]
+    async fn debug_shows_what_a_handler_uses() {
+        let locks = crate::LockClient::in_memory();
+        let guard = locks.lock("account:7").fencing().acquire().await.unwrap();
+        let text = format!("{:?}", super::LockContext::of(&guard));
+        assert!(
+            text.starts_with("LockContext { key: tower-lock:{account:7}, holder: Holder("),
+            "{text}"
+        );
+        assert!(text.contains("fencing_token: Some("), "{text}");
+        assert!(text.contains("deadline: in "), "{text}");
+        assert!(text.ends_with("lost: false }"), "{text}");
+        assert!(
+            !text.contains("Notify") && !text.contains("OnceLock"),
+            "{text}"
+        );
+        guard.release().await.unwrap();
     }
 }

@@ -41,6 +41,8 @@ where
     #[pin]
     state: State<S, B, ReqBody>,
     on_rejected: Option<R>,
+    /// Whether the request is a gRPC call, answered in gRPC form.
+    grpc: bool,
     config: Option<Arc<LayerConfig>>,
     span: tracing::Span,
     /// When the request began waiting; read only for an enabled span (`waited_ms`).
@@ -98,7 +100,7 @@ where
         on_rejected: R,
         config: Arc<LayerConfig>,
         span: tracing::Span,
-        hand_over: bool,
+        (hand_over, grpc): (bool, bool),
     ) -> Self {
         Self {
             state: State::Acquiring {
@@ -107,6 +109,7 @@ where
                 request: Some(request),
             },
             on_rejected: Some(on_rejected),
+            grpc,
             config: Some(config),
             started: (!span.is_disabled()).then(BootInstant::now),
             span,
@@ -116,10 +119,9 @@ where
         }
     }
 
-    pub(crate) fn rejected(on_rejected: &R, rejection: LockRejection) -> Self {
-        rejection.trace();
+    pub(crate) fn rejected(on_rejected: &R, rejection: LockRejection, grpc: bool) -> Self {
         Self::finished(State::Rejected {
-            response: Some(on_rejected.on_rejected(rejection)),
+            response: Some(super::rejection::answer(on_rejected, rejection, grpc)),
         })
     }
 
@@ -133,6 +135,7 @@ where
         Self {
             state,
             on_rejected: None,
+            grpc: false,
             config: None,
             span: tracing::Span::none(),
             started: None,
@@ -183,13 +186,7 @@ where
                             guard: Some(guard),
                         }
                     }
-                    Err(error) => {
-                        let rejection = match this.config.as_ref() {
-                            Some(config) => config.holds.rejection(error),
-                            None => error.into(),
-                        };
-                        reject(this.on_rejected, this.span, rejection)
-                    }
+                    Err(error) => reject(this.on_rejected, *this.grpc, this.span, error.into()),
                 },
                 StateProj::Running {
                     future,
@@ -231,9 +228,6 @@ where
                             return Poll::Ready(result);
                         }
                         this.span.record("held_ms", held_ms(acquired, now));
-                        if let (Some(config), Some(acquired)) = (this.config.as_ref(), acquired) {
-                            config.holds.record(now.duration_since(acquired));
-                        }
                         this.span
                             .record("outcome", if result.is_ok() { "ok" } else { "error" });
                         let guard = guard.take().expect("polled after completion");
@@ -246,7 +240,7 @@ where
                             // watchdog said so (e.g. the process was stalled): its response
                             // was not made under the lock.
                             drop(guard);
-                            reject(this.on_rejected, this.span, LockRejection::Lost)
+                            reject(this.on_rejected, *this.grpc, this.span, LockRejection::Lost)
                         } else if background {
                             drop(guard);
                             return Poll::Ready(result);
@@ -260,7 +254,7 @@ where
                         // The inner future is dropped with this state: the handler stops.
                         this.span
                             .record("held_ms", held_ms(*this.acquired, BootInstant::now()));
-                        reject(this.on_rejected, this.span, LockRejection::Lost)
+                        reject(this.on_rejected, *this.grpc, this.span, LockRejection::Lost)
                     }
                 }
                 StateProj::Releasing { release, result } => {
@@ -281,6 +275,7 @@ where
 
 fn reject<S, B, ReqBody, R, ResBody>(
     on_rejected: &Option<R>,
+    grpc: bool,
     span: &tracing::Span,
     rejection: LockRejection,
 ) -> State<S, B, ReqBody>
@@ -289,13 +284,12 @@ where
     B: Backend,
     R: OnRejected<ResBody>,
 {
-    span.record("outcome", tracing::field::display(rejection.status()));
-    rejection.trace();
+    span.record("outcome", tracing::field::display(rejection.answer(grpc)));
     let on_rejected = on_rejected
         .as_ref()
         .expect("rejection hook set while locking");
     State::Rejected {
-        response: Some(on_rejected.on_rejected(rejection)),
+        response: Some(super::rejection::answer(on_rejected, rejection, grpc)),
     }
 }
 
@@ -386,14 +380,12 @@ where
             let config = future.config.clone().expect("set while locking");
             if !response.body().is_end_stream() {
                 let on_rejected = future.on_rejected.take().expect("set while locking");
-                let acquired = future.acquired.unwrap_or_else(BootInstant::now);
-                return Poll::Ready(Ok(response
-                    .map(|body| LockBody::holding(body, hold, on_rejected, config, acquired))));
+                let grpc = *future.grpc;
+                return Poll::Ready(Ok(
+                    response.map(|body| LockBody::holding(body, hold, (on_rejected, grpc), config))
+                ));
             }
             let now = BootInstant::now();
-            if let Some(acquired) = *future.acquired {
-                config.holds.record(now.duration_since(acquired));
-            }
             if config.release_in_background {
                 drop(hold);
                 return Poll::Ready(Ok(response.map(LockBody::unlocked)));

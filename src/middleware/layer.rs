@@ -5,7 +5,7 @@ use std::{fmt, sync::Arc, time::Duration};
 use tower_layer::Layer;
 
 use super::{
-    DefaultRejection, LockRejection, LockService, MakeKeyUnset,
+    DefaultRejection, LockService, MakeKeyUnset,
     body::{UntilBodyEnds, UntilResponse},
     service::LayerParts,
 };
@@ -35,8 +35,6 @@ pub(crate) struct LayerConfig {
     pub(crate) skip_missing: bool,
     pub(crate) continue_on_lost: bool,
     pub(crate) release_in_background: bool,
-    /// How long this layer's requests hold their locks, for `Retry-After`.
-    pub(crate) holds: Arc<HoldTimes>,
     /// The routes whose lock names the layer announced.
     pub(crate) announced: Arc<super::names::Announced>,
     /// The layer's client for `#[locked]` handlers (through their [`LockContext`]), made once.
@@ -44,69 +42,6 @@ pub(crate) struct LayerConfig {
     /// [`LockContext`]: super::LockContext
     #[cfg(feature = "macros")]
     pub(crate) client: Option<super::AnyLockClient>,
-}
-
-/// A running average of how long requests held their locks: the likely wait for a lock that
-/// is held, whatever lease the holder has (a watchdog lease says nothing of when it ends).
-/// One per layer, and one per `#[locked]` handler.
-#[derive(Debug, Default)]
-#[doc(hidden)]
-// Public for the attribute's generated code only (feature `macros`).
-#[cfg_attr(not(feature = "macros"), allow(unreachable_pub, dead_code))]
-pub struct HoldTimes {
-    /// Milliseconds; 0 before the first request.
-    average_ms: std::sync::atomic::AtomicU64,
-}
-
-impl HoldTimes {
-    /// No hold seen yet (a `const fn`, for a handler's `static` options).
-    #[cfg_attr(not(feature = "macros"), allow(unreachable_pub, dead_code))]
-    pub const fn new() -> Self {
-        Self {
-            average_ms: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
-
-    /// Adds one request's hold (weight 1/8: recent requests count most).
-    pub(crate) fn record(&self, held: Duration) {
-        use std::sync::atomic::Ordering;
-        let sample = u64::try_from(held.as_millis()).unwrap_or(u64::MAX).max(1);
-        // Written only when it changes: every request of the layer, on every thread, reads it.
-        let _ = self
-            .average_ms
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |average| {
-                let next = match average {
-                    0 => sample,
-                    average => average - average / 8 + sample / 8,
-                };
-                (next != average).then_some(next)
-            });
-    }
-
-    /// The rejection for an acquire that failed: a wait that timed out says when the lock is
-    /// likely free ([`locked_retry_after`](super::rejection::locked_retry_after), with this
-    /// layer's typical hold) rather than when it is free at the latest.
-    pub(crate) fn rejection(&self, error: crate::LockError) -> LockRejection {
-        match error {
-            crate::LockError::WaitTimeout {
-                retry_after,
-                waited,
-            } => LockRejection::Locked {
-                retry_after: Some(super::rejection::locked_retry_after(
-                    self.typical(),
-                    retry_after,
-                    waited,
-                )),
-            },
-            other => other.into(),
-        }
-    }
-
-    /// How long requests typically hold the lock, once one has.
-    fn typical(&self) -> Option<Duration> {
-        let average = self.average_ms.load(std::sync::atomic::Ordering::Relaxed);
-        (average > 0).then(|| Duration::from_millis(average))
-    }
 }
 
 impl Default for LayerConfig {
@@ -120,7 +55,6 @@ impl Default for LayerConfig {
             skip_missing: false,
             continue_on_lost: false,
             release_in_background: false,
-            holds: Arc::default(),
             announced: Arc::default(),
             #[cfg(feature = "macros")]
             client: None,
@@ -272,8 +206,8 @@ impl<B: Backend, K, R, H> LockLayer<B, K, R, H> {
     }
 
     /// The lease to hold locks with. Defaults to the client's lease
-    /// ([`LockClientBuilder::lease`](crate::LockClientBuilder::lease), `Lease::watchdog(30 s)`
-    /// unless set: renewed while the request runs, freed within 30 s if the instance dies).
+    /// ([`LockClientBuilder::lease`](crate::LockClientBuilder::lease), `Lease::watchdog(5 s)`
+    /// unless set: renewed while the request runs, freed within 5 s if the instance dies).
     pub fn lease(self, lease: Lease) -> Self {
         self.config(|c| c.lease = Some(lease))
     }

@@ -42,7 +42,8 @@
 //!
 //! See [`LockRejection`] for the status of each. Bodies are one line of text where the body
 //! type carries text, unless [`LockLayer::on_rejected`] builds them; rejections are logged on
-//! target `tower_lock::rejection` (a client's mistake as a warning, a busy lock as information).
+//! target `tower_lock::rejection` (a client's mistake as a warning, a busy lock at debug and in
+//! the metrics). A gRPC call is answered as a gRPC status by default (feature `grpc`).
 //!
 //! # Keys and namespaces
 //!
@@ -79,6 +80,8 @@ pub use context::LockContext;
 #[cfg(feature = "macros")]
 pub use erased::AnyLockClient;
 pub use layer::LockLayer;
+#[cfg(feature = "grpc")]
+pub(crate) use rejection::pushback_ms;
 pub use rejection::{DefaultRejection, LockRejection, OnRejected};
 pub use service::LockService;
 #[cfg(feature = "axum")]

@@ -8,7 +8,7 @@ use http::{
 };
 
 use crate::{
-    error::{BackendError, BackendErrorKind, LockError},
+    error::{BackendError, BackendErrorKind, LockError, RETRY_SOON},
     lock_key::KeyError,
 };
 
@@ -17,15 +17,17 @@ use crate::{
 /// | rejection | status | `Retry-After` |
 /// |---|---|---|
 /// | [`MissingKey`](Self::MissingKey), [`InvalidKey`](Self::InvalidKey) | 400 | |
-/// | [`Locked`](Self::Locked) (wait timed out) | 423 | how long the layer's requests typically hold the lock, never less than the request waited, never more than the holder's remaining lease |
+/// | [`Locked`](Self::Locked) (wait timed out) | 423 | when the lock is likely free: how long the client's holds of like locks typically last, never less than the request waited; with no hold seen yet, the wait (100 ms to 5 s), never the holder's whole lease ([`LockError::WaitTimeout`]) |
 /// | [`TooManyWaiters`](Self::TooManyWaiters) | 503 | 1 s |
-/// | [`Unavailable`](Self::Unavailable) (store down, or in its restart quarantine) | 503 | when the store is expected back (the quarantine's end, the next probe of a store that refuses connections), when known |
-/// | [`Lost`](Self::Lost), [`ShutDown`](Self::ShutDown) | 503 | |
+/// | [`Unavailable`](Self::Unavailable) (store down or not answering, or in its restart quarantine) | 503 | when the store is expected back (the quarantine's end, the next probe of a store that refuses connections), else 1 s |
+/// | [`Lost`](Self::Lost), [`ShutDown`](Self::ShutDown) | 503 | 1 s |
 /// | [`Conflict`](Self::Conflict) (a read lock asked for a write lock) | 409 | |
 /// | [`Misconfigured`](Self::Misconfigured) (lease too short, a lock kind the backend refuses) | 500 | |
 ///
-/// With feature `grpc`, `grpc::GrpcRejection` answers each as a gRPC status instead
-/// (`LockRejection::grpc_code` lists them; the `grpc` guide says why).
+/// With feature `grpc` (which `tonic` implies), a gRPC call (`content-type: application/grpc…`)
+/// is answered as a gRPC status instead, by default (`LockRejection::grpc_code` lists them; the
+/// `grpc` guide says why). The hint is one figure, [`LockError::retry_after`]'s for the error
+/// the rejection comes from, whichever path answers.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum LockRejection {
@@ -35,11 +37,9 @@ pub enum LockRejection {
     InvalidKey(KeyError),
     /// Another holder kept the lock for the whole wait.
     Locked {
-        /// When the lock is likely free: under a layer, the running average of how long its
-        /// requests held their locks (the holder's remaining lease before any request
-        /// finished), raised to how long this request waited (the holder has held the lock at
-        /// least that long already), and capped by the holder's remaining lease when the wait
-        /// ended (the latest it is free, unless renewed).
+        /// When the lock is likely free: the [`LockError::WaitTimeout`]'s estimate, made by
+        /// the client from its hold times. `None` (answered as 1 s) only for a rejection made
+        /// by hand.
         retry_after: Option<Duration>,
     },
     /// Too many requests already wait for this key in this instance.
@@ -71,22 +71,30 @@ impl LockRejection {
         }
     }
 
-    /// When the client may try again, for the `Retry-After` header, measured now (for a
-    /// store in its quarantine or known to be down, the time left until it is expected back).
+    /// When the client may try again, for the `Retry-After` header (gRPC:
+    /// `grpc-retry-pushback-ms`), measured now: every 423 and 503 (gRPC `UNAVAILABLE`) has one.
+    /// For a rejection made from a [`LockError`], the error's
+    /// [`retry_after`](LockError::retry_after).
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::Locked { retry_after } => Some(retry_after.unwrap_or(Duration::from_secs(1))),
-            Self::TooManyWaiters => Some(Duration::from_secs(1)),
-            Self::Unavailable(error) => error.retry_after(),
+            Self::Locked { retry_after } => Some(retry_after.unwrap_or(RETRY_SOON)),
+            Self::TooManyWaiters | Self::Lost | Self::ShutDown => Some(RETRY_SOON),
+            Self::Unavailable(error) => Some(error.retry_hint()),
             _ => None,
         }
     }
 
     /// A response with this rejection's status, `Retry-After` where known, and `body`.
     pub fn into_response_with<B>(self, body: B) -> Response<B> {
+        let hint = self.retry_after();
+        self.response_with(body, hint)
+    }
+
+    /// [`into_response_with`](Self::into_response_with), with the hint measured once.
+    fn response_with<B>(self, body: B, hint: Option<Duration>) -> Response<B> {
         let mut response = Response::new(body);
         *response.status_mut() = self.status();
-        if let Some(secs) = self.retry_after_secs() {
+        if let Some(secs) = hint.map(retry_after_secs) {
             response
                 .headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from(secs));
@@ -98,11 +106,13 @@ impl LockRejection {
     /// text body saying what happened when `B` can carry text (axum's `Body`, `String`,
     /// `Vec<u8>`); an empty body otherwise.
     pub fn into_text_response<B: Default + 'static>(self) -> Response<B> {
-        let mut text = self.message();
+        // Measured once: the header and the text say the same.
+        let hint = self.retry_after();
+        let mut text = self.message(hint, false);
         text.push('\n');
         let body = text_body(text);
         let carries_text = body.is_some();
-        let mut response = self.into_response_with(body.unwrap_or_default());
+        let mut response = self.response_with(body.unwrap_or_default(), hint);
         if carries_text {
             response.headers_mut().insert(
                 CONTENT_TYPE,
@@ -112,27 +122,35 @@ impl LockRejection {
         response
     }
 
-    /// What happened, in one line: `locked; retry in about 3 s`.
-    pub(crate) fn message(&self) -> String {
+    /// What happened, in one line, with the number its `hint` header carries: for HTTP
+    /// `Retry-After`'s seconds (`locked; retry in about 3 s`), or the milliseconds of a hint
+    /// under a second (`retry in about 250 ms`); for gRPC `grpc-retry-pushback-ms`'s
+    /// milliseconds (`retry in about 2501 ms`).
+    pub(crate) fn message(&self, hint: Option<Duration>, grpc: bool) -> String {
         let mut text = self.to_string();
-        if let Some(secs) = self.retry_after_secs() {
-            text.push_str(&format!("; retry in about {secs} s"));
+        match hint {
+            Some(hint) if grpc || hint < Duration::from_secs(1) => {
+                text.push_str(&format!("; retry in about {} ms", pushback_ms(hint)));
+            }
+            Some(hint) => {
+                text.push_str(&format!("; retry in about {} s", retry_after_secs(hint)));
+            }
+            None => {}
         }
         text
     }
 
-    /// `Retry-After` in whole seconds, rounded up, at least one.
-    fn retry_after_secs(&self) -> Option<u64> {
-        self.retry_after()
-            .map(|after| (after.as_secs() + u64::from(after.subsec_nanos() > 0)).max(1))
-    }
-
     /// Logs the rejection on target `tower_lock::rejection` (never more than the reason: no
-    /// key, no request data) and counts it. A client's mistake or a broken setup is a warning
-    /// or an error an operator sees; a lock that stayed busy is information.
-    pub(crate) fn trace(&self) {
+    /// key, no request data) and counts it; under gRPC (`grpc`) it names the gRPC code the
+    /// call is answered with, else the HTTP status. A client's mistake or a broken setup is a
+    /// warning or an error an operator sees; a lock that stayed busy is a normal outcome
+    /// (debug, and the `reason="locked"` counter).
+    pub(crate) fn trace(&self, grpc: bool) {
         self.count();
-        let status = self.status();
+        let status = self.answer(grpc);
+        let retry_after_ms = self
+            .retry_after()
+            .map(|after| u64::try_from(after.as_millis()).unwrap_or(u64::MAX));
         match self {
             Self::Misconfigured => {
                 tracing::error!(target: "tower_lock::rejection", %status, "lock layer misconfigured: its lease is too short, or its backend refuses the lock kind");
@@ -140,19 +158,58 @@ impl LockRejection {
             // The backend logged the incident once when it began: one line per request would
             // bury it.
             Self::Unavailable(error) if error.is_reported() => {
-                tracing::debug!(target: "tower_lock::rejection", error = %format_args!("{error:#}"), %status, retry_after_s = self.retry_after_secs(), "lock backend unavailable");
+                tracing::debug!(target: "tower_lock::rejection", error = %format_args!("{error:#}"), %status, retry_after_ms, "lock backend unavailable");
             }
             Self::Unavailable(error) => {
-                tracing::warn!(target: "tower_lock::rejection", error = %format_args!("{error:#}"), %status, retry_after_s = self.retry_after_secs(), "lock backend unavailable");
+                tracing::warn!(target: "tower_lock::rejection", error = %format_args!("{error:#}"), %status, retry_after_ms, "lock backend unavailable");
             }
             Self::MissingKey | Self::InvalidKey(_) | Self::Lost | Self::Conflict => {
                 tracing::warn!(target: "tower_lock::rejection", rejection = %self, %status, "request rejected");
             }
             Self::Locked { .. } | Self::TooManyWaiters | Self::ShutDown => {
-                tracing::info!(target: "tower_lock::rejection", rejection = %self, %status, retry_after_s = self.retry_after_secs(), "request rejected");
+                tracing::debug!(target: "tower_lock::rejection", rejection = %self, %status, retry_after_ms, "request rejected");
             }
         }
     }
+
+    /// The answer as logs name it: the gRPC code under gRPC, else the HTTP status.
+    pub(crate) fn answer(&self, grpc: bool) -> Answer {
+        #[cfg(feature = "grpc")]
+        if grpc {
+            return Answer::Grpc(self.grpc_code());
+        }
+        let _ = grpc;
+        Answer::Http(self.status())
+    }
+}
+
+/// A rejection's answer, as logs and spans name it: `423 Locked`, or `UNAVAILABLE`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Answer {
+    Http(StatusCode),
+    #[cfg(feature = "grpc")]
+    Grpc(crate::grpc::Code),
+}
+
+impl std::fmt::Display for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Http(status) => status.fmt(f),
+            #[cfg(feature = "grpc")]
+            Self::Grpc(code) => code.fmt(f),
+        }
+    }
+}
+
+/// `Retry-After` in whole seconds, rounded up, at least one.
+fn retry_after_secs(after: Duration) -> u64 {
+    (after.as_secs() + u64::from(after.subsec_nanos() > 0)).max(1)
+}
+
+/// Milliseconds, rounded up: a client that waits exactly this long finds what was promised.
+pub(crate) fn pushback_ms(pushback: Duration) -> u64 {
+    let ms = pushback.as_millis() + u128::from(!pushback.subsec_nanos().is_multiple_of(1_000_000));
+    u64::try_from(ms).unwrap_or(u64::MAX)
 }
 
 impl LockRejection {
@@ -183,11 +240,8 @@ impl LockRejection {
 impl From<LockError> for LockRejection {
     fn from(error: LockError) -> Self {
         match error {
-            LockError::WaitTimeout {
-                retry_after,
-                waited,
-            } => Self::Locked {
-                retry_after: Some(locked_retry_after(None, retry_after, waited)),
+            LockError::WaitTimeout { .. } => Self::Locked {
+                retry_after: error.retry_after(),
             },
             LockError::InvalidKey(key) => Self::InvalidKey(key),
             LockError::TooManyWaiters => Self::TooManyWaiters,
@@ -225,19 +279,6 @@ impl std::fmt::Display for LockRejection {
     }
 }
 
-/// When a request whose wait ran out may try again: the `typical` hold when known, else the
-/// holder's remaining lease (`lease_left`, measured when the wait ended); never less than what
-/// the request `waited` (the holder has held the lock at least that long), never more than
-/// `lease_left` (by then the lock is free, or its holder renewed it).
-pub(crate) fn locked_retry_after(
-    typical: Option<Duration>,
-    lease_left: Option<Duration>,
-    waited: Duration,
-) -> Duration {
-    let estimate = typical.or(lease_left).unwrap_or(waited).max(waited);
-    lease_left.map_or(estimate, |left| estimate.min(left))
-}
-
 /// `text` as a body of type `B`, when `B` is one that carries text.
 fn text_body<B: 'static>(text: String) -> Option<B> {
     let mut slot: Option<B> = None;
@@ -257,10 +298,41 @@ fn text_body<B: 'static>(text: String) -> Option<B> {
 
 /// Builds the response for a rejection. Closures `Fn(LockRejection) -> Response<B>` implement
 /// it; the default, [`DefaultRejection`], answers with a one-line text body where the body
-/// type carries text.
+/// type carries text, and a gRPC call in gRPC form (feature `grpc`).
 pub trait OnRejected<B>: Clone + Send + Sync + 'static {
     /// The response for `rejection`.
     fn on_rejected(&self, rejection: LockRejection) -> Response<B>;
+
+    /// The response for `rejection` of a gRPC call (one whose `content-type` starts with
+    /// `application/grpc`). Defaults to [`on_rejected`](Self::on_rejected): a hook that builds
+    /// its own answers builds them for gRPC calls too. [`DefaultRejection`] answers a gRPC
+    /// status here (with feature `grpc`).
+    fn on_rejected_grpc(&self, rejection: LockRejection) -> Response<B> {
+        self.on_rejected(rejection)
+    }
+}
+
+/// Logs and counts `rejection`, then builds its answer with `on_rejected`: in gRPC form for a
+/// gRPC call (`grpc`).
+pub(crate) fn answer<B, R: OnRejected<B>>(
+    on_rejected: &R,
+    rejection: LockRejection,
+    grpc: bool,
+) -> Response<B> {
+    rejection.trace(grpc);
+    if grpc {
+        on_rejected.on_rejected_grpc(rejection)
+    } else {
+        on_rejected.on_rejected(rejection)
+    }
+}
+
+/// Whether a request is a gRPC call: its `content-type` starts with `application/grpc`
+/// (`application/grpc`, `application/grpc+proto`, `application/grpc-web`...).
+pub(crate) fn is_grpc(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
 }
 
 impl<B, F> OnRejected<B> for F
@@ -273,12 +345,21 @@ where
 }
 
 /// Answers rejections with their status, `Retry-After` where known, and a one-line text body
-/// ([`LockRejection::into_text_response`]): `locked; retry in about 3 s`.
+/// ([`LockRejection::into_text_response`]): `locked; retry in about 3 s`. With feature `grpc`,
+/// a gRPC call gets a gRPC status instead (`LockRejection::into_grpc_response`: trailers-only,
+/// `grpc-status`, `grpc-message`, `grpc-retry-pushback-ms`), as `grpc::GrpcRejection` answers.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DefaultRejection;
 
 impl<B: Default + 'static> OnRejected<B> for DefaultRejection {
     fn on_rejected(&self, rejection: LockRejection) -> Response<B> {
+        rejection.into_text_response()
+    }
+
+    fn on_rejected_grpc(&self, rejection: LockRejection) -> Response<B> {
+        #[cfg(feature = "grpc")]
+        return rejection.into_grpc_response();
+        #[cfg(not(feature = "grpc"))]
         rejection.into_text_response()
     }
 }
@@ -328,23 +409,60 @@ mod tests {
         );
     }
 
-    /// A 423's hint: the typical hold (else the lease left), never under the wait, never over
-    /// the lease left.
+    /// An error and the rejection it becomes give the same hint; every 503 has one.
     #[test]
-    fn locked_retry_after_is_bounded_by_the_wait_and_the_lease() {
-        let s = Duration::from_secs;
-        let ms = Duration::from_millis;
-        // A typical hold of milliseconds is raised to the 2 s waited.
-        assert_eq!(locked_retry_after(Some(ms(35)), Some(s(43)), s(2)), s(2));
-        // A typical hold longer than the wait stands, within the lease.
-        assert_eq!(locked_retry_after(Some(s(5)), Some(s(43)), s(2)), s(5));
-        assert_eq!(locked_retry_after(Some(s(50)), Some(s(43)), s(2)), s(43));
-        // No history: the lease left.
-        assert_eq!(locked_retry_after(None, Some(s(19)), s(2)), s(19));
-        // The lease left caps even the wait: the lock is free (or renewed) by then.
-        assert_eq!(locked_retry_after(None, Some(ms(500)), s(2)), ms(500));
-        // Nothing known but the wait.
-        assert_eq!(locked_retry_after(None, None, s(2)), s(2));
+    fn one_hint_per_outcome() {
+        let backend = |kind| LockError::Backend(BackendError::from_kind(kind));
+        let cases = [
+            LockError::WaitTimeout {
+                retry_after: Some(Duration::from_millis(1500)),
+                waited: Duration::from_millis(200),
+            },
+            LockError::WaitTimeout {
+                retry_after: None,
+                waited: Duration::from_secs(2),
+            },
+            LockError::TooManyWaiters,
+            LockError::Lost,
+            LockError::NotHeld,
+            LockError::ShutDown,
+            LockError::UpgradeRefused,
+            LockError::InvalidKey(KeyError::Empty),
+            backend(BackendErrorKind::Timeout),
+            backend(BackendErrorKind::Unavailable),
+            backend(BackendErrorKind::NoPermission),
+            backend(BackendErrorKind::Unsupported { feature: "x" }),
+        ];
+        for error in cases {
+            let hint = error.retry_after();
+            let rejection = LockRejection::from(error);
+            assert_eq!(rejection.retry_after(), hint, "{rejection:?}");
+            if rejection.status() == StatusCode::SERVICE_UNAVAILABLE
+                || rejection.status() == StatusCode::LOCKED
+            {
+                assert!(hint.is_some_and(|hint| !hint.is_zero()), "{rejection:?}");
+            }
+        }
+    }
+
+    /// The text says the header's number: seconds, or milliseconds under a second.
+    #[test]
+    fn messages_say_the_headers_number() {
+        let locked = |ms| LockRejection::Locked {
+            retry_after: Some(Duration::from_millis(ms)),
+        };
+        let text: Response<String> = DefaultRejection.on_rejected(locked(50));
+        assert_eq!(text.body(), "locked; retry in about 50 ms\n");
+        assert_eq!(text.headers()[RETRY_AFTER], "1");
+        let text: Response<String> = DefaultRejection.on_rejected(locked(2100));
+        assert_eq!(text.body(), "locked; retry in about 3 s\n");
+        assert_eq!(text.headers()[RETRY_AFTER], "3");
+        let timeout = LockRejection::from(LockError::Backend(BackendError::from_kind(
+            BackendErrorKind::Timeout,
+        )));
+        let text: Response<String> = DefaultRejection.on_rejected(timeout);
+        assert_eq!(text.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(text.headers()[RETRY_AFTER], "1");
     }
 
     /// Every rejection is counted under its documented `reason` label.
@@ -372,7 +490,7 @@ mod tests {
         let snapshotter = recorder.snapshotter();
         metrics::with_local_recorder(&recorder, || {
             for (rejection, _) in &cases {
-                rejection.trace();
+                rejection.trace(false);
             }
         });
         let mut counted: Vec<(String, String, u64)> = snapshotter

@@ -111,13 +111,14 @@ where
         let layer = &*self.layer;
         let config = &layer.config;
         let (mut parts, body) = request.into_parts();
+        let grpc = super::rejection::is_grpc(&parts.headers);
 
         let Some(user_keys) = layer.key.make_keys(&mut parts) else {
             let request = Request::from_parts(parts, body);
             if config.skip_missing {
                 return ResponseFuture::unlocked(inner, request);
             }
-            return ResponseFuture::rejected(&layer.on_rejected, LockRejection::MissingKey);
+            return ResponseFuture::rejected(&layer.on_rejected, LockRejection::MissingKey, grpc);
         };
         let namespace = config
             .name
@@ -154,6 +155,7 @@ where
                 return ResponseFuture::rejected(
                     &layer.on_rejected,
                     LockRejection::InvalidKey(error),
+                    grpc,
                 );
             }
         };
@@ -210,7 +212,7 @@ where
             layer.on_rejected.clone(),
             config.clone(),
             span,
-            hand_over,
+            (hand_over, grpc),
         )
     }
 }

@@ -111,7 +111,9 @@ async fn same_key_serializes_across_instances() {
     );
 }
 
-/// A request that cannot get the lock within the wait gets 423 with `Retry-After`.
+/// A request that cannot get the lock within the wait gets 423 with `Retry-After`: with no
+/// hold of the lock seen yet, the 200 ms it waited (in whole seconds: 1), in milliseconds in
+/// the text, never the 30 s watchdog lease the holder has left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn wait_timeout_is_423_with_retry_after() {
     let server = RedisServer::start();
@@ -133,10 +135,19 @@ async fn wait_timeout_is_423_with_retry_after() {
         .await
         .unwrap();
     let started = Instant::now();
-    let (status, retry, _) = send(&http(), "POST", &format!("{base}/docs/7")).await;
+    let (status, retry, body) = send(&http(), "POST", &format!("{base}/docs/7")).await;
     assert_eq!(status, StatusCode::LOCKED);
-    let retry: u64 = retry.expect("Retry-After").parse().unwrap();
-    assert!((25..=30).contains(&retry), "Retry-After {retry}");
+    assert_eq!(retry.as_deref(), Some("1"), "{body}");
+    let ms: u64 = body
+        .strip_prefix("locked; retry in about ")
+        .and_then(|rest| rest.strip_suffix(" ms\n"))
+        .expect("milliseconds under a second")
+        .parse()
+        .unwrap();
+    assert!(
+        (200..1000).contains(&ms),
+        "{ms} ms: the wait, not the lease"
+    );
     assert!(started.elapsed() < Duration::from_secs(2));
     holder.release().await.unwrap();
     let (status, _, _) = send(&http(), "POST", &format!("{base}/docs/7")).await;
@@ -1177,12 +1188,14 @@ async fn permits_let_n_requests_per_key_run() {
 }
 
 /// A set's hold time counts from when the whole set was taken, not from when its first lock
-/// was: a request that waited 1.2 s for its second account and then held both for a moment
-/// makes a later request that tries once in vain (through a clone of the layer, which shares
-/// its hold times) hear `Retry-After: 1`, not 2.
+/// was: a request that waited 1.2 s for its second account (held through another client of
+/// the same store, whose hold times are its own) and then held both for a moment makes a later
+/// request that tries once in vain hear `Retry-After: 1`, not 2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_hold_time_leaves_out_the_wait_for_its_members() {
-    let locks = LockClient::in_memory();
+    let store = tower_lock::MemoryBackend::new();
+    let locks = LockClient::builder(store.clone()).build().unwrap();
+    let elsewhere = LockClient::builder(store).build().unwrap();
     let layer = LockLayer::new(locks.clone())
         .key(key::all([key::path_param("from"), key::path_param("to")]))
         .name("transfers")
@@ -1198,7 +1211,7 @@ async fn a_set_hold_time_leaves_out_the_wait_for_its_members() {
     let base = serve(app).await;
 
     // One account taken elsewhere for 1.2 s: the request waits for it, then moves at once.
-    let held = locks
+    let held = elsewhere
         .lock_in_namespace("transfers", "2")
         .lease(Lease::fixed(Duration::from_secs(30)))
         .acquire()
@@ -1437,4 +1450,95 @@ async fn a_set_retry_after_counts_the_whole_wait() {
     assert_eq!(status, StatusCode::LOCKED);
     assert_eq!(retry.as_deref(), Some("2"), "the set waited 1.5 s in all");
     release.await.unwrap();
+}
+
+/// A hyper client under `RetryAfterPolicy` waits out a 423: its first attempt is answered 423
+/// with `Retry-After`, the lock is freed once the test sees that answer, and the retry, sent
+/// after the `Retry-After`, succeeds; the caller sees only the success.
+#[cfg(feature = "retry")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_policy_waits_out_retry_after_over_hyper() {
+    use tower::{ServiceBuilder, ServiceExt as _, retry::RetryLayer};
+    use tower_lock::retry::RetryAfterPolicy;
+
+    let locks = LockClient::in_memory();
+    let app = Router::new()
+        .route("/docs/{id}", post(|| async { "saved" }))
+        .route_layer(
+            LockLayer::new(locks.clone())
+                .key(key::path_param("id").prefixed("doc:"))
+                .wait(Duration::from_millis(50)),
+        );
+    let base = serve(app).await;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<String>();
+    let (seen, mut answers) = tokio::sync::mpsc::unbounded_channel();
+    let service = ServiceBuilder::new()
+        .layer(RetryLayer::new(RetryAfterPolicy::new()))
+        .map_response(move |response: http::Response<hyper::body::Incoming>| {
+            let _ = seen.send(response.status());
+            response
+        })
+        .service(client);
+
+    let held = locks.lock("doc:7").acquire().await.unwrap();
+    let started = Instant::now();
+    let request = http::Request::post(format!("{base}/docs/7"))
+        .body(String::new())
+        .unwrap();
+    let call = tokio::spawn(service.oneshot(request));
+    assert_eq!(answers.recv().await, Some(StatusCode::LOCKED));
+    held.release().await.unwrap();
+    let response = call.await.unwrap().expect("the retry is answered");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(answers.recv().await, Some(StatusCode::OK));
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "sent again after the 1 s Retry-After"
+    );
+}
+
+/// A busy lock is a normal outcome: no line at INFO or above for any number of 423s (they are
+/// at debug, and counted). A rejection of a gRPC call is logged with the gRPC code it was
+/// answered with, and answered as a gRPC status by a layer with no rejection hook.
+#[tokio::test(flavor = "current_thread")]
+async fn busy_rejections_are_quiet_and_grpc_ones_name_their_code() {
+    let (logs, _capturing) = Logs::capture();
+    let locks = LockClient::in_memory();
+    let app = Router::new()
+        .route("/docs/{id}", post(|| async { "ok" }))
+        .route_layer(
+            LockLayer::new(locks.clone())
+                .key(key::path_param("id").prefixed("doc:"))
+                .wait(Duration::ZERO),
+        );
+    let base = serve(app).await;
+    let held = locks.lock("doc:7").acquire().await.unwrap();
+    for _ in 0..20 {
+        let (status, retry, _) = send(&http(), "POST", &format!("{base}/docs/7")).await;
+        assert_eq!(status, StatusCode::LOCKED);
+        assert!(retry.is_some());
+    }
+    held.release().await.unwrap();
+    assert!(
+        !logs.text().contains("request rejected"),
+        "a busy lock logged at INFO or above: {}",
+        logs.text()
+    );
+
+    // A gRPC call whose key is refused (the empty path parameter cannot be; an oversized one
+    // can): INVALID_ARGUMENT in the answer and in the warning.
+    let long = "9".repeat(600);
+    let request = http::Request::post(format!("{base}/docs/{long}"))
+        .header("content-type", "application/grpc")
+        .body(Empty::new())
+        .unwrap();
+    let response = http().request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["grpc-status"], "3");
+    let text = logs.text();
+    assert!(
+        text.contains("request rejected") && text.contains("status=INVALID_ARGUMENT"),
+        "{text}"
+    );
 }

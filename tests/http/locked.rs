@@ -692,7 +692,7 @@ async fn lost_lock_aborts_or_continues() {
             "abort",
             (
                 StatusCode::SERVICE_UNAVAILABLE,
-                "lock lost while the request ran\n".to_owned(),
+                "lock lost while the request ran; retry in about 1 s\n".to_owned(),
             ),
         ),
         (

@@ -928,3 +928,46 @@ async fn memory_releases_happen_at_once() {
         assert_eq!(backend.held_count(), 0, "round {round}");
     }
 }
+
+/// A wait that runs out behind a holder whose watchdog renewed its lease while the waiter
+/// waited is never told 0: the lease the waiter last heard of ran out, so it caps nothing; with
+/// no hold seen yet the hint is the wait (not the holder's lease); once holds were seen it is
+/// their typical length, raised to the wait. The client that answers with `?` reads the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_behind_a_renewed_holder_is_never_told_zero() {
+    let store = MemoryBackend::new();
+    let holder = LockClient::builder(store.clone())
+        .lease(Lease::watchdog(Duration::from_millis(150)))
+        .build()
+        .unwrap();
+    let waiter = LockClient::builder(store).build().unwrap();
+    let held = holder.lock("doc:9").acquire().await.unwrap();
+    // Several renewals happen during the wait: the lease first heard of is long gone.
+    let wait = Duration::from_millis(600);
+    let error = waiter.lock("doc:9").wait(wait).acquire().await.unwrap_err();
+    let retry_after = error.retry_after().expect("a hint");
+    assert!(
+        held.remaining() > Duration::ZERO,
+        "renewed while waited for"
+    );
+    assert!(
+        retry_after >= wait && retry_after <= Duration::from_secs(5),
+        "no history: the {wait:?} waited, got {retry_after:?}"
+    );
+    held.release().await.unwrap();
+
+    // Holds of the family (`doc:`) seen by the waiting client: the typical one, raised to the
+    // (here zero) wait.
+    for _ in 0..3 {
+        let guard = waiter.lock("doc:1").acquire().await.unwrap();
+        guard.release().await.unwrap();
+    }
+    let held = holder.lock("doc:9").acquire().await.unwrap();
+    let error = waiter.lock("doc:9").try_acquire().await.unwrap_err();
+    let retry_after = error.retry_after().expect("a hint");
+    assert!(
+        retry_after >= Duration::from_millis(10) && retry_after < Duration::from_millis(100),
+        "the typical hold of moments, got {retry_after:?}"
+    );
+    held.release().await.unwrap();
+}

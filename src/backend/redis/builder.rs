@@ -136,7 +136,7 @@ impl RedisBackendBuilder {
     }
 
     /// How long a new server run grants no new lock (its quarantine): by default the default
-    /// lease (30 s), never shorter than the longest lease this process asks for; `ZERO` is off.
+    /// lease (5 s), never shorter than the longest lease this process asks for; `ZERO` is off.
     ///
     /// A Redis restarted without persistence (or from an older snapshot, or a replica promoted
     /// before it had the last grants) forgot grants whose holders work on until their leases
