@@ -206,9 +206,7 @@ impl Bench<'_> {
         println!();
         println!("{name}: {what}, sequential acquire + release");
         let runs = self
-            .repeated(name, impls, async |which, key| {
-                self.pairs_once(which, &key, tasks).await
-            })
+            .repeated(name, impls, async |which, key| self.pairs_once(which, &key, tasks).await)
             .await;
         println!(
             "  {:<18} {:>24} {:>20} {:>20} {:>16} {:>12}",
@@ -328,15 +326,9 @@ impl Bench<'_> {
         println!(
             "W5: one task holding a key takes it again and gives it back (baselines, without re-entry: a pair on a second key)"
         );
-        let runs = self
-            .repeated("W5", impls, async |which, key| {
-                self.w5_once(which, &key).await
-            })
-            .await;
-        println!(
-            "  {:<18} {:>24} {:>20} {:>16}",
-            "", "pairs/s", "ns/pair", "Redis cmds/pair"
-        );
+        let runs =
+            self.repeated("W5", impls, async |which, key| self.w5_once(which, &key).await).await;
+        println!("  {:<18} {:>24} {:>20} {:>16}", "", "pairs/s", "ns/pair", "Redis cmds/pair");
         for &which in impls {
             let of = |f: fn(&PairRun) -> f64| by_rep(&runs, self.reps, which, f);
             let (rate, ns, cmds) = (of(|r| r.rate), of(|r| 1e9 / r.rate), of(|r| r.cmds));
@@ -410,9 +402,7 @@ impl Bench<'_> {
             "W3: {TASKS} tasks of one process on one key, an .await inside the critical section"
         );
         let runs = self
-            .repeated("W3", impls, async |which, key| {
-                self.w3_once(which, &key, TASKS).await
-            })
+            .repeated("W3", impls, async |which, key| self.w3_once(which, &key, TASKS).await)
             .await;
         println!(
             "  {:<18} {:>22} {:>22} {:>18} {:>18} {:>18} {:>10}",
@@ -489,10 +479,7 @@ impl Bench<'_> {
                         }
                     };
                     waits.push(asked.elapsed());
-                    if inside
-                        .compare_exchange(0, me, Ordering::SeqCst, Ordering::SeqCst)
-                        .is_err()
-                    {
+                    if inside.compare_exchange(0, me, Ordering::SeqCst, Ordering::SeqCst).is_err() {
                         violations.fetch_add(1, Ordering::Relaxed);
                     }
                     let previous = last.swap(me, Ordering::SeqCst);
@@ -550,11 +537,7 @@ impl Bench<'_> {
             .repeated(name, impls, async |which, key| {
                 let run = procs::run(which, self.url, &key, PROCESSES, TASKS, self.window).await?;
                 if !run.late.is_zero() {
-                    println!(
-                        "  {}: a worker started {:.0} ms late",
-                        which.name(),
-                        ms(run.late)
-                    );
+                    println!("  {}: a worker started {:.0} ms late", which.name(), ms(run.late));
                 }
                 Ok(run)
             })
@@ -597,11 +580,7 @@ impl Bench<'_> {
             let evenness = of(|r| {
                 let max = r.per_task.iter().copied().max().unwrap_or(0);
                 let min = r.per_task.iter().copied().min().unwrap_or(0);
-                if max == 0 {
-                    f64::NAN
-                } else {
-                    min as f64 / max as f64
-                }
+                if max == 0 { f64::NAN } else { min as f64 / max as f64 }
             });
             println!(
                 "  {:<18}   per task min/max: {}; max wait {}",
@@ -611,11 +590,7 @@ impl Bench<'_> {
             );
             if let Some(last) = mine.last() {
                 let counts: Vec<String> = last.per_task.iter().map(u64::to_string).collect();
-                println!(
-                    "  {:<18}   acquisitions per task (last rep): {}",
-                    "",
-                    counts.join(" ")
-                );
+                println!("  {:<18}   acquisitions per task (last rep): {}", "", counts.join(" "));
             }
             table.add(&format!("{name} owner changes/s"), true, which, owners);
             table.add(&format!("{name} process changes/s"), true, which, processes);
@@ -632,11 +607,8 @@ impl Bench<'_> {
     async fn w4(&self, impls: &[Impl], table: &mut Table) {
         println!();
         println!("W4: one renewal tick for {W4_LOCKS} held locks");
-        let runs = self
-            .repeated("W4", impls, async |which, key| {
-                self.w4_once(which, &key).await
-            })
-            .await;
+        let runs =
+            self.repeated("W4", impls, async |which, key| self.w4_once(which, &key).await).await;
         println!(
             "  {:<18} {:>18} {:>18} {:>20} {:>20} {:>16}",
             "", "tick p50 ms", "tick p99 ms", "Redis script ms", "Redis CPU ms", "cmds/tick"
@@ -717,10 +689,7 @@ impl Bench<'_> {
                             .renew(&renewals)
                             .await
                             .map_err(|e| format!("{e:#}"))?;
-                        Ok(replies
-                            .iter()
-                            .filter(|r| **r != RenewReply::Renewed)
-                            .count() as u64)
+                        Ok(replies.iter().filter(|r| **r != RenewReply::Renewed).count() as u64)
                     })
                     .await;
                 drop(renewals);
@@ -742,9 +711,7 @@ impl Bench<'_> {
                 let (mut floor_ticks, mut floor_run) = (Vec::new(), TickRun::default());
                 let floor = self
                     .ticks(&mut floor_ticks, &mut floor_run, async || {
-                        lock.expire_all(&guards)
-                            .await
-                            .map_err(|e| format!("{e:?}"))?;
+                        lock.expire_all(&guards).await.map_err(|e| format!("{e:?}"))?;
                         Ok(0)
                     })
                     .await;
@@ -797,9 +764,7 @@ impl Bench<'_> {
             };
             grants.extend(values.iter().map(|value| {
                 let record = value.as_str().expect("a held lock's record");
-                let grant = record
-                    .split_once('~')
-                    .map_or(record.as_str(), |(grant, _)| grant);
+                let grant = record.split_once('~').map_or(record.as_str(), |(grant, _)| grant);
                 grant.to_owned()
             }));
         }
@@ -875,11 +840,7 @@ async fn warm_up(locker: &Locker, key: &str) {
 /// `f` of `which`'s run in each repetition; `NaN` where that run failed.
 fn by_rep<R>(runs: &[(Impl, usize, R)], reps: usize, which: Impl, f: fn(&R) -> f64) -> Vec<f64> {
     (0..reps)
-        .map(|rep| {
-            runs.iter()
-                .find(|r| r.0 == which && r.1 == rep)
-                .map_or(f64::NAN, |r| f(&r.2))
-        })
+        .map(|rep| runs.iter().find(|r| r.0 == which && r.1 == rep).map_or(f64::NAN, |r| f(&r.2)))
         .collect()
 }
 
@@ -909,25 +870,16 @@ impl Table {
         if let Some(i) = self.rows.iter().position(|r| r.label == label) {
             return &mut self.rows[i];
         }
-        self.rows.push(Row {
-            label: label.to_owned(),
-            higher_is_better,
-            count,
-            cells: Vec::new(),
-        });
+        self.rows.push(Row { label: label.to_owned(), higher_is_better, count, cells: Vec::new() });
         self.rows.last_mut().expect("just pushed")
     }
 
     fn add(&mut self, label: &str, higher_is_better: bool, which: Impl, values: Vec<f64>) {
-        self.row(label, higher_is_better, false)
-            .cells
-            .push((which, values));
+        self.row(label, higher_is_better, false).cells.push((which, values));
     }
 
     fn add_errors(&mut self, label: &str, which: Impl, n: u64) {
-        self.row(label, false, true)
-            .cells
-            .push((which, vec![n as f64]));
+        self.row(label, false, true).cells.push((which, vec![n as f64]));
     }
 
     fn print(&self) {
@@ -939,13 +891,7 @@ impl Table {
             "of the medians, then the median (min–max) of the same ratio taken within each repetition;"
         );
         println!("> 1 is better for tower-lock on rates, < 1 is better on times and costs.");
-        let columns = [
-            Impl::Tower,
-            Impl::TowerFair,
-            Impl::Memory,
-            Impl::Hand,
-            Impl::Rslock,
-        ];
+        let columns = [Impl::Tower, Impl::TowerFair, Impl::Memory, Impl::Hand, Impl::Rslock];
         print!("  {:<28}", "figure");
         for which in columns {
             print!(" {:>17}", which.name());
@@ -953,11 +899,7 @@ impl Table {
         println!(" {:>7} {:>20}", "ratio", "per-rep ratio");
         let best = |higher: bool, values: &mut dyn Iterator<Item = f64>| {
             let values = values.filter(|v| !v.is_nan());
-            if higher {
-                values.fold(f64::NAN, f64::max)
-            } else {
-                values.fold(f64::NAN, f64::min)
-            }
+            if higher { values.fold(f64::NAN, f64::max) } else { values.fold(f64::NAN, f64::min) }
         };
         for row in &self.rows {
             // Error rows that are zero everywhere say nothing.
@@ -967,12 +909,7 @@ impl Table {
             let median = |v: &[f64]| Spread::of(v.iter().copied()).median;
             print!("  {:<28}", row.label);
             for which in columns {
-                match row
-                    .cells
-                    .iter()
-                    .find(|(w, _)| *w == which)
-                    .map(|(_, v)| median(v))
-                {
+                match row.cells.iter().find(|(w, _)| *w == which).map(|(_, v)| median(v)) {
                     Some(v) if !v.is_nan() => print!(" {:>17}", measure::cell(v, 2)),
                     _ => print!(" {:>17}", "-"),
                 }
@@ -982,12 +919,8 @@ impl Table {
                 .iter()
                 .find(|(w, _)| matches!(w, Impl::Tower | Impl::TowerFair))
                 .map(|(_, v)| v.as_slice());
-            let peers: Vec<&[f64]> = row
-                .cells
-                .iter()
-                .filter(|(w, _)| w.is_peer())
-                .map(|(_, v)| v.as_slice())
-                .collect();
+            let peers: Vec<&[f64]> =
+                row.cells.iter().filter(|(w, _)| w.is_peer()).map(|(_, v)| v.as_slice()).collect();
             let (Some(ours), false, false) = (ours, peers.is_empty(), row.count) else {
                 println!(" {:>7} {:>20}", "-", "-");
                 continue;
@@ -997,9 +930,7 @@ impl Table {
             let per_rep = (0..ours.len()).map(|rep| {
                 let peer = best(
                     row.higher_is_better,
-                    &mut peers
-                        .iter()
-                        .map(|v| v.get(rep).copied().unwrap_or(f64::NAN)),
+                    &mut peers.iter().map(|v| v.get(rep).copied().unwrap_or(f64::NAN)),
                 );
                 ours[rep] / peer
             });
@@ -1027,9 +958,9 @@ where
         for result in futures_util::future::join_all(acquires).await {
             match result {
                 Ok(guard) => taken.push(guard),
-                Err(e) => errors.add(format!("acquire {}", measure::error_kind(&e)), || {
-                    format!("{e:?}")
-                }),
+                Err(e) => {
+                    errors.add(format!("acquire {}", measure::error_kind(&e)), || format!("{e:?}"))
+                }
             }
         }
     }

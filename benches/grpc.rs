@@ -154,10 +154,7 @@ impl bank::Bank for Balances {
         let balance = self.read(&change.account);
         tokio::task::yield_now().await;
         self.write(&change.account, balance + change.amount);
-        Ok(Response::new(Balance {
-            account: change.account,
-            balance: balance + change.amount,
-        }))
+        Ok(Response::new(Balance { account: change.account, balance: balance + change.amount }))
     }
 
     async fn statement(&self, _: Request<Account>) -> Result<Response<BalanceStream>, Status> {
@@ -176,10 +173,7 @@ impl<S> Layer<S> for RslockLayer {
     type Service = Rslocked<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Rslocked {
-            locks: self.locks.clone(),
-            inner,
-        }
+        Rslocked { locks: self.locks.clone(), inner }
     }
 }
 
@@ -217,11 +211,8 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let locks = self.locks.clone();
-        let account = request
-            .headers()
-            .get(ACCOUNT_ID)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
+        let account =
+            request.headers().get(ACCOUNT_ID).and_then(|v| v.to_str().ok()).map(str::to_owned);
         Box::pin(async move {
             let Some(account) = account else {
                 return Ok(Status::invalid_argument("no account-id").into_http());
@@ -254,9 +245,7 @@ async fn app(
                 .connect()
                 .await
                 .map_err(|e| format!("connect: {e:#}"))?;
-            let locks = LockClient::builder(backend)
-                .build()
-                .map_err(|e| e.to_string())?;
+            let locks = LockClient::builder(backend).build().map_err(|e| e.to_string())?;
             let layer = LockLayer::new(locks.clone())
                 .key(key::header(ACCOUNT_ID).prefixed("account:"))
                 .wait(WAIT)
@@ -310,10 +299,7 @@ async fn run(
     let load = Load::new(base, &workload, window);
     let (output, cpu) = load.generate(WORKER_ENV, LOAD_ENV, &[]).await?;
     let _ = stop.send(());
-    if tokio::time::timeout(Duration::from_secs(5), server)
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(Duration::from_secs(5), server).await.is_err() {
         println!("  {}: the server did not stop within 5 s", variant.name());
     }
     if let Some(locks) = locks {
@@ -323,8 +309,7 @@ async fn run(
     let seen = Seen::read(&load::stdout(&output)?, |fields| {
         if fields[0] == "code" {
             let field = |i: usize| fields.get(i).copied().unwrap_or("");
-            run.codes
-                .insert(field(1).to_owned(), load::num(fields, 2) as u64);
+            run.codes.insert(field(1).to_owned(), load::num(fields, 2) as u64);
             run.first.insert(field(1).to_owned(), field(3).to_owned());
         }
     });
@@ -340,25 +325,15 @@ async fn run(
 /// One deposit to an account of its own at `base`; what it answers does not matter.
 async fn warm_up(base: &str) {
     if let Ok(mut client) = BankClient::connect(base.to_owned()).await {
-        let change = Change {
-            account: "warm".to_owned(),
-            amount: 1,
-        };
-        let _ = client
-            .deposit(with_metadata(change, ACCOUNT_ID, "warm"))
-            .await;
+        let change = Change { account: "warm".to_owned(), amount: 1 };
+        let _ = client.deposit(with_metadata(change, ACCOUNT_ID, "warm")).await;
     }
 }
 
 /// The load generator process: keeps `BENCH_GRPC_IN_FLIGHT` calls in flight on one HTTP/2
 /// channel for `BENCH_GRPC_SECS`, then prints what it saw.
 fn load_generator() {
-    let Load {
-        base,
-        in_flight,
-        accounts,
-        window,
-    } = Load::from_env(LOAD_ENV);
+    let Load { base, in_flight, accounts, window } = Load::from_env(LOAD_ENV);
     let runtime = common::runtime();
     let report = runtime.block_on(async move {
         let mut report = String::new();
@@ -381,19 +356,15 @@ fn load_generator() {
                 let mut codes = Errors::default();
                 while start.elapsed() < window {
                     let account = (accounts_at.next() % accounts).to_string();
-                    let change = Change {
-                        account: account.clone(),
-                        amount: 1,
-                    };
+                    let change = Change { account: account.clone(), amount: 1 };
                     let request = with_metadata(change, ACCOUNT_ID, &account);
                     let sent = Instant::now();
                     let result = client.deposit(request).await;
                     latencies.push(sent.elapsed());
                     match result {
                         Ok(_) => ok += 1,
-                        Err(status) => codes.add(format!("{:?}", status.code()), || {
-                            status.message().to_owned()
-                        }),
+                        Err(status) => codes
+                            .add(format!("{:?}", status.code()), || status.message().to_owned()),
                     }
                 }
                 (latencies, ok, codes)
@@ -445,11 +416,8 @@ fn report(
         Figure::new(format!("{name} failed + errors (sum)"), true),
     ];
     for variant in Variant::ALL {
-        let mine: Vec<&Run> = runs
-            .iter()
-            .filter(|s| s.variant == variant)
-            .map(|s| &s.run)
-            .collect();
+        let mine: Vec<&Run> =
+            runs.iter().filter(|s| s.variant == variant).map(|s| &s.run).collect();
         if mine.is_empty() {
             continue;
         }
@@ -504,13 +472,9 @@ fn report(
     if workload.in_flight == 1 {
         // The latency each lock adds to (a), per repetition, in µs and in PING round trips.
         let mut added = Figure::new(format!("{name} added p50 µs"), false);
-        for (variant, micros, _) in added_p50(
-            runs,
-            pings,
-            Variant::NoLock,
-            &[Variant::Redis, Variant::Rslock],
-            |r| r.p50,
-        ) {
+        for (variant, micros, _) in
+            added_p50(runs, pings, Variant::NoLock, &[Variant::Redis, Variant::Rslock], |r| r.p50)
+        {
             added.cells.push((variant, micros));
         }
         figures.push(added);

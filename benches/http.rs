@@ -86,13 +86,8 @@ enum Variant {
 }
 
 impl Variant {
-    const ALL: [Self; 5] = [
-        Self::NoLock,
-        Self::Memory,
-        Self::Redis,
-        Self::Rslock,
-        Self::RslockNaive,
-    ];
+    const ALL: [Self; 5] =
+        [Self::NoLock, Self::Memory, Self::Redis, Self::Rslock, Self::RslockNaive];
     /// One key per request: a request order to get wrong needs two.
     const DEPOSITS: &[Self] = &[Self::NoLock, Self::Memory, Self::Redis, Self::Rslock];
 }
@@ -346,9 +341,8 @@ async fn app(
     Ok(match variant {
         Variant::NoLock => (routes(route).with_state(bank), Stop::Nothing),
         Variant::Memory => {
-            let locks = LockClient::builder(MemoryBackend::new())
-                .build()
-                .map_err(|e| e.to_string())?;
+            let locks =
+                LockClient::builder(MemoryBackend::new()).build().map_err(|e| e.to_string())?;
             (locked(route, &locks).with_state(bank), Stop::Memory(locks))
         }
         Variant::Redis => {
@@ -356,33 +350,21 @@ async fn app(
                 .connect()
                 .await
                 .map_err(|e| format!("connect: {e:#}"))?;
-            let locks = LockClient::builder(backend)
-                .build()
-                .map_err(|e| e.to_string())?;
+            let locks = LockClient::builder(backend).build().map_err(|e| e.to_string())?;
             (locked(route, &locks).with_state(bank), Stop::Redis(locks))
         }
         Variant::Rslock if route == Route::Deposit => {
             let layer = middleware::from_fn_with_state(rslock(), with_rslock);
-            (
-                routes(route).route_layer(layer).with_state(bank),
-                Stop::Nothing,
-            )
+            (routes(route).route_layer(layer).with_state(bank), Stop::Nothing)
         }
         Variant::Rslock | Variant::RslockNaive => {
             let pair = PairLocks {
                 locks: rslock(),
                 sorted: variant == Variant::Rslock,
-                wait: if variant == Variant::Rslock {
-                    WAIT
-                } else {
-                    NAIVE_WAIT
-                },
+                wait: if variant == Variant::Rslock { WAIT } else { NAIVE_WAIT },
             };
             let layer = middleware::from_fn_with_state(pair, with_rslock_pair);
-            (
-                routes(route).route_layer(layer).with_state(bank),
-                Stop::Nothing,
-            )
+            (routes(route).route_layer(layer).with_state(bank), Stop::Nothing)
         }
     })
 }
@@ -444,8 +426,7 @@ async fn run(
     let seen = Seen::read(&load::stdout(&output)?, |fields| match fields[0] {
         "rate" => run.rate = load::num(fields, 1),
         "status" => {
-            run.statuses
-                .insert(load::num(fields, 1) as u16, load::num(fields, 2) as u64);
+            run.statuses.insert(load::num(fields, 1) as u16, load::num(fields, 2) as u64);
         }
         "net" => {
             let account = fields.get(1).unwrap_or(&"?").to_string();
@@ -497,12 +478,7 @@ async fn warm_up(base: &str, route: Route) {
 /// The load generator process: keeps `BENCH_HTTP_IN_FLIGHT` requests in flight for
 /// `BENCH_HTTP_SECS`, then prints what it saw.
 fn load_generator() {
-    let Load {
-        base,
-        in_flight,
-        accounts,
-        window,
-    } = Load::from_env(LOAD_ENV);
+    let Load { base, in_flight, accounts, window } = Load::from_env(LOAD_ENV);
     let transfers =
         std::env::var(format!("{LOAD_ENV}_ROUTE")).is_ok_and(|r| r == Route::Transfer.as_str());
     let runtime = common::runtime();
@@ -575,11 +551,8 @@ fn load_generator() {
         }
         let secs = start.elapsed().as_secs_f64();
         latencies.sort_unstable();
-        let ok: u64 = statuses
-            .iter()
-            .filter(|(s, _)| (200..300).contains(*s))
-            .map(|(_, n)| n)
-            .sum();
+        let ok: u64 =
+            statuses.iter().filter(|(s, _)| (200..300).contains(*s)).map(|(_, n)| n).sum();
         let mut report = String::new();
         let _ = writeln!(report, "rate\t{}", latencies.len() as f64 / secs);
         Seen::of(&latencies, ok, secs, errors).write(&mut report);
@@ -634,18 +607,11 @@ fn report(
         figures.push(Figure::new(format!("{name} lost updates (sum)"), true));
     }
     for &variant in workload.variants {
-        let mine: Vec<&Run> = runs
-            .iter()
-            .filter(|s| s.variant == variant)
-            .map(|s| &s.run)
-            .collect();
+        let mine: Vec<&Run> =
+            runs.iter().filter(|s| s.variant == variant).map(|s| &s.run).collect();
         let of = |f: fn(&Run) -> f64| per_rep(runs, variant, pings.len(), f);
         let (rate, p50, p99, cpu) = (
-            if transfers {
-                of(|r| r.ok_rate)
-            } else {
-                of(|r| r.rate)
-            },
+            if transfers { of(|r| r.ok_rate) } else { of(|r| r.rate) },
             of(|r| ms(r.p50)),
             of(|r| ms(r.p99)),
             of(|r| r.server_cpu_us),
@@ -705,9 +671,7 @@ fn report(
         }
         if non_2xx + errors.total() > 0 {
             let mut figure = Figure::new(format!("{name} non-2xx + errors"), true);
-            figure
-                .cells
-                .push((variant, vec![(non_2xx + errors.total()) as f64]));
+            figure.cells.push((variant, vec![(non_2xx + errors.total()) as f64]));
             figures.push(figure);
         }
     }
@@ -768,11 +732,7 @@ fn print_layer_cost(rows: &[Figure<Variant>]) {
         .iter()
         .filter(|row| !row.summed)
         .filter_map(|row| {
-            Some((
-                row.label.as_str(),
-                row.cell(Variant::Memory)?,
-                row.cell(Variant::NoLock)?,
-            ))
+            Some((row.label.as_str(), row.cell(Variant::Memory)?, row.cell(Variant::NoLock)?))
         })
         // Only the figures both variants measured.
         .filter(|(_, b, a)| {

@@ -46,14 +46,8 @@ enum Variant {
 }
 
 impl Variant {
-    const ALL: [Self; 6] = [
-        Self::None,
-        Self::Lock,
-        Self::Fresh,
-        Self::Replay,
-        Self::FreshMemory,
-        Self::ReplayMemory,
-    ];
+    const ALL: [Self; 6] =
+        [Self::None, Self::Lock, Self::Fresh, Self::Replay, Self::FreshMemory, Self::ReplayMemory];
 
     fn tag(self) -> &'static str {
         match self {
@@ -95,13 +89,8 @@ async fn pay(Path(order): Path<String>) -> String {
 async fn app(variant: Variant, url: &str) -> Router {
     let routes = Router::new().route("/orders/{order}/pay", post(pay));
     let redis = || async {
-        let backend = support::redis_backend(url)
-            .connect()
-            .await
-            .expect("connect");
-        let locks = LockClient::builder(backend.clone())
-            .build()
-            .expect("client");
+        let backend = support::redis_backend(url).connect().await.expect("connect");
+        let locks = LockClient::builder(backend.clone()).build().expect("client");
         (locks, RedisAnswerStore::new(backend))
     };
     match variant {
@@ -114,9 +103,7 @@ async fn app(variant: Variant, url: &str) -> Router {
             routes.route_layer(IdempotencyLayer::new(locks, answers))
         }
         Variant::FreshMemory | Variant::ReplayMemory => {
-            let locks = LockClient::builder(MemoryBackend::new())
-                .build()
-                .expect("client");
+            let locks = LockClient::builder(MemoryBackend::new()).build().expect("client");
             routes.route_layer(IdempotencyLayer::new(locks, MemoryAnswerStore::new()))
         }
     }
@@ -137,10 +124,7 @@ async fn run(variant: Variant, url: &str, window: Duration) -> Vec<Duration> {
         // A replay is the same request again; the others spread over 1 000 orders.
         let (key, order) = match variant {
             Variant::Replay | Variant::ReplayMemory => (replay_key.clone(), 0),
-            _ => (
-                format!("fresh-{}", NEXT_KEY.fetch_add(1, Ordering::Relaxed)),
-                i % 1000,
-            ),
+            _ => (format!("fresh-{}", NEXT_KEY.fetch_add(1, Ordering::Relaxed)), i % 1000),
         };
         let request = http::Request::post(format!("{base}/orders/{order}/pay"))
             .header("idempotency-key", key)
@@ -200,10 +184,8 @@ fn main() {
             counts[at] += latencies.len();
         }
     }
-    let base = variants
-        .iter()
-        .position(|v| *v == Variant::None)
-        .map(|at| median(&mut p50s[at].clone()));
+    let base =
+        variants.iter().position(|v| *v == Variant::None).map(|at| median(&mut p50s[at].clone()));
     println!(
         "{:<38} {:>9} {:>9} {:>14} {:>10}",
         "", "p50 µs", "p99 µs", "p50 over none", "requests"
@@ -214,10 +196,6 @@ fn main() {
         let over = base.map_or_else(String::new, |base| {
             format!("{:+.0} ({:+.1} RTT)", p50 - base, (p50 - base) / us(rtt))
         });
-        println!(
-            "{:<38} {p50:>9.0} {p99:>9.0} {over:>14} {:>10}",
-            variant.name(),
-            counts[at]
-        );
+        println!("{:<38} {p50:>9.0} {p99:>9.0} {over:>14} {:>10}", variant.name(), counts[at]);
     }
 }

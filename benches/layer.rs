@@ -95,10 +95,9 @@ fn app(variant: Variant) -> Router {
         Variant::Layer => routes().route_layer(
             LockLayer::new(LockClient::in_memory()).key(key::path_param("id").prefixed("account:")),
         ),
-        Variant::Mutexes => routes().route_layer(middleware::from_fn_with_state(
-            Mutexes::default(),
-            with_mutex,
-        )),
+        Variant::Mutexes => {
+            routes().route_layer(middleware::from_fn_with_state(Mutexes::default(), with_mutex))
+        }
     }
 }
 
@@ -129,11 +128,7 @@ fn run(variant: Variant, requests: usize, threads: usize) -> Result<f64, String>
             .collect();
         senders
             .into_iter()
-            .map(|sender| {
-                sender
-                    .join()
-                    .unwrap_or_else(|_| Err("a sender panicked".into()))
-            })
+            .map(|sender| sender.join().unwrap_or_else(|_| Err("a sender panicked".into())))
             .collect()
     });
     // From the first sender's start to the last one's end.
@@ -154,9 +149,8 @@ async fn send_all(
     start: &std::sync::Barrier,
 ) -> Result<(Instant, Instant), String> {
     let mut call = async |uri: &str| -> Result<(), String> {
-        let request = axum::http::Request::post(uri)
-            .body(Body::empty())
-            .map_err(|e| e.to_string())?;
+        let request =
+            axum::http::Request::post(uri).body(Body::empty()).map_err(|e| e.to_string())?;
         let ready = service.ready().await.map_err(|e| e.to_string())?;
         let response = ready.call(request).await.map_err(|e| e.to_string())?;
         if !response.status().is_success() {
@@ -177,11 +171,7 @@ async fn send_all(
 }
 
 fn env_number(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(default)
-        .max(1)
+    std::env::var(name).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(default).max(1)
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -211,13 +201,8 @@ fn main() {
             }
         }
     }
-    let none = times
-        .get(Variant::NoLock.name())
-        .map(|t| median(&mut t.clone()));
-    println!(
-        "  {:<22} {:>12} {:>16} {:>14}",
-        "", "ns/request", "over no lock", "min–max"
-    );
+    let none = times.get(Variant::NoLock.name()).map(|t| median(&mut t.clone()));
+    println!("  {:<22} {:>12} {:>16} {:>14}", "", "ns/request", "over no lock", "min–max");
     for variant in Variant::ALL {
         let Some(runs) = times.get_mut(variant.name()) else {
             continue;

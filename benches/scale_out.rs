@@ -49,10 +49,7 @@ fn main() {
     let cluster = support::cluster::RedisCluster::start();
     runtime.block_on(async {
         let rtt = common::ping_rtt(&single.url()).await;
-        println!(
-            "redis PING round trip: {:.1} µs (median of 2000)",
-            rtt.as_secs_f64() * 1e6
-        );
+        println!("redis PING round trip: {:.1} µs (median of 2000)", rtt.as_secs_f64() * 1e6);
         println!();
 
         let single_url = single.url();
@@ -61,10 +58,7 @@ fn main() {
         #[allow(unused_mut)]
         let mut rows = vec![
             measure("single node", window, || async {
-                support::redis_backend(&single_url)
-                    .connect()
-                    .await
-                    .expect("connect")
+                support::redis_backend(&single_url).connect().await.expect("connect")
             })
             .await,
             measure("redlock, 5 nodes", window, || async {
@@ -96,11 +90,7 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = B>,
 {
-    let client = async || {
-        LockClient::builder(connect().await)
-            .build()
-            .expect("client")
-    };
+    let client = async || LockClient::builder(connect().await).build().expect("client");
     let w1 = w1(&client().await, window).await;
     let w3 = contend(&[client().await], 16, window, LockKind::Exclusive).await;
     let mut clients = Vec::new();

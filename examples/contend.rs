@@ -86,11 +86,7 @@ async fn run<B: Backend>(
         let total = counter.load(Ordering::SeqCst);
         println!(
             "{:<13} counter = {total:>4} of {expected} expected ({} lost) in {:?}",
-            if locked {
-                "with lock:"
-            } else {
-                "without lock:"
-            },
+            if locked { "with lock:" } else { "without lock:" },
             expected - total,
             started.elapsed()
         );

@@ -45,12 +45,7 @@ struct Ledger {
 
 impl Ledger {
     fn read(&self, account: &str) -> i64 {
-        *self
-            .balances
-            .lock()
-            .unwrap()
-            .entry(account.to_owned())
-            .or_insert(START_BALANCE)
+        *self.balances.lock().unwrap().entry(account.to_owned()).or_insert(START_BALANCE)
     }
 
     fn write(&self, account: &str, balance: i64) {
@@ -63,10 +58,7 @@ impl Ledger {
         let balance = self.read(account);
         tokio::time::sleep(Duration::from_millis(1)).await;
         self.write(account, balance + by);
-        Balance {
-            account: account.to_owned(),
-            balance: balance + by,
-        }
+        Balance { account: account.to_owned(), balance: balance + by }
     }
 }
 
@@ -84,9 +76,7 @@ impl<B: Backend> Bank for Teller<B> {
     /// Locked by the layer's rule for this method, from the `account-id` metadata.
     async fn withdraw(&self, request: Request<Change>) -> Result<Response<Balance>, Status> {
         let change = request.into_inner();
-        Ok(Response::new(
-            self.ledger.change(&change.account, -change.amount).await,
-        ))
+        Ok(Response::new(self.ledger.change(&change.account, -change.amount).await))
     }
 
     /// Locked here, from the message: the same `account:<id>` lock the layer takes for
@@ -96,11 +86,7 @@ impl<B: Backend> Bank for Teller<B> {
         let change = request.into_inner();
         let guard = match &self.locks {
             Some(locks) => Some(
-                locks
-                    .lock(format!("account:{}", change.account))
-                    .wait(self.wait)
-                    .acquire()
-                    .await?,
+                locks.lock(format!("account:{}", change.account)).wait(self.wait).acquire().await?,
             ),
             None => None,
         };
@@ -147,11 +133,7 @@ async fn serve<B: Backend>(
     let url = format!("http://{}", listener.local_addr()?);
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     let mut server = tonic::transport::Server::builder();
-    let teller = Teller {
-        ledger,
-        locks: locks.cloned(),
-        wait: Duration::from_secs(30),
-    };
+    let teller = Teller { ledger, locks: locks.cloned(), wait: Duration::from_secs(30) };
     let router = match locks {
         Some(locks) => server.add_service(locked(locks, teller)),
         None => server.add_service(BankServer::new(teller)),
@@ -211,39 +193,23 @@ async fn run<B: Backend>(
             *expected.get_mut(account).unwrap() += if deposit { 2 } else { -1 };
             let mut client = clients[i % 2].clone();
             calls.spawn(async move {
-                let change = Change {
-                    account: account.to_owned(),
-                    amount: if deposit { 2 } else { 1 },
-                };
+                let change =
+                    Change { account: account.to_owned(), amount: if deposit { 2 } else { 1 } };
                 let request = with_metadata(change, "account-id", account);
-                if deposit {
-                    client.deposit(request).await
-                } else {
-                    client.withdraw(request).await
-                }
+                if deposit { client.deposit(request).await } else { client.withdraw(request).await }
             });
         }
         while let Some(result) = calls.join_next().await {
             result??;
         }
         let elapsed = started.elapsed();
-        let lost: i64 = ACCOUNTS
-            .iter()
-            .map(|account| (ledger.read(account) - expected[account]).abs())
-            .sum();
+        let lost: i64 =
+            ACCOUNTS.iter().map(|account| (ledger.read(account) - expected[account]).abs()).sum();
         println!(
             "{}: {CALLS} calls over 2 instances on {} accounts -> {lost} units off the expected balances ({}), in {elapsed:?}",
-            if locked {
-                "with locks   "
-            } else {
-                "without locks"
-            },
+            if locked { "with locks   " } else { "without locks" },
             ACCOUNTS.len(),
-            if lost == 0 {
-                "no lost update"
-            } else {
-                "lost updates"
-            },
+            if lost == 0 { "no lost update" } else { "lost updates" },
         );
     }
 
@@ -254,21 +220,14 @@ async fn run<B: Backend>(
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        let teller = Teller {
-            ledger,
-            locks: Some(a.clone()),
-            wait: Duration::from_millis(200),
-        };
+        let teller = Teller { ledger, locks: Some(a.clone()), wait: Duration::from_millis(200) };
         let service = locked(&a, teller);
         let router = tonic::transport::Server::builder().add_service(service);
         tokio::spawn(router.serve_with_incoming(incoming));
         url
     };
     let mut client = BankClient::connect(url).await?;
-    let change = Change {
-        account: "alice".into(),
-        amount: 1,
-    };
+    let change = Change { account: "alice".into(), amount: 1 };
     // The first busy answers come before any hold was seen: the pushback is the wait the call
     // had (200 ms here), not the holder's whole lease. Then a few calls teach the client how
     // long its locks are held, which later pushbacks use.
@@ -284,10 +243,7 @@ async fn run<B: Backend>(
             .withdraw(with_metadata(change.clone(), "account-id", "alice"))
             .await
             .expect_err("the account is busy");
-        let in_method = client
-            .deposit(change.clone())
-            .await
-            .expect_err("the account is busy");
+        let in_method = client.deposit(change.clone()).await.expect_err("the account is busy");
         for (path, status) in [("Withdraw (layer)", by_layer), ("Deposit (?)", in_method)] {
             let pushback = status
                 .metadata()
@@ -305,14 +261,7 @@ async fn run<B: Backend>(
     }
 
     // A Withdraw without its key is refused, never run unlocked.
-    let status = client
-        .withdraw(change)
-        .await
-        .expect_err("no account-id metadata");
-    println!(
-        "no key: status {:?}, message {:?}",
-        status.code(),
-        status.message()
-    );
+    let status = client.withdraw(change).await.expect_err("no account-id metadata");
+    println!("no key: status {:?}, message {:?}", status.code(), status.message());
     Ok(())
 }

@@ -111,9 +111,7 @@ where
                 .expect("valid settings"),
         ),
     };
-    router
-        .layer(middleware::from_fn(run_to_completion))
-        .with_state(cards)
+    router.layer(middleware::from_fn(run_to_completion)).with_state(cards)
 }
 
 #[tokio::main]
@@ -233,16 +231,7 @@ where
     }
     // Let any attempt still running finish, then count.
     tokio::time::sleep(CONFIRMATION * 2).await;
-    let charges = cards
-        .charges
-        .lock()
-        .unwrap()
-        .get(order)
-        .copied()
-        .unwrap_or(0);
-    println!(
-        "  order {order} was charged {charges} time{}",
-        if charges == 1 { "" } else { "s" }
-    );
+    let charges = cards.charges.lock().unwrap().get(order).copied().unwrap_or(0);
+    println!("  order {order} was charged {charges} time{}", if charges == 1 { "" } else { "s" });
     Ok(())
 }

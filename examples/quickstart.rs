@@ -36,19 +36,11 @@ struct Bank {
 
 impl Bank {
     fn read(&self, account: &str) -> i64 {
-        *self
-            .balances
-            .lock()
-            .unwrap()
-            .entry(account.to_owned())
-            .or_insert(START_BALANCE)
+        *self.balances.lock().unwrap().entry(account.to_owned()).or_insert(START_BALANCE)
     }
 
     fn write(&self, account: &str, balance: i64) {
-        self.balances
-            .lock()
-            .unwrap()
-            .insert(account.to_owned(), balance);
+        self.balances.lock().unwrap().insert(account.to_owned(), balance);
     }
 }
 
@@ -107,11 +99,7 @@ async fn run<B: Backend>(locks: LockClient<B>) -> Result<(), Box<dyn std::error:
         let mut requests = tokio::task::JoinSet::new();
         for i in 0..WITHDRAWALS {
             // Most requests hit account "hot"; every fifth goes to one of 10 other accounts.
-            let account = if i % 5 == 0 {
-                format!("other-{}", i % 10)
-            } else {
-                "hot".to_owned()
-            };
+            let account = if i % 5 == 0 { format!("other-{}", i % 10) } else { "hot".to_owned() };
             let (http, url) = (http.clone(), format!("{base}/accounts/{account}/withdraw"));
             requests.spawn(async move { http.post(&url).await });
         }
@@ -127,11 +115,7 @@ async fn run<B: Backend>(locks: LockClient<B>) -> Result<(), Box<dyn std::error:
         let lost = hot - (START_BALANCE - hot_requests);
         println!(
             "{}: {hot_requests} withdrawals from account hot -> balance {hot} (expected {}), {lost} lost updates; {WITHDRAWALS} requests in {elapsed:?}",
-            if locked {
-                "with LockLayer   "
-            } else {
-                "without LockLayer"
-            },
+            if locked { "with LockLayer   " } else { "without LockLayer" },
             START_BALANCE - hot_requests,
         );
     }

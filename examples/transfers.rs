@@ -69,9 +69,7 @@ struct Bank {
 impl Bank {
     fn new() -> Self {
         let balances = (0..ACCOUNTS).map(|id| (id, START_BALANCE)).collect();
-        Self {
-            balances: Arc::new(Mutex::new(balances)),
-        }
+        Self { balances: Arc::new(Mutex::new(balances)) }
     }
 
     fn read(&self, account: u64) -> i64 {
@@ -109,18 +107,12 @@ async fn decode_transfer(request: Request, next: Next) -> Response {
         }
         _ => return StatusCode::UNPROCESSABLE_ENTITY.into_response(),
     }
-    next.run(Request::from_parts(parts, Body::from(bytes)))
-        .await
+    next.run(Request::from_parts(parts, Body::from(bytes))).await
 }
 
 /// The account named by one side of the decoded transfer.
 fn account(side: fn(&Transfer) -> u64) -> impl Fn(&http::request::Parts) -> Option<String> + Clone {
-    move |parts| {
-        parts
-            .extensions
-            .get::<Transfer>()
-            .map(|t| side(t).to_string())
-    }
+    move |parts| parts.extensions.get::<Transfer>().map(|t| side(t).to_string())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,18 +141,13 @@ fn app<B: Backend>(bank: Bank, locks: &LockClient<B>, locking: Locking) -> Route
         Locking::Set => route.route_layer(
             LockLayer::new(locks.clone())
                 .key(
-                    key::all([
-                        key::from_fn(account(|t| t.from)),
-                        key::from_fn(account(|t| t.to)),
-                    ])
-                    .prefixed("account:"),
+                    key::all([key::from_fn(account(|t| t.from)), key::from_fn(account(|t| t.to))])
+                        .prefixed("account:"),
                 )
                 .wait(Duration::from_secs(30)),
         ),
     };
-    route
-        .route_layer(middleware::from_fn(decode_transfer))
-        .with_state(bank)
+    route.route_layer(middleware::from_fn(decode_transfer)).with_state(bank)
 }
 
 #[tokio::main]

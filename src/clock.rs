@@ -81,11 +81,7 @@ fn monotonic_now() -> Duration {
     let (at, since_start_at) =
         *ANCHOR.get_or_init(|| (tokio::time::Instant::now(), system_monotonic()));
     let now = tokio::time::Instant::now();
-    if now >= at {
-        since_start_at + (now - at)
-    } else {
-        since_start_at.saturating_sub(at - now)
-    }
+    if now >= at { since_start_at + (now - at) } else { since_start_at.saturating_sub(at - now) }
 }
 
 /// The monotonic clock plus the time the machine spent suspended, as the kernel counts it.

@@ -88,10 +88,7 @@ impl LockError {
     /// - Otherwise (a bad key or setting, a deadlock refused): `None`; trying again will not help.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::WaitTimeout {
-                retry_after,
-                waited,
-            } => Some(
+            Self::WaitTimeout { retry_after, waited } => Some(
                 retry_after
                     .unwrap_or_else(|| crate::client::holds::likely_free_in(None, None, *waited)),
             ),
@@ -189,24 +186,12 @@ pub struct BackendError {
 impl BackendError {
     /// A new error of `kind`, with the underlying error as its source.
     pub fn new(kind: BackendErrorKind, source: impl Into<BoxError>) -> Self {
-        Self {
-            kind,
-            key: None,
-            source: Some(source.into()),
-            back_at: None,
-            reported: false,
-        }
+        Self { kind, key: None, source: Some(source.into()), back_at: None, reported: false }
     }
 
     /// A new error of `kind` with no underlying error.
     pub fn from_kind(kind: BackendErrorKind) -> Self {
-        Self {
-            kind,
-            key: None,
-            source: None,
-            back_at: None,
-            reported: false,
-        }
+        Self { kind, key: None, source: None, back_at: None, reported: false }
     }
 
     /// Says when the store is expected to answer again (a quarantine's end, the next probe of
@@ -236,16 +221,13 @@ impl BackendError {
     /// quarantine, or, for a store that refuses connections, until it is next probed. `None`
     /// when the backend does not know.
     pub fn retry_after(&self) -> Option<Duration> {
-        self.back_at
-            .map(|at| at.saturating_duration_since(Instant::now()))
+        self.back_at.map(|at| at.saturating_duration_since(Instant::now()))
     }
 
     /// When to try again after this failure: [`retry_after`](Self::retry_after) when known,
     /// else 1 s; never under 10 ms.
     pub(crate) fn retry_hint(&self) -> Duration {
-        self.retry_after()
-            .unwrap_or(RETRY_SOON)
-            .max(crate::client::holds::MIN_RETRY)
+        self.retry_after().unwrap_or(RETRY_SOON).max(crate::client::holds::MIN_RETRY)
     }
 
     /// When the quarantine of a store that restarted recently ends.
@@ -326,19 +308,11 @@ impl fmt::Display for BackendError {
                 write!(f, "lock key holds a value of type `{found}`, not a lock")?;
             }
             BackendErrorKind::NoPermission => f.write_str("lock backend denied permission")?,
-            BackendErrorKind::ReplicasNotAcknowledged {
-                wanted,
-                acknowledged,
-            } => write!(
+            BackendErrorKind::ReplicasNotAcknowledged { wanted, acknowledged } => write!(
                 f,
                 "{acknowledged} of {wanted} required replicas acknowledged the lock; it was undone"
             )?,
-            BackendErrorKind::AofNotAcknowledged {
-                local_wanted,
-                local,
-                wanted,
-                acknowledged,
-            } => {
+            BackendErrorKind::AofNotAcknowledged { local_wanted, local, wanted, acknowledged } => {
                 let here = match (local_wanted, local) {
                     (false, _) => "not required",
                     (true, true) => "done",
@@ -390,9 +364,7 @@ impl fmt::Display for BackendError {
 
 impl StdError for BackendError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.source
-            .as_deref()
-            .map(|e| e as &(dyn StdError + 'static))
+        self.source.as_deref().map(|e| e as &(dyn StdError + 'static))
     }
 }
 

@@ -161,10 +161,7 @@ impl LockRejection {
             headers.insert(GRPC_MESSAGE, value);
         }
         if let Some(pushback) = pushback {
-            headers.insert(
-                GRPC_RETRY_PUSHBACK_MS,
-                HeaderValue::from(pushback_ms(pushback)),
-            );
+            headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(pushback_ms(pushback)));
         }
         headers
     }
@@ -248,11 +245,7 @@ mod tonic_status {
     impl From<LockRejection> for tonic::Status {
         fn from(rejection: LockRejection) -> Self {
             let pushback = rejection.grpc_pushback();
-            status(
-                rejection.grpc_code(),
-                rejection.grpc_message(pushback),
-                pushback,
-            )
+            status(rejection.grpc_code(), rejection.grpc_message(pushback), pushback)
         }
     }
 
@@ -286,15 +279,9 @@ mod tests {
     #[test]
     fn codes() {
         let cases = [
+            (LockError::InvalidKey(KeyError::Empty), Code::InvalidArgument),
             (
-                LockError::InvalidKey(KeyError::Empty),
-                Code::InvalidArgument,
-            ),
-            (
-                LockError::WaitTimeout {
-                    retry_after: None,
-                    waited: Duration::from_millis(5),
-                },
+                LockError::WaitTimeout { retry_after: None, waited: Duration::from_millis(5) },
                 Code::Unavailable,
             ),
             (LockError::TooManyWaiters, Code::ResourceExhausted),
@@ -320,19 +307,14 @@ mod tests {
             assert_eq!(LockRejection::from(error).grpc_code(), code);
         }
         assert_eq!(LockRejection::MissingKey.grpc_code(), Code::InvalidArgument);
-        assert_eq!(
-            LockRejection::Conflict.grpc_code(),
-            Code::FailedPrecondition
-        );
+        assert_eq!(LockRejection::Conflict.grpc_code(), Code::FailedPrecondition);
     }
 
     /// A trailers-only response: 200, `application/grpc`, the status, the message
     /// percent-encoded, the pushback in milliseconds rounded up, an empty body.
     #[test]
     fn trailers_only_response() {
-        let locked = LockRejection::Locked {
-            retry_after: Some(Duration::from_micros(2_500_100)),
-        };
+        let locked = LockRejection::Locked { retry_after: Some(Duration::from_micros(2_500_100)) };
         let response: Response<String> = GrpcRejection.on_rejected(locked);
         assert_eq!(response.status(), StatusCode::OK);
         let headers = response.headers();

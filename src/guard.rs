@@ -67,14 +67,7 @@ impl<B: Backend> LockGuard<B> {
         count: u64,
         acquired_at: BootInstant,
     ) -> Self {
-        Self {
-            client,
-            holds,
-            held: Some(held),
-            hold,
-            count,
-            acquired_at,
-        }
+        Self { client, holds, held: Some(held), hold, count, acquired_at }
     }
 
     /// When the acquire heard of the grant: this hold's time counts from here.
@@ -171,16 +164,12 @@ impl<B: Backend> LockGuard<B> {
             Err(error) => AtOnce::Done(Err(error)),
         };
         match releasing {
-            AtOnce::Done(outcome) => FinishOnDrop {
-                future: None,
-                runtime: None,
-                outcome: Some(outcome),
-            },
+            AtOnce::Done(outcome) => {
+                FinishOnDrop { future: None, runtime: None, outcome: Some(outcome) }
+            }
             AtOnce::Later(releasing) => FinishOnDrop {
                 runtime: shared.runtime(),
-                future: Some(Box::pin(
-                    async move { shared.finish_release(releasing).await },
-                )),
+                future: Some(Box::pin(async move { shared.finish_release(releasing).await })),
                 outcome: None,
             },
         }
@@ -192,8 +181,7 @@ impl<B: Backend> LockGuard<B> {
     /// first hold of a grant only (a re-entry's is part of it), and not a lock that was lost.
     fn record(&self, held: &Held, now: BootInstant) {
         if self.count == 1 && !held.hold_lost_at(self.hold, now) {
-            self.holds
-                .record(&held.key, now.duration_since(self.acquired_at));
+            self.holds.record(&held.key, now.duration_since(self.acquired_at));
         }
     }
 }
@@ -279,20 +267,13 @@ struct Watch {
 
 impl Watch {
     fn new(held: Arc<Held>, hold: u64) -> Self {
-        Self {
-            held,
-            hold,
-            wait: None,
-        }
+        Self { held, hold, wait: None }
     }
 
     fn poll(&mut self, cx: &mut Context<'_>) -> bool {
         let now = BootInstant::now();
         if self.held.is_marked_lost()
-            || self
-                .held
-                .hold_until(self.hold)
-                .is_some_and(|until| until <= now)
+            || self.held.hold_until(self.hold).is_some_and(|until| until <= now)
         {
             return true;
         }
@@ -327,12 +308,7 @@ impl Lost {
 
     /// Resolves when any of `holds` is lost.
     pub(crate) fn any(holds: impl IntoIterator<Item = (Arc<Held>, u64)>) -> Self {
-        Self(Watching::Any(
-            holds
-                .into_iter()
-                .map(|(held, hold)| Watch::new(held, hold))
-                .collect(),
-        ))
+        Self(Watching::Any(holds.into_iter().map(|(held, hold)| Watch::new(held, hold)).collect()))
     }
 }
 

@@ -58,18 +58,12 @@ impl Hash for Holder {
 impl Holder {
     /// Made only by the client, from its random id and a sequence number.
     pub(crate) fn new(client_id: &str, sequence: u64) -> Self {
-        Self {
-            id: numbered(client_id, b':', sequence),
-            client: None,
-        }
+        Self { id: numbered(client_id, b':', sequence), client: None }
     }
 
     /// A holder of `client`, which answers whether it holds a lock.
     pub(crate) fn of(client_id: &str, sequence: u64, client: Weak<dyn HeldLocks>) -> Self {
-        Self {
-            client: Some(client),
-            ..Self::new(client_id, sequence)
-        }
+        Self { client: Some(client), ..Self::new(client_id, sequence) }
     }
 
     /// Whether this holder holds the lock `key` in the client that made it.
@@ -80,9 +74,7 @@ impl Holder {
 
     /// Whether this holder was made by the client with id `client_id`.
     pub(crate) fn is_from(&self, client_id: &str) -> bool {
-        self.id
-            .strip_prefix(client_id)
-            .is_some_and(|rest| rest.starts_with(':'))
+        self.id.strip_prefix(client_id).is_some_and(|rest| rest.starts_with(':'))
     }
 
     /// The id stored in the backend as the lock's owner:
@@ -199,11 +191,7 @@ fn sanitised(text: &str) -> String {
         })
         .take(MAX_PART)
         .collect();
-    if clean.is_empty() {
-        "unnamed".to_owned()
-    } else {
-        clean
-    }
+    if clean.is_empty() { "unnamed".to_owned() } else { clean }
 }
 
 /// The service's name when the environment states it (`OTEL_SERVICE_NAME`), else the
@@ -236,12 +224,7 @@ pub(crate) fn numbered(head: &str, separator: u8, n: u64) -> Arc<str> {
     crate::scratch::shared(|id| {
         id.push_str(head);
         id.push(char::from(separator));
-        id.extend(
-            Decimal::new(n)
-                .as_bytes()
-                .iter()
-                .map(|&digit| char::from(digit)),
-        );
+        id.extend(Decimal::new(n).as_bytes().iter().map(|&digit| char::from(digit)));
     })
 }
 
@@ -293,23 +276,13 @@ mod tests {
         let id = client_id(Some("billing"));
         let client = client_of(&id).expect("an id of this crate");
         assert!(client.starts_with("billing@"), "{id}");
-        assert!(
-            client.ends_with(&format!("/{}", std::process::id())),
-            "{id}"
-        );
+        assert!(client.ends_with(&format!("/{}", std::process::id())), "{id}");
         let random = &id[client.len() + 1..];
-        assert!(
-            random.len() == 32 && random.bytes().all(|b| b.is_ascii_hexdigit()),
-            "{id}"
-        );
+        assert!(random.len() == 32 && random.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
         let holder = Holder::new(&id, 7);
         assert_eq!(holder.client(), client);
         assert!(holder.is_from(&id));
-        assert_ne!(
-            client_id(Some("billing")),
-            id,
-            "the same name, another client"
-        );
+        assert_ne!(client_id(Some("billing")), id, "the same name, another client");
     }
 
     #[test]
@@ -321,11 +294,7 @@ mod tests {
         assert_eq!(sanitised(&"x".repeat(500)), "x".repeat(MAX_PART));
         let id = client_id(Some("odd:name@host/x"));
         assert!(id.starts_with("odd_name_host_x@"), "{id}");
-        assert_eq!(
-            client_of(&id).map(|c| c.split('/').count()),
-            Some(2),
-            "{id}"
-        );
+        assert_eq!(client_of(&id).map(|c| c.split('/').count()), Some(2), "{id}");
         assert!(id.len() <= 2 * MAX_PART + 1 + 1 + 10 + 1 + 32, "{id}");
         assert_eq!(client_of("3f2a:7"), None);
     }

@@ -197,12 +197,7 @@ impl HolderInfo {
         hold_count: u64,
         remaining_lease: Option<Duration>,
     ) -> Self {
-        Self {
-            id: id.into(),
-            kind,
-            hold_count,
-            remaining_lease,
-        }
+        Self { id: id.into(), kind, hold_count, remaining_lease }
     }
 
     /// The instance holding the lock, `<name>@<host>/<pid>` (the client's

@@ -39,18 +39,12 @@ impl Lease {
 
     /// A lease of `duration`, renewed by the watchdog every `duration / 3` while held.
     pub const fn watchdog(duration: Duration) -> Self {
-        Self {
-            duration,
-            renewed: true,
-        }
+        Self { duration, renewed: true }
     }
 
     /// A lease of `duration` that is never renewed: the lock expires after it.
     pub const fn fixed(duration: Duration) -> Self {
-        Self {
-            duration,
-            renewed: false,
-        }
+        Self { duration, renewed: false }
     }
 
     /// The length of one lease period.
@@ -88,9 +82,7 @@ impl Lease {
     /// The lease length in whole milliseconds, at least 1.
     #[cfg(feature = "redis")]
     pub(crate) fn millis(&self) -> u64 {
-        u64::try_from(self.duration.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1)
+        u64::try_from(self.duration.as_millis()).unwrap_or(u64::MAX).max(1)
     }
 }
 

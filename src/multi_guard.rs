@@ -67,10 +67,7 @@ impl<B: Backend> MultiGuard<B> {
     /// [`lock_all`](crate::LockClient::lock_all) (or as the layer's extractor found it).
     pub fn guard(&self, key: impl AsRef<[u8]>) -> Option<&LockGuard<B>> {
         let key = key.as_ref();
-        self.members
-            .iter()
-            .find(|member| member.user_key == key)
-            .map(|member| &member.guard)
+        self.members.iter().find(|member| member.user_key == key).map(|member| &member.guard)
     }
 
     /// The lock names, in the canonical order.
@@ -96,10 +93,7 @@ impl<B: Backend> MultiGuard<B> {
 
     /// Resolves when any lock of the set is lost while held.
     pub fn lost(&self) -> Lost {
-        Lost::any(
-            self.guards()
-                .map(|guard| (guard.entry().clone(), guard.hold())),
-        )
+        Lost::any(self.guards().map(|guard| (guard.entry().clone(), guard.hold())))
     }
 
     /// Each lock's user key and guard, for what the middleware tells a handler.
@@ -116,10 +110,7 @@ impl<B: Backend> MultiGuard<B> {
     /// The first error, in the canonical order, of the releases, as [`LockGuard::release`]
     /// reports it.
     pub async fn release(self) -> Result<(), LockError> {
-        let releases = self
-            .members
-            .into_iter()
-            .map(|member| member.guard.release());
+        let releases = self.members.into_iter().map(|member| member.guard.release());
         // Cancelled midway, each release not yet done finishes on the runtime, as a dropped
         // guard's does.
         let results = futures_util::future::join_all(releases).await;
@@ -129,8 +120,6 @@ impl<B: Backend> MultiGuard<B> {
 
 impl<B: Backend> fmt::Debug for MultiGuard<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MultiGuard")
-            .field("guards", &self.guards().collect::<Vec<_>>())
-            .finish()
+        f.debug_struct("MultiGuard").field("guards", &self.guards().collect::<Vec<_>>()).finish()
     }
 }

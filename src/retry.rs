@@ -120,12 +120,7 @@ impl RetryAfterPolicy {
             if !matches!(grpc_status.as_bytes(), b"14" | b"8") {
                 return None;
             }
-            let ms: u64 = headers
-                .get("grpc-retry-pushback-ms")?
-                .to_str()
-                .ok()?
-                .parse()
-                .ok()?;
+            let ms: u64 = headers.get("grpc-retry-pushback-ms")?.to_str().ok()?.parse().ok()?;
             return Some(Duration::from_millis(ms));
         }
         let status = response.status();
@@ -136,13 +131,7 @@ impl RetryAfterPolicy {
             return None;
         }
         // Delta-seconds only: a date would need the client's clock to agree with the server's.
-        let secs: u64 = headers
-            .get(RETRY_AFTER)?
-            .to_str()
-            .ok()?
-            .trim()
-            .parse()
-            .ok()?;
+        let secs: u64 = headers.get(RETRY_AFTER)?.to_str().ok()?.trim().parse().ok()?;
         Some(Duration::from_secs(secs))
     }
 }
@@ -196,9 +185,7 @@ impl Buffered {
     /// A body of `data`.
     pub fn new(data: impl Into<Bytes>) -> Self {
         let data = data.into();
-        Self {
-            data: (!data.is_empty()).then_some(data),
-        }
+        Self { data: (!data.is_empty()).then_some(data) }
     }
 }
 
@@ -273,10 +260,7 @@ where
         Box::pin(async move {
             let (parts, body) = request.into_parts();
             let data = collect(body).await?;
-            inner
-                .call(Request::from_parts(parts, Buffered::new(data)))
-                .await
-                .map_err(Into::into)
+            inner.call(Request::from_parts(parts, Buffered::new(data))).await.map_err(Into::into)
         })
     }
 }
@@ -322,29 +306,14 @@ mod tests {
     fn delays() {
         let policy = RetryAfterPolicy::new();
         let s = Duration::from_secs;
-        assert_eq!(
-            policy.delay(&answer(423, &[("retry-after", "2")])),
-            Some(s(2))
-        );
-        assert_eq!(
-            policy.delay(&answer(503, &[("retry-after", "1")])),
-            Some(s(1))
-        );
+        assert_eq!(policy.delay(&answer(423, &[("retry-after", "2")])), Some(s(2)));
+        assert_eq!(policy.delay(&answer(503, &[("retry-after", "1")])), Some(s(1)));
         assert_eq!(policy.delay(&answer(503, &[])), None);
         assert_eq!(policy.delay(&answer(500, &[("retry-after", "1")])), None);
         let grpc = |status, pushback| {
-            answer(
-                200,
-                &[
-                    ("grpc-status", status),
-                    ("grpc-retry-pushback-ms", pushback),
-                ],
-            )
+            answer(200, &[("grpc-status", status), ("grpc-retry-pushback-ms", pushback)])
         };
-        assert_eq!(
-            policy.delay(&grpc("14", "250")),
-            Some(Duration::from_millis(250))
-        );
+        assert_eq!(policy.delay(&grpc("14", "250")), Some(Duration::from_millis(250)));
         assert_eq!(policy.delay(&grpc("8", "1000")), Some(s(1)));
         assert_eq!(policy.delay(&grpc("10", "1000")), None, "ABORTED");
         assert_eq!(policy.delay(&grpc("14", "-1")), None);
@@ -355,9 +324,7 @@ mod tests {
     /// Past the cap or the retries allowed, the answer goes back.
     #[tokio::test]
     async fn cap_and_retries() {
-        let mut policy = RetryAfterPolicy::new()
-            .max_delay(Duration::from_secs(2))
-            .max_retries(1);
+        let mut policy = RetryAfterPolicy::new().max_delay(Duration::from_secs(2)).max_retries(1);
         let mut request = Request::new(String::from("body"));
         let _ = Policy::<_, Response<()>, ()>::clone_request(&mut policy, &request);
         let mut long: Result<_, ()> = Ok(answer(423, &[("retry-after", "3")]));

@@ -165,10 +165,8 @@ impl Stores {
     async fn instance(&self, lease: Lease) -> (Locks, Stored) {
         match self.kind {
             Kind::Memory => {
-                let locks = LockClient::builder(self.memory.0.clone())
-                    .lease(lease)
-                    .build()
-                    .unwrap();
+                let locks =
+                    LockClient::builder(self.memory.0.clone()).lease(lease).build().unwrap();
                 (Locks::Memory(locks), Stored::Memory(self.memory.1.clone()))
             }
             Kind::Redis => {
@@ -177,14 +175,8 @@ impl Stores {
                     .connect()
                     .await
                     .expect("connect");
-                let locks = LockClient::builder(backend.clone())
-                    .lease(lease)
-                    .build()
-                    .unwrap();
-                (
-                    Locks::Redis(locks),
-                    Stored::Redis(RedisAnswerStore::new(backend)),
-                )
+                let locks = LockClient::builder(backend.clone()).lease(lease).build().unwrap();
+                (Locks::Redis(locks), Stored::Redis(RedisAnswerStore::new(backend)))
             }
         }
     }
@@ -227,10 +219,7 @@ fn probe() -> (Probe, Signals) {
         gate: Arc::new(Semaphore::new(0)),
         stream: Arc::default(),
     };
-    let signals = Signals {
-        entered: entered_rx,
-        dropped: dropped_rx,
-    };
+    let signals = Signals { entered: entered_rx, dropped: dropped_rx };
     (probe, signals)
 }
 
@@ -281,19 +270,13 @@ async fn charge(
         *run += 1;
         *run
     };
-    let mut running = Running {
-        key: key.clone(),
-        dropped: probe.dropped.clone(),
-        finished: false,
-    };
+    let mut running = Running { key: key.clone(), dropped: probe.dropped.clone(), finished: false };
     let _ = probe.entered.send(key.clone());
     if headers.contains_key("x-hold") {
         probe.gate.acquire().await.expect("gate open").forget();
     }
     running.finished = true;
-    let outcome = headers
-        .get("x-outcome")
-        .map(|value| value.to_str().unwrap().to_owned());
+    let outcome = headers.get("x-outcome").map(|value| value.to_str().unwrap().to_owned());
     let answer = format!(
         "{{\"instance\":\"{instance}\",\"key\":\"{key}\",\"run\":{run},\"token\":{},\"body\":{}}}",
         context.fencing_token(),
@@ -306,9 +289,7 @@ async fn charge(
         Some("panic") if run == 1 => panic!("the handler's first run fails"),
         Some("stream") => {
             let (sender, receiver) = mpsc::channel(4);
-            sender
-                .try_send(Ok(Bytes::from(answer)))
-                .expect("room for the first chunk");
+            sender.try_send(Ok(Bytes::from(answer))).expect("room for the first chunk");
             *probe.stream.lock().unwrap() = Some(sender);
             let stream = tokio_stream::wrappers::ReceiverStream::new(receiver);
             (StatusCode::CREATED, Body::from_stream(stream)).into_response()
@@ -316,12 +297,8 @@ async fn charge(
         Some("big") => (StatusCode::CREATED, "x".repeat(64 * 1024)).into_response(),
         _ => {
             let mut response = (StatusCode::CREATED, answer).into_response();
-            response
-                .headers_mut()
-                .insert("x-charge-run", HeaderValue::from(run));
-            response
-                .headers_mut()
-                .insert("set-cookie", HeaderValue::from_static("session=1"));
+            response.headers_mut().insert("x-charge-run", HeaderValue::from(run));
+            response.headers_mut().insert("set-cookie", HeaderValue::from_static("session=1"));
             response
         }
     }
@@ -370,10 +347,7 @@ async fn pair_with(stores: Stores, setup: Setup) -> Pair {
     let (probe, signals) = probe();
     let (pause, pause_arrived) = if setup.pause_a {
         let (arrived, receiver) = mpsc::unbounded_channel();
-        let pause = Arc::new(Pause {
-            arrived,
-            resume: Semaphore::new(0),
-        });
+        let pause = Arc::new(Pause { arrived, resume: Semaphore::new(0) });
         (Some(pause), Some(receiver))
     } else {
         (None, None)
@@ -384,17 +358,11 @@ async fn pair_with(stores: Stores, setup: Setup) -> Pair {
     let mut first_store = None;
     for (i, name) in ["a", "b"].into_iter().enumerate() {
         let (locks, stored) = stores.instance(setup.lease).await;
-        let store = Store {
-            inner: stored.clone(),
-            pause: if i == 0 { pause.clone() } else { None },
-        };
-        first_store.get_or_insert(Store {
-            inner: stored,
-            pause: None,
-        });
-        let layer = (setup.configure)(locks.builder(store).required(true))
-            .build()
-            .expect("valid settings");
+        let store =
+            Store { inner: stored.clone(), pause: if i == 0 { pause.clone() } else { None } };
+        first_store.get_or_insert(Store { inner: stored, pause: None });
+        let layer =
+            (setup.configure)(locks.builder(store).required(true)).build().expect("valid settings");
         let app = Router::new()
             .route("/charges", on_post(charge))
             .route("/refunds", on_post(charge))
@@ -440,11 +408,7 @@ impl Pair {
 
     /// Waits for a run of the handler to be dropped; returns its key.
     async fn dropped(&mut self) -> String {
-        self.signals
-            .dropped
-            .recv()
-            .await
-            .expect("a run was dropped")
+        self.signals.dropped.recv().await.expect("a run was dropped")
     }
 
     /// The Redis keys of the pair's server.
@@ -469,9 +433,7 @@ struct Reply {
 
 impl Reply {
     fn replayed(&self) -> bool {
-        self.headers
-            .get("idempotent-replayed")
-            .is_some_and(|value| value == "true")
+        self.headers.get("idempotent-replayed").is_some_and(|value| value == "true")
     }
 
     fn text(&self) -> String {
@@ -479,9 +441,7 @@ impl Reply {
     }
 
     fn retry_after(&self) -> Option<u64> {
-        self.headers
-            .get("retry-after")
-            .map(|value| value.to_str().unwrap().parse().unwrap())
+        self.headers.get("retry-after").map(|value| value.to_str().unwrap().parse().unwrap())
     }
 }
 
@@ -554,11 +514,7 @@ impl Post {
         let response = client.request(self.request()).await.expect("a response");
         let (parts, body) = response.into_parts();
         let body = body.collect().await.expect("the whole body").to_bytes();
-        Reply {
-            status: parts.status,
-            headers: parts.headers,
-            body,
-        }
+        Reply { status: parts.status, headers: parts.headers, body }
     }
 }
 
@@ -612,16 +568,10 @@ async fn replays_across_instances(kind: Kind) {
         let again = post(base, "order-1").send().await;
         assert_eq!(again.status, StatusCode::CREATED);
         assert!(again.replayed(), "{again:?}");
-        assert_eq!(
-            again.body, first.body,
-            "the kept body, whichever instance answers"
-        );
+        assert_eq!(again.body, first.body, "the kept body, whichever instance answers");
         assert_eq!(again.headers["content-type"], first.headers["content-type"]);
         assert_eq!(again.headers["x-charge-run"], "1");
-        assert!(
-            !again.headers.contains_key("set-cookie"),
-            "cookies are not kept"
-        );
+        assert!(!again.headers.contains_key("set-cookie"), "cookies are not kept");
     }
     assert_eq!(pair.probe.runs("order-1"), 1);
     let kept = pair.kept(ALICE, "order-1").await.expect("kept");
@@ -632,11 +582,9 @@ async fn replays_across_instances(kind: Kind) {
         assert_eq!(answer, format!("{}:answer", lock.as_str()));
         // Everything the layer and the lock engine wrote expires: the answer within its TTL.
         let server = pair.stores.server();
-        support::eventually(
-            Duration::from_secs(10),
-            "the key's lock is released",
-            || !pair.redis_keys().contains(&lock.as_str().to_owned()),
-        )
+        support::eventually(Duration::from_secs(10), "the key's lock is released", || {
+            !pair.redis_keys().contains(&lock.as_str().to_owned())
+        })
         .await;
         for key in pair.redis_keys() {
             let ttl = server.cmd(&["PTTL", &key]).as_int();
@@ -655,12 +603,7 @@ async fn duplicates_in_flight_get_409(kind: Kind) {
     assert_eq!(pair.entered().await, "order-2");
     for base in [&pair.a, &pair.b] {
         let duplicate = post(base, "order-2").send().await;
-        assert_eq!(
-            duplicate.status,
-            StatusCode::CONFLICT,
-            "{}",
-            duplicate.text()
-        );
+        assert_eq!(duplicate.status, StatusCode::CONFLICT, "{}", duplicate.text());
         assert!(duplicate.retry_after().is_some_and(|secs| secs >= 1));
         assert_eq!(
             duplicate.text(),
@@ -699,13 +642,7 @@ async fn concurrent_duplicates_run_once(kind: Kind) {
         // Every duplicate is answered while the one that runs waits at the gate.
         for _ in 1..AT_ONCE {
             let reply = requests.next().await.unwrap().unwrap();
-            assert_eq!(
-                reply.status,
-                StatusCode::CONFLICT,
-                "{}: {}",
-                key,
-                reply.text()
-            );
+            assert_eq!(reply.status, StatusCode::CONFLICT, "{}: {}", key, reply.text());
             assert!(reply.retry_after().is_some());
             conflicts += 1;
         }
@@ -729,15 +666,9 @@ async fn another_request_with_the_key_gets_422(kind: Kind) {
     let pair = pair(kind).await;
     let first = post(&pair.a, "order-3").send().await;
     assert_eq!(first.status, StatusCode::CREATED);
-    let other_body = post(&pair.b, "order-3")
-        .body("{\"amount\":200}")
-        .send()
-        .await;
+    let other_body = post(&pair.b, "order-3").body("{\"amount\":200}").send().await;
     assert_eq!(other_body.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(
-        other_body.text(),
-        "this Idempotency-Key was used with another request\n"
-    );
+    assert_eq!(other_body.text(), "this Idempotency-Key was used with another request\n");
     let other_path = post(&pair.a, "order-3").path("/refunds").send().await;
     assert_eq!(other_path.status, StatusCode::UNPROCESSABLE_ENTITY);
     let same = post(&pair.b, "order-3").send().await;
@@ -749,48 +680,27 @@ async fn another_request_with_the_key_gets_422(kind: Kind) {
 /// 429 (a "not now").
 async fn server_errors_and_retry_later_answers_are_not_kept(kind: Kind) {
     let pair = pair(kind).await;
-    let failed = post(&pair.a, "order-4")
-        .header("x-outcome", "500")
-        .send()
-        .await;
+    let failed = post(&pair.a, "order-4").header("x-outcome", "500").send().await;
     assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert!(pair.kept(ALICE, "order-4").await.is_none());
-    let retried = post(&pair.b, "order-4")
-        .header("x-outcome", "500")
-        .send()
-        .await;
+    let retried = post(&pair.b, "order-4").header("x-outcome", "500").send().await;
     assert_eq!(retried.status, StatusCode::CREATED);
     assert!(!retried.replayed());
     assert_eq!(pair.probe.runs("order-4"), 2);
-    let again = post(&pair.a, "order-4")
-        .header("x-outcome", "500")
-        .send()
-        .await;
+    let again = post(&pair.a, "order-4").header("x-outcome", "500").send().await;
     assert!(again.replayed());
     assert_eq!(again.body, retried.body);
 
-    let busy = post(&pair.a, "order-5")
-        .header("x-outcome", "429")
-        .send()
-        .await;
+    let busy = post(&pair.a, "order-5").header("x-outcome", "429").send().await;
     assert_eq!(busy.status, StatusCode::TOO_MANY_REQUESTS);
-    let retried = post(&pair.a, "order-5")
-        .header("x-outcome", "429")
-        .send()
-        .await;
+    let retried = post(&pair.a, "order-5").header("x-outcome", "429").send().await;
     assert_eq!(retried.status, StatusCode::CREATED);
     assert_eq!(pair.probe.runs("order-5"), 2);
 
     // A client error is an answer: kept and replayed.
-    let missing = post(&pair.a, "order-6")
-        .header("x-outcome", "404")
-        .send()
-        .await;
+    let missing = post(&pair.a, "order-6").header("x-outcome", "404").send().await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
-    let again = post(&pair.b, "order-6")
-        .header("x-outcome", "404")
-        .send()
-        .await;
+    let again = post(&pair.b, "order-6").header("x-outcome", "404").send().await;
     assert!(again.replayed());
     assert_eq!(pair.probe.runs("order-6"), 1);
 }
@@ -799,21 +709,13 @@ async fn server_errors_and_retry_later_answers_are_not_kept(kind: Kind) {
 /// retry runs it again, once the key's lock is released. The retries here wait for the lock
 /// (`wait`) rather than poll.
 async fn panics_are_not_kept(kind: Kind) {
-    let setup = Setup {
-        configure: |builder| builder.wait(Duration::from_secs(30)),
-        ..Setup::default()
-    };
+    let setup =
+        Setup { configure: |builder| builder.wait(Duration::from_secs(30)), ..Setup::default() };
     let pair = pair_with(Stores::new(kind), setup).await;
-    let panicked = post(&pair.a, "order-7")
-        .header("x-outcome", "panic")
-        .send()
-        .await;
+    let panicked = post(&pair.a, "order-7").header("x-outcome", "panic").send().await;
     assert_eq!(panicked.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert!(pair.kept(ALICE, "order-7").await.is_none());
-    let retried = post(&pair.b, "order-7")
-        .header("x-outcome", "panic")
-        .send()
-        .await;
+    let retried = post(&pair.b, "order-7").header("x-outcome", "panic").send().await;
     assert_eq!(retried.status, StatusCode::CREATED, "{}", retried.text());
     assert!(!retried.replayed());
     assert_eq!(pair.probe.runs("order-7"), 2);
@@ -822,20 +724,14 @@ async fn panics_are_not_kept(kind: Kind) {
 /// A client that goes away mid-handler: the handler is dropped, nothing is kept, and the
 /// retry runs it again.
 async fn cancelled_handlers_are_not_kept(kind: Kind) {
-    let setup = Setup {
-        configure: |builder| builder.wait(Duration::from_secs(30)),
-        ..Setup::default()
-    };
+    let setup =
+        Setup { configure: |builder| builder.wait(Duration::from_secs(30)), ..Setup::default() };
     let mut pair = pair_with(Stores::new(kind), setup).await;
     let request = tokio::spawn(post(&pair.a, "order-8").header("x-hold", "1").send());
     assert_eq!(pair.entered().await, "order-8");
     request.abort();
     let _ = request.await;
-    assert_eq!(
-        pair.dropped().await,
-        "order-8",
-        "the server dropped the handler"
-    );
+    assert_eq!(pair.dropped().await, "order-8", "the server dropped the handler");
     assert!(pair.kept(ALICE, "order-8").await.is_none());
     let retried = post(&pair.b, "order-8").send().await;
     assert_eq!(retried.status, StatusCode::CREATED);
@@ -846,18 +742,12 @@ async fn cancelled_handlers_are_not_kept(kind: Kind) {
 /// A body that streams (a frame not ready when the handler answers) and a body over the limit
 /// are passed on whole and not kept; the key is free for the retry.
 async fn streamed_and_oversized_bodies_are_not_kept(kind: Kind) {
-    let setup = Setup {
-        configure: |builder| builder.max_response_body(16 * 1024),
-        ..Setup::default()
-    };
+    let setup =
+        Setup { configure: |builder| builder.max_response_body(16 * 1024), ..Setup::default() };
     let pair = pair_with(Stores::new(kind), setup).await;
     let client = HttpClient::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let response = client
-        .request(
-            post(&pair.a, "order-9")
-                .header("x-outcome", "stream")
-                .request(),
-        )
+        .request(post(&pair.a, "order-9").header("x-outcome", "stream").request())
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::CREATED);
@@ -867,32 +757,22 @@ async fn streamed_and_oversized_bodies_are_not_kept(kind: Kind) {
     // The response streams: its lock was released when it was handed back.
     assert!(!pair.locks[0].is_held(&pair.key(ALICE, "order-9")).await);
     let rest = pair.probe.stream.lock().unwrap().take().expect("streaming");
-    rest.send(Ok(Bytes::from_static(b" and the rest")))
-        .await
-        .unwrap();
+    rest.send(Ok(Bytes::from_static(b" and the rest"))).await.unwrap();
     drop(rest);
     let tail = body.collect().await.unwrap().to_bytes();
     assert_eq!(&tail[..], b" and the rest");
     assert!(pair.kept(ALICE, "order-9").await.is_none());
-    let retried = post(&pair.b, "order-9")
-        .header("x-outcome", "stream")
-        .request();
+    let retried = post(&pair.b, "order-9").header("x-outcome", "stream").request();
     let retried = client.request(retried).await.unwrap();
     assert_eq!(retried.status(), StatusCode::CREATED);
     assert_eq!(pair.probe.runs("order-9"), 2);
     drop(pair.probe.stream.lock().unwrap().take());
 
-    let big = post(&pair.a, "order-10")
-        .header("x-outcome", "big")
-        .send()
-        .await;
+    let big = post(&pair.a, "order-10").header("x-outcome", "big").send().await;
     assert_eq!(big.status, StatusCode::CREATED);
     assert_eq!(big.body.len(), 64 * 1024, "passed on whole");
     assert!(pair.kept(ALICE, "order-10").await.is_none());
-    let again = post(&pair.b, "order-10")
-        .header("x-outcome", "big")
-        .send()
-        .await;
+    let again = post(&pair.b, "order-10").header("x-outcome", "big").send().await;
     assert_eq!(again.body.len(), 64 * 1024);
     assert!(!again.replayed());
     assert_eq!(pair.probe.runs("order-10"), 2);
@@ -905,10 +785,7 @@ async fn keys_are_scoped_to_the_caller(kind: Kind) {
     let pair = pair(kind).await;
     let alice = post(&pair.a, "order-11").send().await;
     assert_eq!(alice.status, StatusCode::CREATED);
-    let bob = post(&pair.b, "order-11")
-        .caller(Some("Bearer bob"))
-        .send()
-        .await;
+    let bob = post(&pair.b, "order-11").caller(Some("Bearer bob")).send().await;
     assert_eq!(bob.status, StatusCode::CREATED);
     assert!(!bob.replayed(), "bob never gets alice's answer");
     assert_ne!(bob.body, alice.body);
@@ -925,28 +802,15 @@ async fn keys_are_scoped_to_the_caller(kind: Kind) {
     let setup = Setup {
         configure: |builder| {
             builder.scope_by(|parts: &http::request::Parts| {
-                parts
-                    .headers
-                    .get("x-tenant")
-                    .map(|value| value.as_bytes().to_vec())
+                parts.headers.get("x-tenant").map(|value| value.as_bytes().to_vec())
             })
         },
         ..Setup::default()
     };
     let tenants = pair_with(Stores::new(kind), setup).await;
-    let one = post(&tenants.a, "order-12")
-        .header("x-tenant", "1")
-        .send()
-        .await;
-    let two = post(&tenants.b, "order-12")
-        .header("x-tenant", "2")
-        .send()
-        .await;
-    let one_again = post(&tenants.b, "order-12")
-        .header("x-tenant", "1")
-        .caller(None)
-        .send()
-        .await;
+    let one = post(&tenants.a, "order-12").header("x-tenant", "1").send().await;
+    let two = post(&tenants.b, "order-12").header("x-tenant", "2").send().await;
+    let one_again = post(&tenants.b, "order-12").header("x-tenant", "1").caller(None).send().await;
     assert!(!two.replayed());
     assert!(one_again.replayed());
     assert_eq!(one_again.body, one.body);
@@ -958,10 +822,8 @@ async fn keys_are_scoped_to_the_caller(kind: Kind) {
 /// An answer is kept for the configured TTL only: once the store has dropped it, the key runs
 /// again.
 async fn answers_expire(kind: Kind) {
-    let setup = Setup {
-        configure: |builder| builder.ttl(Duration::from_millis(500)),
-        ..Setup::default()
-    };
+    let setup =
+        Setup { configure: |builder| builder.ttl(Duration::from_millis(500)), ..Setup::default() };
     let pair = pair_with(Stores::new(kind), setup).await;
     let first = post(&pair.a, "order-13").send().await;
     assert_eq!(first.status, StatusCode::CREATED);
@@ -987,25 +849,13 @@ async fn answers_expire(kind: Kind) {
 /// renewal says so): the handler is dropped, the request answered 503, nothing is kept, and a
 /// retry runs again.
 async fn a_lost_lock_keeps_nothing(kind: Kind) {
-    let setup = Setup {
-        lease: Lease::watchdog(Duration::from_millis(900)),
-        ..Setup::default()
-    };
+    let setup = Setup { lease: Lease::watchdog(Duration::from_millis(900)), ..Setup::default() };
     let mut pair = pair_with(Stores::new(kind), setup).await;
     let request = tokio::spawn(post(&pair.a, "order-14").header("x-hold", "1").send());
     assert_eq!(pair.entered().await, "order-14");
-    assert!(
-        pair.locks[1]
-            .force_unlock(&pair.key(ALICE, "order-14"))
-            .await
-    );
+    assert!(pair.locks[1].force_unlock(&pair.key(ALICE, "order-14")).await);
     let lost = request.await.unwrap();
-    assert_eq!(
-        lost.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{}",
-        lost.text()
-    );
+    assert_eq!(lost.status, StatusCode::SERVICE_UNAVAILABLE, "{}", lost.text());
     assert!(lost.text().contains("was lost"), "{}", lost.text());
     assert_eq!(pair.dropped().await, "order-14");
     assert!(pair.kept(ALICE, "order-14").await.is_none());
@@ -1019,36 +869,19 @@ async fn a_lost_lock_keeps_nothing(kind: Kind) {
 /// When A's put lands it is refused (a lower fencing token): B's answer stays, A's client is
 /// answered 503, and every retry gets B's answer.
 async fn a_late_answer_never_replaces_a_later_holders(kind: Kind) {
-    let setup = Setup {
-        pause_a: true,
-        ..Setup::default()
-    };
+    let setup = Setup { pause_a: true, ..Setup::default() };
     let mut pair = pair_with(Stores::new(kind), setup).await;
     let late = tokio::spawn(post(&pair.a, "order-15").send());
-    pair.pause_arrived
-        .as_mut()
-        .unwrap()
-        .recv()
-        .await
-        .expect("A's put arrived");
+    pair.pause_arrived.as_mut().unwrap().recv().await.expect("A's put arrived");
     // A believes it holds the lock; an operator (or its lease) ends that.
-    assert!(
-        pair.locks[1]
-            .force_unlock(&pair.key(ALICE, "order-15"))
-            .await
-    );
+    assert!(pair.locks[1].force_unlock(&pair.key(ALICE, "order-15")).await);
     let newer = post(&pair.b, "order-15").send().await;
     assert_eq!(newer.status, StatusCode::CREATED, "{}", newer.text());
     assert!(newer.text().contains("\"instance\":\"b\""));
     let kept = pair.kept(ALICE, "order-15").await.expect("B's answer kept");
     pair.pause.as_ref().unwrap().resume.add_permits(1);
     let late = late.await.unwrap();
-    assert_eq!(
-        late.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{}",
-        late.text()
-    );
+    assert_eq!(late.status, StatusCode::SERVICE_UNAVAILABLE, "{}", late.text());
     assert_eq!(pair.kept(ALICE, "order-15").await, Some(kept.clone()));
     let retried = post(&pair.a, "order-15").send().await;
     assert!(retried.replayed());
@@ -1062,22 +895,14 @@ async fn a_late_answer_never_replaces_a_later_holders(kind: Kind) {
 /// duplicates are still answered 409 (a `SET NX` with a fixed TTL would let them run).
 async fn a_slow_handler_keeps_its_key_past_the_lease(kind: Kind) {
     let lease = Duration::from_secs(1);
-    let setup = Setup {
-        lease: Lease::watchdog(lease),
-        ..Setup::default()
-    };
+    let setup = Setup { lease: Lease::watchdog(lease), ..Setup::default() };
     let mut pair = pair_with(Stores::new(kind), setup).await;
     let first = tokio::spawn(post(&pair.a, "order-20").header("x-hold", "1").send());
     assert_eq!(pair.entered().await, "order-20");
     // The point is the time: the handler outlives two and a half leases.
     tokio::time::sleep(lease * 5 / 2).await;
     let duplicate = post(&pair.b, "order-20").send().await;
-    assert_eq!(
-        duplicate.status,
-        StatusCode::CONFLICT,
-        "{}",
-        duplicate.text()
-    );
+    assert_eq!(duplicate.status, StatusCode::CONFLICT, "{}", duplicate.text());
     pair.probe.open(1);
     let first = first.await.unwrap();
     assert_eq!(first.status, StatusCode::CREATED, "{}", first.text());
@@ -1087,10 +912,8 @@ async fn a_slow_handler_keeps_its_key_past_the_lease(kind: Kind) {
 
 /// With `wait`, a duplicate of a request in progress waits for it and gets its answer.
 async fn a_duplicate_can_wait_for_the_answer(kind: Kind) {
-    let setup = Setup {
-        configure: |builder| builder.wait(Duration::from_secs(30)),
-        ..Setup::default()
-    };
+    let setup =
+        Setup { configure: |builder| builder.wait(Duration::from_secs(30)), ..Setup::default() };
     let mut pair = pair_with(Stores::new(kind), setup).await;
     let first = tokio::spawn(post(&pair.a, "order-16").header("x-hold", "1").send());
     assert_eq!(pair.entered().await, "order-16");
@@ -1108,17 +931,11 @@ async fn a_duplicate_can_wait_for_the_answer(kind: Kind) {
 /// visible ASCII, the header twice) and a body over the limit are answered 400 (413) naming
 /// the header; the handler never runs and nothing is written.
 async fn bad_keys_are_refused_and_nothing_is_kept(kind: Kind) {
-    let setup = Setup {
-        configure: |builder| builder.max_request_body(64),
-        ..Setup::default()
-    };
+    let setup = Setup { configure: |builder| builder.max_request_body(64), ..Setup::default() };
     let pair = pair_with(Stores::new(kind), setup).await;
     let long = "k".repeat(256);
     let cases: Vec<(Post, &str)> = vec![
-        (
-            post(&pair.a, "x").raw_key(None),
-            "this request needs an Idempotency-Key header\n",
-        ),
+        (post(&pair.a, "x").raw_key(None), "this request needs an Idempotency-Key header\n"),
         (
             post(&pair.a, "x").raw_key(Some(HeaderValue::from_static(""))),
             "the Idempotency-Key header is empty\n",
@@ -1170,15 +987,10 @@ async fn no_second_run_inside_the_restart_quarantine() {
     // At least the lease, and long enough that the retries below are sent well inside it.
     let quarantine = Duration::from_secs(6);
     let stores = Stores::with_quarantine(Kind::Redis, quarantine);
-    let setup = Setup {
-        lease: Lease::watchdog(Duration::from_secs(2)),
-        ..Setup::default()
-    };
+    let setup = Setup { lease: Lease::watchdog(Duration::from_secs(2)), ..Setup::default() };
     let mut pair = pair_with(stores, setup).await;
     // A fresh server is in its quarantine too: wait it out with a lock of its own.
-    let Locks::Redis(locks) = &pair.locks[0] else {
-        unreachable!()
-    };
+    let Locks::Redis(locks) = &pair.locks[0] else { unreachable!() };
     let warm = locks
         .lock("warm-up")
         .wait(quarantine * 3)
@@ -1193,45 +1005,24 @@ async fn no_second_run_inside_the_restart_quarantine() {
     // retry may first meet a connection the restart broke (503 too, without a hint).
     let mut retried = post(&pair.b, "order-18").send().await;
     for _ in 0..10 {
-        assert_eq!(
-            retried.status,
-            StatusCode::SERVICE_UNAVAILABLE,
-            "{}",
-            retried.text()
-        );
+        assert_eq!(retried.status, StatusCode::SERVICE_UNAVAILABLE, "{}", retried.text());
         if retried.text().contains("restarted") {
             break;
         }
         retried = post(&pair.b, "order-18").send().await;
     }
     assert!(retried.text().contains("restarted"), "{}", retried.text());
-    let retry_after = retried
-        .retry_after()
-        .expect("Retry-After in the quarantine");
+    let retry_after = retried.retry_after().expect("Retry-After in the quarantine");
     // The quarantine counts from the end of the second the server started in: up to a second
     // more than its length.
     assert!((1..=7).contains(&retry_after), "{retry_after}");
     let first = first.await.unwrap();
-    assert_eq!(
-        first.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{}",
-        first.text()
-    );
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{}", first.text());
     assert_eq!(pair.dropped().await, "order-18");
     assert!(pair.kept(ALICE, "order-18").await.is_none());
     let again = post(&pair.a, "order-18").send().await;
-    assert_eq!(
-        again.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{}",
-        again.text()
-    );
-    assert_eq!(
-        pair.probe.runs("order-18"),
-        1,
-        "no second run inside the quarantine"
-    );
+    assert_eq!(again.status, StatusCode::SERVICE_UNAVAILABLE, "{}", again.text());
+    assert_eq!(pair.probe.runs("order-18"), 1, "no second run inside the quarantine");
 }
 
 /// The store's script runs by hash, and by body once the server lost it (`SCRIPT FLUSH`);
@@ -1240,47 +1031,26 @@ async fn no_second_run_inside_the_restart_quarantine() {
 async fn redis_store_puts_are_fenced_and_survive_a_script_flush() {
     let stores = Stores::new(Kind::Redis);
     let (locks, _) = stores.instance(Lease::DEFAULT).await;
-    let Locks::Redis(locks) = locks else {
-        unreachable!()
-    };
+    let Locks::Redis(locks) = locks else { unreachable!() };
     let store = RedisAnswerStore::new(locks.backend().clone());
-    let key = locks
-        .lock_key(NAMESPACE, "-:fenced", tower_lock::LockKind::Exclusive)
-        .unwrap();
+    let key = locks.lock_key(NAMESPACE, "-:fenced", tower_lock::LockKind::Exclusive).unwrap();
     let record = |token, answer: &'static str| Record {
         token,
         answer: Bytes::from_static(answer.as_bytes()),
     };
     let ttl = Duration::from_secs(60);
     let server = stores.server();
-    assert_eq!(
-        store.put(&key, record(10, "ten"), ttl).await.unwrap(),
-        Put::Stored
-    );
-    assert_eq!(
-        store.put(&key, record(9, "nine"), ttl).await.unwrap(),
-        Put::Stale { kept: 10 }
-    );
+    assert_eq!(store.put(&key, record(10, "ten"), ttl).await.unwrap(), Put::Stored);
+    assert_eq!(store.put(&key, record(9, "nine"), ttl).await.unwrap(), Put::Stale { kept: 10 });
     assert_eq!(store.get(&key).await.unwrap(), Some(record(10, "ten")));
     let evals = server.calls("eval");
-    assert_eq!(
-        server.cmd(&["SCRIPT", "FLUSH"]),
-        RespValue::Simple("OK".into())
-    );
-    assert_eq!(
-        store.put(&key, record(11, "eleven"), ttl).await.unwrap(),
-        Put::Stored
-    );
+    assert_eq!(server.cmd(&["SCRIPT", "FLUSH"]), RespValue::Simple("OK".into()));
+    assert_eq!(store.put(&key, record(11, "eleven"), ttl).await.unwrap(), Put::Stored);
     assert_eq!(server.calls("eval"), evals + 1, "sent by body once");
-    assert_eq!(
-        store.put(&key, record(12, "twelve"), ttl).await.unwrap(),
-        Put::Stored
-    );
+    assert_eq!(store.put(&key, record(12, "twelve"), ttl).await.unwrap(), Put::Stored);
     assert_eq!(server.calls("eval"), evals + 1, "then by hash again");
     assert_eq!(store.get(&key).await.unwrap(), Some(record(12, "twelve")));
-    let ttl = server
-        .cmd(&["PTTL", &RedisAnswerStore::key_of(&key)])
-        .as_int();
+    let ttl = server.cmd(&["PTTL", &RedisAnswerStore::key_of(&key)]).as_int();
     assert!(ttl > 50_000 && ttl <= 60_000, "{ttl}");
 }
 
@@ -1345,10 +1115,7 @@ async fn round_trips_of_a_fresh_key_and_a_replay() {
         move || !pair.redis_keys().contains(&lock)
     };
     // The scripts are loaded once per server: a first request does it.
-    assert_eq!(
-        post(&pair.a, "warm-up").send().await.status,
-        StatusCode::CREATED
-    );
+    assert_eq!(post(&pair.a, "warm-up").send().await.status, StatusCode::CREATED);
     support::eventually(Duration::from_secs(10), "released", released("warm-up")).await;
     let monitor = Monitor::start(server);
     let fresh = post(&pair.a, "order-19").send().await;
@@ -1373,10 +1140,7 @@ async fn round_trips_of_a_fresh_key_and_a_replay() {
         replay_commands.len()
     );
     // Look, acquire, look again, keep, release.
-    assert_eq!(
-        fresh_commands,
-        ["hmget", "evalsha", "hmget", "evalsha", "evalsha"]
-    );
+    assert_eq!(fresh_commands, ["hmget", "evalsha", "hmget", "evalsha", "evalsha"]);
     assert_eq!(replay_commands, ["hmget"]);
 }
 
@@ -1407,13 +1171,7 @@ mod grpc {
                 .cloned()
                 .ok_or_else(|| Status::internal("no idempotency context"))?;
             let key = context.key().to_owned();
-            *self
-                .probe
-                .runs
-                .lock()
-                .unwrap()
-                .entry(key.clone())
-                .or_insert(0) += 1;
+            *self.probe.runs.lock().unwrap().entry(key.clone()).or_insert(0) += 1;
             let _ = self.probe.entered.send(key);
             let change = request.into_inner();
             if change.amount == 0 {
@@ -1424,10 +1182,7 @@ mod grpc {
                 *withdrawals += 1;
                 1000 * *withdrawals + change.amount
             };
-            Ok(tonic::Response::new(Balance {
-                account: change.account,
-                balance,
-            }))
+            Ok(tonic::Response::new(Balance { account: change.account, balance }))
         }
 
         async fn deposit(
@@ -1456,26 +1211,18 @@ mod grpc {
                 request.map(tonic::body::Body::new)
             },
         );
-        let server = tonic::transport::Server::builder()
-            .layer(stack)
-            .add_service(BankServer::new(bank));
+        let server =
+            tonic::transport::Server::builder().layer(stack).add_service(BankServer::new(bank));
         tokio::spawn(async move { server.serve_with_incoming(incoming).await.unwrap() });
         BankClient::connect(url).await.unwrap()
     }
 
     fn withdraw(key: Option<&str>, amount: i64) -> Request<Change> {
-        let mut request = Request::new(Change {
-            account: "7".into(),
-            amount,
-        });
+        let mut request = Request::new(Change { account: "7".into(), amount });
         if let Some(key) = key {
-            request
-                .metadata_mut()
-                .insert("idempotency-key", key.parse().unwrap());
+            request.metadata_mut().insert("idempotency-key", key.parse().unwrap());
         }
-        request
-            .metadata_mut()
-            .insert("authorization", ALICE.parse().unwrap());
+        request.metadata_mut().insert("authorization", ALICE.parse().unwrap());
         request
     }
 
@@ -1487,31 +1234,19 @@ mod grpc {
     async fn unary_replay_over_http2() {
         let stores = Stores::new(Kind::Redis);
         let (probe, mut signals) = probe();
-        let bank = CountingBank {
-            probe: probe.clone(),
-            withdrawals: Arc::default(),
-        };
+        let bank = CountingBank { probe: probe.clone(), withdrawals: Arc::default() };
         let mut clients = Vec::new();
         for _ in 0..2 {
             let (locks, stored) = stores.instance(Lease::DEFAULT).await;
-            let store = Store {
-                inner: stored,
-                pause: None,
-            };
+            let store = Store { inner: stored, pause: None };
             let layer = locks.builder(store).required(true).build().unwrap();
             clients.push(serve_bank(layer, bank.clone()).await);
         }
         let (mut a, mut b) = (clients[0].clone(), clients[1].clone());
 
-        let first = a
-            .withdraw(withdraw(Some("grpc-1"), 5))
-            .await
-            .expect("the first call");
+        let first = a.withdraw(withdraw(Some("grpc-1"), 5)).await.expect("the first call");
         assert!(first.metadata().get("idempotent-replayed").is_none());
-        let again = b
-            .withdraw(withdraw(Some("grpc-1"), 5))
-            .await
-            .expect("the replay");
+        let again = b.withdraw(withdraw(Some("grpc-1"), 5)).await.expect("the replay");
         assert_eq!(again.metadata().get("idempotent-replayed").unwrap(), "true");
         assert_eq!(again.get_ref(), first.get_ref());
         assert_eq!(first.get_ref().balance, 1005);

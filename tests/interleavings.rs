@@ -143,10 +143,7 @@ impl Faults {
     /// Whether a record of `holder` at `key` may be left after a fault or a stall.
     fn excused(&self, key: &str, holder: &str) -> bool {
         let now = Instant::now();
-        let stalled = self
-            .stalls
-            .iter()
-            .any(|(from, to)| *from <= now && now < *to + EXCUSED_FOR);
+        let stalled = self.stalls.iter().any(|(from, to)| *from <= now && now < *to + EXCUSED_FOR);
         let faulted = self
             .faulted
             .lock()
@@ -191,10 +188,8 @@ impl Faulty {
     fn draws(&self, op: &'static str, names: &[(String, String)]) -> Rng {
         use std::hash::{Hash, Hasher};
         // A renewal batch lists its grants in the engine's table order: sorted here.
-        let mut call: Vec<String> = names
-            .iter()
-            .map(|(key, holder)| format!("{key} {}", stable(holder)))
-            .collect();
+        let mut call: Vec<String> =
+            names.iter().map(|(key, holder)| format!("{key} {}", stable(holder))).collect();
         call.sort_unstable();
         let call = call.join(", ");
         let call = format!("{op} [{call}]");
@@ -224,10 +219,7 @@ impl Faulty {
             Fault::Late(_) => format!("{op} late"),
             other => format!("{op} {other:?}"),
         };
-        let named: Vec<_> = names
-            .iter()
-            .map(|(key, holder)| (key, stable(holder)))
-            .collect();
+        let named: Vec<_> = names.iter().map(|(key, holder)| (key, stable(holder))).collect();
         self.faults.note(format_args!("{op} {named:?}: {fault:?}"));
         *self
             .faults
@@ -241,11 +233,7 @@ impl Faulty {
                 Fault::Late(after) => after,
                 _ => Duration::ZERO,
             };
-        let mut faulted = self
-            .faults
-            .faulted
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut faulted = self.faults.faulted.lock().unwrap_or_else(PoisonError::into_inner);
         for name in names {
             let at = faulted.entry(name.clone()).or_insert(until);
             *at = (*at).max(until);
@@ -321,9 +309,7 @@ fn named(key: &LockKey, holder: &str) -> (String, String) {
 
 /// The holder an attempt (`<holder>#<n>`) is of.
 fn holder_of(attempt: &str) -> &str {
-    attempt
-        .rsplit_once('#')
-        .map_or(attempt, |(holder, _)| holder)
+    attempt.rsplit_once('#').map_or(attempt, |(holder, _)| holder)
 }
 
 /// A grant with owned fields, for a write run later.
@@ -382,35 +368,23 @@ enum OwnedRenew {
 impl OwnedRenew {
     fn of(renew: &Renew<'_>) -> Self {
         match *renew {
-            Renew::Grant {
-                key,
-                kind,
-                grant,
-                lease,
-            } => Self::Grant(key.clone(), kind, grant.to_owned(), lease),
-            Renew::Place {
-                key,
-                kind,
-                holder,
-                timeout,
-            } => Self::Place(key.clone(), kind, holder.to_owned(), timeout),
+            Renew::Grant { key, kind, grant, lease } => {
+                Self::Grant(key.clone(), kind, grant.to_owned(), lease)
+            }
+            Renew::Place { key, kind, holder, timeout } => {
+                Self::Place(key.clone(), kind, holder.to_owned(), timeout)
+            }
         }
     }
 
     fn renew(&self) -> Renew<'_> {
         match self {
-            Self::Grant(key, kind, grant, lease) => Renew::Grant {
-                key,
-                kind: *kind,
-                grant,
-                lease: *lease,
-            },
-            Self::Place(key, kind, holder, timeout) => Renew::Place {
-                key,
-                kind: *kind,
-                holder,
-                timeout: *timeout,
-            },
+            Self::Grant(key, kind, grant, lease) => {
+                Renew::Grant { key, kind: *kind, grant, lease: *lease }
+            }
+            Self::Place(key, kind, holder, timeout) => {
+                Renew::Place { key, kind: *kind, holder, timeout: *timeout }
+            }
         }
     }
 }
@@ -428,19 +402,13 @@ impl Store for Faulty {
                 // (its send time plus its lease). From then on it does nothing (the memory
                 // store's ends are exclusive: its undo's record of it is gone then).
                 if Instant::now() >= not_after {
-                    faults.note(format_args!(
-                        "late acquire of {} arrived too late",
-                        owned.attempt
-                    ));
+                    faults.note(format_args!("late acquire of {} arrived too late", owned.attempt));
                     return;
                 }
                 let id = (owned.key.as_str().to_owned(), owned.attempt.clone());
                 let undone = lock(&faults.undone).contains(&id);
                 let reply = inner.acquire(owned.grant()).await;
-                faults.note(format_args!(
-                    "late acquire of {} delivered: {reply:?}",
-                    id.1
-                ));
+                faults.note(format_args!("late acquire of {} delivered: {reply:?}", id.1));
                 if undone && matches!(reply, Ok(AcquireReply::Acquired { .. })) {
                     lock(&faults.violations).push(format!(
                         "{}: the acquire of {}, delivered after its undo, took the lock",
@@ -450,8 +418,7 @@ impl Store for Faulty {
             })
         };
         let names = vec![named(grant.key, grant.holder)];
-        self.write(("acquire", names), self.inner.acquire(grant), later)
-            .await
+        self.write(("acquire", names), self.inner.acquire(grant), later).await
     }
 
     async fn extend(&self, extend: Extend<'_>) -> BackendResult<ExtendReply> {
@@ -465,19 +432,12 @@ impl Store for Faulty {
                 if Instant::now() >= not_after {
                     return;
                 }
-                let extend = Extend {
-                    key: &key,
-                    kind,
-                    grant: &grant,
-                    lease,
-                    fencing,
-                };
+                let extend = Extend { key: &key, kind, grant: &grant, lease, fencing };
                 let _ = inner.extend(extend).await;
             })
         };
         let names = vec![named(extend.key, holder_of(extend.grant))];
-        self.write(("extend", names), self.inner.extend(extend), later)
-            .await
+        self.write(("extend", names), self.inner.extend(extend), later).await
     }
 
     async fn release(&self, release: Release<'_>) -> BackendResult<ReleaseReply> {
@@ -502,14 +462,8 @@ impl Store for Faulty {
             })
         };
         let mut names = vec![named(release.key, holder_of(release.grant))];
-        names.extend(
-            release
-                .handoff
-                .as_ref()
-                .map(|next| named(next.key, next.holder)),
-        );
-        self.write((op, names), self.inner.release(release), later)
-            .await
+        names.extend(release.handoff.as_ref().map(|next| named(next.key, next.holder)));
+        self.write((op, names), self.inner.release(release), later).await
     }
 
     async fn renew(&self, renewals: &[Renew<'_>]) -> BackendResult<Vec<RenewReply>> {
@@ -528,8 +482,7 @@ impl Store for Faulty {
                 Renew::Place { key, holder, .. } => named(key, holder),
             })
             .collect();
-        self.write(("renew", names), self.inner.renew(renewals), later)
-            .await
+        self.write(("renew", names), self.inner.renew(renewals), later).await
     }
 
     async fn abandon(&self, grant: Grant<'_>) -> BackendResult<bool> {
@@ -548,8 +501,7 @@ impl Store for Faulty {
         let now = async {
             let undone = self.inner.abandon(grant).await;
             if undone.is_ok() {
-                self.faults
-                    .note(format_args!("undo of {} applied: {undone:?}", id.1));
+                self.faults.note(format_args!("undo of {} applied: {undone:?}", id.1));
                 lock(&self.faults.undone).insert(id);
             }
             undone
@@ -565,8 +517,7 @@ impl Store for Faulty {
             })
         };
         let names = vec![named(key, holder)];
-        self.write(("leave", names), self.inner.leave(key, holder, kind), later)
-            .await
+        self.write(("leave", names), self.inner.leave(key, holder, kind), later).await
     }
 
     async fn listen(&self, key: &LockKey, only_for: Option<&str>) -> BackendResult<Self::Listener> {
@@ -748,19 +699,14 @@ impl<B: Backend> Checker<B> {
 
     fn violation(&self, what: String) {
         self.note(usize::MAX, format!("VIOLATION: {what}"));
-        self.violations
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(what);
+        self.violations.lock().unwrap_or_else(PoisonError::into_inner).push(what);
     }
 
     /// Checks everyone inside `key`: exclusion among the guards not lost, each of them held in
     /// the store, and holds past their own fixed lease lost.
     fn check_key(&self, key: &'static str, entries: &[Inside<B>]) {
-        let live: Vec<&Inside<B>> = entries
-            .iter()
-            .filter(|entry| !entry.guard.guard().is_lost())
-            .collect();
+        let live: Vec<&Inside<B>> =
+            entries.iter().filter(|entry| !entry.guard.guard().is_lost()).collect();
         let now = Instant::now();
         for entry in &live {
             if entry.own_until.is_some_and(|until| until <= now) {
@@ -771,9 +717,7 @@ impl<B: Backend> Checker<B> {
             }
         }
         let permits: Vec<usize> = dedup(
-            live.iter()
-                .filter(|entry| entry.kind == Kind::Semaphore)
-                .map(|entry| entry.task),
+            live.iter().filter(|entry| entry.kind == Kind::Semaphore).map(|entry| entry.task),
         );
         if permits.len() > PERMITS {
             self.violation(format!(
@@ -827,10 +771,7 @@ impl<B: Backend> Checker<B> {
 
     /// `task` acquires as `holder`.
     fn holder(&self, task: usize, holder: &str) {
-        self.holders
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(holder.to_owned(), task);
+        self.holders.lock().unwrap_or_else(PoisonError::into_inner).insert(holder.to_owned(), task);
     }
 
     /// Every grant in the store must be accounted for by a guard not lost, or an acquire of
@@ -843,10 +784,7 @@ impl<B: Backend> Checker<B> {
         let now = Instant::now();
         let inside = self.inside.lock().unwrap_or_else(PoisonError::into_inner);
         let holders = self.holders.lock().unwrap_or_else(PoisonError::into_inner);
-        let stranding = self
-            .stranding
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let stranding = self.stranding.lock().unwrap_or_else(PoisonError::into_inner);
         let mut orphans = self.orphans.lock().unwrap_or_else(PoisonError::into_inner);
         let mut seen = Vec::new();
         for (key, kind) in every_lock() {
@@ -891,14 +829,8 @@ impl<B: Backend> Checker<B> {
             return;
         };
         let now = Instant::now();
-        let mut stranding = self
-            .stranding
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let Stranding {
-            waiting,
-            free_since,
-        } = &mut *stranding;
+        let mut stranding = self.stranding.lock().unwrap_or_else(PoisonError::into_inner);
+        let Stranding { waiting, free_since } = &mut *stranding;
         for (key, waiters) in waiting.iter() {
             let could = waiters.iter().any(|(_, kind)| {
                 let info = (truth.inspect)(key, *kind);
@@ -937,18 +869,11 @@ impl<B: Backend> Checker<B> {
 
     /// `task` waits for `keys` as `kind` until the returned registration is dropped.
     fn waiting(self: &Arc<Self>, task: usize, keys: &[&'static str], kind: Kind) -> Waiting<B> {
-        let mut stranding = self
-            .stranding
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut stranding = self.stranding.lock().unwrap_or_else(PoisonError::into_inner);
         for key in keys {
             stranding.waiting.entry(key).or_default().push((task, kind));
         }
-        Waiting {
-            checker: self.clone(),
-            task,
-            keys: keys.to_vec(),
-        }
+        Waiting { checker: self.clone(), task, keys: keys.to_vec() }
     }
 
     /// Checks `guard` against everyone inside `key` by another task, and the store.
@@ -1036,19 +961,10 @@ impl<B: Backend> Checker<B> {
             });
         }
         let count = guard.hold_count();
-        entries.push(Inside {
-            task,
-            section,
-            kind,
-            guard: holding,
-            own_until,
-        });
+        entries.push(Inside { task, section, kind, guard: holding, own_until });
         self.check_key(key, entries);
         drop(inside);
-        self.note(
-            task,
-            format_args!("enter {key} {kind:?} section {section} count {count}"),
-        );
+        self.note(task, format_args!("enter {key} {kind:?} section {section} count {count}"));
     }
 
     /// `task` takes a permit while `entries` (other tasks' permits) may already use them all:
@@ -1084,10 +1000,8 @@ impl<B: Backend> Checker<B> {
             };
             // Holders that gave their permit back meanwhile believe nothing any more.
             let still = |checker: &Self| {
-                let inside = sections
-                    .iter()
-                    .filter(|section| checker.is_inside(key, **section))
-                    .count();
+                let inside =
+                    sections.iter().filter(|section| checker.is_inside(key, **section)).count();
                 inside + 1 > PERMITS
             };
             if tokio::time::timeout(slack, heard).await.is_err() && still(&checker) {
@@ -1102,9 +1016,7 @@ impl<B: Backend> Checker<B> {
     /// Whether section `section` of `key` is still entered.
     fn is_inside(&self, key: &str, section: u64) -> bool {
         let inside = self.inside.lock().unwrap_or_else(PoisonError::into_inner);
-        inside
-            .get(key)
-            .is_some_and(|entries| entries.iter().any(|entry| entry.section == section))
+        inside.get(key).is_some_and(|entries| entries.iter().any(|entry| entry.section == section))
     }
 
     /// `task` leaves the section of `key`; gives the guard back to be released or dropped.
@@ -1112,9 +1024,7 @@ impl<B: Backend> Checker<B> {
         self.check_against_others(key);
         let holding = Holding::One(guard);
         self.remove(key, &holding);
-        let Holding::One(guard) = holding else {
-            unreachable!()
-        };
+        let Holding::One(guard) = holding else { unreachable!() };
         self.note(task, format_args!("leave {key} lost={}", guard.is_lost()));
         Arc::try_unwrap(guard).unwrap_or_else(|_| panic!("the checker keeps no other reference"))
     }
@@ -1131,10 +1041,7 @@ impl<B: Backend> Checker<B> {
             let holding = Holding::Member(set.clone(), key);
             self.remove(key, &holding);
         }
-        self.note(
-            task,
-            format_args!("leave set {keys:?} lost={}", set.is_lost()),
-        );
+        self.note(task, format_args!("leave set {keys:?} lost={}", set.is_lost()));
         Arc::try_unwrap(set).unwrap_or_else(|_| panic!("the checker keeps no other reference"))
     }
 
@@ -1146,32 +1053,21 @@ impl<B: Backend> Checker<B> {
     }
 
     fn violations(&self) -> Vec<String> {
-        self.violations
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.violations.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     fn log(&self) -> String {
-        self.log
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.log.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 }
 
 /// Every lock of the program, once, as the kind its layout is read as.
 fn every_lock() -> Vec<(&'static str, Kind)> {
-    let keys = KEYS
-        .into_iter()
-        .map(|(key, kind)| (key, kind.unwrap_or(Kind::Write)));
+    let keys = KEYS.into_iter().map(|(key, kind)| (key, kind.unwrap_or(Kind::Write)));
     let sets = SET_KEYS.into_iter().map(|key| (key, Kind::Exclusive));
     let fair_sets = FAIR_SET_KEYS.into_iter().map(|key| (key, Kind::Fair));
-    let mut locks: Vec<_> = keys
-        .chain(sets)
-        .chain(fair_sets)
-        .chain([(BYSTANDER_KEY, Kind::Exclusive)])
-        .collect();
+    let mut locks: Vec<_> =
+        keys.chain(sets).chain(fair_sets).chain([(BYSTANDER_KEY, Kind::Exclusive)]).collect();
     locks.sort_by_key(|(key, _)| *key);
     locks.dedup_by_key(|(key, _)| *key);
     locks
@@ -1193,11 +1089,7 @@ struct Waiting<B: Backend> {
 
 impl<B: Backend> Drop for Waiting<B> {
     fn drop(&mut self) {
-        let mut stranding = self
-            .checker
-            .stranding
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut stranding = self.checker.stranding.lock().unwrap_or_else(PoisonError::into_inner);
         for key in &self.keys {
             if let Some(waiters) = stranding.waiting.get_mut(key)
                 && let Some(at) = waiters.iter().position(|(task, _)| *task == self.task)
@@ -1239,13 +1131,7 @@ enum Cancel {
 
 fn ask(rng: &mut Rng, scale: Scale) -> Ask {
     let (key, kind) = rng.pick(&KEYS);
-    let kind = kind.unwrap_or_else(|| {
-        if rng.chance(0.7) {
-            Kind::Read
-        } else {
-            Kind::Write
-        }
-    });
+    let kind = kind.unwrap_or_else(|| if rng.chance(0.7) { Kind::Read } else { Kind::Write });
     let wait = rng.pick(&[Duration::ZERO, scale.ms(5), scale.ms(50), scale.ms(300)]);
     let lease = lease(rng, scale);
     let cancel = match rng.below(10) {
@@ -1256,13 +1142,7 @@ fn ask(rng: &mut Rng, scale: Scale) -> Ask {
         )),
         _ => None,
     };
-    Ask {
-        key,
-        kind,
-        wait,
-        lease,
-        cancel,
-    }
+    Ask { key, kind, wait, lease, cancel }
 }
 
 fn lease(rng: &mut Rng, scale: Scale) -> Lease {
@@ -1383,13 +1263,11 @@ impl<B: Backend> Task<B> {
             drop(waiting);
             let guard = match outcome {
                 None => {
-                    self.checker
-                        .note(id, format_args!("acquire of {key} dropped"));
+                    self.checker.note(id, format_args!("acquire of {key} dropped"));
                     return;
                 }
                 Some(Err(error)) => {
-                    self.checker
-                        .note(id, format_args!("acquire of {key} failed: {error}"));
+                    self.checker.note(id, format_args!("acquire of {key} failed: {error}"));
                     if !expected(&error, self.faulty, self.real_time) {
                         self.checker.violation(format!(
                             "t{id}: acquire of {key} failed unexpectedly: {error:?}"
@@ -1448,23 +1326,17 @@ impl<B: Backend> Task<B> {
             ),
         );
         let request = self.client.lock_all(&asked).wait(wait).lease(lease);
-        let request = if kind == Kind::Fair {
-            request.fair()
-        } else {
-            request
-        };
+        let request = if kind == Kind::Fair { request.fair() } else { request };
         let waiting = self.checker.waiting(id, &asked, kind);
         let outcome = acquire_unless_cancelled(request.acquire(), cancel).await;
         drop(waiting);
         let set = match outcome {
             None => {
-                self.checker
-                    .note(id, format_args!("acquire of set {asked:?} dropped"));
+                self.checker.note(id, format_args!("acquire of set {asked:?} dropped"));
                 return;
             }
             Some(Err(error)) => {
-                self.checker
-                    .note(id, format_args!("acquire of set {asked:?} failed: {error}"));
+                self.checker.note(id, format_args!("acquire of set {asked:?} failed: {error}"));
                 if patient && matches!(error.error(), LockError::WaitTimeout { .. }) {
                     self.checker.violation(format!(
                         "t{id}: deadlock? the patient set {asked:?} timed out at {:?}",
@@ -1483,10 +1355,8 @@ impl<B: Backend> Task<B> {
         keys.sort_unstable();
         keys.dedup();
         if set.guards().len() != keys.len() {
-            self.checker.violation(format!(
-                "t{id}: the set {asked:?} holds {} locks",
-                set.guards().len()
-            ));
+            self.checker
+                .violation(format!("t{id}: the set {asked:?} holds {} locks", set.guards().len()));
         }
         let set = self.checker.enter_set(&keys, id, kind, set, lease);
         tokio::time::sleep(self.scale.ms(self.rng.pick(&[0, 1, 5, 20, 60]))).await;
@@ -1504,8 +1374,7 @@ impl<B: Backend> Task<B> {
         let set = self.checker.leave_set(&keys, id, set);
         if self.rng.chance(0.6) {
             let released = set.release().await;
-            self.checker
-                .note(id, format_args!("released set {keys:?}: {released:?}"));
+            self.checker.note(id, format_args!("released set {keys:?}: {released:?}"));
         } else {
             drop(set);
             self.checker.note(id, format_args!("dropped set {keys:?}"));
@@ -1538,11 +1407,7 @@ impl<B: Backend> Task<B> {
                 kind,
                 wait: self.scale.ms(5),
                 lease,
-                cancel: if self.rng.chance(0.15) {
-                    Some(Cancel::AfterPolls(1))
-                } else {
-                    None
-                },
+                cancel: if self.rng.chance(0.15) { Some(Cancel::AfterPolls(1)) } else { None },
             };
             self.operation(nested, depth + 1).await;
             tokio::time::sleep(self.scale.ms(self.rng.pick(&[0, 5, 20]))).await;
@@ -1557,8 +1422,7 @@ impl<B: Backend> Task<B> {
                 lease: lease(&mut self.rng, self.scale),
                 cancel: None,
             };
-            self.checker
-                .note(id, format_args!("re-enter {key} joined with the release"));
+            self.checker.note(id, format_args!("re-enter {key} joined with the release"));
             let waiting = self.checker.waiting(id, &[key], kind);
             let (again, released) =
                 tokio::join!(request(&self.client, &ask).acquire(), held.release());
@@ -1586,8 +1450,7 @@ impl<B: Backend> Task<B> {
         let guard = self.checker.leave(key, id, guard);
         if self.rng.chance(0.6) {
             let released = guard.release().await;
-            self.checker
-                .note(id, format_args!("released {key}: {released:?}"));
+            self.checker.note(id, format_args!("released {key}: {released:?}"));
         } else {
             drop(guard);
             self.checker.note(id, format_args!("dropped {key}"));
@@ -1608,13 +1471,7 @@ async fn bystander<B: Backend>(
 ) {
     const TASK: usize = 90;
     let lease = Lease::watchdog(scale.ms(45));
-    let guard = match client
-        .lock(BYSTANDER_KEY)
-        .lease(lease)
-        .wait(scale.ms(50))
-        .acquire()
-        .await
-    {
+    let guard = match client.lock(BYSTANDER_KEY).lease(lease).wait(scale.ms(50)).acquire().await {
         Ok(guard) => guard,
         Err(error) => {
             checker.note(TASK, format_args!("bystander's acquire failed: {error}"));
@@ -1628,34 +1485,20 @@ async fn bystander<B: Backend>(
     checker.holder(TASK, holder.id());
     let guard = checker.enter(BYSTANDER_KEY, TASK, Kind::Exclusive, guard, lease);
     // A request on the victim naming this holder is refused, named or in scope.
-    let named = victim
-        .lock(BYSTANDER_KEY)
-        .holder(&holder)
-        .try_acquire()
-        .await;
+    let named = victim.lock(BYSTANDER_KEY).holder(&holder).try_acquire().await;
     if !matches!(named, Err(LockError::ForeignHolder | LockError::ShutDown)) {
         checker.violation(format!(
             "a request on another client naming the bystander's holder: {named:?}"
         ));
     }
-    let scoped = holder
-        .clone()
-        .scope(victim.lock(BYSTANDER_KEY).try_acquire())
-        .await;
-    if !matches!(
-        scoped,
-        Err(LockError::HeldThroughOtherClient | LockError::ShutDown)
-    ) {
-        checker.violation(format!(
-            "a request on another client in the bystander's scope: {scoped:?}"
-        ));
+    let scoped = holder.clone().scope(victim.lock(BYSTANDER_KEY).try_acquire()).await;
+    if !matches!(scoped, Err(LockError::HeldThroughOtherClient | LockError::ShutDown)) {
+        checker
+            .violation(format!("a request on another client in the bystander's scope: {scoped:?}"));
     }
     // A re-entry with a short fixed lease of its own, across the shutdown.
     let short = Lease::fixed(scale.ms(15));
-    let inner = holder
-        .clone()
-        .scope(client.lock(BYSTANDER_KEY).lease(short).try_acquire())
-        .await;
+    let inner = holder.clone().scope(client.lock(BYSTANDER_KEY).lease(short).try_acquire()).await;
     let inner = match inner {
         Ok(inner) => Some(checker.enter(BYSTANDER_KEY, TASK, Kind::Exclusive, inner, short)),
         Err(error) => {
@@ -1720,13 +1563,7 @@ async fn program<S: Backend + Clone>(
     store: S,
     setup: Setup<'_>,
 ) -> (Vec<String>, String) {
-    let Setup {
-        faults,
-        truth,
-        leftovers,
-        scale,
-        ops,
-    } = setup;
+    let Setup { faults, truth, leftovers, scale, ops } = setup;
     let faulty = faults.is_some_and(|faults| faults.load(Ordering::Relaxed));
     let real_time = faults.is_none();
     let mut rng = Rng(seed);
@@ -1804,19 +1641,11 @@ async fn program<S: Backend + Clone>(
         false => Duration::ZERO,
     };
     tokio::time::sleep(scale.ms(20) + settle).await;
-    let fresh = LockClient::builder(store.clone())
-        .name("fresh")
-        .build()
-        .expect("valid");
+    let fresh = LockClient::builder(store.clone()).name("fresh").build().expect("valid");
     let set_keys = SET_KEYS.iter().map(|key| (*key, Some(Kind::Exclusive)));
     let fair_set_keys = FAIR_SET_KEYS.iter().map(|key| (*key, Some(Kind::Fair)));
     let bystander_key = [(BYSTANDER_KEY, Some(Kind::Exclusive))];
-    for (key, kind) in KEYS
-        .into_iter()
-        .chain(set_keys)
-        .chain(fair_set_keys)
-        .chain(bystander_key)
-    {
+    for (key, kind) in KEYS.into_iter().chain(set_keys).chain(fair_set_keys).chain(bystander_key) {
         let request = match kind {
             Some(Kind::Exclusive) => fresh.lock(key),
             Some(Kind::Fair) => fresh.fair_lock(key),
@@ -1828,9 +1657,9 @@ async fn program<S: Backend + Clone>(
             Ok(guard) => {
                 let _ = guard.release().await;
             }
-            Err(error) => checker.violation(format!(
-                "key {key} is still taken after the program: {error:?}"
-            )),
+            Err(error) => {
+                checker.violation(format!("key {key} is still taken after the program: {error:?}"))
+            }
         }
     }
     // Once every lease has run out, nothing is left anywhere.
@@ -1838,9 +1667,8 @@ async fn program<S: Backend + Clone>(
     for (i, client) in clients.iter().chain([&fresh]).enumerate() {
         let state = (client.active_keys(), client.waiters(), client.queued());
         if state != (0, 0, 0) {
-            checker.violation(format!(
-                "client {i} still tracks (keys, waiters, queued) = {state:?}"
-            ));
+            checker
+                .violation(format!("client {i} still tracks (keys, waiters, queued) = {state:?}"));
         }
     }
     for client in clients.iter().chain([&fresh]) {
@@ -1884,10 +1712,7 @@ fn memory_seed(seed: u64, ops: usize) -> (Vec<String>, String) {
             notes: Mutex::default(),
             started: start,
         });
-        let store = Faulty {
-            inner: MemoryBackend::new(),
-            faults: faults.clone(),
-        };
+        let store = Faulty { inner: MemoryBackend::new(), faults: faults.clone() };
         let memory = store.inner.clone();
         let leftovers = move || match memory.held_count() {
             0 => Vec::new(),
@@ -1895,9 +1720,7 @@ fn memory_seed(seed: u64, ops: usize) -> (Vec<String>, String) {
         };
         let underneath = store.inner.clone();
         // Names keys as the program's clients do.
-        let namer = LockClient::builder(MemoryBackend::new())
-            .build()
-            .expect("valid");
+        let namer = LockClient::builder(MemoryBackend::new()).build().expect("valid");
         let name = move |key: &str, kind: Kind| {
             namer.lock_key("", key, kind.layout()).expect("a valid key")
         };
@@ -1919,9 +1742,7 @@ fn memory_seed(seed: u64, ops: usize) -> (Vec<String>, String) {
             faults: Some(&faults.on),
             truth: Some(truth),
             leftovers: Box::new(leftovers),
-            scale: Scale {
-                unit: Duration::from_millis(1),
-            },
+            scale: Scale { unit: Duration::from_millis(1) },
             ops,
         };
         // Every program finishes: far longer than any takes, on the paused clock.
@@ -1930,17 +1751,9 @@ fn memory_seed(seed: u64, ops: usize) -> (Vec<String>, String) {
             let violation = "the program did not finish within 600 s: a deadlock".to_owned();
             (vec![violation], String::new())
         });
-        let injected = faults
-            .injected
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let injected = faults.injected.lock().unwrap_or_else(PoisonError::into_inner).clone();
         let _ = writeln!(log, "faults injected: {injected:?}");
-        let _ = write!(
-            log,
-            "what the store did with faulted writes:\n{}",
-            lock(&faults.notes)
-        );
+        let _ = write!(log, "what the store did with faulted writes:\n{}", lock(&faults.notes));
         violations.extend(lock(&faults.violations).drain(..));
         (violations, log)
     })
@@ -1948,9 +1761,7 @@ fn memory_seed(seed: u64, ops: usize) -> (Vec<String>, String) {
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|value| {
-        value
-            .parse()
-            .unwrap_or_else(|_| panic!("{name} must be a number, not {value:?}"))
+        value.parse().unwrap_or_else(|_| panic!("{name} must be a number, not {value:?}"))
     })
 }
 
@@ -1991,10 +1802,7 @@ fn random_programs_in_memory() {
         started.elapsed().as_secs_f64(),
         failed.len()
     );
-    assert!(
-        failed.is_empty(),
-        "failing seeds: {failed:?} (the first one's log is above)"
-    );
+    assert!(failed.is_empty(), "failing seeds: {failed:?} (the first one's log is above)");
 }
 
 /// A few seeds against a real `redis-server`, in real time, without injected faults.
@@ -2003,24 +1811,15 @@ async fn random_programs_on_redis() {
     let seeds = env_u64("INTERLEAVINGS_REDIS_SEEDS").unwrap_or(3);
     for seed in 1..=seeds {
         let server = RedisServer::start();
-        let backend = support::redis_backend(server.url())
-            .connect()
-            .await
-            .expect("connect");
+        let backend = support::redis_backend(server.url()).connect().await.expect("connect");
         let setup = Setup {
             faults: None,
             truth: None,
             leftovers: Box::new(|| redis_leftovers(&server)),
-            scale: Scale {
-                unit: Duration::from_millis(3),
-            },
+            scale: Scale { unit: Duration::from_millis(3) },
             ops: 8,
         };
         let (violations, log) = program(seed, backend, setup).await;
-        assert!(
-            violations.is_empty(),
-            "Redis {}",
-            report(seed, &violations, &log)
-        );
+        assert!(violations.is_empty(), "Redis {}", report(seed, &violations, &log));
     }
 }

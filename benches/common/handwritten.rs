@@ -98,28 +98,13 @@ impl HandLock {
     /// Takes `key`, waiting at most `wait` for it.
     pub(crate) async fn acquire(&self, key: &str, wait: Duration) -> Result<HandGuard, HandError> {
         let deadline = Instant::now() + wait;
-        let token = format!(
-            "{}:{}",
-            std::process::id(),
-            NEXT_TOKEN.fetch_add(1, Ordering::Relaxed)
-        );
-        let set = redis::cmd("SET")
-            .arg(key)
-            .arg(&token)
-            .arg("NX")
-            .arg("PX")
-            .arg(self.lease_ms)
-            .clone();
+        let token =
+            format!("{}:{}", std::process::id(), NEXT_TOKEN.fetch_add(1, Ordering::Relaxed));
+        let set =
+            redis::cmd("SET").arg(key).arg(&token).arg("NX").arg("PX").arg(self.lease_ms).clone();
         let mut conn = self.conn.clone();
-        let guard = HandGuard {
-            key: key.to_owned(),
-            token,
-        };
-        if set
-            .query_async::<Option<String>>(&mut conn)
-            .await?
-            .is_some()
-        {
+        let guard = HandGuard { key: key.to_owned(), token };
+        if set.query_async::<Option<String>>(&mut conn).await?.is_some() {
             return Ok(guard);
         }
         let channel = format!("{key}:released");
@@ -166,11 +151,7 @@ impl HandLock {
             .arg(channel)
             .query_async(&mut self.conn.clone())
             .await?;
-        if released == 1 {
-            Ok(())
-        } else {
-            Err(HandError::NotHeld)
-        }
+        if released == 1 { Ok(()) } else { Err(HandError::NotHeld) }
     }
 
     /// Renews every lock of `guards` in one pipeline; how many were still held.
@@ -194,10 +175,7 @@ impl HandLock {
     pub(crate) async fn expire_all(&self, guards: &[HandGuard]) -> Result<(), HandError> {
         let mut pipe = redis::pipe();
         for guard in guards {
-            pipe.cmd("PEXPIRE")
-                .arg(&guard.key)
-                .arg(self.lease_ms)
-                .ignore();
+            pipe.cmd("PEXPIRE").arg(&guard.key).arg(self.lease_ms).ignore();
         }
         pipe.query_async::<()>(&mut self.conn.clone()).await?;
         Ok(())

@@ -44,10 +44,7 @@ impl Balances {
     }
 
     pub(crate) fn snapshot(&self) -> HashMap<String, i64> {
-        self.balances
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.balances.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
@@ -110,10 +107,7 @@ pub(crate) fn main(
 /// The first line of a bench's output: the Redis server, its `PING` round trip `rtt`, the
 /// repetitions and their window, the CPUs.
 fn print_setup(rtt: Duration, reps: usize, window: Duration) {
-    let version: Vec<String> = support::redis_version()
-        .iter()
-        .map(u32::to_string)
-        .collect();
+    let version: Vec<String> = support::redis_version().iter().map(u32::to_string).collect();
     println!(
         "redis-server {}, PING round trip {:.1} µs; {reps} repetitions of {:.1} s windows; {} CPUs",
         version.join("."),
@@ -155,11 +149,7 @@ where
                     continue;
                 }
                 match run(variant, workload).await {
-                    Ok(measured) => samples.push(Sample {
-                        variant,
-                        rep,
-                        run: measured,
-                    }),
+                    Ok(measured) => samples.push(Sample { variant, rep, run: measured }),
                     Err(e) => println!("  {} rep {rep}: {e}", variant.name()),
                 }
             }
@@ -171,13 +161,9 @@ where
 
 /// A listener on a free loopback port, and its `http://` address.
 pub(crate) async fn bind_loopback() -> Result<(tokio::net::TcpListener, String), String> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| format!("bind: {e}"))?;
-    let base = format!(
-        "http://{}",
-        listener.local_addr().map_err(|e| e.to_string())?
-    );
+    let listener =
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| format!("bind: {e}"))?;
+    let base = format!("http://{}", listener.local_addr().map_err(|e| e.to_string())?);
     Ok((listener, base))
 }
 
@@ -196,12 +182,7 @@ pub(crate) struct Load {
 impl Load {
     /// `workload`'s load on the server at `base` for `window`.
     pub(crate) fn new<V, C>(base: String, workload: &Workload<V, C>, window: Duration) -> Self {
-        Self {
-            base,
-            in_flight: workload.in_flight,
-            accounts: workload.accounts as u64,
-            window,
-        }
+        Self { base, in_flight: workload.in_flight, accounts: workload.accounts as u64, window }
     }
 
     /// The load asked of this process, in the variables named after `prefix`.
@@ -232,10 +213,7 @@ impl Load {
             .envs(extra.iter().map(|(k, v)| (format!("{prefix}_{k}"), v)))
             .env(format!("{prefix}_IN_FLIGHT"), self.in_flight.to_string())
             .env(format!("{prefix}_ACCOUNTS"), self.accounts.to_string())
-            .env(
-                format!("{prefix}_SECS"),
-                self.window.as_secs_f64().to_string(),
-            )
+            .env(format!("{prefix}_SECS"), self.window.as_secs_f64().to_string())
             .kill_on_drop(true)
             .output()
             .await
@@ -275,10 +253,7 @@ impl Xorshift {
 /// Field `i` of a `\t`-separated line of the load generator's output as a number; 0 when it
 /// is missing or not one.
 pub(crate) fn num(fields: &[&str], i: usize) -> f64 {
-    fields
-        .get(i)
-        .and_then(|f| f.parse::<f64>().ok())
-        .unwrap_or(0.0)
+    fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0)
 }
 
 /// What a load generator saw, as both load generators report it: one `key\tvalue…` line each.
@@ -344,11 +319,7 @@ impl Seen {
 
     /// Successful calls per second.
     pub(crate) fn ok_rate(&self) -> f64 {
-        if self.secs > 0.0 {
-            self.ok as f64 / self.secs
-        } else {
-            0.0
-        }
+        if self.secs > 0.0 { self.ok as f64 / self.secs } else { 0.0 }
     }
 
     /// `cpu` in µs per call.
@@ -368,19 +339,12 @@ pub(crate) struct Figure<V> {
 
 impl<V: Variant> Figure<V> {
     pub(crate) fn new(label: String, summed: bool) -> Self {
-        Self {
-            label,
-            summed,
-            cells: Vec::new(),
-        }
+        Self { label, summed, cells: Vec::new() }
     }
 
     /// `variant`'s values, if it has a cell.
     pub(crate) fn cell(&self, variant: V) -> Option<&[f64]> {
-        self.cells
-            .iter()
-            .find(|(v, _)| *v == variant)
-            .map(|(_, x)| x.as_slice())
+        self.cells.iter().find(|(v, _)| *v == variant).map(|(_, x)| x.as_slice())
     }
 }
 
@@ -416,20 +380,14 @@ pub(crate) fn added_p50<V: Variant, R>(
     variants: &[V],
     p50: impl Fn(&R) -> Duration,
 ) -> Vec<(V, Vec<f64>, Vec<f64>)> {
-    println!(
-        "  PING round trip per repetition: {} µs",
-        Spread::of(pings.iter().copied()).show(1)
-    );
+    println!("  PING round trip per repetition: {} µs", Spread::of(pings.iter().copied()).show(1));
     let mut added = Vec::new();
     for &variant in variants {
         let mut micros = Vec::new();
         let mut rtts = Vec::new();
         for (rep, ping) in pings.iter().enumerate() {
             let p50 = |v: V| {
-                samples
-                    .iter()
-                    .find(|s| s.variant == v && s.rep == rep)
-                    .map(|s| us(p50(&s.run)))
+                samples.iter().find(|s| s.variant == v && s.rep == rep).map(|s| us(p50(&s.run)))
             };
             let more = match (p50(base), p50(variant)) {
                 (Some(base), Some(with)) => with - base,
@@ -485,11 +443,6 @@ pub(crate) fn print_table<V: Variant>(rows: &[Figure<V>], columns: &[V], (x, y):
 /// `x / y` of the medians, and the spread of `x / y` within each repetition.
 pub(crate) fn ratios(x: &[f64], y: &[f64]) -> (f64, Spread) {
     let median = |v: &[f64]| Spread::of(v.iter().copied()).median;
-    let per_rep = Spread::of(
-        x.iter()
-            .zip(y)
-            .map(|(x, y)| x / y)
-            .filter(|r| r.is_finite()),
-    );
+    let per_rep = Spread::of(x.iter().zip(y).map(|(x, y)| x / y).filter(|r| r.is_finite()));
     (median(x) / median(y), per_rep)
 }

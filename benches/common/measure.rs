@@ -12,20 +12,16 @@ use crate::support::RedisServer;
 
 /// Interleaved repetitions of every figure: `BENCH_REPS`, 5 by default, at least 1.
 pub(crate) fn reps(default: usize) -> usize {
-    std::env::var("BENCH_REPS")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(default)
-        .max(1)
+    std::env::var("BENCH_REPS").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(default).max(1)
 }
 
 /// Whether workload `name` runs: `BENCH_ONLY=W1,W3` selects some (case-insensitive); all run
 /// without it.
 pub(crate) fn selected(name: &str) -> bool {
     match std::env::var("BENCH_ONLY") {
-        Ok(only) if !only.trim().is_empty() => only
-            .split(',')
-            .any(|item| item.trim().eq_ignore_ascii_case(name)),
+        Ok(only) if !only.trim().is_empty() => {
+            only.split(',').any(|item| item.trim().eq_ignore_ascii_case(name))
+        }
         _ => true,
     }
 }
@@ -109,24 +105,13 @@ impl Spread {
     pub(crate) fn of(values: impl IntoIterator<Item = f64>) -> Self {
         let mut values: Vec<f64> = values.into_iter().filter(|v| !v.is_nan()).collect();
         if values.is_empty() {
-            return Self {
-                median: f64::NAN,
-                min: f64::NAN,
-                max: f64::NAN,
-            };
+            return Self { median: f64::NAN, min: f64::NAN, max: f64::NAN };
         }
         values.sort_by(f64::total_cmp);
         let n = values.len();
-        let median = if n % 2 == 1 {
-            values[n / 2]
-        } else {
-            (values[n / 2 - 1] + values[n / 2]) / 2.0
-        };
-        Self {
-            median,
-            min: values[0],
-            max: values[n - 1],
-        }
+        let median =
+            if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 };
+        Self { median, min: values[0], max: values[n - 1] }
     }
 
     /// `median (min–max)` with `decimals` decimals; `-` when not measured.
@@ -134,10 +119,7 @@ impl Spread {
         if self.median.is_nan() {
             return "-".to_owned();
         }
-        format!(
-            "{:.decimals$} ({:.decimals$}–{:.decimals$})",
-            self.median, self.min, self.max
-        )
+        format!("{:.decimals$} ({:.decimals$}–{:.decimals$})", self.median, self.min, self.max)
     }
 }
 
@@ -159,10 +141,7 @@ impl Errors {
 
     /// Counts `n` errors of `kind` at once.
     pub(crate) fn add_n(&mut self, kind: &str, n: u64, first: &str) {
-        let entry = self
-            .kinds
-            .entry(kind.to_owned())
-            .or_insert((0, first.to_owned()));
+        let entry = self.kinds.entry(kind.to_owned()).or_insert((0, first.to_owned()));
         entry.0 += n;
     }
 
@@ -192,20 +171,14 @@ impl Errors {
 
     /// The kinds and counts, for passing between processes.
     pub(crate) fn entries(&self) -> impl Iterator<Item = (&str, u64, &str)> {
-        self.kinds
-            .iter()
-            .map(|(kind, (n, first))| (kind.as_str(), *n, first.as_str()))
+        self.kinds.iter().map(|(kind, (n, first))| (kind.as_str(), *n, first.as_str()))
     }
 }
 
 /// The variant name of an error from its `Debug` form (`Backend(..)` gives `Backend`).
 pub(crate) fn error_kind(error: &impl std::fmt::Debug) -> String {
     let debug = format!("{error:?}");
-    debug
-        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
-        .next()
-        .unwrap_or("?")
-        .to_owned()
+    debug.split(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or("?").to_owned()
 }
 
 /// A reading of a Redis server's counters.
@@ -255,10 +228,8 @@ pub(crate) fn redis_counters(server: &RedisServer) -> Option<RedisCounters> {
     let cpu = server.info("cpu").ok()?;
     let mut commands = BTreeMap::new();
     for line in stats.lines() {
-        let Some((name, rest)) = line
-            .trim()
-            .strip_prefix("cmdstat_")
-            .and_then(|l| l.split_once(':'))
+        let Some((name, rest)) =
+            line.trim().strip_prefix("cmdstat_").and_then(|l| l.split_once(':'))
         else {
             continue;
         };
@@ -279,10 +250,7 @@ pub(crate) fn redis_counters(server: &RedisServer) -> Option<RedisCounters> {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.0)
     };
-    Some(RedisCounters {
-        commands,
-        cpu: cpu_field("used_cpu_user") + cpu_field("used_cpu_sys"),
-    })
+    Some(RedisCounters { commands, cpu: cpu_field("used_cpu_user") + cpu_field("used_cpu_sys") })
 }
 
 impl RedisCounters {
@@ -310,9 +278,7 @@ impl RedisCounters {
             }
             delta.per_command.push((cmd.clone(), calls));
         }
-        delta
-            .per_command
-            .sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+        delta.per_command.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
         delta
     }
 }

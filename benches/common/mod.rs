@@ -27,17 +27,11 @@ pub(crate) fn runtime() -> tokio::runtime::Runtime {
 /// The median round trip of `PING` on a multiplexed connection, as the engine uses.
 pub(crate) async fn ping_rtt(url: &str) -> Duration {
     let client = redis::Client::open(url).expect("url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
     let mut samples = Vec::with_capacity(2000);
     for _ in 0..2000 {
         let start = Instant::now();
-        let _: String = redis::cmd("PING")
-            .query_async(&mut conn)
-            .await
-            .expect("ping");
+        let _: String = redis::cmd("PING").query_async(&mut conn).await.expect("ping");
         samples.push(start.elapsed());
     }
     samples.sort();

@@ -83,11 +83,8 @@ pub(crate) async fn contend<B: Backend>(
                         LockKind::Fair => client.fair_lock("w3"),
                         _ => client.lock("w3"),
                     };
-                    let guard = request
-                        .wait(Duration::from_secs(30))
-                        .acquire()
-                        .await
-                        .expect("acquire");
+                    let guard =
+                        request.wait(Duration::from_secs(30)).acquire().await.expect("acquire");
                     waits.push(asked.elapsed());
                     assert!(!inside.swap(true, Ordering::SeqCst), "two holders inside");
                     inside.store(false, Ordering::SeqCst);
@@ -106,9 +103,5 @@ pub(crate) async fn contend<B: Backend>(
     }
     let elapsed = start.elapsed();
     waits.sort();
-    Contention {
-        handoffs_per_sec: waits.len() as f64 / elapsed.as_secs_f64(),
-        waits,
-        per_task,
-    }
+    Contention { handoffs_per_sec: waits.len() as f64 / elapsed.as_secs_f64(), waits, per_task }
 }

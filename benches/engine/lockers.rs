@@ -62,15 +62,9 @@ impl Impl {
 
     /// The lock with tag `tag`.
     pub(crate) fn from_tag(tag: &str) -> Option<Self> {
-        [
-            Self::Tower,
-            Self::TowerFair,
-            Self::Memory,
-            Self::Hand,
-            Self::Rslock,
-        ]
-        .into_iter()
-        .find(|i| i.tag() == tag)
+        [Self::Tower, Self::TowerFair, Self::Memory, Self::Hand, Self::Rslock]
+            .into_iter()
+            .find(|i| i.tag() == tag)
     }
 
     /// Whether it is one of the two baselines.
@@ -82,10 +76,7 @@ impl Impl {
 /// The locks of `all` that `BENCH_LOCKS` selects by tag (`BENCH_LOCKS=tower,rslock`; all
 /// without it): for profiling one lock at a time.
 pub(crate) fn chosen(all: &[Impl]) -> Vec<Impl> {
-    all.iter()
-        .copied()
-        .filter(|lock| crate::measure::lock_selected(lock.tag()))
-        .collect()
+    all.iter().copied().filter(|lock| crate::measure::lock_selected(lock.tag())).collect()
 }
 
 /// A failed acquire or release: its kind (the error's variant) and message.
@@ -97,10 +88,7 @@ pub(crate) struct Failure {
 
 impl Failure {
     fn of(what: &str, error: &impl std::fmt::Debug) -> Self {
-        Self {
-            kind: format!("{what} {}", error_kind(error)),
-            message: format!("{error:?}"),
-        }
+        Self { kind: format!("{what} {}", error_kind(error)), message: format!("{error:?}") }
     }
 }
 
@@ -158,25 +146,12 @@ impl Locker {
         let tower = |e: LockError| Failure::of("acquire", &e);
         match self {
             Self::Tower(client, fair) => {
-                let request = if *fair {
-                    client.fair_lock(key)
-                } else {
-                    client.lock(key)
-                };
-                request
-                    .wait(WAIT)
-                    .acquire()
-                    .await
-                    .map(Held::Tower)
-                    .map_err(tower)
+                let request = if *fair { client.fair_lock(key) } else { client.lock(key) };
+                request.wait(WAIT).acquire().await.map(Held::Tower).map_err(tower)
             }
-            Self::Memory(client) => client
-                .lock(key)
-                .wait(WAIT)
-                .acquire()
-                .await
-                .map(Held::Memory)
-                .map_err(tower),
+            Self::Memory(client) => {
+                client.lock(key).wait(WAIT).acquire().await.map(Held::Memory).map_err(tower)
+            }
             Self::Hand(lock) => lock
                 .acquire(key, WAIT)
                 .await
@@ -201,10 +176,9 @@ impl Locker {
         match (self, held) {
             (_, Held::Tower(guard)) => guard.release().await.map_err(tower),
             (_, Held::Memory(guard)) => guard.release().await.map_err(tower),
-            (Self::Hand(lock), Held::Hand(guard)) => lock
-                .release(guard)
-                .await
-                .map_err(|e| Failure::of("release", &e)),
+            (Self::Hand(lock), Held::Hand(guard)) => {
+                lock.release(guard).await.map_err(|e| Failure::of("release", &e))
+            }
             (_, Held::Rslock(guard)) => {
                 guard.release().await;
                 Ok(())

@@ -86,10 +86,8 @@ pub(crate) async fn run(
     let mut run = ProcRun::default();
     let mut sections = Vec::new();
     for (process, child) in children.into_iter().enumerate() {
-        let output = child
-            .wait_with_output()
-            .await
-            .map_err(|e| format!("worker {process}: {e}"))?;
+        let output =
+            child.wait_with_output().await.map_err(|e| format!("worker {process}: {e}"))?;
         let stdout = String::from_utf8_lossy(&output.stdout);
         if !output.status.success() {
             return Err(format!(
@@ -100,14 +98,7 @@ pub(crate) async fn run(
         }
         parse(process, &stdout, &mut sections, &mut run);
     }
-    summarize(
-        &mut sections,
-        &mut run,
-        start,
-        end,
-        processes * tasks,
-        tasks,
-    );
+    summarize(&mut sections, &mut run, start, end, processes * tasks, tasks);
     Ok(run)
 }
 
@@ -117,20 +108,9 @@ fn parse(process: usize, stdout: &str, sections: &mut Vec<Section>, run: &mut Pr
         let mut fields = line.split('\t');
         match fields.next() {
             Some("S") => {
-                let mut n = || {
-                    fields
-                        .next()
-                        .and_then(|f| f.parse::<u64>().ok())
-                        .unwrap_or(0)
-                };
+                let mut n = || fields.next().and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
                 let (task, asked, entered, left) = (n(), n(), n(), n());
-                sections.push(Section {
-                    process,
-                    task: task as usize,
-                    asked,
-                    entered,
-                    left,
-                });
+                sections.push(Section { process, task: task as usize, asked, entered, left });
             }
             Some("E") => {
                 let kind = fields.next().unwrap_or("?");
@@ -203,11 +183,8 @@ pub(crate) fn worker() {
         std::process::exit(2);
     };
     let (url, key) = (var("BENCH_W_URL"), var("BENCH_W_KEY"));
-    let (tasks, start, end) = (
-        num("BENCH_W_TASKS") as usize,
-        num("BENCH_W_START"),
-        num("BENCH_W_END"),
-    );
+    let (tasks, start, end) =
+        (num("BENCH_W_TASKS") as usize, num("BENCH_W_START"), num("BENCH_W_END"));
     let process = num("BENCH_W_PROCESS");
     let runtime = crate::common::runtime();
     let report = runtime.block_on(async move {
@@ -233,12 +210,8 @@ pub(crate) fn worker() {
         let violations = Arc::new(AtomicU64::new(0));
         let mut set = tokio::task::JoinSet::new();
         for task in 0..tasks {
-            let (locker, key, inside, violations) = (
-                locker.clone(),
-                key.clone(),
-                inside.clone(),
-                violations.clone(),
-            );
+            let (locker, key, inside, violations) =
+                (locker.clone(), key.clone(), inside.clone(), violations.clone());
             set.spawn(async move {
                 let me = task + 1;
                 let mut sections = Vec::new();
@@ -253,10 +226,7 @@ pub(crate) fn worker() {
                         }
                     };
                     let entered = monotonic_ns();
-                    if inside
-                        .compare_exchange(0, me, Ordering::SeqCst, Ordering::SeqCst)
-                        .is_err()
-                    {
+                    if inside.compare_exchange(0, me, Ordering::SeqCst, Ordering::SeqCst).is_err() {
                         violations.fetch_add(1, Ordering::Relaxed);
                     }
                     tokio::task::yield_now().await;

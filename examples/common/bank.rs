@@ -147,9 +147,7 @@ async fn grpc_unary<M>(method: M, request: http::Request<Body>) -> http::Respons
 where
     M: tonic::server::UnaryService<Change, Response = Balance>,
 {
-    tonic::server::Grpc::new(ProstCodec::<Balance, Change>::default())
-        .unary(method, request)
-        .await
+    tonic::server::Grpc::new(ProstCodec::<Balance, Change>::default()).unary(method, request).await
 }
 
 /// A `bank.Bank` client.
@@ -159,9 +157,7 @@ pub(crate) struct BankClient(tonic::client::Grpc<tonic::transport::Channel>);
 impl BankClient {
     /// A client of the server at `url` (`http://127.0.0.1:port`).
     pub(crate) async fn connect(url: String) -> Result<Self, tonic::transport::Error> {
-        let channel = tonic::transport::Endpoint::from_shared(url)?
-            .connect()
-            .await?;
+        let channel = tonic::transport::Endpoint::from_shared(url)?.connect().await?;
         Ok(Self(tonic::client::Grpc::new(channel)))
     }
 
@@ -174,14 +170,9 @@ impl BankClient {
         M1: prost::Message + Send + Sync + 'static,
         M2: prost::Message + Default + Send + Sync + 'static,
     {
-        self.0
-            .ready()
-            .await
-            .map_err(|e| Status::unknown(format!("not ready: {e}")))?;
+        self.0.ready().await.map_err(|e| Status::unknown(format!("not ready: {e}")))?;
         let codec = ProstCodec::<M1, M2>::default();
-        self.0
-            .unary(request, PathAndQuery::from_static(path), codec)
-            .await
+        self.0.unary(request, PathAndQuery::from_static(path), codec).await
     }
 
     pub(crate) async fn withdraw(
@@ -202,17 +193,10 @@ impl BankClient {
         &mut self,
         request: impl tonic::IntoRequest<Account>,
     ) -> Result<Response<tonic::codec::Streaming<Balance>>, Status> {
-        self.0
-            .ready()
-            .await
-            .map_err(|e| Status::unknown(format!("not ready: {e}")))?;
+        self.0.ready().await.map_err(|e| Status::unknown(format!("not ready: {e}")))?;
         let codec = ProstCodec::<Account, Balance>::default();
         self.0
-            .server_streaming(
-                request.into_request(),
-                PathAndQuery::from_static(STATEMENT),
-                codec,
-            )
+            .server_streaming(request.into_request(), PathAndQuery::from_static(STATEMENT), codec)
             .await
     }
 }
@@ -220,8 +204,6 @@ impl BankClient {
 /// `request` with the metadata entry `name: value`.
 pub(crate) fn with_metadata<T>(message: T, name: &'static str, value: &str) -> Request<T> {
     let mut request = Request::new(message);
-    request
-        .metadata_mut()
-        .insert(name, value.parse().expect("ASCII metadata"));
+    request.metadata_mut().insert(name, value.parse().expect("ASCII metadata"));
     request
 }

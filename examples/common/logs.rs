@@ -10,10 +10,7 @@ use tracing_subscriber::EnvFilter;
 /// Prints the library's warnings (or what `RUST_LOG` asks for) on standard error.
 pub(crate) fn show() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
 }
 
 /// The demo's exit code; an error is printed with each of its causes, e.g. "lock backend

@@ -83,9 +83,6 @@ mod tests {
         let lit = |text: &str| LitStr::new(text, Span::call_site());
         assert_eq!(parse_duration(&lit(" 2s ")).unwrap(), 2_000);
         let error = parse_duration(&lit("2 seconds")).unwrap_err().to_string();
-        assert!(
-            error.starts_with("invalid duration `2 seconds`: "),
-            "{error}"
-        );
+        assert!(error.starts_with("invalid duration `2 seconds`: "), "{error}");
     }
 }

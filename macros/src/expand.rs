@@ -22,10 +22,7 @@ pub(crate) fn expand(options: &Options, mut item: ItemFn) -> syn::Result<TokenSt
         ));
     }
     if let Some(receiver) = sig.receiver() {
-        return Err(syn::Error::new(
-            receiver.span(),
-            "#[locked] handlers cannot take `self`",
-        ));
+        return Err(syn::Error::new(receiver.span(), "#[locked] handlers cannot take `self`"));
     }
 
     let mut context_arg = None;
@@ -75,10 +72,9 @@ pub(crate) fn expand(options: &Options, mut item: ItemFn) -> syn::Result<TokenSt
             quote!(#private::LockParts<#private::WithState<#ty>>),
             quote!((&&&&&&#private::probe::Probe(&#parts.state.0)).lock_client()),
         ),
-        None => (
-            quote!(#private::LockParts<#private::Stateless>),
-            quote!(::core::option::Option::None),
-        ),
+        None => {
+            (quote!(#private::LockParts<#private::Stateless>), quote!(::core::option::Option::None))
+        }
     };
 
     // The handler keeps its arity (so `#[debug_handler]` above it still matches): the

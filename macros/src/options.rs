@@ -81,14 +81,14 @@ impl Options {
                 let mut keys = Vec::with_capacity(array.elems.len());
                 for elem in &array.elems {
                     match elem {
-                        syn::Expr::Lit(syn::ExprLit {
-                            lit: syn::Lit::Str(key),
-                            ..
-                        }) if !key.value().is_empty() => keys.push(key.clone()),
-                        syn::Expr::Lit(syn::ExprLit {
-                            lit: syn::Lit::Str(key),
-                            ..
-                        }) => return Err(syn::Error::new(key.span(), "the key template is empty")),
+                        syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(key), .. })
+                            if !key.value().is_empty() =>
+                        {
+                            keys.push(key.clone())
+                        }
+                        syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(key), .. }) => {
+                            return Err(syn::Error::new(key.span(), "the key template is empty"));
+                        }
                         other => {
                             return Err(syn::Error::new_spanned(
                                 other,
@@ -184,10 +184,9 @@ impl Options {
                 self.kind = Some((kind, span));
                 Ok(())
             }
-            Some((old, _)) if kind_name(old) == kind_name(kind) => Err(syn::Error::new(
-                span,
-                format!("duplicate option `{}`", kind_name(kind)),
-            )),
+            Some((old, _)) if kind_name(old) == kind_name(kind) => {
+                Err(syn::Error::new(span, format!("duplicate option `{}`", kind_name(kind))))
+            }
             Some((old, _)) => Err(syn::Error::new(
                 span,
                 format!(
@@ -255,11 +254,7 @@ impl Options {
         };
         let template = match (&self.key, &self.keys) {
             (Some(key), _) => key.value(),
-            (None, Some(keys)) => keys
-                .iter()
-                .map(LitStr::value)
-                .collect::<Vec<_>>()
-                .join(", "),
+            (None, Some(keys)) => keys.iter().map(LitStr::value).collect::<Vec<_>>().join(", "),
             (None, None) => String::new(),
         };
         quote! {
@@ -320,9 +315,8 @@ fn parse_lease(lit: &LitStr) -> syn::Result<Lease> {
     let value = value.trim();
     let lease = if value == "watchdog" {
         Lease::Watchdog(DEFAULT_WATCHDOG_MS)
-    } else if let Some(inner) = value
-        .strip_prefix("watchdog(")
-        .and_then(|rest| rest.strip_suffix(')'))
+    } else if let Some(inner) =
+        value.strip_prefix("watchdog(").and_then(|rest| rest.strip_suffix(')'))
     {
         Lease::Watchdog(parse_duration(&LitStr::new(inner, lit.span()))?)
     } else {

@@ -68,13 +68,10 @@ pub(crate) fn key_expr(template: &LitStr, bindings: &[Ident]) -> syn::Result<Tok
 /// the lock to the route.
 pub(crate) fn resource_tokens(text: &str) -> TokenStream {
     let private = quote::quote!(::tower_lock::__private);
-    let lone = text
-        .strip_prefix('{')
-        .and_then(|rest| rest.strip_suffix('}'))
-        .map(str::trim)
-        .filter(|inner| {
-            !inner.is_empty() && inner.chars().all(|c| c.is_alphanumeric() || c == '_')
-        });
+    let lone =
+        text.strip_prefix('{').and_then(|rest| rest.strip_suffix('}')).map(str::trim).filter(
+            |inner| !inner.is_empty() && inner.chars().all(|c| c.is_alphanumeric() || c == '_'),
+        );
     if let Some(param) = lone {
         return quote::quote!(#private::Resource::PathParam(#param));
     }

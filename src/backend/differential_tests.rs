@@ -199,9 +199,7 @@ impl Keys {
 
     /// The lock whose release channel is `channel`.
     fn channel(&self, channel: &str) -> Option<Lk> {
-        LOCKS
-            .into_iter()
-            .find(|lock| self.of(*lock).derived(":released") == channel)
+        LOCKS.into_iter().find(|lock| self.of(*lock).derived(":released") == channel)
     }
 }
 
@@ -247,16 +245,8 @@ enum TokenArg {
 /// One entry of a renewal batch.
 #[derive(Clone, Debug)]
 enum Entry {
-    Grant {
-        kind: LockKind,
-        grant: String,
-        lease: Duration,
-    },
-    Place {
-        kind: LockKind,
-        holder: String,
-        timeout: Duration,
-    },
+    Grant { kind: LockKind, grant: String, lease: Duration },
+    Place { kind: LockKind, holder: String, timeout: Duration },
 }
 
 /// One store call (or time passing).
@@ -290,10 +280,7 @@ impl Op {
     /// The leases and timeouts the call may set (the short ones end during the program).
     fn ends(&self) -> Vec<Duration> {
         match self {
-            Self::Acquire(sent) => [Some(sent.lease), sent.queue]
-                .into_iter()
-                .flatten()
-                .collect(),
+            Self::Acquire(sent) => [Some(sent.lease), sent.queue].into_iter().flatten().collect(),
             Self::Abandon(sent) => vec![sent.lease],
             Self::Extend { lease, .. } => vec![*lease],
             Self::Release { handoff, .. } => handoff.iter().map(|sent| sent.lease).collect(),
@@ -326,13 +313,7 @@ fn ms(duration: Duration) -> String {
 
 impl fmt::Display for Sent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} {:?} lease {}",
-            self.attempt,
-            self.kind,
-            ms(self.lease)
-        )?;
+        write!(f, "{} {:?} lease {}", self.attempt, self.kind, ms(self.lease))?;
         if self.fencing {
             write!(f, " fenced")?;
         }
@@ -354,22 +335,10 @@ impl fmt::Display for Op {
         match self {
             Self::Acquire(sent) => write!(f, "acquire {sent}"),
             Self::Abandon(sent) => write!(f, "undo {sent}"),
-            Self::Extend {
-                kind,
-                grant,
-                lease,
-                fencing,
-            } => write!(
-                f,
-                "extend {grant} {kind:?} to {} fencing {fencing}",
-                ms(*lease)
-            ),
-            Self::Release {
-                kind,
-                grant,
-                token,
-                handoff,
-            } => {
+            Self::Extend { kind, grant, lease, fencing } => {
+                write!(f, "extend {grant} {kind:?} to {} fencing {fencing}", ms(*lease))
+            }
+            Self::Release { kind, grant, token, handoff } => {
                 write!(f, "release {grant} {kind:?} token {token:?}")?;
                 match handoff {
                     Some(next) => write!(f, " handing off to {next}"),
@@ -383,11 +352,9 @@ impl fmt::Display for Op {
                         Entry::Grant { kind, grant, lease } => {
                             write!(f, " [{grant} {kind:?} {}]", ms(*lease))?;
                         }
-                        Entry::Place {
-                            kind,
-                            holder,
-                            timeout,
-                        } => write!(f, " [place {holder} {kind:?} {}]", ms(*timeout))?,
+                        Entry::Place { kind, holder, timeout } => {
+                            write!(f, " [place {holder} {kind:?} {}]", ms(*timeout))?
+                        }
                     }
                 }
                 Ok(())
@@ -450,11 +417,7 @@ impl View {
                 (holder.id.clone(), holder.kind, holder.remaining_lease)
             })
             .collect();
-        Self::sorted(
-            holders,
-            info.queue_len,
-            info.permits.map(|p| (p.in_use, p.limit)),
-        )
+        Self::sorted(holders, info.queue_len, info.permits.map(|p| (p.in_use, p.limit)))
     }
 
     fn sorted(
@@ -465,11 +428,7 @@ impl View {
         holders.sort_by(|a, b| {
             (&a.0, format!("{:?}", a.1), a.2).cmp(&(&b.0, format!("{:?}", b.1), b.2))
         });
-        Self {
-            holders,
-            queued,
-            permits,
-        }
+        Self { holders, queued, permits }
     }
 
     /// Equal, with remaining leases within `tolerance`.
@@ -624,11 +583,9 @@ fn read_resp(reader: &mut impl BufRead) -> std::io::Result<Resp> {
         },
         "*" => match usize::try_from(number()?) {
             Err(_) => Resp::Nil,
-            Ok(len) => Resp::List(
-                (0..len)
-                    .map(|_| read_resp(reader))
-                    .collect::<std::io::Result<_>>()?,
-            ),
+            Ok(len) => {
+                Resp::List((0..len).map(|_| read_resp(reader)).collect::<std::io::Result<_>>()?)
+            }
         },
         _ => return Err(bad(line)),
     })
@@ -652,14 +609,10 @@ struct Subscriber {
 impl Subscriber {
     fn new(server: &RedisServer) -> Self {
         let stream = TcpStream::connect(("127.0.0.1", server.port())).expect("connect");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .expect("a read timeout");
+        stream.set_read_timeout(Some(Duration::from_secs(5))).expect("a read timeout");
         let mut writer = stream.try_clone().expect("a second handle");
         let pattern = format!("{PREFIX}*");
-        writer
-            .write_all(&command(&["PSUBSCRIBE", &pattern]))
-            .expect("subscribe");
+        writer.write_all(&command(&["PSUBSCRIBE", &pattern])).expect("subscribe");
         let mut reader = BufReader::new(stream);
         read_resp(&mut reader).expect("subscribed");
         Self { writer, reader }
@@ -667,9 +620,7 @@ impl Subscriber {
 
     /// Every message published since the last call: channel and message.
     fn drain(&mut self) -> Vec<(String, String)> {
-        self.writer
-            .write_all(&command(&["PING", "end"]))
-            .expect("ping");
+        self.writer.write_all(&command(&["PING", "end"])).expect("ping");
         let mut messages = Vec::new();
         loop {
             let Resp::List(items) = read_resp(&mut self.reader).expect("a reply") else {
@@ -726,9 +677,7 @@ impl Tokens {
         if !fresh {
             return match self.of.get(attempt) {
                 Some(known) if *known == token => Ok(()),
-                known => Err(format!(
-                    "{attempt} answered token {token}, its grant has {known:?}"
-                )),
+                known => Err(format!("{attempt} answered token {token}, its grant has {known:?}")),
             };
         }
         if let Some(last) = self.last.get(&lock)
@@ -770,17 +719,9 @@ async fn perform<S: Store>(store: &S, keys: &Keys, op: &Op, tokens: &Tokens) -> 
         }
         Op::Abandon(sent) => {
             let key = keys.of(Lk::of(sent.kind));
-            store
-                .abandon(sent.grant(key))
-                .await
-                .map_or_else(error, Answer::Undone)
+            store.abandon(sent.grant(key)).await.map_or_else(error, Answer::Undone)
         }
-        Op::Extend {
-            kind,
-            grant,
-            lease,
-            fencing,
-        } => {
+        Op::Extend { kind, grant, lease, fencing } => {
             let extend = Extend {
                 key: keys.of(Lk::of(*kind)),
                 kind: *kind,
@@ -794,12 +735,7 @@ async fn perform<S: Store>(store: &S, keys: &Keys, op: &Op, tokens: &Tokens) -> 
                 Err(e) => error(e),
             }
         }
-        Op::Release {
-            kind,
-            grant,
-            token,
-            handoff,
-        } => {
+        Op::Release { kind, grant, token, handoff } => {
             let key = keys.of(Lk::of(*kind));
             let release = Release {
                 key,
@@ -825,11 +761,7 @@ async fn perform<S: Store>(store: &S, keys: &Keys, op: &Op, tokens: &Tokens) -> 
                         grant,
                         lease: Lease::fixed(*lease),
                     },
-                    Entry::Place {
-                        kind,
-                        holder,
-                        timeout,
-                    } => Renew::Place {
+                    Entry::Place { kind, holder, timeout } => Renew::Place {
                         key: keys.of(Lk::of(*kind)),
                         kind: *kind,
                         holder,
@@ -837,10 +769,7 @@ async fn perform<S: Store>(store: &S, keys: &Keys, op: &Op, tokens: &Tokens) -> 
                     },
                 })
                 .collect();
-            store
-                .renew(&renewals)
-                .await
-                .map_or_else(error, Answer::Renewed)
+            store.renew(&renewals).await.map_or_else(error, Answer::Renewed)
         }
         Op::Leave { holder, kind } => store
             .leave(keys.of(Lk::of(*kind)), holder, *kind)
@@ -859,10 +788,7 @@ async fn inspect_all<S: Store>(store: &S, keys: &Keys) -> Vec<Result<View, Strin
     let mut views = Vec::new();
     for lock in LOCKS {
         let info = store.inspect(keys.of(lock), lock.kind()).await;
-        views.push(
-            info.map(|info| View::of(&info))
-                .map_err(|e| format!("{:?}", e.kind())),
-        );
+        views.push(info.map(|info| View::of(&info)).map_err(|e| format!("{:?}", e.kind())));
     }
     views
 }
@@ -980,15 +906,11 @@ impl Model {
     }
 
     fn head(&self, lock: Lk, t: Duration) -> Option<Place> {
-        self.live_places(lock, t)
-            .first()
-            .map(|place| (*place).clone())
+        self.live_places(lock, t).first().map(|place| (*place).clone())
     }
 
     fn has_place(&self, lock: Lk, holder: &str, t: Duration) -> bool {
-        self.live_places(lock, t)
-            .iter()
-            .any(|place| place.holder == holder)
+        self.live_places(lock, t).iter().any(|place| place.holder == holder)
     }
 
     /// Keeps `holder`'s place (at the end of the queue if it has none) until `t + timeout`.
@@ -997,10 +919,7 @@ impl Model {
         places.retain(|place| place.end > t);
         match places.iter_mut().find(|place| place.holder == holder) {
             Some(place) => place.end = t + timeout,
-            None => places.push(Place {
-                holder: holder.to_owned(),
-                end: t + timeout,
-            }),
+            None => places.push(Place { holder: holder.to_owned(), end: t + timeout }),
         }
     }
 
@@ -1011,9 +930,7 @@ impl Model {
     }
 
     fn voided(&self, lock: Lk, attempt: &str, t: Duration) -> bool {
-        self.void
-            .get(&lock)
-            .is_some_and(|void| void.until > t && void.attempts.contains(attempt))
+        self.void.get(&lock).is_some_and(|void| void.until > t && void.attempts.contains(attempt))
     }
 
     fn give_up(&mut self, lock: Lk, attempt: &str, lease: Duration, t: Duration) {
@@ -1029,9 +946,9 @@ impl Model {
     /// name; otherwise (and with nobody queued) `released`.
     fn freed(&self, lock: Lk, t: Duration) -> String {
         match lock {
-            Lk::Fair | Lk::Plain => self
-                .head(lock, t)
-                .map_or_else(|| RELEASED.to_owned(), |head| head.holder),
+            Lk::Fair | Lk::Plain => {
+                self.head(lock, t).map_or_else(|| RELEASED.to_owned(), |head| head.holder)
+            }
             _ => RELEASED.to_owned(),
         }
     }
@@ -1094,18 +1011,12 @@ impl Model {
         let expected = match op {
             Op::Acquire(sent) => self.acquire(sent, t, &mut effects),
             Op::Abandon(sent) => self.abandon(sent, t, &mut effects),
-            Op::Extend {
-                kind,
-                grant,
-                lease,
-                fencing,
-            } => self.extend(*kind, grant, *lease, *fencing, t, &mut effects),
-            Op::Release {
-                kind,
-                grant,
-                token,
-                handoff,
-            } => self.release(*kind, grant, *token, handoff.as_ref(), t, &mut effects),
+            Op::Extend { kind, grant, lease, fencing } => {
+                self.extend(*kind, grant, *lease, *fencing, t, &mut effects)
+            }
+            Op::Release { kind, grant, token, handoff } => {
+                self.release(*kind, grant, *token, handoff.as_ref(), t, &mut effects)
+            }
             Op::Renew(entries) => self.renew(entries, t, &mut effects),
             Op::Leave { holder, kind } => self.leave(holder, *kind, t, &mut effects),
             Op::ForceUnlock(kind) => self.force_unlock(*kind, t, &mut effects),
@@ -1127,9 +1038,7 @@ impl Model {
             && owner.attempt == sent.attempt
         {
             let token = owner.token.then(|| {
-                effects
-                    .tokens
-                    .push(TokenEvent::Same(lock, sent.attempt.clone()));
+                effects.tokens.push(TokenEvent::Same(lock, sent.attempt.clone()));
                 0
             });
             return Answer::Acquired(token);
@@ -1225,10 +1134,7 @@ impl Model {
         let lock = Lk::of(sent.kind);
         self.give_up(lock, &sent.attempt, sent.lease, t);
         if sent.kind.owns() {
-            if self
-                .owner(lock, t)
-                .is_none_or(|owner| owner.attempt != sent.attempt)
-            {
+            if self.owner(lock, t).is_none_or(|owner| owner.attempt != sent.attempt) {
                 return Answer::Undone(false);
             }
             self.owner.remove(&lock);
@@ -1269,10 +1175,8 @@ impl Model {
             shared.extend(t, lease);
             return Answer::Extended(None);
         }
-        let Some(owner) = self
-            .owner
-            .get_mut(&lock)
-            .filter(|owner| owner.end > t && owner.attempt == grant)
+        let Some(owner) =
+            self.owner.get_mut(&lock).filter(|owner| owner.end > t && owner.attempt == grant)
         else {
             return Answer::NotHeld;
         };
@@ -1281,9 +1185,7 @@ impl Model {
             owner.token = true;
             effects.tokens.push(TokenEvent::New(lock, grant.to_owned()));
         } else if owner.token {
-            effects
-                .tokens
-                .push(TokenEvent::Same(lock, grant.to_owned()));
+            effects.tokens.push(TokenEvent::Same(lock, grant.to_owned()));
         }
         Answer::Extended(owner.token.then_some(0))
     }
@@ -1364,11 +1266,7 @@ impl Model {
                         }
                     }
                 }
-                Entry::Place {
-                    kind,
-                    holder,
-                    timeout,
-                } => {
+                Entry::Place { kind, holder, timeout } => {
                     let lock = Lk::of(*kind);
                     let head = self.head(lock, t).map(|head| head.holder);
                     let free = self.free_for_turn(lock, *kind, t);
@@ -1418,10 +1316,7 @@ impl Model {
                 // The live head left: its turn passes on.
                 true => must(message),
                 // A dead head before it may have been dropped.
-                false => Publish {
-                    must: None,
-                    may: Some(message),
-                },
+                false => Publish { must: None, may: Some(message) },
             };
             effects.publish.insert(lock, publish);
         }
@@ -1464,11 +1359,8 @@ impl Model {
                     Why::WindUp,
                 ));
             }
-            let live: Vec<String> = self
-                .shared(lock, t)
-                .live(t)
-                .map(|member| member.attempt.clone())
-                .collect();
+            let live: Vec<String> =
+                self.shared(lock, t).live(t).map(|member| member.attempt.clone()).collect();
             for attempt in live {
                 steps.push(Step::new(
                     Op::Release {
@@ -1485,13 +1377,8 @@ impl Model {
                     Lk::Fair => Fair,
                     _ => Write,
                 };
-                steps.push(Step::new(
-                    Op::Leave {
-                        holder: place.holder.clone(),
-                        kind,
-                    },
-                    Why::WindUp,
-                ));
+                steps
+                    .push(Step::new(Op::Leave { holder: place.holder.clone(), kind }, Why::WindUp));
             }
         }
         steps.push(Step::new(Op::Expire, Why::WindUp));
@@ -1500,10 +1387,7 @@ impl Model {
 }
 
 fn must(message: String) -> Publish {
-    Publish {
-        must: Some(message),
-        may: None,
-    }
+    Publish { must: Some(message), may: None }
 }
 
 /// Why `got` breaks the protocol where the model expected `expected`.
@@ -1566,12 +1450,7 @@ impl Program {
     fn next(&mut self, steps: usize) -> Option<Step> {
         let due = match self.drawn < steps {
             true => self.pending.iter().position(|(at, _)| *at <= self.drawn),
-            false => self
-                .pending
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, (at, _))| *at)
-                .map(|(i, _)| i),
+            false => self.pending.iter().enumerate().min_by_key(|(_, (at, _))| *at).map(|(i, _)| i),
         };
         let mut step = match due {
             Some(index) => self.pending.remove(index).1,
@@ -1654,13 +1533,7 @@ impl Program {
                 }
                 None => self.acquire(holder, kind),
             },
-            84..=87 => Step::new(
-                Op::Leave {
-                    holder: holder.to_owned(),
-                    kind,
-                },
-                Why::Drawn,
-            ),
+            84..=87 => Step::new(Op::Leave { holder: holder.to_owned(), kind }, Why::Drawn),
             88..=90 => Step::new(Op::ForceUnlock(kind), Why::Drawn),
             91..=95 => Step::new(Op::Expire, Why::Drawn),
             _ => self.acquire(holder, kind),
@@ -1677,33 +1550,24 @@ impl Program {
             return Step::new(Op::Acquire(sent), Why::Crash);
         }
         let sent = self.fresh(holder, kind);
-        self.sent
-            .entry((holder, kind))
-            .or_default()
-            .push(sent.clone());
+        self.sent.entry((holder, kind)).or_default().push(sent.clone());
         if self.rng.chance(0.12) {
             // Applied, its reply lost: the client undoes it, and a copy may still arrive.
             let at = self.later(3);
-            self.pending
-                .push((at, Step::new(Op::Abandon(sent.clone()), Why::Recovery)));
+            self.pending.push((at, Step::new(Op::Abandon(sent.clone()), Why::Recovery)));
             if kind.queues() && sent.queue.is_some() {
-                let leave = Op::Leave {
-                    holder: holder.to_owned(),
-                    kind,
-                };
+                let leave = Op::Leave { holder: holder.to_owned(), kind };
                 self.pending.push((at, Step::new(leave, Why::Recovery)));
             }
             if self.rng.chance(0.3) {
                 let at = at + 1 + self.rng.below(3) as usize;
-                self.pending
-                    .push((at, Step::new(Op::Acquire(sent.clone()), Why::Late)));
+                self.pending.push((at, Step::new(Op::Acquire(sent.clone()), Why::Late)));
             }
             return Step::new(Op::Acquire(sent), Why::LostReply);
         }
         if self.rng.chance(0.12) {
             let at = self.later(2);
-            self.pending
-                .push((at, Step::new(Op::Acquire(sent.clone()), Why::Repeat)));
+            self.pending.push((at, Step::new(Op::Acquire(sent.clone()), Why::Repeat)));
         }
         Step::new(Op::Acquire(sent), Why::Drawn)
     }
@@ -1732,43 +1596,23 @@ impl Program {
             if !self.forgotten.is_empty() && self.rng.chance(0.2) {
                 // An attempt given up on: the lock is freed instead.
                 let sent = self.forgotten.remove(0);
-                return Sent {
-                    queue: None,
-                    ..sent
-                };
+                return Sent { queue: None, ..sent };
             }
             let other = self.rng.pick(&HOLDERS);
-            let sent = Sent {
-                queue: None,
-                within: None,
-                ..self.fresh(other, kind)
-            };
-            self.sent
-                .entry((other, kind))
-                .or_default()
-                .push(sent.clone());
+            let sent = Sent { queue: None, within: None, ..self.fresh(other, kind) };
+            self.sent.entry((other, kind)).or_default().push(sent.clone());
             sent
         });
-        let op = Op::Release {
-            kind,
-            grant: named.attempt.clone(),
-            token,
-            handoff: handoff.clone(),
-        };
+        let op =
+            Op::Release { kind, grant: named.attempt.clone(), token, handoff: handoff.clone() };
         if self.rng.chance(0.12) {
             // Applied, its reply lost. A hand-off's attempt is undone; the grant's delete is
             // sent again, plainly.
             let at = self.later(2);
             if let Some(next) = handoff {
-                self.pending
-                    .push((at, Step::new(Op::Abandon(next), Why::Recovery)));
+                self.pending.push((at, Step::new(Op::Abandon(next), Why::Recovery)));
             }
-            let again = Op::Release {
-                kind,
-                grant: named.attempt,
-                token,
-                handoff: None,
-            };
+            let again = Op::Release { kind, grant: named.attempt, token, handoff: None };
             self.pending.push((at, Step::new(again, Why::Recovery)));
             return Step::new(op, Why::LostReply);
         }
@@ -1810,11 +1654,7 @@ impl Program {
                 let kind = self.rng.pick(&KINDS);
                 if let Some(named) = self.named(holder, kind) {
                     let lease = if self.rng.chance(0.4) { SHORT } else { LONG };
-                    entries.push(Entry::Grant {
-                        kind,
-                        grant: named.attempt,
-                        lease,
-                    });
+                    entries.push(Entry::Grant { kind, grant: named.attempt, lease });
                 }
                 continue;
             }
@@ -1826,11 +1666,7 @@ impl Program {
             // One place per lock in a batch: each may publish once.
             if places.insert(Lk::of(kind)) {
                 let timeout = if self.rng.chance(0.4) { SHORT } else { LONG };
-                entries.push(Entry::Place {
-                    kind,
-                    holder: holder.to_owned(),
-                    timeout,
-                });
+                entries.push(Entry::Place { kind, holder: holder.to_owned(), timeout });
             }
         }
         let step = Step::new(Op::Renew(entries), Why::Drawn);
@@ -1841,14 +1677,12 @@ impl Program {
     fn lost_reply(&mut self, step: Step) -> Step {
         if self.rng.chance(0.12) {
             let at = self.later(2);
-            self.pending
-                .push((at, Step::new(step.op.clone(), Why::Recovery)));
+            self.pending.push((at, Step::new(step.op.clone(), Why::Recovery)));
             return Step::new(step.op, Why::LostReply);
         }
         if self.rng.chance(0.1) {
             let at = self.later(1);
-            self.pending
-                .push((at, Step::new(step.op.clone(), Why::Repeat)));
+            self.pending.push((at, Step::new(step.op.clone(), Why::Repeat)));
         }
         step
     }
@@ -1866,11 +1700,7 @@ impl Plan {
     /// The time of a step at least `gap` after the last one, outside every window.
     fn next(&mut self, gap: Duration) -> Duration {
         let mut at = self.at + gap;
-        while let Some((_, to)) = self
-            .windows
-            .iter()
-            .find(|(from, to)| *from <= at && at <= *to)
-        {
+        while let Some((_, to)) = self.windows.iter().find(|(from, to)| *from <= at && at <= *to) {
             at = *to + Duration::from_micros(100);
         }
         self.windows.retain(|(_, to)| *to >= at);
@@ -1930,16 +1760,10 @@ impl Fixture {
             .enable_all()
             .build()
             .expect("a runtime");
-        let redis = runtime
-            .block_on(support::redis_backend(server.url()).connect())
-            .expect("connect");
+        let redis =
+            runtime.block_on(support::redis_backend(server.url()).connect()).expect("connect");
         let subscriber = Subscriber::new(&server);
-        Self {
-            redis,
-            runtime,
-            subscriber,
-            server,
-        }
+        Self { redis, runtime, subscriber, server }
     }
 
     /// The keys of the test that have no TTL.
@@ -1975,9 +1799,7 @@ impl Op {
             Self::Acquire(_) => "acquire",
             Self::Abandon(_) => "undo",
             Self::Extend { .. } => "extend",
-            Self::Release {
-                handoff: Some(_), ..
-            } => "hand-off",
+            Self::Release { handoff: Some(_), .. } => "hand-off",
             Self::Release { .. } => "release",
             Self::Renew(_) => "renew",
             Self::Leave { .. } => "leave",
@@ -2096,9 +1918,7 @@ fn compare(seed: u64, try_: u32, fixture: &mut Fixture, steps: usize) -> Result<
         });
         let on_memory = runtime.block_on(perform(&memory, &keys, &step.op, &tokens.0));
         let on_redis =
-            fixture
-                .runtime
-                .block_on(perform(&fixture.redis, &keys, &step.op, &tokens.1));
+            fixture.runtime.block_on(perform(&fixture.redis, &keys, &step.op, &tokens.1));
         let views_memory = runtime.block_on(inspect_all(&memory, &keys));
         let views_redis = fixture.runtime.block_on(inspect_all(&fixture.redis, &keys));
         // What timing decides is over: the server's answer and what it reports after it.
@@ -2131,20 +1951,13 @@ fn compare(seed: u64, try_: u32, fixture: &mut Fixture, steps: usize) -> Result<
             format!("{:?}", step.why),
             step.op,
             if overran {
-                format!(
-                    "  (ran into a lease's end; done {:.1}ms)",
-                    done.as_secs_f64() * 1e3
-                )
+                format!("  (ran into a lease's end; done {:.1}ms)", done.as_secs_f64() * 1e3)
             } else {
                 String::new()
             },
             on_memory,
             on_redis,
-            if messages.is_empty() {
-                String::new()
-            } else {
-                format!("  published {messages:?}")
-            }
+            if messages.is_empty() { String::new() } else { format!("  published {messages:?}") }
         );
         let fail = |what: String,
                     overran: bool,
@@ -2185,12 +1998,7 @@ fn compare(seed: u64, try_: u32, fixture: &mut Fixture, steps: usize) -> Result<
             let heard = heard_memory.get(&lock).cloned().unwrap_or_default();
             let publish = effects.publish.get(&lock).cloned().unwrap_or_default();
             if let Err(what) = check_heard(&heard, &publish) {
-                return fail(
-                    format!("memory store, {lock:?}: {what}"),
-                    false,
-                    &before,
-                    &log,
-                );
+                return fail(format!("memory store, {lock:?}: {what}"), false, &before, &log);
             }
         }
         if let Err(what) = check_tokens(&mut tokens.0, &effects, &on_memory, &step.op) {
@@ -2266,9 +2074,7 @@ fn check_heard(heard: &Heard, publish: &Publish) -> Result<(), String> {
         return Err(format!("published when nothing was freed: {heard:?}"));
     }
     if let Some(name) = heard.named.iter().find(|name| !allowed.contains(name)) {
-        return Err(format!(
-            "woke {name}, who is not the queue's head (allowed: {allowed:?})"
-        ));
+        return Err(format!("woke {name}, who is not the queue's head (allowed: {allowed:?})"));
     }
     Ok(())
 }
@@ -2278,15 +2084,11 @@ fn check_messages(messages: &[String], publish: &Publish) -> Result<(), String> 
     if let Some(message) = &publish.must
         && !messages.contains(message)
     {
-        return Err(format!(
-            "Wake-up: expected {message:?} to be published, got {messages:?}"
-        ));
+        return Err(format!("Wake-up: expected {message:?} to be published, got {messages:?}"));
     }
     let allowed: Vec<&String> = publish.must.iter().chain(&publish.may).collect();
     if let Some(extra) = messages.iter().find(|message| !allowed.contains(message)) {
-        return Err(format!(
-            "published {extra:?}, not one of {allowed:?} (all: {messages:?})"
-        ));
+        return Err(format!("published {extra:?}, not one of {allowed:?} (all: {messages:?})"));
     }
     if messages.len() > 1 {
         return Err(format!("published more than once: {messages:?}"));
@@ -2308,10 +2110,7 @@ fn check_tokens(
     for event in &effects.tokens {
         tokens.check(event, token)?;
     }
-    let expected = effects
-        .tokens
-        .iter()
-        .any(|event| !matches!(event, TokenEvent::Cleared(_)));
+    let expected = effects.tokens.iter().any(|event| !matches!(event, TokenEvent::Cleared(_)));
     if !expected && token.is_some() {
         return Err(format!("a token nobody asked for, after {op}"));
     }
@@ -2337,9 +2136,7 @@ fn model_view(model: &mut Model, t: Duration) -> String {
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|value| {
-        value
-            .parse()
-            .unwrap_or_else(|_| panic!("{name} must be a number, not {value:?}"))
+        value.parse().unwrap_or_else(|_| panic!("{name} must be a number, not {value:?}"))
     })
 }
 

@@ -36,18 +36,13 @@ impl Listeners {
     /// Listeners that report emptied channels to `emptied`.
     #[cfg(feature = "redis")]
     pub(crate) fn reporting_to(emptied: mpsc::UnboundedSender<String>) -> Self {
-        Self {
-            emptied: Some(emptied),
-            ..Self::default()
-        }
+        Self { emptied: Some(emptied), ..Self::default() }
     }
 
     /// Adds a listener to `channel`, woken only by notifications naming `tag` when it has one.
     /// The flag tells whether it is the channel's first.
     pub(crate) fn add(self: &Arc<Self>, channel: String, tag: Option<&str>) -> (Listener, bool) {
-        let id = self
-            .next_id
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let notify = Arc::new(Notify::new());
         let mut channels = self.lock();
         let entry = channels.entry(channel.clone()).or_default();
@@ -57,12 +52,7 @@ impl Listeners {
         // before this listener existed, and the waiter's check after listening sees it.
         self.listened.store(channels.len(), Ordering::SeqCst);
         drop(channels);
-        let listener = Listener {
-            listeners: self.clone(),
-            channel,
-            id,
-            notify,
-        };
+        let listener = Listener { listeners: self.clone(), channel, id, notify };
         (listener, first)
     }
 

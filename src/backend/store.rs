@@ -279,7 +279,5 @@ pub trait Listen: Send + Sync + 'static {
 
 /// The holder an attempt id belongs to: `<holder>#<n>` without `#<n>`.
 pub(crate) fn holder_of(attempt: &str) -> &str {
-    attempt
-        .rsplit_once('#')
-        .map_or(attempt, |(holder, _)| holder)
+    attempt.rsplit_once('#').map_or(attempt, |(holder, _)| holder)
 }

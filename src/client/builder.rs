@@ -171,9 +171,6 @@ impl<B: Backend> LockClientBuilder<B> {
             });
         }
         let engine = Engine::new(self.backend, config);
-        Ok(LockClient {
-            inner: Arc::new(EngineRef { engine }),
-            holds: Arc::default(),
-        })
+        Ok(LockClient { inner: Arc::new(EngineRef { engine }), holds: Arc::default() })
     }
 }

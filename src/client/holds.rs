@@ -58,18 +58,14 @@ impl Default for HoldStats {
 
 impl std::fmt::Debug for HoldStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HoldStats")
-            .field("families", &self.families.load(Relaxed))
-            .finish()
+        f.debug_struct("HoldStats").field("families", &self.families.load(Relaxed)).finish()
     }
 }
 
 impl HoldStats {
     fn shard(&self, family: &str) -> std::sync::MutexGuard<'_, Averages> {
         let index = (self.hasher.hash_one(family) % self.shards.len() as u64) as usize;
-        self.shards[index]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.shards[index].lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Adds one hold of the lock `key` (weight 1/8: recent holds count most).
@@ -92,9 +88,7 @@ impl HoldStats {
     /// How long holds of `key`'s family typically last, once one was recorded.
     pub(crate) fn typical(&self, key: &LockKey) -> Option<Duration> {
         let family = family(key.as_str());
-        self.shard(family)
-            .get(family)
-            .map(|&ms| Duration::from_millis(ms))
+        self.shard(family).get(family).map(|&ms| Duration::from_millis(ms))
     }
 
     /// When a request that waited `waited` for `key` may try again: see [`likely_free_in`].
@@ -177,10 +171,7 @@ mod tests {
         assert_eq!(likely_free_in(None, None, Duration::ZERO), ms(100));
         // A lease seen running out while the request waited was renewed: not 0.
         assert_eq!(likely_free_in(None, Some(Duration::ZERO), s(10)), s(5));
-        assert_eq!(
-            likely_free_in(Some(ms(1)), Some(Duration::ZERO), ms(0)),
-            ms(10)
-        );
+        assert_eq!(likely_free_in(Some(ms(1)), Some(Duration::ZERO), ms(0)), ms(10));
         // A lease left shorter than the wait may have been renewed during it: the wait stands.
         assert_eq!(likely_free_in(None, Some(ms(500)), s(2)), s(2));
         // A lease about to end when nothing was waited for caps the guess.

@@ -91,10 +91,7 @@ impl<B: Backend> LockClient<B> {
             // The store keeps one record per grant; this client counts its own holders' holds.
             for holder in &mut found.holders {
                 if let Some(count) =
-                    self.inner
-                        .engine
-                        .table
-                        .hold_count(key, &holder.id, holder.kind)
+                    self.inner.engine.table.hold_count(key, &holder.id, holder.kind)
                 {
                     holder.hold_count = count;
                 }
@@ -171,16 +168,9 @@ impl<B: Backend> LockClient<B> {
         let locks = self.locks_of(namespace, key.as_ref())?;
         // The holds of this client before the call: one taken after it (a waiter here woken by
         // the announcement) is a new hold, not one that was cleared.
-        let local: Vec<_> = locks
-            .iter()
-            .map(|(key, _)| engine.table.held_entries(key))
-            .collect();
-        let cleared = join_all(
-            locks
-                .iter()
-                .map(|(key, kind)| engine.backend.force_unlock(key, *kind)),
-        )
-        .await;
+        let local: Vec<_> = locks.iter().map(|(key, _)| engine.table.held_entries(key)).collect();
+        let cleared =
+            join_all(locks.iter().map(|(key, kind)| engine.backend.force_unlock(key, *kind))).await;
         let mut freed = false;
         let mut failed = None;
         for ((before, local), (key, _)) in cleared.into_iter().zip(local).zip(&locks) {

@@ -56,10 +56,7 @@ pub struct LockClient<B: Backend> {
 
 impl<B: Backend> Clone for LockClient<B> {
     fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            holds: self.holds.clone(),
-        }
+        Self { inner: self.inner.clone(), holds: self.holds.clone() }
     }
 }
 
@@ -99,10 +96,7 @@ impl<B: Backend> LockClient<B> {
     /// # let _ = locks;
     /// ```
     pub fn builder(backend: B) -> LockClientBuilder<B> {
-        LockClientBuilder {
-            backend,
-            config: Config::default(),
-        }
+        LockClientBuilder { backend, config: Config::default() }
     }
 
     /// A request for the lock named `key`, to configure and then
@@ -258,10 +252,7 @@ impl<B: Backend> LockClient<B> {
     /// lock.
     pub fn semaphore(&self, key: impl AsRef<[u8]>, permits: u32) -> LockRequest<'_, B> {
         let key = self.key_in("", key.as_ref(), LockKind::Semaphore);
-        LockRequest {
-            permits,
-            ..self.request(key, LockKind::Semaphore)
-        }
+        LockRequest { permits, ..self.request(key, LockKind::Semaphore) }
     }
 
     /// The backend name of the lock `key` in `namespace` (`""` for [`lock`](Self::lock) and

@@ -58,10 +58,8 @@ pub struct MultiLockRequest<'a, B: Backend> {
 
 impl<B: Backend> fmt::Debug for MultiLockRequest<'_, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let keys = self
-            .keys
-            .as_ref()
-            .map(|keys| keys.iter().map(|(_, key)| key).collect::<Vec<_>>());
+        let keys =
+            self.keys.as_ref().map(|keys| keys.iter().map(|(_, key)| key).collect::<Vec<_>>());
         f.debug_struct("MultiLockRequest")
             .field("keys", &keys)
             .field("kind", &self.kind)
@@ -223,10 +221,7 @@ impl<'a, B: Backend> MultiLockRequest<'a, B> {
         // holds one of the locks there would make the set wait for itself.
         let holder = match self.holder {
             Some(holder) if !holder.is_from(&shared.id) => {
-                return Err(MultiLockError {
-                    key: None,
-                    error: LockError::ForeignHolder,
-                });
+                return Err(MultiLockError { key: None, error: LockError::ForeignHolder });
             }
             Some(holder) => holder,
             None => match Holder::current() {
@@ -292,10 +287,7 @@ impl<'a, B: Backend> MultiLockRequest<'a, B> {
                             }
                             other => other,
                         };
-                        return Err(MultiLockError {
-                            key: Some(name),
-                            error,
-                        });
+                        return Err(MultiLockError { key: Some(name), error });
                     }
                 }
             }
@@ -309,10 +301,7 @@ impl<'a, B: Backend> MultiLockRequest<'a, B> {
                     "a lock of the set was lost while the rest were waited for; giving back the set"
                 );
                 release_all(members).await;
-                return Err(MultiLockError {
-                    key: Some(name),
-                    error: LockError::Lost,
-                });
+                return Err(MultiLockError { key: Some(name), error: LockError::Lost });
             }
             tracing::debug!(
                 keys = members.len(),
@@ -358,10 +347,7 @@ pub struct MultiLockError {
 
 impl MultiLockError {
     fn before(error: KeyError) -> Self {
-        Self {
-            key: None,
-            error: LockError::InvalidKey(error),
-        }
+        Self { key: None, error: LockError::InvalidKey(error) }
     }
 
     /// The lock that was not granted; `None` when the set failed before any lock was asked for

@@ -37,9 +37,7 @@ impl<'a, B: Backend> ReadWriteLock<'a, B> {
 
 impl<B: Backend> fmt::Debug for ReadWriteLock<'_, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReadWriteLock")
-            .field("key", &self.key)
-            .finish_non_exhaustive()
+        f.debug_struct("ReadWriteLock").field("key", &self.key).finish_non_exhaustive()
     }
 }
 
@@ -205,16 +203,7 @@ impl<B: Backend> LockRequest<'_, B> {
     pub fn acquire(
         self,
     ) -> impl Future<Output = Result<LockGuard<B>, LockError>> + Send + 'static + use<B> {
-        let Self {
-            client,
-            key,
-            kind,
-            wait,
-            lease,
-            fencing,
-            holder,
-            permits,
-        } = self;
+        let Self { client, key, kind, wait, lease, fencing, holder, permits } = self;
         let key = match Self::checked(key, kind, lease, fencing, permits) {
             Ok(key) => key,
             Err(error) => {
@@ -295,10 +284,7 @@ impl<B: Backend> LockRequest<'_, B> {
                     // A busy lock says when it is likely free, from this client's hold times:
                     // the figure every answer (a layer's, `#[locked]`'s, `?`'s) gives.
                     Err(match error {
-                        LockError::WaitTimeout {
-                            retry_after,
-                            waited,
-                        } => LockError::WaitTimeout {
+                        LockError::WaitTimeout { retry_after, waited } => LockError::WaitTimeout {
                             retry_after: Some(holds.retry_after(&key_name, retry_after, waited)),
                             waited,
                         },
@@ -375,10 +361,8 @@ mod tests {
         let acquire = locks.lock("k").acquire();
         let again = locks.lock("k").wait(Duration::ZERO).acquire();
         drop(locks);
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a runtime");
+        let runtime =
+            tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
         let guard = runtime.block_on(acquire).expect("acquired");
         // Another holder (none in scope): refused while the lock is held.
         assert!(runtime.block_on(again).is_err(), "held by another holder");
@@ -392,12 +376,7 @@ mod tests {
         let locks = LockClient::in_memory();
         let first = locks.lock("k").acquire().await.expect("acquired");
         let again = locks.lock("k").wait(Duration::ZERO).acquire();
-        let again = first
-            .holder()
-            .clone()
-            .scope(again)
-            .await
-            .expect("re-entered");
+        let again = first.holder().clone().scope(again).await.expect("re-entered");
         again.release().await.expect("released");
         first.release().await.expect("released");
     }

@@ -61,16 +61,9 @@ impl<'a, B: Backend> QueueGuard<'a, B> {
         }
         crate::metrics::waiting(true);
         let id = shared.next_id();
-        let guard = Self {
-            shared,
-            request,
-            id,
-            in_backend: false,
-        };
+        let guard = Self { shared, request, id, in_backend: false };
         let (key, want) = (&request.key, request.want.clone());
-        let ticket = shared
-            .table
-            .join(id, key, want, queue, config.max_waiters_per_key)?;
+        let ticket = shared.table.join(id, key, want, queue, config.max_waiters_per_key)?;
         Ok((guard, ticket))
     }
 }
@@ -84,11 +77,8 @@ impl<B: Backend> Drop for QueueGuard<'_, B> {
             && let Some(runtime) = self.shared.runtime()
         {
             // Leave at once rather than wait to be purged, passing the wake-up on if first.
-            let (shared, key, want) = (
-                self.shared.clone(),
-                self.request.key.clone(),
-                self.request.want.clone(),
-            );
+            let (shared, key, want) =
+                (self.shared.clone(), self.request.key.clone(), self.request.want.clone());
             runtime.spawn(async move { shared.leave_queue(&key, &want).await });
         }
     }
@@ -156,10 +146,7 @@ impl<B: Backend> Engine<B> {
             }
             Some(Found::Upgrade) => return Err(LockError::UpgradeRefused),
             Some(Found::Within(grant)) => {
-                let want = Arc::new(Want {
-                    within: Some(grant),
-                    ..(**want).clone()
-                });
+                let want = Arc::new(Want { within: Some(grant), ..(**want).clone() });
                 return self.wait_and_acquire(&Request { want, ..request }).await;
             }
             None => {}
@@ -180,20 +167,12 @@ impl<B: Backend> Engine<B> {
         let lease = match held.reenter(want.lease, want.fencing, now) {
             Reentry::Local(hold) => {
                 self.watch(held.next_event());
-                return Ok(Some(Acquired {
-                    held,
-                    hold,
-                    at: now,
-                }));
+                return Ok(Some(Acquired { held, hold, at: now }));
             }
             Reentry::Ended => return Ok(None),
             Reentry::Extend(lease) => lease,
         };
-        let mut pending = PendingExtend {
-            shared: self,
-            held: &held,
-            done: false,
-        };
+        let mut pending = PendingExtend { shared: self, held: &held, done: false };
         let extend = Extend {
             key: &held.key,
             kind: held.kind,
@@ -207,11 +186,7 @@ impl<B: Backend> Engine<B> {
             Ok(ExtendReply::Extended { token }) => match held.extended(want.lease, token, now) {
                 Ok(hold) => {
                     self.watch(held.next_event());
-                    Ok(Some(Acquired {
-                        held: held.clone(),
-                        hold,
-                        at: BootInstant::now(),
-                    }))
+                    Ok(Some(Acquired { held: held.clone(), hold, at: BootInstant::now() }))
                 }
                 // The grant was lost while the extend was on its way (the new hold would be lost
                 // from the start), or the extend came after the re-entry's own lease.
@@ -260,17 +235,10 @@ impl<B: Backend> Engine<B> {
                     if let Some(renamed) = renamed {
                         want = renamed;
                     }
-                    let grant = Grant {
-                        contended,
-                        ..want.grant(&request.key, queue)
-                    };
+                    let grant = Grant { contended, ..want.grant(&request.key, queue) };
                     let sent_at = BootInstant::now();
-                    let mut in_flight = InFlight {
-                        shared: self,
-                        key: &request.key,
-                        want: &want,
-                        settled: false,
-                    };
+                    let mut in_flight =
+                        InFlight { shared: self, key: &request.key, want: &want, settled: false };
                     let reply = self.backend.acquire(grant).await;
                     let replied_at = BootInstant::now();
                     let late = matches!(reply, Ok(AcquireReply::Acquired { .. }))
@@ -307,11 +275,7 @@ impl<B: Backend> Engine<B> {
                             );
                             self.table.acquired(&request.key, id, held.clone());
                             self.watch(held.next_event());
-                            return Ok(Acquired {
-                                held,
-                                hold,
-                                at: replied_at,
-                            });
+                            return Ok(Acquired { held, hold, at: replied_at });
                         }
                         Ok(reply @ (AcquireReply::Held { ttl } | AcquireReply::Spent { ttl })) => {
                             behind.saw(ttl, replied_at);
@@ -533,9 +497,7 @@ impl Behind {
     fn timed_out(&self, started: tokio::time::Instant) -> LockError {
         let now = BootInstant::now();
         LockError::WaitTimeout {
-            retry_after: self
-                .lease
-                .map(|(ttl, at)| ttl.saturating_sub(now.duration_since(at))),
+            retry_after: self.lease.map(|(ttl, at)| ttl.saturating_sub(now.duration_since(at))),
             waited: started.elapsed(),
         }
     }

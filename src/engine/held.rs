@@ -134,11 +134,7 @@ impl Held {
             kept_until: AtomicU64::new((sent_at + lease.duration()).as_nanos()),
             acquired_at: sent_at,
             state: Mutex::new(HeldState {
-                holds: vec![Hold {
-                    id: 0,
-                    lease,
-                    until: (!lease.is_renewed()).then_some(until),
-                }],
+                holds: vec![Hold { id: 0, lease, until: (!lease.is_renewed()).then_some(until) }],
                 next_hold: 1,
                 renew: lease.is_renewed().then_some(lease),
                 next_renew: sent_at + lease.renew_interval(),
@@ -175,12 +171,7 @@ impl Held {
     /// The renewal of this grant with the lease of its live watchdog holds.
     pub(crate) fn renewal(&self) -> Option<Renew<'_>> {
         let lease = self.state().renew?;
-        Some(Renew::Grant {
-            key: &self.key,
-            kind: self.kind,
-            grant: &self.grant,
-            lease,
-        })
+        Some(Renew::Grant { key: &self.key, kind: self.kind, grant: &self.grant, lease })
     }
 
     /// Adds a hold with `lease` (a token asked for with `fencing`) at `now`, locally if the
@@ -194,17 +185,14 @@ impl Held {
         let until = lease.valid_until(now);
         let covered = match lease.is_renewed() {
             // Renewed with it (or longer) already, or the record outlives its first renewal.
-            true => state
-                .renew
-                .is_some_and(|renew| renew.duration() >= lease.duration()),
+            true => state.renew.is_some_and(|renew| renew.duration() >= lease.duration()),
             false => false,
         } || until <= self.deadline();
         if covered && (!fencing || self.token().is_some()) {
             return Reentry::Local(self.add_hold(&mut state, lease, now));
         }
         state.pending += 1;
-        self.kept_until
-            .fetch_max((now + lease.duration()).as_nanos(), Ordering::SeqCst);
+        self.kept_until.fetch_max((now + lease.duration()).as_nanos(), Ordering::SeqCst);
         Reentry::Extend(lease)
     }
 
@@ -230,8 +218,7 @@ impl Held {
             // One token per grant: one already known is the same.
             let _ = self.token.set(token);
         }
-        self.deadline
-            .fetch_max(lease.valid_until(sent_at).as_nanos(), Ordering::AcqRel);
+        self.deadline.fetch_max(lease.valid_until(sent_at).as_nanos(), Ordering::AcqRel);
         Ok(self.add_hold(&mut state, lease, sent_at))
     }
 
@@ -247,10 +234,7 @@ impl Held {
         let id = state.next_hold;
         state.next_hold += 1;
         let until = (!lease.is_renewed()).then(|| lease.valid_until(now));
-        if lease.is_renewed()
-            && state
-                .renew
-                .is_none_or(|renew| renew.duration() < lease.duration())
+        if lease.is_renewed() && state.renew.is_none_or(|renew| renew.duration() < lease.duration())
         {
             if state.renew.is_none() {
                 state.next_renew = now + lease.renew_interval();
@@ -297,11 +281,7 @@ impl Held {
     /// How many live holds the entry has.
     pub(crate) fn hold_count(&self) -> usize {
         let now = BootInstant::now();
-        self.state()
-            .holds
-            .iter()
-            .filter(|hold| hold.is_live(now))
-            .count()
+        self.state().holds.iter().filter(|hold| hold.is_live(now)).count()
     }
 
     /// When hold `id`'s own lease ends, if it is fixed.
@@ -352,8 +332,7 @@ impl Held {
 
     /// Time left before the deadline.
     pub(crate) fn remaining(&self) -> Duration {
-        self.deadline()
-            .saturating_duration_until(BootInstant::now())
+        self.deadline().saturating_duration_until(BootInstant::now())
     }
 
     /// Whether the store may keep the record past `now`.
@@ -402,8 +381,7 @@ impl Held {
             && state.next_renew <= now + renew.renew_interval() / 2
         {
             state.renewing = true;
-            self.kept_until
-                .fetch_max((now + renew.duration()).as_nanos(), Ordering::SeqCst);
+            self.kept_until.fetch_max((now + renew.duration()).as_nanos(), Ordering::SeqCst);
             return Check::Due(deadline);
         }
         Check::Later(Self::next(&state, deadline, renewable))
@@ -413,8 +391,7 @@ impl Held {
     pub(crate) fn renewed(&self, lease: Lease, sent_at: BootInstant) {
         let mut state = self.state();
         state.renewing = false;
-        self.deadline
-            .fetch_max(lease.valid_until(sent_at).as_nanos(), Ordering::AcqRel);
+        self.deadline.fetch_max(lease.valid_until(sent_at).as_nanos(), Ordering::AcqRel);
         state.next_renew = sent_at + lease.renew_interval();
     }
 
@@ -422,9 +399,7 @@ impl Held {
     pub(crate) fn renew_failed(&self, now: BootInstant) {
         let mut state = self.state();
         state.renewing = false;
-        let interval = state
-            .renew
-            .map_or(Duration::from_secs(1), |r| r.renew_interval());
+        let interval = state.renew.map_or(Duration::from_secs(1), |r| r.renew_interval());
         state.next_renew = now + (interval / 4).min(Duration::from_secs(1));
     }
 

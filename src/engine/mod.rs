@@ -183,8 +183,7 @@ impl<B: Backend> Engine<B> {
         // scan that begins after the load below sees the entry in the table; one that began
         // before it left the value the load read, no later than `at`, to wake the watchdog.
         if at.as_nanos() < self.watch_earliest.load(Ordering::SeqCst) {
-            self.watch_earliest
-                .fetch_min(at.as_nanos(), Ordering::SeqCst);
+            self.watch_earliest.fetch_min(at.as_nanos(), Ordering::SeqCst);
         }
         if at.as_nanos() < self.watchdog_due.load(Ordering::SeqCst) {
             self.watchdog_wake.notify_one();
@@ -208,9 +207,7 @@ impl<B: Backend> Engine<B> {
 
     /// The runtime to spawn background releases on.
     pub(crate) fn runtime(&self) -> Option<Handle> {
-        Handle::try_current()
-            .ok()
-            .or_else(|| self.runtime.get().cloned())
+        Handle::try_current().ok().or_else(|| self.runtime.get().cloned())
     }
 }
 

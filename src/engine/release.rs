@@ -50,10 +50,7 @@ impl Releasing {
     /// The store call.
     fn request(&self) -> Release<'_> {
         Release {
-            handoff: self
-                .handoff
-                .as_ref()
-                .map(|slot| slot.want.grant(&self.held.key, None)),
+            handoff: self.handoff.as_ref().map(|slot| slot.want.grant(&self.held.key, None)),
             ..self.held.release()
         }
     }
@@ -95,12 +92,7 @@ impl<B: Backend> Engine<B> {
         if !held.kept_past(BootInstant::now()) {
             return;
         }
-        self.finish_in_background(Releasing {
-            held,
-            handoff: None,
-            yield_turn: false,
-            sent: None,
-        });
+        self.finish_in_background(Releasing { held, handoff: None, yield_turn: false, sent: None });
     }
 
     /// Finishes `releasing` on the runtime (without one, the lease frees the lock).
@@ -144,12 +136,7 @@ impl<B: Backend> Engine<B> {
             return Ok(None);
         }
         let (handoff, yield_turn) = self.table.ended(&held, self.config.handoff_streak);
-        Ok(Some(Releasing {
-            held,
-            handoff,
-            yield_turn,
-            sent: None,
-        }))
+        Ok(Some(Releasing { held, handoff, yield_turn, sent: None }))
     }
 
     /// The store half of a release, done at once when the store answers without waiting (the
@@ -203,12 +190,7 @@ impl<B: Backend> Engine<B> {
         sent_at: BootInstant,
         reply: Result<ReleaseReply, BackendError>,
     ) -> Result<(), LockError> {
-        let Releasing {
-            held,
-            handoff,
-            yield_turn,
-            ..
-        } = releasing;
+        let Releasing { held, handoff, yield_turn, .. } = releasing;
         let held = &held;
         if let Ok(ReleaseReply::Released { .. } | ReleaseReply::HandedOff { .. }) = reply {
             crate::metrics::released(held.kind, held.acquired_at);

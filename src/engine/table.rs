@@ -131,10 +131,7 @@ pub(crate) struct Want {
 impl Want {
     /// The same request under a new attempt id, after this attempt failed or was spent.
     pub(crate) fn retry(&self, attempt: Arc<str>) -> Self {
-        Self {
-            attempt,
-            ..self.clone()
-        }
+        Self { attempt, ..self.clone() }
     }
 
     /// The store's grant for this waiter.
@@ -200,9 +197,7 @@ pub(crate) enum Turn {
 
 impl<L> Default for Table<L> {
     fn default() -> Self {
-        Self {
-            shards: Shards::default(),
-        }
+        Self { shards: Shards::default() }
     }
 }
 
@@ -230,10 +225,7 @@ impl<L> Table<L> {
     pub(crate) fn holds(&self, key: &LockKey, holder: &Holder) -> bool {
         let keys = self.keys(key);
         keys.get(key).is_some_and(|state| {
-            state
-                .held
-                .iter()
-                .any(|held| held.holder == *holder && !held.is_ended())
+            state.held.iter().any(|held| held.holder == *holder && !held.is_ended())
         })
     }
 
@@ -279,13 +271,7 @@ impl<L> Table<L> {
         let (tx, rx) = oneshot::channel();
         let wake = Arc::new(Notify::new());
         let queued = queue_timeout.map(|timeout| {
-            Queued::new(
-                key.clone(),
-                want.holder.clone(),
-                want.kind,
-                timeout,
-                wake.clone(),
-            )
+            Queued::new(key.clone(), want.holder.clone(), want.kind, timeout, wake.clone())
         });
         let slot = Slot {
             id,
@@ -296,19 +282,14 @@ impl<L> Table<L> {
             renamed: false,
         };
         state.waiters.push_back(slot);
-        Ok(Ticket {
-            wake,
-            handoff: rx,
-            queued,
-        })
+        Ok(Ticket { wake, handoff: rx, queued })
     }
 
     /// Replaces what waiter `id` asks for (a new attempt id after a failed attempt).
     pub(crate) fn set_want(&self, key: &LockKey, id: u64, want: Arc<Want>) {
         let mut keys = self.keys(key);
-        let slot = keys
-            .get_mut(key)
-            .and_then(|state| state.waiters.iter_mut().find(|slot| slot.id == id));
+        let slot =
+            keys.get_mut(key).and_then(|state| state.waiters.iter_mut().find(|slot| slot.id == id));
         if let Some(slot) = slot {
             slot.want = want;
         }
@@ -343,11 +324,7 @@ impl<L> Table<L> {
                 _ => state.waiters[0].contend(),
             },
             Some(_) => Turn::Park(
-                state
-                    .held
-                    .iter()
-                    .find(|held| !held.is_marked_lost())
-                    .map(|held| held.remaining()),
+                state.held.iter().find(|held| !held.is_marked_lost()).map(|held| held.remaining()),
             ),
         }
     }
@@ -421,10 +398,8 @@ impl<L> Table<L> {
         state.held.retain(|other| !Arc::ptr_eq(other, held));
         // Hand off only a lock this entry still holds (a lost one may already be another's),
         // and only between exclusive holders.
-        let exclusive_next = state
-            .waiters
-            .front()
-            .is_some_and(|slot| slot.want.kind == LockKind::Exclusive);
+        let exclusive_next =
+            state.waiters.front().is_some_and(|slot| slot.want.kind == LockKind::Exclusive);
         if state.held.len() == before
             || held.kind != LockKind::Exclusive
             || !exclusive_next
@@ -432,10 +407,7 @@ impl<L> Table<L> {
         {
             return (None, false);
         }
-        let limit = if state
-            .contended_until
-            .is_some_and(|until| until > Instant::now())
-        {
+        let limit = if state.contended_until.is_some_and(|until| until > Instant::now()) {
             max_streak
         } else {
             max_streak.saturating_mul(8)
@@ -542,9 +514,7 @@ impl<L> Table<L> {
     /// Sums `count` over the states of every key.
     fn sum(&self, count: impl Fn(&KeyState<L>) -> usize) -> usize {
         let count = &count;
-        self.all_keys()
-            .map(|keys| keys.values().map(count).sum::<usize>())
-            .sum()
+        self.all_keys().map(|keys| keys.values().map(count).sum::<usize>()).sum()
     }
 
     /// How many keys have local state (held or waited on).
@@ -575,10 +545,7 @@ impl<L> Table<L> {
 
     /// The entries held here for `key` right now.
     pub(crate) fn held_entries(&self, key: &LockKey) -> Vec<Arc<Held>> {
-        self.keys(key)
-            .get(key)
-            .map(|state| state.held.clone())
-            .unwrap_or_default()
+        self.keys(key).get(key).map(|state| state.held.clone()).unwrap_or_default()
     }
 }
 
@@ -622,10 +589,7 @@ impl Handoff {
         held: (Arc<Held>, u64),
         release: impl FnOnce((Arc<Held>, u64)) + Send + Sync + 'static,
     ) -> Self {
-        Self {
-            held: Some(held),
-            release: Some(Box::new(release)),
-        }
+        Self { held: Some(held), release: Some(Box::new(release)) }
     }
 
     /// The waiter takes the lock.

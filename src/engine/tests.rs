@@ -11,16 +11,7 @@ mod held {
     fn entry(lease: Lease, now: BootInstant) -> Arc<Held> {
         let key = LockKey::new("test:", b"held", 512).unwrap();
         let grant: Arc<str> = "h:1#1".into();
-        Held::new(
-            key,
-            Holder::new("h", 1),
-            LockKind::Exclusive,
-            (grant, None),
-            lease,
-            now,
-            None,
-        )
-        .0
+        Held::new(key, Holder::new("h", 1), LockKind::Exclusive, (grant, None), lease, now, None).0
     }
 
     /// A re-entry with the grant's own watchdog lease, or a fixed lease the record outlives,
@@ -30,20 +21,14 @@ mod held {
         let now = BootInstant::now();
         let watchdog = Lease::watchdog(Duration::from_secs(30));
         let held = entry(watchdog, now);
-        assert!(matches!(
-            held.reenter(watchdog, false, now),
-            Reentry::Local(_)
-        ));
+        assert!(matches!(held.reenter(watchdog, false, now), Reentry::Local(_)));
         let short = Lease::fixed(Duration::from_secs(1));
         assert!(matches!(held.reenter(short, false, now), Reentry::Local(_)));
         let longer = Lease::watchdog(Duration::from_secs(60));
         assert!(
             matches!(held.reenter(longer, false, now), Reentry::Extend(lease) if lease == longer)
         );
-        assert!(matches!(
-            held.reenter(watchdog, true, now),
-            Reentry::Extend(_)
-        ));
+        assert!(matches!(held.reenter(watchdog, true, now), Reentry::Extend(_)));
         // Both extends end unanswered; the holds taken so far keep the entry.
         assert!(!held.extend_failed());
         assert!(!held.extend_failed());
@@ -111,16 +96,7 @@ mod table {
     fn hold(key: &LockKey, want: &Want) -> Arc<Held> {
         let grant = (want.attempt.clone(), None);
         let now = BootInstant::now();
-        Held::new(
-            key.clone(),
-            want.holder.clone(),
-            want.kind,
-            grant,
-            want.lease,
-            now,
-            None,
-        )
-        .0
+        Held::new(key.clone(), want.holder.clone(), want.kind, grant, want.lease, now, None).0
     }
 
     /// Hands the lock from `held` to the head waiter until the table says to release for
@@ -164,10 +140,7 @@ mod table {
             let fresh = table.held_entries(&key).last().unwrap().clone();
             drop(held);
             let (handoffs, last) = streak(&table, &key, fresh);
-            assert_eq!(
-                handoffs, expected,
-                "after a release heard elsewhere: {elsewhere}"
-            );
+            assert_eq!(handoffs, expected, "after a release heard elsewhere: {elsewhere}");
             held = last;
         }
 
@@ -199,11 +172,7 @@ mod watchdog {
             // The watchdog runs here, when woken.
             tokio::task::yield_now().await;
         }
-        let scans = locks
-            .inner
-            .engine
-            .scans
-            .load(std::sync::atomic::Ordering::Relaxed);
+        let scans = locks.inner.engine.scans.load(std::sync::atomic::Ordering::Relaxed);
         assert!(scans <= 3, "{scans} scans for 200 short holds");
     }
 
@@ -248,14 +217,7 @@ mod watchdog {
             .unwrap();
         *locks.inner.engine.scan_pause.lock().unwrap() = Some(Duration::from_millis(100));
         // The first acquire starts the watchdog; once released, its next scan finds nothing.
-        locks
-            .lock("warm-up")
-            .acquire()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
+        locks.lock("warm-up").acquire().await.unwrap().release().await.unwrap();
         tokio::task::yield_now().await;
         // The watchdog is now paused after that scan.
         let guard = locks.lock("order:1").acquire().await.unwrap();

@@ -58,20 +58,14 @@ pub(crate) async fn run<B: Backend>(shared: Arc<Engine<B>>) {
         }
         #[cfg(test)]
         {
-            let pause = shared
-                .scan_pause
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .take();
+            let pause =
+                shared.scan_pause.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
             if let Some(pause) = pause {
                 tokio::time::sleep(pause).await;
             }
         }
         let added = BootInstant::from_nanos(shared.watch_earliest.load(Ordering::SeqCst));
-        let mut plan = scan
-            .next
-            .map_or(added, |next| next.min(added))
-            .min(now + IDLE);
+        let mut plan = scan.next.map_or(added, |next| next.min(added)).min(now + IDLE);
         loop {
             // Entries added from now on only wake the watchdog when they need it sooner.
             shared.watchdog_due.store(plan.as_nanos(), Ordering::SeqCst);

@@ -94,38 +94,26 @@ struct Rule<S> {
 
 impl<S> Clone for Rule<S> {
     fn clone(&self) -> Self {
-        Self {
-            method: self.method.clone(),
-            wrap: self.wrap.clone(),
-        }
+        Self { method: self.method.clone(), wrap: self.wrap.clone() }
     }
 }
 
 impl<S> Default for MethodLocks<S> {
     fn default() -> Self {
-        Self {
-            rules: Vec::new(),
-            unlocked: Vec::new(),
-        }
+        Self { rules: Vec::new(), unlocked: Vec::new() }
     }
 }
 
 impl<S> Clone for MethodLocks<S> {
     fn clone(&self) -> Self {
-        Self {
-            rules: self.rules.clone(),
-            unlocked: self.unlocked.clone(),
-        }
+        Self { rules: self.rules.clone(), unlocked: self.unlocked.clone() }
     }
 }
 
 impl<S> fmt::Debug for MethodLocks<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MethodLocks")
-            .field(
-                "locked",
-                &self.rules.iter().map(|r| &*r.method).collect::<Vec<_>>(),
-            )
+            .field("locked", &self.rules.iter().map(|r| &*r.method).collect::<Vec<_>>())
             .field("unlocked", &self.unlocked)
             .finish()
     }
@@ -215,10 +203,7 @@ pub struct MethodLockService<S> {
 
 impl<S: Clone> Clone for MethodLockService<S> {
     fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            routes: self.routes.clone(),
-        }
+        Self { inner: self.inner.clone(), routes: self.routes.clone() }
     }
 }
 
@@ -226,10 +211,7 @@ impl<S: fmt::Debug> fmt::Debug for MethodLockService<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MethodLockService")
             .field("inner", &self.inner)
-            .field(
-                "locked",
-                &self.routes.iter().map(|(m, _)| &**m).collect::<Vec<_>>(),
-            )
+            .field("locked", &self.routes.iter().map(|(m, _)| &**m).collect::<Vec<_>>())
             .finish()
     }
 }
@@ -239,8 +221,7 @@ fn matches(path: &str, method: &str) -> bool {
     if method.starts_with('/') {
         return path == method;
     }
-    path.rsplit_once('/')
-        .is_some_and(|(_, name)| name == method)
+    path.rsplit_once('/').is_some_and(|(_, name)| name == method)
 }
 
 impl<S, RB> Service<Request<Body>> for MethodLockService<S>

@@ -86,13 +86,7 @@ impl Answer {
             [1] => Some(reader.headers()?),
             _ => return None,
         };
-        (reader.at == bytes.len()).then_some(Self {
-            fingerprint,
-            status,
-            headers,
-            body,
-            trailers,
-        })
+        (reader.at == bytes.len()).then_some(Self { fingerprint, status, headers, body, trailers })
     }
 }
 
@@ -167,10 +161,7 @@ mod tests {
 
     fn answer(trailers: bool) -> Answer {
         let mut headers = HeaderMap::new();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.append("x-charge", HeaderValue::from_static("1"));
         headers.append("x-charge", HeaderValue::from_static("2"));
         let trailers = trailers.then(|| {
@@ -222,13 +213,7 @@ mod tests {
         ] {
             assert!(!is_kept(&HeaderName::from_static(dropped)), "{dropped}");
         }
-        for kept in [
-            "content-type",
-            "location",
-            "etag",
-            "grpc-status",
-            "x-charge-id",
-        ] {
+        for kept in ["content-type", "location", "etag", "grpc-status", "x-charge-id"] {
             assert!(is_kept(&HeaderName::from_static(kept)), "{kept}");
         }
     }

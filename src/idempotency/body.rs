@@ -81,19 +81,12 @@ enum RequestKind<B> {
 impl<B> RequestBody<B> {
     /// The body as it came.
     pub(crate) fn as_is(inner: B) -> Self {
-        Self {
-            kind: RequestKind::AsIs { inner },
-        }
+        Self { kind: RequestKind::AsIs { inner } }
     }
 
     /// A body of bytes read already.
     pub(crate) fn read(data: Bytes, trailers: Option<HeaderMap>) -> Self {
-        Self {
-            kind: RequestKind::Read {
-                data: (!data.is_empty()).then_some(data),
-                trailers,
-            },
-        }
+        Self { kind: RequestKind::Read { data: (!data.is_empty()).then_some(data), trailers } }
     }
 
     /// Whether the layer read the body (to fingerprint it) before handing it on.
@@ -135,9 +128,7 @@ impl<B: Body> Body for RequestBody<B> {
 
 impl<B> fmt::Debug for RequestBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RequestBody")
-            .field("read", &self.is_read())
-            .finish_non_exhaustive()
+        f.debug_struct("RequestBody").field("read", &self.is_read()).finish_non_exhaustive()
     }
 }
 
@@ -198,19 +189,12 @@ enum ResponseKind<B: Body> {
 impl<B: Body> ResponseBody<B> {
     /// The inner body as it comes.
     pub(crate) fn as_is(inner: B) -> Self {
-        Self {
-            kind: ResponseKind::AsIs { inner },
-        }
+        Self { kind: ResponseKind::AsIs { inner } }
     }
 
     /// A body of `data` and `trailers`.
     pub(crate) fn full(data: Bytes, trailers: Option<HeaderMap>) -> Self {
-        Self {
-            kind: ResponseKind::Full {
-                data: (!data.is_empty()).then_some(data),
-                trailers,
-            },
-        }
+        Self { kind: ResponseKind::Full { data: (!data.is_empty()).then_some(data), trailers } }
     }
 
     /// `frames` read from `inner` already, then the rest of it (`None`: it is over), or the
@@ -220,13 +204,7 @@ impl<B: Body> ResponseBody<B> {
         error: Option<B::Error>,
         inner: Option<Pin<Box<B>>>,
     ) -> Self {
-        Self {
-            kind: ResponseKind::Resumed {
-                frames: frames.into(),
-                error,
-                inner,
-            },
-        }
+        Self { kind: ResponseKind::Resumed { frames: frames.into(), error, inner } }
     }
 
     /// Whether the body is made of bytes the layer holds (an answer kept or replayed, or a
@@ -249,11 +227,7 @@ impl<B: Body> Body for ResponseBody<B> {
                 .poll_frame(cx)
                 .map(|frame| frame.map(|frame| frame.map(|frame| frame.map_data(into_bytes)))),
             ResponseKindProj::Full { data, trailers } => Poll::Ready(next_frame(data, trailers)),
-            ResponseKindProj::Resumed {
-                frames,
-                error,
-                inner,
-            } => {
+            ResponseKindProj::Resumed { frames, error, inner } => {
                 if let Some(frame) = frames.pop_front() {
                     return Poll::Ready(Some(Ok(frame)));
                 }
@@ -277,11 +251,7 @@ impl<B: Body> Body for ResponseBody<B> {
         match &self.kind {
             ResponseKind::AsIs { inner } => inner.is_end_stream(),
             ResponseKind::Full { data, trailers } => data.is_none() && trailers.is_none(),
-            ResponseKind::Resumed {
-                frames,
-                error,
-                inner,
-            } => {
+            ResponseKind::Resumed { frames, error, inner } => {
                 frames.is_empty()
                     && error.is_none()
                     && inner.as_ref().is_none_or(|inner| inner.is_end_stream())
@@ -294,11 +264,8 @@ impl<B: Body> Body for ResponseBody<B> {
             ResponseKind::AsIs { inner } => inner.size_hint(),
             ResponseKind::Full { data, .. } => exact(data.as_ref()),
             ResponseKind::Resumed { frames, inner, .. } => {
-                let read: u64 = frames
-                    .iter()
-                    .filter_map(Frame::data_ref)
-                    .map(|data| data.len() as u64)
-                    .sum();
+                let read: u64 =
+                    frames.iter().filter_map(Frame::data_ref).map(|data| data.len() as u64).sum();
                 let rest = inner
                     .as_ref()
                     .map_or_else(|| SizeHint::with_exact(0), |inner| inner.size_hint());
@@ -315,9 +282,7 @@ impl<B: Body> Body for ResponseBody<B> {
 
 impl<B: Body> fmt::Debug for ResponseBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResponseBody")
-            .field("full", &self.is_full())
-            .finish_non_exhaustive()
+        f.debug_struct("ResponseBody").field("full", &self.is_full()).finish_non_exhaustive()
     }
 }
 
@@ -334,9 +299,7 @@ fn next_frame<E>(
     if let Some(data) = data.take() {
         return Some(Ok(Frame::data(data)));
     }
-    trailers
-        .take()
-        .map(|trailers| Ok(Frame::trailers(trailers)))
+    trailers.take().map(|trailers| Ok(Frame::trailers(trailers)))
 }
 
 fn exact(data: Option<&Bytes>) -> SizeHint {

@@ -86,10 +86,7 @@ where
     Acquiring { acquire: Acquire },
     /// Looking again with the lock held: another instance may have answered between the first
     /// look and the grant.
-    Rechecking {
-        lookup: StoreFuture<Option<Record>>,
-        guard: Option<Box<dyn Guard>>,
-    },
+    Rechecking { lookup: StoreFuture<Option<Record>>, guard: Option<Box<dyn Guard>> },
     /// The handler runs, the lock held.
     Running {
         #[pin]
@@ -115,19 +112,14 @@ where
         response: Option<Response<ResponseBody<ResBody>>>,
     },
     /// Releasing the lock of an answer not kept, so that a retry finds the key free.
-    Releasing {
-        release: FinishOnDrop,
-        result: Option<Answered<ResBody, S::Error>>,
-    },
+    Releasing { release: FinishOnDrop, result: Option<Answered<ResBody, S::Error>> },
     /// A request the layer leaves alone.
     Passed {
         #[pin]
         future: S::Future,
     },
     /// Answered without the handler (a refusal, a replay), or after it.
-    Ready {
-        result: Option<Answered<ResBody, S::Error>>,
-    },
+    Ready { result: Option<Answered<ResBody, S::Error>> },
 }
 
 impl<S, ReqBody, ResBody> ResponseFuture<S, ReqBody, ResBody>
@@ -139,20 +131,12 @@ where
     /// A request the layer leaves alone: it runs as it is.
     pub(crate) fn passed(mut inner: S, request: Request<ReqBody>) -> Self {
         let future = inner.call(request.map(RequestBody::as_is));
-        Self {
-            state: State::Passed { future },
-            keyed: None,
-        }
+        Self { state: State::Passed { future }, keyed: None }
     }
 
     /// A request answered at once.
     pub(crate) fn rejected(response: Response<ResponseBody<ResBody>>) -> Self {
-        Self {
-            state: State::Ready {
-                result: Some(Ok(response)),
-            },
-            keyed: None,
-        }
+        Self { state: State::Ready { result: Some(Ok(response)) }, keyed: None }
     }
 
     /// A request with a valid, scoped key: its body read if the fingerprint covers it, then the
@@ -178,22 +162,13 @@ where
         };
         let state = if keyed.shared.config.fingerprint.covers_body() {
             keyed.parts = Some(parts);
-            State::Reading {
-                body,
-                data: BytesMut::new(),
-                trailers: None,
-            }
+            State::Reading { body, data: BytesMut::new(), trailers: None }
         } else {
             keyed.fingerprint = keyed.shared.config.fingerprint.of(&parts, &[]);
             keyed.request = Some(Request::from_parts(parts, RequestBody::as_is(body)));
-            State::Looking {
-                lookup: keyed.lookup(),
-            }
+            State::Looking { lookup: keyed.lookup() }
         };
-        Self {
-            state,
-            keyed: Some(keyed),
-        }
+        Self { state, keyed: Some(keyed) }
     }
 }
 
@@ -204,9 +179,7 @@ impl<S, ReqBody> Keyed<S, ReqBody> {
 
     /// The layer's answer instead of the handler's.
     fn reject<B: Body, E>(&self, rejection: Rejection) -> Option<Answered<B, E>> {
-        Some(Ok(
-            rejection.into_response(&self.shared.config.header_text, self.grpc)
-        ))
+        Some(Ok(rejection.into_response(&self.shared.config.header_text, self.grpc)))
     }
 
     /// The answer to a request whose key has `record` kept: the kept response, or 422 when
@@ -226,9 +199,7 @@ impl<S, ReqBody> Keyed<S, ReqBody> {
         let mut response = Response::new(ResponseBody::full(answer.body, answer.trailers));
         *response.status_mut() = answer.status;
         *response.headers_mut() = answer.headers;
-        response
-            .headers_mut()
-            .insert(REPLAYED, HeaderValue::from_static("true"));
+        response.headers_mut().insert(REPLAYED, HeaderValue::from_static("true"));
         Some(Ok(response))
     }
 }
@@ -259,11 +230,7 @@ where
                     }
                     return Poll::Ready(result.take().expect("polled after completion"));
                 }
-                StateProj::Reading {
-                    mut body,
-                    data,
-                    trailers,
-                } => {
+                StateProj::Reading { mut body, data, trailers } => {
                     let keyed = this.keyed.as_mut().expect("a keyed request");
                     let limit = keyed.shared.config.max_request_body;
                     let read = loop {
@@ -290,30 +257,24 @@ where
                         }
                     };
                     match read {
-                        Err(rejection) => State::Ready {
-                            result: keyed.reject(rejection),
-                        },
+                        Err(rejection) => State::Ready { result: keyed.reject(rejection) },
                         Ok(()) => {
                             let parts = keyed.parts.take().expect("read once");
                             let data = std::mem::take(data).freeze();
                             keyed.fingerprint = keyed.shared.config.fingerprint.of(&parts, &data);
                             let body = RequestBody::read(data, trailers.take());
                             keyed.request = Some(Request::from_parts(parts, body));
-                            State::Looking {
-                                lookup: keyed.lookup(),
-                            }
+                            State::Looking { lookup: keyed.lookup() }
                         }
                     }
                 }
                 StateProj::Looking { lookup } => {
                     let keyed = this.keyed.as_mut().expect("a keyed request");
                     match ready!(lookup.as_mut().poll(cx)) {
-                        Err(error) => State::Ready {
-                            result: keyed.reject(Rejection::Unavailable(error)),
-                        },
-                        Ok(Some(record)) => State::Ready {
-                            result: keyed.replay(&record),
-                        },
+                        Err(error) => {
+                            State::Ready { result: keyed.reject(Rejection::Unavailable(error)) }
+                        }
+                        Ok(Some(record)) => State::Ready { result: keyed.replay(&record) },
                         Ok(None) => {
                             let config = &keyed.shared.config;
                             let acquire = keyed.shared.locks.acquire(
@@ -328,28 +289,25 @@ where
                 StateProj::Acquiring { acquire } => {
                     let keyed = this.keyed.as_mut().expect("a keyed request");
                     match ready!(acquire.as_mut().poll(cx)) {
-                        Ok(guard) if guard.fencing_token().is_none() => State::Ready {
-                            result: keyed.reject(Rejection::Misconfigured),
-                        },
-                        Ok(guard) => State::Rechecking {
-                            lookup: keyed.lookup(),
-                            guard: Some(guard),
-                        },
-                        Err(error) => State::Ready {
-                            result: keyed.reject(refused(error, &keyed.shared)),
-                        },
+                        Ok(guard) if guard.fencing_token().is_none() => {
+                            State::Ready { result: keyed.reject(Rejection::Misconfigured) }
+                        }
+                        Ok(guard) => {
+                            State::Rechecking { lookup: keyed.lookup(), guard: Some(guard) }
+                        }
+                        Err(error) => {
+                            State::Ready { result: keyed.reject(refused(error, &keyed.shared)) }
+                        }
                     }
                 }
                 StateProj::Rechecking { lookup, guard } => {
                     let keyed = this.keyed.as_mut().expect("a keyed request");
                     match ready!(lookup.as_mut().poll(cx)) {
                         // The lock goes with the guard, released in the background.
-                        Err(error) => State::Ready {
-                            result: keyed.reject(Rejection::Unavailable(error)),
-                        },
-                        Ok(Some(record)) => State::Ready {
-                            result: keyed.replay(&record),
-                        },
+                        Err(error) => {
+                            State::Ready { result: keyed.reject(Rejection::Unavailable(error)) }
+                        }
+                        Ok(Some(record)) => State::Ready { result: keyed.replay(&record) },
                         Ok(None) => {
                             let guard = guard.take().expect("held while looking again");
                             let token = guard.fencing_token().expect("checked at the grant");
@@ -369,19 +327,12 @@ where
                         }
                     }
                 }
-                StateProj::Running {
-                    future,
-                    guard,
-                    lost,
-                    started,
-                } => {
+                StateProj::Running { future, guard, lost, started } => {
                     let keyed = this.keyed.as_mut().expect("a keyed request");
                     // Checked before every poll, against the clock too: a handler resumed after
                     // a stall past the lease must not run on before the watchdog notices.
                     if guard.as_ref().is_some_and(|guard| guard.is_lost()) {
-                        State::Ready {
-                            result: keyed.reject(Rejection::Lost),
-                        }
+                        State::Ready { result: keyed.reject(Rejection::Lost) }
                     } else {
                         match future.poll(cx) {
                             Poll::Pending => {
@@ -389,9 +340,7 @@ where
                                     return Poll::Pending;
                                 }
                                 // The handler's future is dropped with this state.
-                                State::Ready {
-                                    result: keyed.reject(Rejection::Lost),
-                                }
+                                State::Ready { result: keyed.reject(Rejection::Lost) }
                             }
                             Poll::Ready(result) => {
                                 keyed
@@ -404,9 +353,9 @@ where
                                         release: guard.release(),
                                         result: Some(Err(error)),
                                     },
-                                    Ok(_) if guard.is_lost() => State::Ready {
-                                        result: keyed.reject(Rejection::Lost),
-                                    },
+                                    Ok(_) if guard.is_lost() => {
+                                        State::Ready { result: keyed.reject(Rejection::Lost) }
+                                    }
                                     Ok(response) => {
                                         let (parts, body) = response.into_parts();
                                         if is_kept_status(parts.status, &parts.headers) {
@@ -433,13 +382,7 @@ where
                         }
                     }
                 }
-                StateProj::Collecting {
-                    body,
-                    parts,
-                    frames,
-                    size,
-                    guard,
-                } => {
+                StateProj::Collecting { body, parts, frames, size, guard } => {
                     let keyed = this.keyed.as_mut().expect("a keyed request");
                     let limit = keyed.shared.config.max_response_body;
                     let inner = body.as_mut().expect("collected once");
@@ -491,9 +434,7 @@ where
                                     result: Some(Ok(response)),
                                 }
                             } else if guard.is_lost() {
-                                State::Ready {
-                                    result: keyed.reject(Rejection::Lost),
-                                }
+                                State::Ready { result: keyed.reject(Rejection::Lost) }
                             } else {
                                 let token = guard.fencing_token().expect("checked at the grant");
                                 let answer = Answer {
@@ -508,10 +449,7 @@ where
                                     body: data.clone(),
                                     trailers: trailers.clone(),
                                 };
-                                let record = Record {
-                                    token,
-                                    answer: answer.encode(),
-                                };
+                                let record = Record { token, answer: answer.encode() };
                                 let put = keyed.shared.store.clone().put(
                                     keyed.lock_key.clone(),
                                     record,
@@ -527,11 +465,7 @@ where
                         }
                     }
                 }
-                StateProj::Storing {
-                    put,
-                    guard,
-                    response,
-                } => {
+                StateProj::Storing { put, guard, response } => {
                     let keyed = this.keyed.as_mut().expect("a keyed request");
                     let outcome = ready!(put.as_mut().poll(cx));
                     let guard = guard.take().expect("held while storing");
@@ -545,9 +479,7 @@ where
                         }
                         Ok(Put::Stale { kept }) => {
                             tracing::warn!(key = %keyed.lock_key, token = guard.fencing_token(), kept, "a later holder of the key answered first: this answer is not kept");
-                            State::Ready {
-                                result: keyed.reject(Rejection::Lost),
-                            }
+                            State::Ready { result: keyed.reject(Rejection::Lost) }
                         }
                         Err(error) => {
                             tracing::warn!(key = %keyed.lock_key, error = %format_args!("{error:#}"), "answer not kept: the answer store failed");
@@ -567,12 +499,9 @@ where
 /// The refusal for an acquire that failed.
 fn refused(error: LockError, shared: &Shared) -> Rejection {
     match error {
-        LockError::WaitTimeout {
-            retry_after,
-            waited,
-        } => Rejection::InFlight {
-            retry_after: shared.runs.retry_after(waited, retry_after),
-        },
+        LockError::WaitTimeout { retry_after, waited } => {
+            Rejection::InFlight { retry_after: shared.runs.retry_after(waited, retry_after) }
+        }
         LockError::TooManyWaiters => Rejection::InFlight {
             retry_after: shared.runs.retry_after(std::time::Duration::ZERO, None),
         },
@@ -659,16 +588,10 @@ mod tests {
     fn kept_statuses() {
         let none = HeaderMap::new();
         for kept in [200, 201, 204, 302, 400, 402, 404, 422] {
-            assert!(
-                is_kept_status(StatusCode::from_u16(kept).unwrap(), &none),
-                "{kept}"
-            );
+            assert!(is_kept_status(StatusCode::from_u16(kept).unwrap(), &none), "{kept}");
         }
         for not in [101, 408, 409, 423, 425, 429, 500, 502, 503] {
-            assert!(
-                !is_kept_status(StatusCode::from_u16(not).unwrap(), &none),
-                "{not}"
-            );
+            assert!(!is_kept_status(StatusCode::from_u16(not).unwrap(), &none), "{not}");
         }
         let grpc = |code: &'static str| {
             let mut headers = HeaderMap::new();

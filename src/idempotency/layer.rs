@@ -64,12 +64,7 @@ pub struct Fingerprint {
 
 impl Default for Fingerprint {
     fn default() -> Self {
-        Self {
-            method_and_path: true,
-            query: true,
-            body: true,
-            headers: Vec::new(),
-        }
+        Self { method_and_path: true, query: true, body: true, headers: Vec::new() }
     }
 }
 
@@ -120,11 +115,7 @@ impl Fingerprint {
         let mut hash = Sha256::new();
         // Which parts count, so that two settings never give one fingerprint.
         hash.update(b"tower-lock idempotency fingerprint 1");
-        hash.update([
-            u8::from(self.method_and_path),
-            u8::from(self.query),
-            u8::from(self.body),
-        ]);
+        hash.update([u8::from(self.method_and_path), u8::from(self.query), u8::from(self.body)]);
         if self.method_and_path {
             field(&mut hash, parts.method.as_str().as_bytes());
             field(&mut hash, parts.uri.path().as_bytes());
@@ -210,15 +201,13 @@ impl RunTimes {
     /// Adds one run (weight 1/8: recent runs count most).
     pub(crate) fn record(&self, ran: Duration) {
         let sample = u64::try_from(ran.as_millis()).unwrap_or(u64::MAX).max(1);
-        let _ = self
-            .average_ms
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |average| {
-                let next = match average {
-                    0 => sample,
-                    average => average - average / 8 + sample / 8,
-                };
-                (next != average).then_some(next)
-            });
+        let _ = self.average_ms.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |average| {
+            let next = match average {
+                0 => sample,
+                average => average - average / 8 + sample / 8,
+            };
+            (next != average).then_some(next)
+        });
     }
 
     /// When a duplicate of a request in progress may come back: the typical run, never less
@@ -227,13 +216,9 @@ impl RunTimes {
     pub(crate) fn retry_after(&self, waited: Duration, lease_left: Option<Duration>) -> Duration {
         let average = self.average_ms.load(Ordering::Relaxed);
         let typical = (average > 0).then(|| Duration::from_millis(average));
-        let estimate = typical
-            .unwrap_or(Duration::from_secs(1))
-            .max(waited)
-            .max(Duration::from_millis(100));
-        lease_left.map_or(estimate, |left| {
-            estimate.min(left.max(Duration::from_millis(100)))
-        })
+        let estimate =
+            typical.unwrap_or(Duration::from_secs(1)).max(waited).max(Duration::from_millis(100));
+        lease_left.map_or(estimate, |left| estimate.min(left.max(Duration::from_millis(100))))
     }
 }
 
@@ -398,10 +383,7 @@ impl<S> Layer<S> for IdempotencyLayer {
     type Service = IdempotencyService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        IdempotencyService {
-            inner,
-            shared: self.shared.clone(),
-        }
+        IdempotencyService { inner, shared: self.shared.clone() }
     }
 }
 
@@ -487,9 +469,8 @@ impl IdempotencyLayerBuilder {
         F: Fn(&Parts) -> Option<T> + Send + Sync + 'static,
         T: AsRef<[u8]>,
     {
-        self.scope_by = Some(Arc::new(move |parts: &Parts| {
-            scope(parts).map(|scope| scope.as_ref().to_vec())
-        }));
+        self.scope_by =
+            Some(Arc::new(move |parts: &Parts| scope(parts).map(|scope| scope.as_ref().to_vec())));
         self
     }
 
@@ -638,20 +619,11 @@ mod tests {
         assert!(builder().max_key_len(447).build().is_ok());
         assert_eq!(invalid(builder().ttl(Duration::ZERO).build()), "ttl");
         assert_eq!(
-            invalid(
-                builder()
-                    .lease(Lease::fixed(Duration::from_millis(1)))
-                    .build()
-            ),
+            invalid(builder().lease(Lease::fixed(Duration::from_millis(1))).build()),
             "lease"
         );
         assert_eq!(
-            invalid(
-                builder()
-                    .unscoped(true)
-                    .scope_by(|_: &Parts| Some("x"))
-                    .build()
-            ),
+            invalid(builder().unscoped(true).scope_by(|_: &Parts| Some("x")).build()),
             "unscoped"
         );
         assert!(builder().unscoped(true).build().is_ok());
@@ -695,32 +667,20 @@ mod tests {
             no_query.of(&parts("/charges?x=2", Method::POST), b"{}")
         );
         let with_type = Fingerprint::new().header(http::header::CONTENT_TYPE);
-        assert_ne!(
-            base,
-            with_type.of(&parts("/charges?x=1", Method::POST), b"{}")
-        );
+        assert_ne!(base, with_type.of(&parts("/charges?x=1", Method::POST), b"{}"));
     }
 
     /// A duplicate's hint: one second before any run, then the typical run, within the lease.
     #[test]
     fn retry_after_hints() {
         let runs = RunTimes::default();
-        assert_eq!(
-            runs.retry_after(Duration::ZERO, None),
-            Duration::from_secs(1)
-        );
+        assert_eq!(runs.retry_after(Duration::ZERO, None), Duration::from_secs(1));
         runs.record(Duration::from_secs(4));
-        assert_eq!(
-            runs.retry_after(Duration::ZERO, None),
-            Duration::from_secs(4)
-        );
+        assert_eq!(runs.retry_after(Duration::ZERO, None), Duration::from_secs(4));
         assert_eq!(
             runs.retry_after(Duration::ZERO, Some(Duration::from_secs(2))),
             Duration::from_secs(2)
         );
-        assert_eq!(
-            runs.retry_after(Duration::from_secs(6), None),
-            Duration::from_secs(6)
-        );
+        assert_eq!(runs.retry_after(Duration::from_secs(6), None), Duration::from_secs(6));
     }
 }

@@ -78,19 +78,12 @@ impl AnswerStore for RedisAnswerStore {
         let (token, answer): (Option<String>, Option<Vec<u8>>) = self
             .backend
             .with_conn(Some(key), async |conn| {
-                redis::cmd("HMGET")
-                    .arg(&name)
-                    .arg("token")
-                    .arg("answer")
-                    .query_async(conn)
-                    .await
+                redis::cmd("HMGET").arg(&name).arg("token").arg("answer").query_async(conn).await
             })
             .await?;
         match (token, answer) {
             (Some(token), Some(answer)) => Ok(Some(Record {
-                token: token
-                    .parse()
-                    .map_err(|_| protocol("a kept answer's token"))?,
+                token: token.parse().map_err(|_| protocol("a kept answer's token"))?,
                 answer: Bytes::from(answer),
             })),
             (None, None) => Ok(None),
@@ -111,11 +104,7 @@ impl AnswerStore for RedisAnswerStore {
                 cmd.arg(PUT_LUA);
                 cmd
             };
-            cmd.arg(1)
-                .arg(&name)
-                .arg(record.token)
-                .arg(record.answer.as_ref())
-                .arg(ttl_ms);
+            cmd.arg(1).arg(&name).arg(record.token).arg(record.answer.as_ref()).arg(ttl_ms);
             cmd
         };
         let kept: String = self
@@ -129,14 +118,8 @@ impl AnswerStore for RedisAnswerStore {
                 }
             })
             .await?;
-        let kept: u64 = kept
-            .parse()
-            .map_err(|_| protocol("the token of a kept answer"))?;
-        Ok(if kept == record.token {
-            Put::Stored
-        } else {
-            Put::Stale { kept }
-        })
+        let kept: u64 = kept.parse().map_err(|_| protocol("the token of a kept answer"))?;
+        Ok(if kept == record.token { Put::Stored } else { Put::Stale { kept } })
     }
 }
 
@@ -145,10 +128,7 @@ fn is_noscript(error: &RedisError) -> bool {
 }
 
 fn protocol(what: &'static str) -> BackendError {
-    BackendError::new(
-        BackendErrorKind::Protocol,
-        format!("unexpected reply for {what}"),
-    )
+    BackendError::new(BackendErrorKind::Protocol, format!("unexpected reply for {what}"))
 }
 
 #[cfg(test)]
@@ -167,9 +147,6 @@ mod tests {
             .iter()
             .map(|name| PUT_LUA.find(name).expect("documented"))
             .collect();
-        assert!(
-            documented.is_sorted(),
-            "documented in the order they are sent"
-        );
+        assert!(documented.is_sorted(), "documented in the order they are sent");
     }
 }

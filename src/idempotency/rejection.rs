@@ -186,10 +186,7 @@ impl Rejection {
         let mut response = Response::new(ResponseBody::full(Bytes::from(text), None));
         *response.status_mut() = self.status();
         let headers = response.headers_mut();
-        headers.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
         if let Some(after) = self.retry_after() {
             headers.insert(RETRY_AFTER, HeaderValue::from(whole_secs(after)));
         }
@@ -220,31 +217,23 @@ mod tests {
     /// Each refusal has its status, and a 409 its `Retry-After` rounded up.
     #[test]
     fn http_form() {
-        let response: Response<Body> = Rejection::InFlight {
-            retry_after: Duration::from_millis(1200),
-        }
-        .into_response("Idempotency-Key", false);
+        let response: Response<Body> =
+            Rejection::InFlight { retry_after: Duration::from_millis(1200) }
+                .into_response("Idempotency-Key", false);
         assert_eq!(response.status(), StatusCode::CONFLICT);
         assert_eq!(response.headers()[RETRY_AFTER], "2");
         let missing: Response<Body> = Rejection::MissingKey.into_response("Idempotency-Key", false);
         assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
-        assert_eq!(
-            Rejection::Mismatch.status(),
-            StatusCode::UNPROCESSABLE_ENTITY
-        );
-        assert_eq!(
-            Rejection::TooLarge { limit: 1 }.status(),
-            StatusCode::PAYLOAD_TOO_LARGE
-        );
+        assert_eq!(Rejection::Mismatch.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(Rejection::TooLarge { limit: 1 }.status(), StatusCode::PAYLOAD_TOO_LARGE);
     }
 
     /// The gRPC form: 200, trailers-only, the code, the message and the pushback.
     #[test]
     fn grpc_form() {
-        let response: Response<Body> = Rejection::InFlight {
-            retry_after: Duration::from_millis(1500),
-        }
-        .into_response("idempotency-key", true);
+        let response: Response<Body> =
+            Rejection::InFlight { retry_after: Duration::from_millis(1500) }
+                .into_response("idempotency-key", true);
         assert_eq!(response.status(), StatusCode::OK);
         let headers = response.headers();
         assert_eq!(headers[CONTENT_TYPE], "application/grpc");

@@ -115,19 +115,9 @@ where
         if config.fingerprint.covers_body()
             && content_length(&parts).is_some_and(|len| len > config.max_request_body as u64)
         {
-            return reject(Rejection::TooLarge {
-                limit: config.max_request_body,
-            });
+            return reject(Rejection::TooLarge { limit: config.max_request_body });
         }
-        ResponseFuture::keyed(
-            inner,
-            parts,
-            body,
-            key.into(),
-            lock_key,
-            grpc,
-            shared.clone(),
-        )
+        ResponseFuture::keyed(inner, parts, body, key.into(), lock_key, grpc, shared.clone())
     }
 }
 
@@ -171,21 +161,12 @@ fn is_grpc(parts: &Parts) -> bool {
 }
 
 fn content_length(parts: &Parts) -> Option<u64> {
-    parts
-        .headers
-        .get(CONTENT_LENGTH)?
-        .to_str()
-        .ok()?
-        .parse()
-        .ok()
+    parts.headers.get(CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
 impl<S: Clone> Clone for IdempotencyService<S> {
     fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            shared: self.shared.clone(),
-        }
+        Self { inner: self.inner.clone(), shared: self.shared.clone() }
     }
 }
 

@@ -202,9 +202,7 @@ impl MemoryAnswerStore {
 
 impl fmt::Debug for MemoryAnswerStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemoryAnswerStore")
-            .field("answers", &self.len())
-            .finish()
+        f.debug_struct("MemoryAnswerStore").field("answers", &self.len()).finish()
     }
 }
 
@@ -237,9 +235,7 @@ impl AnswerStore for MemoryAnswerStore {
             return Ok(Put::Stale { kept: kept.token });
         }
         let expires = now.checked_add(ttl).unwrap_or_else(far_future);
-        answers
-            .records
-            .insert(key.as_str().into(), (record, expires));
+        answers.records.insert(key.as_str().into(), (record, expires));
         Ok(Put::Stored)
     }
 }
@@ -279,10 +275,7 @@ mod tests {
     }
 
     fn record(token: u64, answer: &'static str) -> Record {
-        Record {
-            token,
-            answer: Bytes::from_static(answer.as_bytes()),
-        }
+        Record { token, answer: Bytes::from_static(answer.as_bytes()) }
     }
 
     /// A put with a lower token than the kept one changes nothing; an equal or higher one
@@ -292,23 +285,11 @@ mod tests {
         let store = MemoryAnswerStore::new();
         let k = key("a");
         let ttl = Duration::from_secs(60);
-        assert_eq!(
-            store.put(&k, record(5, "five"), ttl).await.unwrap(),
-            Put::Stored
-        );
-        assert_eq!(
-            store.put(&k, record(4, "four"), ttl).await.unwrap(),
-            Put::Stale { kept: 5 }
-        );
+        assert_eq!(store.put(&k, record(5, "five"), ttl).await.unwrap(), Put::Stored);
+        assert_eq!(store.put(&k, record(4, "four"), ttl).await.unwrap(), Put::Stale { kept: 5 });
         assert_eq!(store.get(&k).await.unwrap(), Some(record(5, "five")));
-        assert_eq!(
-            store.put(&k, record(5, "again"), ttl).await.unwrap(),
-            Put::Stored
-        );
-        assert_eq!(
-            store.put(&k, record(9, "nine"), ttl).await.unwrap(),
-            Put::Stored
-        );
+        assert_eq!(store.put(&k, record(5, "again"), ttl).await.unwrap(), Put::Stored);
+        assert_eq!(store.put(&k, record(9, "nine"), ttl).await.unwrap(), Put::Stored);
         assert_eq!(store.get(&k).await.unwrap(), Some(record(9, "nine")));
     }
 
@@ -317,25 +298,16 @@ mod tests {
     async fn records_expire() {
         let store = MemoryAnswerStore::new();
         let k = key("b");
-        store
-            .put(&k, record(7, "x"), Duration::from_secs(2))
-            .await
-            .unwrap();
+        store.put(&k, record(7, "x"), Duration::from_secs(2)).await.unwrap();
         tokio::time::advance(Duration::from_millis(1999)).await;
         assert!(store.get(&k).await.unwrap().is_some());
         tokio::time::advance(Duration::from_millis(2)).await;
         assert_eq!(store.get(&k).await.unwrap(), None);
         assert!(store.is_empty());
-        store
-            .put(&k, record(7, "x"), Duration::from_secs(2))
-            .await
-            .unwrap();
+        store.put(&k, record(7, "x"), Duration::from_secs(2)).await.unwrap();
         tokio::time::advance(Duration::from_secs(3)).await;
         assert_eq!(
-            store
-                .put(&k, record(1, "y"), Duration::from_secs(2))
-                .await
-                .unwrap(),
+            store.put(&k, record(1, "y"), Duration::from_secs(2)).await.unwrap(),
             Put::Stored
         );
     }

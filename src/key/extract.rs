@@ -48,10 +48,7 @@ pub trait MakeKey: Clone + Send + Sync + 'static {
     /// Keys with one prefix stay as distinct as before; keys with different prefixes stay apart
     /// only if no prefix starts another (end each with `:` and use no other `:` in it).
     fn prefixed(self, prefix: impl Into<Cow<'static, str>>) -> Prefixed<Self> {
-        Prefixed {
-            prefix: prefix.into(),
-            inner: self,
-        }
+        Prefixed { prefix: prefix.into(), inner: self }
     }
 }
 
@@ -170,12 +167,8 @@ pub fn path_segment(index: usize) -> PathSegment {
 
 impl MakeKey for PathSegment {
     fn make_key(&self, parts: &mut Parts) -> Option<Vec<u8>> {
-        let segment = parts
-            .uri
-            .path()
-            .split('/')
-            .filter(|segment| !segment.is_empty())
-            .nth(self.0)?;
+        let segment =
+            parts.uri.path().split('/').filter(|segment| !segment.is_empty()).nth(self.0)?;
         Some(percent_decode_str(segment).collect())
     }
 
@@ -376,9 +369,7 @@ impl MakeKey for PathParam {
         use axum::extract::{FromRequestParts, RawPathParams};
         use futures_util::FutureExt;
         // The extractor reads the router's extensions only; it is ready at once.
-        let params = RawPathParams::from_request_parts(parts, &())
-            .now_or_never()?
-            .ok();
+        let params = RawPathParams::from_request_parts(parts, &()).now_or_never()?.ok();
         let value = params.as_ref().and_then(|params| {
             params
                 .iter()
@@ -427,10 +418,7 @@ impl RouteReports {
 
     /// Whether `route` is reported for the first time (and not past the bound).
     pub(crate) fn first(&self, route: &str) -> bool {
-        let mut reported = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut reported = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if reported.len() >= 64 || reported.iter().any(|seen| seen == route) {
             return false;
         }
@@ -460,11 +448,8 @@ mod tests {
     use super::*;
 
     fn parts(uri: &str) -> Parts {
-        let (parts, ()) = http::Request::get(uri)
-            .header("x-tenant-id", "acme")
-            .body(())
-            .unwrap()
-            .into_parts();
+        let (parts, ()) =
+            http::Request::get(uri).header("x-tenant-id", "acme").body(()).unwrap().into_parts();
         parts
     }
 
@@ -472,10 +457,7 @@ mod tests {
     #[test]
     fn extractors_find_their_keys() {
         let mut p = parts("/accounts/4%202/withdraw?id=a%2Bb+c&x=1");
-        assert_eq!(
-            header("x-tenant-id").make_key(&mut p),
-            Some(b"acme".to_vec())
-        );
+        assert_eq!(header("x-tenant-id").make_key(&mut p), Some(b"acme".to_vec()));
         assert_eq!(
             header("X-Tenant-Id").make_key(&mut p),
             Some(b"acme".to_vec()),
@@ -489,10 +471,7 @@ mod tests {
         let prefixed = path_segment(0).prefixed("kind:");
         assert_eq!(prefixed.make_key(&mut p), Some(b"kind:accounts".to_vec()));
         let f = from_fn(|p: &Parts| Some(p.uri.path().to_owned()));
-        assert_eq!(
-            f.make_key(&mut p),
-            Some(b"/accounts/4%202/withdraw".to_vec())
-        );
+        assert_eq!(f.make_key(&mut p), Some(b"/accounts/4%202/withdraw".to_vec()));
     }
 
     /// The query string is decoded as a form: `+` is a space and `%2B` a plus, in names too;
@@ -507,36 +486,16 @@ mod tests {
         assert_eq!(key("my id", "/?my%20id=1"), bytes("1"));
         assert_eq!(key("id", "/?i%64=1"), bytes("1"), "an escaped name");
         assert_eq!(key("a+b", "/?a%2Bb=1&a+b=2"), bytes("1"));
-        assert_eq!(
-            key("id", "/?id=1&id=2"),
-            bytes("1"),
-            "the first of repeated params"
-        );
-        assert_eq!(
-            key("id", "/?id=&id=2"),
-            bytes(""),
-            "an empty first value counts"
-        );
+        assert_eq!(key("id", "/?id=1&id=2"), bytes("1"), "the first of repeated params");
+        assert_eq!(key("id", "/?id=&id=2"), bytes(""), "an empty first value counts");
         assert_eq!(key("id", "/?id"), bytes(""));
-        assert_eq!(
-            key("id", "/?&&id=1&"),
-            bytes("1"),
-            "empty pairs are skipped"
-        );
-        assert_eq!(
-            key("id", "/?id=a=b"),
-            bytes("a=b"),
-            "split at the first `=`"
-        );
+        assert_eq!(key("id", "/?&&id=1&"), bytes("1"), "empty pairs are skipped");
+        assert_eq!(key("id", "/?id=a=b"), bytes("a=b"), "split at the first `=`");
         assert_eq!(key("id", "/?x=1&y=id"), None);
         assert_eq!(key("id", "/?ID=1"), None, "names are case-sensitive");
         assert_eq!(key("id", "/"), None);
         assert_eq!(key("id", "/?"), None);
-        assert_eq!(
-            key("id", "/?id=%G1%4"),
-            bytes("%G1%4"),
-            "malformed escapes kept"
-        );
+        assert_eq!(key("id", "/?id=%G1%4"), bytes("%G1%4"), "malformed escapes kept");
         assert_eq!(key("id", "/?id=%c3%a9"), bytes("é"));
     }
 
@@ -550,11 +509,7 @@ mod tests {
         assert_eq!(key("/?id=caf%E9+x"), Some(b"caf\xe9 x".to_vec()));
         let mut p = parts("/?%FF=1&%FE=2");
         let name = String::from_utf8_lossy(&[0xfe]).into_owned();
-        assert_eq!(
-            query(&name).make_key(&mut p),
-            None,
-            "no lossy match on the name"
-        );
+        assert_eq!(query(&name).make_key(&mut p), None, "no lossy match on the name");
     }
 
     /// A header value outside visible ASCII gives no key rather than a lossy one.

@@ -67,11 +67,7 @@ impl<K: MakeKey> MakeKey for All<K> {
     fn namespace(&self, parts: &Parts, route: &str) -> String {
         let mut namespaces = self.0.iter().map(|key| key.namespace(parts, route));
         let first = namespaces.next().unwrap_or_default();
-        if namespaces.all(|namespace| namespace == first) {
-            first
-        } else {
-            route.to_owned()
-        }
+        if namespaces.all(|namespace| namespace == first) { first } else { route.to_owned() }
     }
 }
 
@@ -135,9 +131,7 @@ where
         if keys.is_empty() {
             return None;
         }
-        Some(Keys::Set(
-            keys.into_iter().map(String::into_bytes).collect(),
-        ))
+        Some(Keys::Set(keys.into_iter().map(String::into_bytes).collect()))
     }
 }
 
@@ -160,21 +154,12 @@ mod tests {
     /// A set finds every member's key, none when one is missing, and prefixes each.
     #[test]
     fn sets_find_every_key() {
-        let (mut parts, ()) = http::Request::get("/t?from=1&to=2")
-            .header("x-a", "9")
-            .body(())
-            .unwrap()
-            .into_parts();
+        let (mut parts, ()) =
+            http::Request::get("/t?from=1&to=2").header("x-a", "9").body(()).unwrap().into_parts();
         let set = all([query("from"), query("to")]);
         assert_eq!(set.make_key(&mut parts), None);
-        assert_eq!(
-            set.make_keys(&mut parts),
-            Some(Keys::Set(vec![b"1".to_vec(), b"2".to_vec()]))
-        );
-        assert_eq!(
-            all([query("from"), query("nope")]).make_keys(&mut parts),
-            None
-        );
+        assert_eq!(set.make_keys(&mut parts), Some(Keys::Set(vec![b"1".to_vec(), b"2".to_vec()])));
+        assert_eq!(all([query("from"), query("nope")]).make_keys(&mut parts), None);
         assert_eq!(
             all([header("x-a")]).prefixed("k:").make_keys(&mut parts),
             Some(Keys::Set(vec![b"k:9".to_vec()]))

@@ -44,11 +44,7 @@ impl KeyedHash {
         mac.update(namespace.as_bytes());
         mac.update(user_key);
         let tag = base64url(&mac.finalize().into_bytes());
-        Ok(LockKey::with_tag(
-            prefix,
-            &namespace,
-            std::iter::once(tag.as_str()),
-        ))
+        Ok(LockKey::with_tag(prefix, &namespace, std::iter::once(tag.as_str())))
     }
 }
 
@@ -107,9 +103,7 @@ mod tests {
     #[test]
     fn names_are_stable() {
         let hash = KeyedHash::new(b"tower-lock keyed-hash test");
-        let name = hash
-            .name("tower-lock:", "/accounts/{id}", b"42", 512)
-            .unwrap();
+        let name = hash.name("tower-lock:", "/accounts/{id}", b"42", 512).unwrap();
         assert_eq!(
             name.as_str(),
             "tower-lock:/accounts/:id{j54I2btNEsaDyOZz2dSogGHzKIARZUrEgE91gy5tx1U}"

@@ -127,11 +127,7 @@ impl<T> Shards<T> {
 
     /// Shards made by `make`.
     pub(crate) fn new(mut make: impl FnMut() -> T) -> Self {
-        Self(
-            (0..Self::COUNT)
-                .map(|_| Shard(Mutex::new(make())))
-                .collect(),
-        )
+        Self((0..Self::COUNT).map(|_| Shard(Mutex::new(make()))).collect())
     }
 
     /// The shard that keeps what concerns the lock `key`.
@@ -143,9 +139,7 @@ impl<T> Shards<T> {
 
     /// Every shard in turn, for what looks at all locks.
     pub(crate) fn each(&self) -> impl Iterator<Item = MutexGuard<'_, T>> {
-        self.0
-            .iter()
-            .map(|shard| shard.0.lock().unwrap_or_else(PoisonError::into_inner))
+        self.0.iter().map(|shard| shard.0.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }
 
@@ -199,11 +193,7 @@ impl LockKey {
         max_len: usize,
     ) -> Result<Self, KeyError> {
         check_len(user_key, max_len)?;
-        Ok(Self::with_tag(
-            prefix,
-            namespace,
-            percent_encode(user_key, ESCAPED),
-        ))
+        Ok(Self::with_tag(prefix, namespace, percent_encode(user_key, ESCAPED)))
     }
 
     /// `prefix` + escaped namespace + `{tag}`; `tag` must be non-empty and free of braces.
@@ -228,10 +218,7 @@ impl LockKey {
     }
 
     fn shared(name: Arc<str>) -> Self {
-        Self {
-            hash: NAME_HASHER.hash_one(&*name),
-            name,
-        }
+        Self { hash: NAME_HASHER.hash_one(&*name), name }
     }
 
     /// The name's hash under this process's random keys (equal names, equal hashes).
@@ -286,10 +273,7 @@ fn check_len(user_key: &[u8], max_len: usize) -> Result<(), KeyError> {
         return Err(KeyError::Empty);
     }
     if user_key.len() > max_len {
-        return Err(KeyError::TooLong {
-            len: user_key.len(),
-            max: max_len,
-        });
+        return Err(KeyError::TooLong { len: user_key.len(), max: max_len });
     }
     Ok(())
 }
@@ -326,14 +310,7 @@ mod tests {
     /// Decoding the stored name gives back the exact user key.
     #[test]
     fn escaping_round_trips() {
-        for raw in [
-            &b"a"[..],
-            b"{}",
-            b"%25",
-            b"\x00\x01",
-            "ünï".as_bytes(),
-            b"a b",
-        ] {
+        for raw in [&b"a"[..], b"{}", b"%25", b"\x00\x01", "ünï".as_bytes(), b"a b"] {
             assert_eq!(key(raw).user_key(), raw);
         }
     }
@@ -349,10 +326,7 @@ mod tests {
     #[test]
     fn refuses_empty_and_long_keys() {
         assert_eq!(LockKey::new("p:", b"", 8), Err(KeyError::Empty));
-        assert_eq!(
-            LockKey::new("p:", b"123456789", 8),
-            Err(KeyError::TooLong { len: 9, max: 8 })
-        );
+        assert_eq!(LockKey::new("p:", b"123456789", 8), Err(KeyError::TooLong { len: 9, max: 8 }));
         assert!(LockKey::new("p:", b"12345678", 8).is_ok());
     }
 

@@ -102,14 +102,10 @@ where
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         // Under a `LockLayer`, its client: the one whose locks the request's holder holds.
-        let layers = parts
-            .extensions
-            .get::<LockContext>()
-            .and_then(|context| context.client.as_ref());
+        let layers =
+            parts.extensions.get::<LockContext>().and_then(|context| context.client.as_ref());
         Ok(Self {
-            client: layers
-                .or_else(|| parts.extensions.get::<AnyLockClient>())
-                .cloned(),
+            client: layers.or_else(|| parts.extensions.get::<AnyLockClient>()).cloned(),
             holder: parts.extensions.get::<Holder>().cloned(),
             route: super::service::route(parts).to_owned(),
             state: P::from_state(state),

@@ -78,12 +78,7 @@ struct Holding<B: Backend, R> {
 impl<Body: http_body::Body, B: Backend, R> LockBody<Body, B, R> {
     /// A body that holds no lock: a rejection's, or one whose lock was released already.
     pub(crate) fn unlocked(inner: Body) -> Self {
-        Self {
-            inner,
-            holding: None,
-            then: None,
-            ended: false,
-        }
+        Self { inner, holding: None, then: None, ended: false }
     }
 
     /// A body that holds `hold` until it ends.
@@ -111,9 +106,7 @@ impl<Body: http_body::Body, B: Backend, R> LockBody<Body, B, R> {
 
     /// Whether the body holds its lock still (it is released when the body ends).
     pub fn is_holding(&self) -> bool {
-        self.holding
-            .as_ref()
-            .is_some_and(|holding| holding.hold.is_some())
+        self.holding.as_ref().is_some_and(|holding| holding.hold.is_some())
     }
 
     /// The inner body.
@@ -154,19 +147,13 @@ where
             }
             let watched = holding.lost.is_some();
             if watched
-                && holding
-                    .hold
-                    .as_ref()
-                    .is_some_and(|hold| hold.is_lost_at(BootInstant::now()))
+                && holding.hold.as_ref().is_some_and(|hold| hold.is_lost_at(BootInstant::now()))
             {
                 return Poll::Ready(lost(this.holding, this.ended));
             }
             let last = match this.inner.as_mut().poll_frame(cx) {
                 Poll::Pending => {
-                    if holding
-                        .lost
-                        .as_mut()
-                        .is_some_and(|lost| Pin::new(lost).poll(cx).is_ready())
+                    if holding.lost.as_mut().is_some_and(|lost| Pin::new(lost).poll(cx).is_ready())
                     {
                         return Poll::Ready(lost(this.holding, this.ended));
                     }
@@ -204,11 +191,7 @@ where
     }
 
     fn size_hint(&self) -> SizeHint {
-        if self.ended {
-            SizeHint::with_exact(0)
-        } else {
-            self.inner.size_hint()
-        }
+        if self.ended { SizeHint::with_exact(0) } else { self.inner.size_hint() }
     }
 }
 

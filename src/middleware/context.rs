@@ -89,10 +89,7 @@ impl LockContext {
     /// for `#[locked]` handlers under it.
     pub(crate) fn under(self, config: Option<&super::layer::LayerConfig>) -> Self {
         #[cfg(feature = "macros")]
-        return Self {
-            client: config.and_then(|config| config.client.clone()),
-            ..self
-        };
+        return Self { client: config.and_then(|config| config.client.clone()), ..self };
         #[cfg(not(feature = "macros"))]
         {
             let _ = config;
@@ -104,10 +101,7 @@ impl LockContext {
     /// canonical order.
     pub fn keys(&self) -> impl Iterator<Item = &LockKey> {
         let one = self.set.is_none().then_some(&self.held.key);
-        let set = self
-            .set
-            .iter()
-            .flat_map(|set| set.iter().map(|member| &member.held.key));
+        let set = self.set.iter().flat_map(|set| set.iter().map(|member| &member.held.key));
         one.into_iter().chain(set)
     }
 
@@ -160,9 +154,7 @@ impl LockContext {
         let now = BootInstant::now();
         match &self.set {
             None => self.held.hold_lost_at(self.hold, now),
-            Some(set) => set
-                .iter()
-                .any(|member| member.held.hold_lost_at(member.hold, now)),
+            Some(set) => set.iter().any(|member| member.held.hold_lost_at(member.hold, now)),
         }
     }
 }
@@ -228,10 +220,7 @@ mod tests {
         assert!(text.contains("fencing_token: Some("), "{text}");
         assert!(text.contains("deadline: in "), "{text}");
         assert!(text.ends_with("lost: false }"), "{text}");
-        assert!(
-            !text.contains("Notify") && !text.contains("OnceLock"),
-            "{text}"
-        );
+        assert!(!text.contains("Notify") && !text.contains("OnceLock"), "{text}");
         guard.release().await.unwrap();
     }
 }

@@ -30,9 +30,7 @@ pub struct AnyLockClient {
 
 impl<B: Backend> From<LockClient<B>> for AnyLockClient {
     fn from(client: LockClient<B>) -> Self {
-        Self {
-            inner: Arc::new(client),
-        }
+        Self { inner: Arc::new(client) }
     }
 }
 
@@ -126,9 +124,8 @@ impl<B: Backend> ErasedClient for LockClient<B> {
     fn acquire(&self, acquire: Acquire) -> BoxFuture<Result<AnyGuard, LockError>> {
         let locks = self.clone();
         Box::pin(async move {
-            let request = locks
-                .request_for(acquire.key, acquire.kind)
-                .with_permits(acquire.permits);
+            let request =
+                locks.request_for(acquire.key, acquire.kind).with_permits(acquire.permits);
             let request = request.configured(acquire.wait, acquire.lease, acquire.fencing);
             let guard = request.acquire().await?;
             Ok(AnyGuard(Box::new(guard)))
@@ -138,9 +135,8 @@ impl<B: Backend> ErasedClient for LockClient<B> {
     fn acquire_all(&self, acquire: AcquireAll) -> BoxFuture<Result<AnyGuard, LockError>> {
         let locks = self.clone();
         Box::pin(async move {
-            let request = locks
-                .request_all_for(acquire.keys, acquire.kind)
-                .with_permits(acquire.permits);
+            let request =
+                locks.request_all_for(acquire.keys, acquire.kind).with_permits(acquire.permits);
             let request = request.configured(acquire.wait, acquire.lease, acquire.fencing);
             let guard = request.acquire().await?;
             Ok(AnyGuard(Box::new(guard)))

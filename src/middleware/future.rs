@@ -103,11 +103,7 @@ where
         (hand_over, grpc): (bool, bool),
     ) -> Self {
         Self {
-            state: State::Acquiring {
-                acquire,
-                inner: Some(inner),
-                request: Some(request),
-            },
+            state: State::Acquiring { acquire, inner: Some(inner), request: Some(request) },
             on_rejected: Some(on_rejected),
             grpc,
             config: Some(config),
@@ -126,9 +122,7 @@ where
     }
 
     pub(crate) fn unlocked(mut inner: S, request: Request<ReqBody>) -> Self {
-        Self::finished(State::Unlocked {
-            future: inner.call(request),
-        })
+        Self::finished(State::Unlocked { future: inner.call(request) })
     }
 
     fn finished(state: State<S, B, ReqBody>) -> Self {
@@ -159,47 +153,38 @@ where
         let _entered = this.span.enter();
         loop {
             let next = match this.state.as_mut().project() {
-                StateProj::Acquiring {
-                    acquire,
-                    inner,
-                    request,
-                } => match ready!(acquire.as_mut().poll(cx)) {
-                    Ok(guard) => {
-                        let now = guard.acquired_at();
-                        *this.acquired = Some(now);
-                        if let Some(started) = *this.started {
-                            this.span
-                                .record("waited_ms", millis(now.duration_since(started)));
+                StateProj::Acquiring { acquire, inner, request } => {
+                    match ready!(acquire.as_mut().poll(cx)) {
+                        Ok(guard) => {
+                            let now = guard.acquired_at();
+                            *this.acquired = Some(now);
+                            if let Some(started) = *this.started {
+                                this.span.record("waited_ms", millis(now.duration_since(started)));
+                            }
+                            let mut request = request.take().expect("polled after completion");
+                            let context = guard.context().under(this.config.as_deref());
+                            request.extensions_mut().insert(context);
+                            let mut inner = inner.take().expect("polled after completion");
+                            let holder = guard.holder().clone();
+                            // `call` runs synchronously now; the future runs at every poll.
+                            let future = holder.clone().sync_scope(|| inner.call(request));
+                            let abort_on_lost =
+                                this.config.as_ref().is_some_and(|c| !c.continue_on_lost);
+                            State::Running {
+                                future: holder.scope(future),
+                                lost: abort_on_lost.then(|| guard.lost()),
+                                guard: Some(guard),
+                            }
                         }
-                        let mut request = request.take().expect("polled after completion");
-                        let context = guard.context().under(this.config.as_deref());
-                        request.extensions_mut().insert(context);
-                        let mut inner = inner.take().expect("polled after completion");
-                        let holder = guard.holder().clone();
-                        // `call` runs synchronously now; the future runs at every poll.
-                        let future = holder.clone().sync_scope(|| inner.call(request));
-                        let abort_on_lost =
-                            this.config.as_ref().is_some_and(|c| !c.continue_on_lost);
-                        State::Running {
-                            future: holder.scope(future),
-                            lost: abort_on_lost.then(|| guard.lost()),
-                            guard: Some(guard),
-                        }
+                        Err(error) => reject(this.on_rejected, *this.grpc, this.span, error.into()),
                     }
-                    Err(error) => reject(this.on_rejected, *this.grpc, this.span, error.into()),
-                },
-                StateProj::Running {
-                    future,
-                    guard,
-                    lost,
-                } => {
+                }
+                StateProj::Running { future, guard, lost } => {
                     // Checked before every poll, against the clock too: a handler resumed after
                     // a stall past the lease must not run on before the watchdog notices.
                     // `None`: the lock was lost and the handler stops.
                     let finished = if lost.is_some()
-                        && guard
-                            .as_ref()
-                            .is_some_and(|guard| guard.is_lost_at(BootInstant::now()))
+                        && guard.as_ref().is_some_and(|guard| guard.is_lost_at(BootInstant::now()))
                     {
                         None
                     } else {
@@ -228,13 +213,10 @@ where
                             return Poll::Ready(result);
                         }
                         this.span.record("held_ms", held_ms(acquired, now));
-                        this.span
-                            .record("outcome", if result.is_ok() { "ok" } else { "error" });
+                        this.span.record("outcome", if result.is_ok() { "ok" } else { "error" });
                         let guard = guard.take().expect("polled after completion");
-                        let background = this
-                            .config
-                            .as_ref()
-                            .is_some_and(|c| c.release_in_background);
+                        let background =
+                            this.config.as_ref().is_some_and(|c| c.release_in_background);
                         if lost.is_some() && guard.is_lost_at(now) {
                             // The handler finished after the lease's deadline, before the
                             // watchdog said so (e.g. the process was stalled): its response
@@ -245,15 +227,11 @@ where
                             drop(guard);
                             return Poll::Ready(result);
                         } else {
-                            State::Releasing {
-                                release: guard.release(now),
-                                result: Some(result),
-                            }
+                            State::Releasing { release: guard.release(now), result: Some(result) }
                         }
                     } else {
                         // The inner future is dropped with this state: the handler stops.
-                        this.span
-                            .record("held_ms", held_ms(*this.acquired, BootInstant::now()));
+                        this.span.record("held_ms", held_ms(*this.acquired, BootInstant::now()));
                         reject(this.on_rejected, *this.grpc, this.span, LockRejection::Lost)
                     }
                 }
@@ -285,12 +263,8 @@ where
     R: OnRejected<ResBody>,
 {
     span.record("outcome", tracing::field::display(rejection.answer(grpc)));
-    let on_rejected = on_rejected
-        .as_ref()
-        .expect("rejection hook set while locking");
-    State::Rejected {
-        response: Some(super::rejection::answer(on_rejected, rejection, grpc)),
-    }
+    let on_rejected = on_rejected.as_ref().expect("rejection hook set while locking");
+    State::Rejected { response: Some(super::rejection::answer(on_rejected, rejection, grpc)) }
 }
 
 /// Whether the hold is watched for a loss (`lost` set) and is lost by `now`.
@@ -345,10 +319,7 @@ where
     B: Backend,
 {
     pub(crate) fn new(future: ResponseFuture<S, B, ReqBody, R>) -> Self {
-        Self {
-            future,
-            release: None,
-        }
+        Self { future, release: None }
     }
 }
 

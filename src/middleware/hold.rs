@@ -41,9 +41,7 @@ impl<B: Backend> Hold<B> {
     pub(crate) fn is_lost_at(&self, now: BootInstant) -> bool {
         match self {
             Self::One(guard) => guard.entry().hold_lost_at(guard.hold(), now),
-            Self::Set(guard) => guard
-                .guards()
-                .any(|one| one.entry().hold_lost_at(one.hold(), now)),
+            Self::Set(guard) => guard.guards().any(|one| one.entry().hold_lost_at(one.hold(), now)),
         }
     }
 

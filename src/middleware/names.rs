@@ -29,10 +29,7 @@ impl Announced {
     /// Nothing announced yet (a `const fn`, for a handler's `static` options).
     #[cfg_attr(not(feature = "macros"), allow(unreachable_pub, dead_code))]
     pub const fn new() -> Self {
-        Self {
-            any: AtomicBool::new(false),
-            routes: Mutex::new(Vec::new()),
-        }
+        Self { any: AtomicBool::new(false), routes: Mutex::new(Vec::new()) }
     }
 
     /// Whether nothing was announced yet: the first request, checked with one load.

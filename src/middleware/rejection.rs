@@ -95,9 +95,7 @@ impl LockRejection {
         let mut response = Response::new(body);
         *response.status_mut() = self.status();
         if let Some(secs) = hint.map(retry_after_secs) {
-            response
-                .headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from(secs));
+            response.headers_mut().insert(RETRY_AFTER, HeaderValue::from(secs));
         }
         response
     }
@@ -114,10 +112,9 @@ impl LockRejection {
         let carries_text = body.is_some();
         let mut response = self.response_with(body.unwrap_or_default(), hint);
         if carries_text {
-            response.headers_mut().insert(
-                CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; charset=utf-8"),
-            );
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
         }
         response
     }
@@ -148,9 +145,8 @@ impl LockRejection {
     pub(crate) fn trace(&self, grpc: bool) {
         self.count();
         let status = self.answer(grpc);
-        let retry_after_ms = self
-            .retry_after()
-            .map(|after| u64::try_from(after.as_millis()).unwrap_or(u64::MAX));
+        let retry_after_ms =
+            self.retry_after().map(|after| u64::try_from(after.as_millis()).unwrap_or(u64::MAX));
         match self {
             Self::Misconfigured => {
                 tracing::error!(target: "tower_lock::rejection", %status, "lock layer misconfigured: its lease is too short, or its backend refuses the lock kind");
@@ -240,9 +236,7 @@ impl LockRejection {
 impl From<LockError> for LockRejection {
     fn from(error: LockError) -> Self {
         match error {
-            LockError::WaitTimeout { .. } => Self::Locked {
-                retry_after: error.retry_after(),
-            },
+            LockError::WaitTimeout { .. } => Self::Locked { retry_after: error.retry_after() },
             LockError::InvalidKey(key) => Self::InvalidKey(key),
             LockError::TooManyWaiters => Self::TooManyWaiters,
             // A lock kind the backend refuses is a deployment mistake, not an outage.
@@ -320,19 +314,13 @@ pub(crate) fn answer<B, R: OnRejected<B>>(
     grpc: bool,
 ) -> Response<B> {
     rejection.trace(grpc);
-    if grpc {
-        on_rejected.on_rejected_grpc(rejection)
-    } else {
-        on_rejected.on_rejected(rejection)
-    }
+    if grpc { on_rejected.on_rejected_grpc(rejection) } else { on_rejected.on_rejected(rejection) }
 }
 
 /// Whether a request is a gRPC call: its `content-type` starts with `application/grpc`
 /// (`application/grpc`, `application/grpc+proto`, `application/grpc-web`...).
 pub(crate) fn is_grpc(headers: &http::HeaderMap) -> bool {
-    headers
-        .get(CONTENT_TYPE)
-        .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
+    headers.get(CONTENT_TYPE).is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
 }
 
 impl<B, F> OnRejected<B> for F
@@ -399,14 +387,8 @@ mod tests {
         assert_eq!(busy.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(busy.headers()[RETRY_AFTER], "1");
         assert_eq!(LockRejection::MissingKey.status(), StatusCode::BAD_REQUEST);
-        assert_eq!(
-            LockRejection::from(LockError::Lost).status(),
-            StatusCode::SERVICE_UNAVAILABLE
-        );
-        assert_eq!(
-            LockRejection::from(LockError::UpgradeRefused).status(),
-            StatusCode::CONFLICT
-        );
+        assert_eq!(LockRejection::from(LockError::Lost).status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(LockRejection::from(LockError::UpgradeRefused).status(), StatusCode::CONFLICT);
     }
 
     /// An error and the rejection it becomes give the same hint; every 503 has one.
@@ -418,10 +400,7 @@ mod tests {
                 retry_after: Some(Duration::from_millis(1500)),
                 waited: Duration::from_millis(200),
             },
-            LockError::WaitTimeout {
-                retry_after: None,
-                waited: Duration::from_secs(2),
-            },
+            LockError::WaitTimeout { retry_after: None, waited: Duration::from_secs(2) },
             LockError::TooManyWaiters,
             LockError::Lost,
             LockError::NotHeld,
@@ -448,9 +427,7 @@ mod tests {
     /// The text says the header's number: seconds, or milliseconds under a second.
     #[test]
     fn messages_say_the_headers_number() {
-        let locked = |ms| LockRejection::Locked {
-            retry_after: Some(Duration::from_millis(ms)),
-        };
+        let locked = |ms| LockRejection::Locked { retry_after: Some(Duration::from_millis(ms)) };
         let text: Response<String> = DefaultRejection.on_rejected(locked(50));
         assert_eq!(text.body(), "locked; retry in about 50 ms\n");
         assert_eq!(text.headers()[RETRY_AFTER], "1");
@@ -524,9 +501,7 @@ mod tests {
     /// Bodies that carry text get one line saying what happened; others stay empty.
     #[test]
     fn text_bodies_where_the_body_type_allows() {
-        let locked = || LockRejection::Locked {
-            retry_after: Some(Duration::from_millis(2500)),
-        };
+        let locked = || LockRejection::Locked { retry_after: Some(Duration::from_millis(2500)) };
         let text: Response<String> = DefaultRejection.on_rejected(locked());
         assert_eq!(text.body(), "locked; retry in about 3 s\n");
         assert_eq!(text.headers()[CONTENT_TYPE], "text/plain; charset=utf-8");

@@ -160,11 +160,8 @@ where
             }
         };
         // One holder per request: a nested layer (or handler code) re-enters its locks.
-        let holder = parts
-            .extensions
-            .get::<Holder>()
-            .cloned()
-            .unwrap_or_else(|| layer.locks.holder());
+        let holder =
+            parts.extensions.get::<Holder>().cloned().unwrap_or_else(|| layer.locks.holder());
         parts.extensions.insert(holder.clone());
         let (wait, lease, fencing) = (config.wait, config.lease, config.fencing);
         let permits = match config.mode {
@@ -196,10 +193,8 @@ where
                 span.record("keys", keys.len());
                 let locks = layer.locks.clone();
                 Box::pin(async move {
-                    let request = locks
-                        .request_all_for(keys, kind)
-                        .with_permits(permits)
-                        .holder(&holder);
+                    let request =
+                        locks.request_all_for(keys, kind).with_permits(permits).holder(&holder);
                     let guard = request.configured(wait, lease, fencing).acquire().await?;
                     Ok(Hold::Set(guard))
                 })
@@ -241,11 +236,7 @@ pub(crate) fn route(parts: &http::request::Parts) -> &str {
 
 impl<S: Clone, B: Backend, K, R, H: Copy> Clone for LockService<S, B, K, R, H> {
     fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            hold: self.hold,
-            layer: self.layer.clone(),
-        }
+        Self { inner: self.inner.clone(), hold: self.hold, layer: self.layer.clone() }
     }
 }
 

@@ -142,10 +142,8 @@ pub(crate) fn max_holders(sections: &[Section], permits: usize) -> Crowd {
                 if inside.len() > permits {
                     crowd.excess += 1;
                     if crowd.examples.len() < 5 {
-                        let mut who: Vec<_> = inside
-                            .iter()
-                            .map(|(h, (pid, _))| format!("{h}@{pid}"))
-                            .collect();
+                        let mut who: Vec<_> =
+                            inside.iter().map(|(h, (pid, _))| format!("{h}@{pid}")).collect();
                         who.sort_unstable();
                         crowd.examples.push(format!(
                             "{key}: {} holders of {permits} permits at {at}: {}",
@@ -257,10 +255,7 @@ impl Leaks {
                 ttl > 0 && ttl <= lease_ms
             }
         });
-        let leaks = Self {
-            keys,
-            channels: self.channels,
-        };
+        let leaks = Self { keys, channels: self.channels };
         (leaks, voids.len())
     }
 }
@@ -306,10 +301,7 @@ pub(crate) async fn server_settled(node: &Node, prefix: &str) -> Leaks {
         server_leaks(node, prefix).channels.is_empty()
     })
     .await;
-    Leaks {
-        channels: server_leaks(node, prefix).channels,
-        ..first
-    }
+    Leaks { channels: server_leaks(node, prefix).channels, ..first }
 }
 
 /// What a client still tracks: keys, waiters, queue places and subscribed channels (all 0
@@ -335,11 +327,7 @@ pub(crate) async fn client_settles(client: &LockClient<RedisBackend>, within: Du
 
 /// Fails the test, naming what `client` still tracks, unless it `settled`.
 pub(crate) fn assert_settled(settled: bool, client: &LockClient<RedisBackend>) {
-    assert!(
-        settled,
-        "the client still tracks state: {}",
-        client_state(client)
-    );
+    assert!(settled, "the client still tracks state: {}", client_state(client));
 }
 
 /// The counts behind [`client_leaks`], for failure messages.
@@ -355,7 +343,5 @@ pub(crate) fn client_state(client: &LockClient<RedisBackend>) -> String {
 
 /// Tasks alive on the current runtime, to compare with a baseline.
 pub(crate) fn tasks() -> usize {
-    tokio::runtime::Handle::current()
-        .metrics()
-        .num_alive_tasks()
+    tokio::runtime::Handle::current().metrics().num_alive_tasks()
 }

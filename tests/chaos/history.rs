@@ -90,11 +90,7 @@ impl Section {
     /// section is ok only when it did and no loss was seen.
     pub(crate) fn release_returned(&mut self, t_rel_ok: u64, released: bool) {
         self.t_rel_ok = Some(t_rel_ok);
-        self.result = if released && self.t_lost.is_none() {
-            Outcome::Ok
-        } else {
-            Outcome::Fail
-        };
+        self.result = if released && self.t_lost.is_none() { Outcome::Ok } else { Outcome::Fail };
     }
 
     /// Written when the acquire returned, before the section's end is known: the only trace
@@ -119,10 +115,7 @@ impl History {
             .append(true)
             .open(path)
             .unwrap_or_else(|e| panic!("open history {}: {e}", path.display()));
-        Self {
-            file: Arc::new(file),
-            scenario: scenario.into(),
-        }
+        Self { file: Arc::new(file), scenario: scenario.into() }
     }
 
     /// A section of this history's scenario whose acquire is being called now.

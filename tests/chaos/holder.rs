@@ -87,19 +87,11 @@ pub(crate) enum Command {
     Contend(Load),
     /// Take `key` (the fair lock with `fair`) with a watchdog lease and a fencing token, and
     /// hold it until told otherwise.
-    Hold {
-        key: String,
-        lease_ms: u64,
-        fair: bool,
-    },
+    Hold { key: String, lease_ms: u64, fair: bool },
     /// Check the held lock is not lost, say so, wait `delay_ms` (the window a fault hits), then
     /// write to the fenced store with the lock's token. `blocking` waits with
     /// `std::thread::sleep`, stalling the runtime.
-    WriteAfterCheck {
-        delay_ms: u64,
-        enforce: bool,
-        blocking: bool,
-    },
+    WriteAfterCheck { delay_ms: u64, enforce: bool, blocking: bool },
     /// Take the set `keys` with `lock_all` (a watchdog lease, fencing, a 30 s wait) and hold it
     /// until told otherwise. Each key's section is recorded when the set is granted and again
     /// whenever a renewal moves its deadline on, so a kill or a stop leaves what was believed.
@@ -171,10 +163,7 @@ impl HolderProc {
             .args(["--exact", "holder::holder_role", "--nocapture"])
             .args(["--test-threads", "1"])
             .env(ROLE, "holder")
-            .env(
-                SETUP,
-                serde_json::to_string(setup).expect("setup serialises"),
-            )
+            .env(SETUP, serde_json::to_string(setup).expect("setup serialises"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -194,12 +183,7 @@ impl HolderProc {
                 }
             }
         });
-        let mut holder = Self {
-            child,
-            stdin,
-            replies,
-            client: String::new(),
-        };
+        let mut holder = Self { child, stdin, replies, client: String::new() };
         match holder.reply(Duration::from_secs(10)).await {
             Reply::Ready { client, .. } => {
                 holder.client = client;
@@ -215,9 +199,7 @@ impl HolderProc {
 
     /// Whether `holder_id` was made by this process's client.
     pub(crate) fn made(&self, holder_id: &str) -> bool {
-        holder_id
-            .strip_prefix(self.client.as_str())
-            .is_some_and(|rest| rest.starts_with(':'))
+        holder_id.strip_prefix(self.client.as_str()).is_some_and(|rest| rest.starts_with(':'))
     }
 
     pub(crate) fn send(&mut self, command: &Command) {
@@ -272,10 +254,7 @@ fn holder_role() {
 }
 
 fn say(reply: &Reply) {
-    println!(
-        "{REPLY}{}",
-        serde_json::to_string(reply).expect("reply serialises")
-    );
+    println!("{REPLY}{}", serde_json::to_string(reply).expect("reply serialises"));
 }
 
 /// A lock this holder process holds, with the time `lost()` fired (0 = not yet).
@@ -325,11 +304,7 @@ async fn serve(setup: Setup) {
     let holder = client.holder();
     say(&Reply::Ready {
         pid: std::process::id(),
-        client: holder
-            .id()
-            .rsplit_once(':')
-            .map_or("", |(id, _)| id)
-            .to_owned(),
+        client: holder.id().rsplit_once(':').map_or("", |(id, _)| id).to_owned(),
     });
     let mut holding: Option<Holding> = None;
     let mut holding_set: Option<HoldingSet> = None;
@@ -338,18 +313,10 @@ async fn serve(setup: Setup) {
         let command: Command = serde_json::from_str(&line).expect("a command parses");
         let reply = match command {
             Command::Contend(load) => contend(&client, &witness, &history, &load).await,
-            Command::Hold {
-                key,
-                lease_ms,
-                fair,
-            } => {
+            Command::Hold { key, lease_ms, fair } => {
                 let lease = Lease::watchdog(Duration::from_millis(lease_ms));
                 let mut section = history.begin(&key, "");
-                let request = if fair {
-                    client.fair_lock(&key)
-                } else {
-                    client.lock(&key)
-                };
+                let request = if fair { client.fair_lock(&key) } else { client.lock(&key) };
                 match request.lease(lease).fencing().acquire().await {
                     Ok(guard) => {
                         section.t_ok = Some(clock::now_ns());
@@ -366,28 +333,16 @@ async fn serve(setup: Setup) {
                             token: section.token,
                             t_ok: section.t_ok.expect("just set"),
                         };
-                        holding = Some(Holding {
-                            guard,
-                            section,
-                            lost_at,
-                        });
+                        holding = Some(Holding { guard, section, lost_at });
                         reply
                     }
-                    Err(error) => Reply::Failed {
-                        error: error.to_string(),
-                    },
+                    Err(error) => Reply::Failed { error: error.to_string() },
                 }
             }
-            Command::WriteAfterCheck {
-                delay_ms,
-                enforce,
-                blocking,
-            } => {
+            Command::WriteAfterCheck { delay_ms, enforce, blocking } => {
                 let held = holding.as_ref().expect("a lock is held");
                 if held.guard.is_lost() {
-                    Reply::Failed {
-                        error: "lost before the check".to_owned(),
-                    }
+                    Reply::Failed { error: "lost before the check".to_owned() }
                 } else {
                     say(&Reply::Checked);
                     let delay = Duration::from_millis(delay_ms);
@@ -398,13 +353,9 @@ async fn serve(setup: Setup) {
                     }
                     let section = &held.section;
                     let token = section.token.expect("held with fencing");
-                    let accepted = witness
-                        .fenced_write(&section.key, &section.holder, token, enforce)
-                        .await;
-                    Reply::Wrote {
-                        accepted,
-                        t_write: clock::now_ns(),
-                    }
+                    let accepted =
+                        witness.fenced_write(&section.key, &section.holder, token, enforce).await;
+                    Reply::Wrote { accepted, t_write: clock::now_ns() }
                 }
             }
             Command::HoldAll { keys, lease_ms } => {
@@ -420,11 +371,8 @@ async fn serve(setup: Setup) {
                 release_set(holding_set.take().expect("checked"), &history).await
             }
             Command::Release => {
-                let Holding {
-                    guard,
-                    mut section,
-                    lost_at,
-                } = holding.take().expect("a lock is held");
+                let Holding { guard, mut section, lost_at } =
+                    holding.take().expect("a lock is held");
                 section.t_rel_inv = Some(clock::now_ns());
                 let result = guard.release().await;
                 section.t_rel_ok = Some(clock::now_ns());
@@ -437,11 +385,7 @@ async fn serve(setup: Setup) {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
                 section.t_lost = Some(lost_at.load(Ordering::SeqCst)).filter(|&at| at != 0);
-                section.result = if result.is_ok() {
-                    Outcome::Ok
-                } else {
-                    Outcome::Fail
-                };
+                section.result = if result.is_ok() { Outcome::Ok } else { Outcome::Fail };
                 history.record(&section);
                 Reply::Released {
                     result: match result {
@@ -500,18 +444,8 @@ async fn hold_all(
     let set_lost_at = lost_time(guard.lost());
     let guard = Arc::new(guard);
     let sections = Arc::new(Mutex::new(sections));
-    let tracker = tokio::spawn(track_deadlines(
-        guard.clone(),
-        sections.clone(),
-        history.clone(),
-    ));
-    let set = HoldingSet {
-        guard,
-        sections,
-        lost_at,
-        set_lost_at,
-        tracker,
-    };
+    let tracker = tokio::spawn(track_deadlines(guard.clone(), sections.clone(), history.clone()));
+    let set = HoldingSet { guard, sections, lost_at, set_lost_at, tracker };
     Ok((set, reply))
 }
 
@@ -549,13 +483,7 @@ async fn track_deadlines(
 
 /// [`Command::Release`] of a held set: releases it and records each key's section.
 async fn release_set(set: HoldingSet, history: &History) -> Reply {
-    let HoldingSet {
-        guard,
-        sections,
-        lost_at,
-        set_lost_at,
-        tracker,
-    } = set;
+    let HoldingSet { guard, sections, lost_at, set_lost_at, tracker } = set;
     tracker.abort();
     let _ = tracker.await;
     let guard = Arc::into_inner(guard).expect("the tracker let go of the set");
@@ -604,28 +532,19 @@ fn service(
             let write = tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(delay_ms)).await;
                 let accepted = witness.fenced_write(&key, &holder, token, true).await;
-                say(&Reply::Wrote {
-                    accepted,
-                    t_write: clock::now_ns(),
-                });
+                say(&Reply::Wrote { accepted, t_write: clock::now_ns() });
                 accepted
             });
-            if write.await.expect("the write task") {
-                StatusCode::OK
-            } else {
-                StatusCode::CONFLICT
-            }
+            if write.await.expect("the write task") { StatusCode::OK } else { StatusCode::CONFLICT }
         }
     };
-    Router::new()
-        .route("/write/{key}", post(write))
-        .route_layer(
-            LockLayer::new(client.clone())
-                .key(key::path_segment(1))
-                .name(SERVICE)
-                .lease(Lease::watchdog(Duration::from_millis(lease_ms)))
-                .fencing(),
-        )
+    Router::new().route("/write/{key}", post(write)).route_layer(
+        LockLayer::new(client.clone())
+            .key(key::path_segment(1))
+            .name(SERVICE)
+            .lease(Lease::watchdog(Duration::from_millis(lease_ms)))
+            .fencing(),
+    )
 }
 
 /// Runs `load` and waits for the client to be quiet again.
@@ -638,21 +557,15 @@ async fn contend(
     let started = std::time::Instant::now();
     let tasks: Vec<_> = (0..load.tasks)
         .map(|task| {
-            let (client, witness, history, load) = (
-                client.clone(),
-                witness.clone(),
-                history.clone(),
-                load.clone(),
-            );
+            let (client, witness, history, load) =
+                (client.clone(), witness.clone(), history.clone(), load.clone());
             tokio::spawn(async move {
                 let mut rng =
                     Rng::new(load.seed ^ (task as u64) << 40 ^ u64::from(std::process::id()));
                 let mut completed = 0;
                 let mut errors = Vec::new();
                 for _ in 0..load.sections {
-                    if load
-                        .for_ms
-                        .is_some_and(|ms| started.elapsed().as_millis() >= u128::from(ms))
+                    if load.for_ms.is_some_and(|ms| started.elapsed().as_millis() >= u128::from(ms))
                     {
                         break;
                     }
@@ -703,11 +616,7 @@ async fn contend(
         tokio::time::sleep(Duration::from_millis(10)).await;
         leaked = checker::client_leaks(client);
     }
-    Reply::Done {
-        completed,
-        errors,
-        leaked,
-    }
+    Reply::Done { completed, errors, leaked }
 }
 
 /// One critical section: acquire, tell the witness, a slow read-modify-write, release; a loss
@@ -721,21 +630,16 @@ async fn section(
     pause: Duration,
 ) -> Result<(), LockError> {
     let mut section = history.begin(key, "");
-    let guard = match client
-        .lock(key)
-        .lease(lease)
-        .fencing()
-        .wait(Duration::from_secs(30))
-        .acquire()
-        .await
-    {
-        Ok(guard) => guard,
-        Err(error) => {
-            section.acquire_failed(&error);
-            history.record(&section);
-            return Err(error);
-        }
-    };
+    let guard =
+        match client.lock(key).lease(lease).fencing().wait(Duration::from_secs(30)).acquire().await
+        {
+            Ok(guard) => guard,
+            Err(error) => {
+                section.acquire_failed(&error);
+                history.record(&section);
+                return Err(error);
+            }
+        };
     section.t_ok = Some(clock::now_ns());
     section.token = guard.fencing_token();
     section.holder = guard.holder().id().to_owned();
@@ -765,12 +669,8 @@ async fn permit_section(
     pause: Duration,
 ) -> Result<(), LockError> {
     let mut section = history.begin(key, "");
-    let acquired = client
-        .semaphore(key, permits)
-        .lease(lease)
-        .wait(Duration::from_secs(30))
-        .acquire()
-        .await;
+    let acquired =
+        client.semaphore(key, permits).lease(lease).wait(Duration::from_secs(30)).acquire().await;
     let guard = match acquired {
         Ok(guard) => guard,
         Err(error) => {
@@ -795,9 +695,7 @@ async fn permit_section(
             section.t_lost = Some(now);
         } else {
             // A renewal may have moved the deadline on.
-            section.t_deadline = section
-                .t_deadline
-                .max(Some(deadline(now, guard.remaining())));
+            section.t_deadline = section.t_deadline.max(Some(deadline(now, guard.remaining())));
         }
     }
     section.t_rel_inv = Some(clock::now_ns());

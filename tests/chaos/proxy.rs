@@ -54,12 +54,8 @@ impl Shared {
     }
 
     fn cut_all(&self) {
-        let connections = std::mem::take(
-            &mut *self
-                .connections
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner),
-        );
+        let connections =
+            std::mem::take(&mut *self.connections.lock().unwrap_or_else(PoisonError::into_inner));
         for connection in connections {
             connection.cancel();
         }
@@ -82,9 +78,7 @@ impl Proxy {
     pub(crate) async fn start(upstream_url: &str) -> Self {
         let upstream = address(upstream_url);
         let (listener, claim) = super::support::claimed_listener();
-        listener
-            .set_nonblocking(true)
-            .expect("a non-blocking listener");
+        listener.set_nonblocking(true).expect("a non-blocking listener");
         let listener = TcpListener::from_std(listener).expect("a tokio listener");
         let addr = listener.local_addr().expect("proxy address");
         let shared = Arc::new(Shared {
@@ -95,12 +89,7 @@ impl Proxy {
             connections: Mutex::new(Vec::new()),
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
-        Self {
-            addr,
-            _claim: claim,
-            shared,
-            accept,
-        }
+        Self { addr, _claim: claim, shared, accept }
     }
 
     /// The URL clients use to reach Redis through the proxy.
@@ -109,20 +98,13 @@ impl Proxy {
     }
 
     pub(crate) fn set(&self, mode: Mode) {
-        *self
-            .shared
-            .mode
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = mode;
+        *self.shared.mode.lock().unwrap_or_else(PoisonError::into_inner) = mode;
     }
 
     /// Sends new connections to the Redis at `upstream_url` and cuts the open ones.
     pub(crate) fn retarget(&self, upstream_url: &str) {
-        *self
-            .shared
-            .upstream
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = address(upstream_url);
+        *self.shared.upstream.lock().unwrap_or_else(PoisonError::into_inner) =
+            address(upstream_url);
         self.cut();
     }
 
@@ -140,11 +122,7 @@ impl Proxy {
     /// As [`drop_next_reply`](Self::drop_next_reply), then switches to `mode` in the same
     /// step, so that whatever the client sends next meets `mode`.
     pub(crate) fn drop_next_reply_then(&self, mode: Mode) {
-        *self
-            .shared
-            .after_drop
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(mode);
+        *self.shared.after_drop.lock().unwrap_or_else(PoisonError::into_inner) = Some(mode);
         self.drop_next_reply();
     }
 
@@ -163,9 +141,7 @@ impl Drop for Proxy {
 
 /// The `ip:port` of a `redis://ip:port` URL.
 fn address(url: &str) -> SocketAddr {
-    url.trim_start_matches("redis://")
-        .parse()
-        .expect("an ip:port upstream")
+    url.trim_start_matches("redis://").parse().expect("an ip:port upstream")
 }
 
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
@@ -174,20 +150,10 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             continue; // Redis is down: the client sees its connection closed.
         };
         let cut = CancellationToken::new();
-        shared
-            .connections
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(cut.clone());
+        shared.connections.lock().unwrap_or_else(PoisonError::into_inner).push(cut.clone());
         let (client_read, client_write) = client.into_split();
         let (server_read, server_write) = server.into_split();
-        tokio::spawn(pump(
-            client_read,
-            server_write,
-            false,
-            shared.clone(),
-            cut.clone(),
-        ));
+        tokio::spawn(pump(client_read, server_write, false, shared.clone(), cut.clone()));
         tokio::spawn(pump(server_read, client_write, true, shared.clone(), cut));
     }
 }
@@ -238,10 +204,7 @@ async fn pump(
                     }
                     Mode::Blackhole => continue,
                 };
-                if queue
-                    .send((Instant::now() + delay, buffer[..n].to_vec()))
-                    .is_err()
-                {
+                if queue.send((Instant::now() + delay, buffer[..n].to_vec())).is_err() {
                     break;
                 }
             }

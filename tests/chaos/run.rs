@@ -20,9 +20,9 @@ use crate::{clock, history::History, support::RedisServer};
 pub(crate) fn base_seed() -> u64 {
     static SEED: OnceLock<u64> = OnceLock::new();
     *SEED.get_or_init(|| match std::env::var("TOWER_LOCK_SEED") {
-        Ok(seed) => seed
-            .parse()
-            .unwrap_or_else(|_| panic!("TOWER_LOCK_SEED={seed:?} is not a number")),
+        Ok(seed) => {
+            seed.parse().unwrap_or_else(|_| panic!("TOWER_LOCK_SEED={seed:?} is not a number"))
+        }
         Err(_) => clock::now_ns() ^ u64::from(std::process::id()) << 32,
     })
 }
@@ -89,10 +89,7 @@ fn target_dir() -> PathBuf {
         return PathBuf::from(dir);
     }
     let exe = std::env::current_exe().expect("the test binary's path");
-    exe.ancestors()
-        .nth(3)
-        .expect("the test binary lives in target/<profile>/deps")
-        .to_path_buf()
+    exe.ancestors().nth(3).expect("the test binary lives in target/<profile>/deps").to_path_buf()
 }
 
 /// Where failure reports and the figures of the last runs go.
@@ -142,17 +139,12 @@ impl Node {
         master.cmd(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
         let port = master.server().port().to_string();
         let reply = self.cmd(&["REPLICAOF", "127.0.0.1", &port]);
-        assert_eq!(
-            reply.as_str().as_deref(),
-            Some("OK"),
-            "REPLICAOF: {reply:?}"
-        );
+        assert_eq!(reply.as_str().as_deref(), Some("OK"), "REPLICAOF: {reply:?}");
     }
 
     /// Whether this server is a replica whose link to its master is up.
     pub(crate) fn replica_in_sync(&self) -> bool {
-        self.info("replication")
-            .is_some_and(|info| info.contains("master_link_status:up"))
+        self.info("replication").is_some_and(|info| info.contains("master_link_status:up"))
     }
 
     /// `SIGSTOP`.
@@ -178,19 +170,14 @@ impl Node {
             .and_then(|()| stream.write_all(b"PING\r\n"))
             .and_then(|()| stream.read(&mut reply))
             .is_err_and(|e| {
-                matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                )
+                matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
             })
     }
 
     /// The text of `INFO <section>`, `None` when the server does not answer within a second.
     pub(crate) fn info(&self, section: &str) -> Option<String> {
         let client = redis::Client::open(self.url.as_str()).ok()?;
-        let mut conn = client
-            .get_connection_with_timeout(Duration::from_secs(1))
-            .ok()?;
+        let mut conn = client.get_connection_with_timeout(Duration::from_secs(1)).ok()?;
         conn.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
         redis::cmd("INFO").arg(section).query(&mut conn).ok()
     }
@@ -216,9 +203,7 @@ impl Node {
         for log in ["redis.log", "stderr.log"] {
             let _ = fs::copy(source.join(log), dir.join(format!("{}-{log}", self.label)));
         }
-        let info = self
-            .info("everything")
-            .unwrap_or_else(|| "(no answer)".to_owned());
+        let info = self.info("everything").unwrap_or_else(|| "(no answer)".to_owned());
         let _ = fs::write(dir.join(format!("{}-info.txt", self.label)), info);
     }
 }
@@ -300,12 +285,9 @@ impl Scenario {
     /// This scenario's random generator: the base seed mixed with the scenario's name, so each
     /// scenario repeats on its own with the same `TOWER_LOCK_SEED`.
     pub(crate) fn rng(&self) -> Rng {
-        let salt = self
-            .name
-            .bytes()
-            .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
-                (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-            });
+        let salt = self.name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        });
         Rng::new(self.seed ^ salt)
     }
 
@@ -360,10 +342,8 @@ impl Scenario {
         println!("{line}");
         let dir = reports_dir();
         let _ = fs::create_dir_all(&dir);
-        if let Ok(mut file) = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("figures.txt"))
+        if let Ok(mut file) =
+            fs::OpenOptions::new().create(true).append(true).open(dir.join("figures.txt"))
         {
             let _ = writeln!(file, "{line}");
         }

@@ -72,10 +72,7 @@ impl std::fmt::Debug for Witness {
 impl Witness {
     pub(crate) async fn connect(url: &str) -> Self {
         let client = redis::Client::open(url).expect("witness url");
-        let conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect to the witness");
+        let conn = client.get_multiplexed_async_connection().await.expect("connect to the witness");
         Self { conn }
     }
 
@@ -92,12 +89,7 @@ impl Witness {
 
     /// The section on `key` ends.
     pub(crate) async fn exit(&self, key: &str) {
-        let _: i64 = self
-            .conn
-            .clone()
-            .decr(format!("w:in:{key}"), 1)
-            .await
-            .expect("witness exit");
+        let _: i64 = self.conn.clone().decr(format!("w:in:{key}"), 1).await.expect("witness exit");
     }
 
     /// Read-modify-write of `key`'s counter with `pause` in between: two holders inside at
@@ -107,10 +99,7 @@ impl Witness {
         let counter = format!("w:count:{key}");
         let value: Option<u64> = conn.get(&counter).await.expect("witness read");
         tokio::time::sleep(pause).await;
-        let _: () = conn
-            .set(&counter, value.unwrap_or(0) + 1)
-            .await
-            .expect("witness write");
+        let _: () = conn.set(&counter, value.unwrap_or(0) + 1).await.expect("witness write");
     }
 
     /// A write to the fenced store for `key` carrying `token`; returns whether it was accepted.

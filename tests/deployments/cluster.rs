@@ -28,10 +28,8 @@ const PROMPT: Duration = Duration::from_secs(1);
 
 /// A client with its own cluster connections, using `prefix`.
 async fn client(cluster: &RedisCluster, prefix: &str) -> LockClient<RedisBackend> {
-    let backend = RedisBackend::cluster(cluster.urls())
-        .connect()
-        .await
-        .expect("connect to the cluster");
+    let backend =
+        RedisBackend::cluster(cluster.urls()).connect().await.expect("connect to the cluster");
     LockClient::builder(backend)
         .prefix(prefix)
         .wait(Duration::from_secs(20))
@@ -87,10 +85,8 @@ async fn mutual_exclusion_across_masters() {
     const ROUNDS: usize = 40;
     let cluster = RedisCluster::start();
     let keys: Vec<String> = (0..KEYS).map(|i| format!("order:{i}")).collect();
-    let owners: HashSet<usize> = keys
-        .iter()
-        .map(|key| cluster.owner_of(&lock_name("mx:", key)))
-        .collect();
+    let owners: HashSet<usize> =
+        keys.iter().map(|key| cluster.owner_of(&lock_name("mx:", key))).collect();
     assert_eq!(owners.len(), 3, "the keys cover every master: {owners:?}");
     let clients = [client(&cluster, "mx:").await, client(&cluster, "mx:").await];
     let inside: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
@@ -117,23 +113,12 @@ async fn mutual_exclusion_across_masters() {
         }
     }
     for task in tasks {
-        timeout(Duration::from_secs(40), task)
-            .await
-            .expect("contention finishes")
-            .expect("task");
+        timeout(Duration::from_secs(40), task).await.expect("contention finishes").expect("task");
     }
     assert_eq!(violations.load(Ordering::SeqCst), 0, "mutual exclusion");
-    assert_eq!(
-        granted.load(Ordering::SeqCst),
-        (2 * TASKS * ROUNDS) as u64,
-        "every acquisition"
-    );
+    assert_eq!(granted.load(Ordering::SeqCst), (2 * TASKS * ROUNDS) as u64, "every acquisition");
     for master in cluster.masters() {
-        let stats = cluster
-            .node(master)
-            .cmd(&["INFO", "errorstats"])
-            .as_str()
-            .unwrap_or_default();
+        let stats = cluster.node(master).cmd(&["INFO", "errorstats"]).as_str().unwrap_or_default();
         assert!(!stats.contains("CROSSSLOT"), "node {master}: {stats}");
     }
 }
@@ -163,11 +148,7 @@ async fn waiters_listen_on_the_owning_shard() {
         assert!(granted - released < PROMPT, "woken by the release");
         for (m, before) in before.into_iter().enumerate() {
             let published = cluster.node(m).calls("spublish") - before;
-            assert_eq!(
-                published,
-                u64::from(m == node),
-                "SPUBLISH calls on node {m}"
-            );
+            assert_eq!(published, u64::from(m == node), "SPUBLISH calls on node {m}");
         }
         guard.release().await.expect("release");
     }
@@ -195,10 +176,7 @@ async fn fair_and_read_write_locks() {
         let (client, order) = (client.clone(), order.clone());
         waiters.push(tokio::spawn(async move {
             let guard = client.fair_lock("fair").acquire().await.expect("fair wait");
-            order
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(name);
+            order.lock().unwrap_or_else(PoisonError::into_inner).push(name);
             guard.release().await.expect("fair release");
         }));
         let queued = waiters.len() as i64;
@@ -209,28 +187,12 @@ async fn fair_and_read_write_locks() {
     }
     held.release().await.expect("fair release");
     for waiter in waiters {
-        timeout(Duration::from_secs(10), waiter)
-            .await
-            .expect("fair waiters finish")
-            .expect("task");
+        timeout(Duration::from_secs(10), waiter).await.expect("fair waiters finish").expect("task");
     }
-    assert_eq!(
-        *order.lock().unwrap_or_else(PoisonError::into_inner),
-        ["b", "c"]
-    );
+    assert_eq!(*order.lock().unwrap_or_else(PoisonError::into_inner), ["b", "c"]);
 
-    let read_a = a
-        .read_write_lock("rw")
-        .read()
-        .acquire()
-        .await
-        .expect("read");
-    let read_b = b
-        .read_write_lock("rw")
-        .read()
-        .try_acquire()
-        .await
-        .expect("shared read");
+    let read_a = a.read_write_lock("rw").read().acquire().await.expect("read");
+    let read_b = b.read_write_lock("rw").read().try_acquire().await.expect("shared read");
     assert!(matches!(
         c.read_write_lock("rw").write().try_acquire().await,
         Err(LockError::WaitTimeout { .. })
@@ -254,36 +216,19 @@ async fn fair_and_read_write_locks() {
 #[tokio::test]
 async fn semaphores_on_every_master() {
     let cluster = RedisCluster::start();
-    let (a, b) = (
-        client(&cluster, "sem:").await,
-        client(&cluster, "sem:").await,
-    );
+    let (a, b) = (client(&cluster, "sem:").await, client(&cluster, "sem:").await);
     for node in 0..3 {
         let key = key_on(&cluster, "sem:", node);
         let lease = Lease::fixed(Duration::from_secs(30));
-        let one = a
-            .semaphore(&key, 2)
-            .lease(lease)
-            .acquire()
-            .await
-            .expect("permit");
-        let two = b
-            .semaphore(&key, 2)
-            .lease(lease)
-            .acquire()
-            .await
-            .expect("permit");
+        let one = a.semaphore(&key, 2).lease(lease).acquire().await.expect("permit");
+        let two = b.semaphore(&key, 2).lease(lease).acquire().await.expect("permit");
         assert!(matches!(
             b.semaphore(&key, 2).try_acquire().await,
             Err(LockError::WaitTimeout { .. })
         ));
         // The semaphore's key is the sorted set of its permit grants.
         let holders = lock_name("sem:", &key) + ":sem";
-        assert_eq!(
-            cluster.owner_of(&holders),
-            node,
-            "its keys share the lock's slot"
-        );
+        assert_eq!(cluster.owner_of(&holders), node, "its keys share the lock's slot");
         assert_eq!(cluster.node(node).cmd(&["ZCARD", &holders]).as_int(), 2);
         let channel = lock_name("sem:", &key) + ":sem:released";
         let waiter = {
@@ -314,10 +259,7 @@ async fn semaphores_on_every_master() {
 async fn slot_migrated_while_held() {
     let lease = Lease::watchdog(Duration::from_millis(1500));
     let cluster = RedisCluster::start();
-    let (a, b) = (
-        client(&cluster, "mig:").await,
-        client(&cluster, "mig:").await,
-    );
+    let (a, b) = (client(&cluster, "mig:").await, client(&cluster, "mig:").await);
     let key = key_on(&cluster, "mig:", 0);
     let name = lock_name("mig:", &key);
     let channel = channel("mig:", &key);
@@ -330,11 +272,9 @@ async fn slot_migrated_while_held() {
 
     cluster.migrate_slot(cluster.slot_of(&name), 1);
     assert_eq!(cluster.owner_of(&name), 1);
-    support::eventually(
-        Duration::from_secs(3),
-        "the waiter resubscribed on the new owner",
-        || shard_subscribers(cluster.node(1), &channel) == 1,
-    )
+    support::eventually(Duration::from_secs(3), "the waiter resubscribed on the new owner", || {
+        shard_subscribers(cluster.node(1), &channel) == 1
+    })
     .await;
     // Past two whole leases: only renewals sent to the new owner keep the lock.
     tokio::time::sleep(lease.duration() * 2).await;
@@ -425,25 +365,17 @@ async fn master_failover_while_held_and_waited() {
         outage_rounds += 1;
     }
     let (cluster, promoted) = failover.await.expect("failover");
-    assert!(
-        outage_rounds > 10,
-        "only {outage_rounds} rounds during the failover"
-    );
+    assert!(outage_rounds > 10, "only {outage_rounds} rounds during the failover");
     let recovery = Duration::from_millis(NODE_TIMEOUT_MS) + Duration::from_secs(2);
-    support::eventually(
-        recovery,
-        "the waiter resubscribed on the promoted replica",
-        || shard_subscribers(cluster.node(promoted), &channel("fo:", &doomed)) == 1,
-    )
+    support::eventually(recovery, "the waiter resubscribed on the promoted replica", || {
+        shard_subscribers(cluster.node(promoted), &channel("fo:", &doomed)) == 1
+    })
     .await;
     println!("waiter resubscribed {:?} after the kill", killed.elapsed());
 
     // The surviving master's lock never stopped working.
     assert!(!surviving_guard.is_lost());
-    surviving_guard
-        .release()
-        .await
-        .expect("release on a surviving master");
+    surviving_guard.release().await.expect("release on a surviving master");
     let released = Instant::now();
     let (guard, granted) = timeout(Duration::from_secs(5), surviving_waiter)
         .await
@@ -460,10 +392,7 @@ async fn master_failover_while_held_and_waited() {
     assert_eq!(cluster.node(promoted).cmd(&["EXISTS", &name]).as_int(), 1);
     assert!(!doomed_guard.is_lost());
     assert!(!doomed_waiter.is_finished(), "the waiter still waits");
-    doomed_guard
-        .release()
-        .await
-        .expect("release on the promoted replica");
+    doomed_guard.release().await.expect("release on the promoted replica");
     let released = Instant::now();
     let (guard, granted) = timeout(Duration::from_secs(5), doomed_waiter)
         .await
@@ -507,11 +436,7 @@ async fn scripts_reloaded_after_flush() {
         cluster.node(master).cmd(&["SCRIPT", "FLUSH"]);
     }
     for key in &keys {
-        let guard = a
-            .lock(key)
-            .try_acquire()
-            .await
-            .expect("acquire after a flush");
+        let guard = a.lock(key).try_acquire().await.expect("acquire after a flush");
         guard.release().await.expect("release");
     }
 }

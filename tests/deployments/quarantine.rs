@@ -55,10 +55,7 @@ async fn node_client(
                 .expect("connect through the application's pool")
         }
     };
-    LockClient::builder(backend)
-        .lease(Lease::fixed(LEASE))
-        .build()
-        .expect("valid configuration")
+    LockClient::builder(backend).lease(Lease::fixed(LEASE)).build().expect("valid configuration")
 }
 
 /// What happened to the waiter: when it was granted, and whether the first holder still
@@ -130,21 +127,12 @@ async fn single_node_restart(via: Via, quarantine: Duration, restart: Restart) -
             aof_kept = Some((file, kept));
         }
     }
-    let held = a
-        .lock("account")
-        .wait(LEASE)
-        .acquire()
-        .await
-        .expect("A acquires a free lock");
+    let held = a.lock("account").wait(LEASE).acquire().await.expect("A acquires a free lock");
     let waiter = tokio::spawn({
         let b = b.clone();
         async move {
-            let guard = b
-                .lock("account")
-                .wait(LEASE * 4)
-                .acquire()
-                .await
-                .expect("B acquires in the end");
+            let guard =
+                b.lock("account").wait(LEASE * 4).acquire().await.expect("B acquires in the end");
             (Instant::now(), guard)
         }
     });
@@ -155,23 +143,13 @@ async fn single_node_restart(via: Via, quarantine: Duration, restart: Restart) -
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     assert!(!waiter.is_finished(), "B waits while A holds");
-    assert_eq!(
-        server.cmd(&["EXISTS", ACCOUNT]),
-        RespValue::Int(1),
-        "A's lock key"
-    );
+    assert_eq!(server.cmd(&["EXISTS", ACCOUNT]), RespValue::Int(1), "A's lock key");
     let restarted = Instant::now();
     server.kill();
     if let Some((file, kept)) = aof_kept {
-        let aof = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&file)
-            .expect("open the aof");
+        let aof = std::fs::OpenOptions::new().write(true).open(&file).expect("open the aof");
         let len = aof.metadata().expect("aof").len();
-        assert!(
-            len > kept,
-            "A's grant is in the aof ({file:?}: {len} bytes, {kept} before)"
-        );
+        assert!(len > kept, "A's grant is in the aof ({file:?}: {len} bytes, {kept} before)");
         aof.set_len(kept).expect("cut the aof back");
     }
     server.restart();
@@ -187,10 +165,8 @@ async fn single_node_restart(via: Via, quarantine: Duration, restart: Restart) -
         "{restart:?}: the server came back without A's grant"
     );
     let (granted, guard) = waiter.await.expect("waiter task");
-    let outcome = Outcome {
-        granted_after_restart: granted - restarted,
-        double_grant: !held.is_lost(),
-    };
+    let outcome =
+        Outcome { granted_after_restart: granted - restarted, double_grant: !held.is_lost() };
     drop((held, guard));
     outcome
 }
@@ -251,10 +227,7 @@ fn redlock_client(servers: &[RedisServer], quarantine: Duration) -> LockClient<R
         .quarantine(quarantine)
         .build()
         .expect("valid Redlock configuration");
-    LockClient::builder(backend)
-        .lease(Lease::fixed(LEASE))
-        .build()
-        .expect("valid configuration")
+    LockClient::builder(backend).lease(Lease::fixed(LEASE)).build().expect("valid configuration")
 }
 
 /// A holds on exactly nodes 0–2 (3 and 4 are down when it acquires, then come back empty);
@@ -314,9 +287,7 @@ fn quarantine_left(result: Result<LockGuard<RedisBackend>, LockError>) -> Durati
         Err(LockError::Backend(error))
             if *error.kind() == tower_lock::error::BackendErrorKind::Quarantined =>
         {
-            error
-                .retry_after()
-                .expect("the quarantine says when it ends")
+            error.retry_after().expect("the quarantine says when it ends")
         }
         other => panic!("not refused for the quarantine: {other:?}"),
     }
@@ -391,10 +362,7 @@ async fn a_save_holds_back_no_acquire_through_a_pool() {
         .await
         .expect("release");
     let run = run_id(&server);
-    let marker = server
-        .cmd(&["GET", RUN_MARKER])
-        .as_str()
-        .unwrap_or_default();
+    let marker = server.cmd(&["GET", RUN_MARKER]).as_str().unwrap_or_default();
     assert!(
         marker.starts_with(&format!("{run} ")),
         "the marker names the server's run and its origin: {marker}"
@@ -509,18 +477,11 @@ async fn a_short_restart_at_defaults_costs_under_ten_seconds() {
 
     let mut refusals = 0u32;
     let granted = loop {
-        match b
-            .lock("account")
-            .wait(Duration::from_secs(1))
-            .acquire()
-            .await
-        {
+        match b.lock("account").wait(Duration::from_secs(1)).acquire().await {
             Ok(guard) => break guard,
             Err(error) => {
                 refusals += 1;
-                let hint = error
-                    .retry_after()
-                    .expect("every refusal says when to retry");
+                let hint = error.retry_after().expect("every refusal says when to retry");
                 assert!(!hint.is_zero(), "{error:?}");
                 tokio::time::sleep(hint.min(Duration::from_millis(500))).await;
             }
@@ -528,10 +489,7 @@ async fn a_short_restart_at_defaults_costs_under_ten_seconds() {
     };
     let outage = down_at.elapsed();
     println!("store down {DOWN:?}: first grant {outage:?} after it went down, {refusals} refusals");
-    assert!(
-        held.is_lost(),
-        "granted while the first holder still believed it held the lock"
-    );
+    assert!(held.is_lost(), "granted while the first holder still believed it held the lock");
     assert!(
         outage < Duration::from_secs(10) + SLACK,
         "{outage:?} of refusals for a {DOWN:?} restart"

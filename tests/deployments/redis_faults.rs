@@ -22,14 +22,8 @@ const TOLERANCE: Duration = Duration::from_millis(100);
 
 /// A client with its own connections to `url`, using `prefix`.
 async fn client(url: &str, prefix: &str) -> LockClient<RedisBackend> {
-    let backend = support::redis_backend(url)
-        .connect()
-        .await
-        .expect("connect");
-    LockClient::builder(backend)
-        .prefix(prefix)
-        .build()
-        .expect("valid configuration")
+    let backend = support::redis_backend(url).connect().await.expect("connect");
+    LockClient::builder(backend).prefix(prefix).build().expect("valid configuration")
 }
 
 /// The record at `key` (an owner record names its grant), for failure messages.
@@ -83,15 +77,9 @@ async fn lost_detected_when_key_deleted() {
         .await
         .expect("lost() resolves once the key is gone");
     let noticed = deleted_at.elapsed();
-    println!(
-        "lost detected {noticed:?} after the DEL (renewal every {:?})",
-        lease / 3
-    );
+    println!("lost detected {noticed:?} after the DEL (renewal every {:?})", lease / 3);
     assert!(guard.is_lost());
-    assert!(
-        guard.remaining() > Duration::ZERO,
-        "detected by a renewal, before the local deadline"
-    );
+    assert!(guard.remaining() > Duration::ZERO, "detected by a renewal, before the local deadline");
     assert!(noticed < lease, "noticed only after {noticed:?}");
 
     // The lost guard's release does not touch the next owner's lock.
@@ -126,10 +114,7 @@ async fn script_flush_under_load() {
     let mut error = None;
     // At least 300 cycles, and at least 20 flushes in between them; stop at the first error.
     while error.is_none() && (cycles < 300 || flushes.load(Ordering::SeqCst) < 20) {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "the flusher stalled"
-        );
+        assert!(started.elapsed() < Duration::from_secs(20), "the flusher stalled");
         match a.lock("hot").wait(Duration::from_secs(2)).acquire().await {
             Ok(guard) => {
                 if let Err(e) = guard.release().await {
@@ -172,15 +157,8 @@ async fn held_lock_survives_script_flush() {
     let pttl = server.cmd(&["PTTL", &name]).as_int();
     assert!(pttl > 0, "the lease is still running in Redis: PTTL {pttl}");
     script_flush(&server).await;
-    guard
-        .release()
-        .await
-        .expect("release reloads its script too");
-    let next = b
-        .lock("k")
-        .try_acquire()
-        .await
-        .expect("free after the release");
+    guard.release().await.expect("release reloads its script too");
+    let next = b.lock("k").try_acquire().await.expect("free after the release");
     next.release().await.expect("release");
 }
 
@@ -236,15 +214,8 @@ async fn held_locks_survive_flush_storm() {
         .filter(|guard| guard.is_lost())
         .map(|guard| guard.key().to_string())
         .collect();
-    println!(
-        "flush storm: {flushes} flushes, {} of {} held locks lost",
-        lost.len(),
-        guards.len()
-    );
-    assert!(
-        lost.is_empty(),
-        "held locks lost during SCRIPT FLUSHes: {lost:?}"
-    );
+    println!("flush storm: {flushes} flushes, {} of {} held locks lost", lost.len(), guards.len());
+    assert!(lost.is_empty(), "held locks lost during SCRIPT FLUSHes: {lost:?}");
     for i in 0..20 {
         assert_busy(&b, &format!("k{i}"), "still held after the storm").await;
     }
@@ -276,10 +247,7 @@ async fn acquire_release_survive_flush_storm() {
         cycles += 1;
     }
     let flushes = end_storm(storm).await;
-    println!(
-        "flush storm: {cycles} cycles, {flushes} flushes, {} errors",
-        errors.len()
-    );
+    println!("flush storm: {cycles} cycles, {flushes} flushes, {} errors", errors.len());
     assert!(errors.is_empty(), "errors seen by callers: {errors:?}");
 }
 
@@ -288,10 +256,7 @@ async fn acquire_release_survive_flush_storm() {
 async fn wrong_type_is_reported_not_overwritten() {
     let server = RedisServer::start();
     let a = client(&server.url(), "t:").await;
-    assert_eq!(
-        server.cmd(&["SET", "t:{order:1}", "x"]).as_str().as_deref(),
-        Some("OK")
-    );
+    assert_eq!(server.cmd(&["SET", "t:{order:1}", "x"]).as_str().as_deref(), Some("OK"));
     for wait in [Duration::ZERO, Duration::from_secs(2)] {
         let started = Instant::now();
         let outcome = a.lock("order:1").wait(wait).acquire().await;
@@ -308,15 +273,9 @@ async fn wrong_type_is_reported_not_overwritten() {
         );
         assert!(error.to_string().contains("string"), "{error}");
         assert_eq!(backend.key(), Some("t:{order:1}"));
-        assert!(
-            elapsed < Duration::from_secs(1),
-            "no waiting on a foreign key: {elapsed:?}"
-        );
+        assert!(elapsed < Duration::from_secs(1), "no waiting on a foreign key: {elapsed:?}");
     }
-    assert_eq!(
-        server.cmd(&["GET", "t:{order:1}"]).as_str().as_deref(),
-        Some("x")
-    );
+    assert_eq!(server.cmd(&["GET", "t:{order:1}"]).as_str().as_deref(), Some("x"));
     assert_eq!(server.cmd(&["PTTL", "t:{order:1}"]).as_int(), -1);
 }
 
@@ -342,20 +301,15 @@ async fn killed_server_fails_fast() {
     let killed_at = Instant::now();
     for attempt in 1..=3 {
         let started = Instant::now();
-        let outcome = timeout(
-            Duration::from_secs(5),
-            a.lock("k").wait(Duration::from_secs(1)).acquire(),
-        )
-        .await
-        .expect("an acquire against a dead server must not hang");
+        let outcome =
+            timeout(Duration::from_secs(5), a.lock("k").wait(Duration::from_secs(1)).acquire())
+                .await
+                .expect("an acquire against a dead server must not hang");
         let elapsed = started.elapsed();
         let error = outcome.expect_err("the server is dead");
         println!("attempt {attempt} after the kill: {error} in {elapsed:?}");
         assert!(matches!(error, LockError::Backend(_)), "{error:?}");
-        assert!(
-            elapsed < Duration::from_secs(3),
-            "failed only after {elapsed:?}"
-        );
+        assert!(elapsed < Duration::from_secs(3), "failed only after {elapsed:?}");
     }
     let lost_at = timeout(Duration::from_secs(2), lost_at)
         .await
@@ -427,10 +381,7 @@ async fn restarted_server_recovers() {
         .expect("waiter task");
     let waited = ended_at - restarted_at;
     println!("restart: the waiter ended {waited:?} after the restart with {acquired:?}");
-    assert!(
-        waited < Duration::from_secs(5),
-        "the waiter was stranded for {waited:?}"
-    );
+    assert!(waited < Duration::from_secs(5), "the waiter was stranded for {waited:?}");
     match acquired {
         Ok(guard) => guard.release().await.expect("release"),
         Err(LockError::Backend(_)) => {}
@@ -464,9 +415,7 @@ async fn paused_server_holder_lost_at_deadline() {
     let lost_at = timeout(Duration::from_secs(3), lost_at).await;
     tokio::time::sleep_until(paused_at + 2 * lease).await;
     server.resume();
-    let lost_at = lost_at
-        .expect("lost() fires while the server is paused")
-        .expect("lost task");
+    let lost_at = lost_at.expect("lost() fires while the server is paused").expect("lost task");
     let lost_after = lost_at.saturating_duration_since(paused_at);
     println!("paused server: holder (lease {lease:?}) lost {lost_after:?} after the pause");
     assert!(held.is_lost());
@@ -479,10 +428,7 @@ async fn paused_server_holder_lost_at_deadline() {
 
     // The lease ran out in Redis during the pause: the lock is free after resume.
     let next = b.lock("k").wait(Duration::from_secs(2)).acquire().await;
-    next.expect("free after resume")
-        .release()
-        .await
-        .expect("release");
+    next.expect("free after resume").release().await.expect("release");
     let released = held.release().await;
     assert!(matches!(released, Err(LockError::Lost)), "{released:?}");
 }
@@ -522,14 +468,8 @@ async fn paused_server_times_out_and_undoes_attempt() {
         panic!("expected a backend error, got {error:?}");
     };
     // The last try met the pause: no reply, or no connection, in time.
-    assert!(
-        backend.is_timeout() || backend.is_unavailable(),
-        "{backend:?}"
-    );
-    assert!(
-        elapsed < Duration::from_secs(1),
-        "failed only after {elapsed:?}"
-    );
+    assert!(backend.is_timeout() || backend.is_unavailable(), "{backend:?}");
+    assert!(elapsed < Duration::from_secs(1), "failed only after {elapsed:?}");
 
     // Whatever the paused server runs once resumed, the lock must not stay held by nobody.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -540,18 +480,11 @@ async fn paused_server_times_out_and_undoes_attempt() {
             "orphan lock 2 s after resume: {} with PTTL {} ms; server errors: {}",
             record(&server, "t18:{k}"),
             server.cmd(&["PTTL", "t18:{k}"]).as_int(),
-            server
-                .cmd(&["INFO", "errorstats"])
-                .as_str()
-                .unwrap_or_default()
-                .replace("\r\n", " ")
+            server.cmd(&["INFO", "errorstats"]).as_str().unwrap_or_default().replace("\r\n", " ")
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    println!(
-        "paused server: lock key gone {:?} after resume",
-        resumed_at.elapsed()
-    );
+    println!("paused server: lock key gone {:?} after resume", resumed_at.elapsed());
     let next = b.lock("k").try_acquire().await.expect("the key is free");
     next.release().await.expect("release");
 }
@@ -595,10 +528,9 @@ async fn ride_out_a_client_pause(fair: bool) {
                 let guard = request.wait(Duration::from_secs(30)).acquire().await;
                 let at = Instant::now();
                 let acquired = match guard {
-                    Ok(guard) => guard
-                        .release()
-                        .await
-                        .map_err(|error| format!("release: {error:?}")),
+                    Ok(guard) => {
+                        guard.release().await.map_err(|error| format!("release: {error:?}"))
+                    }
                     Err(error) => Err(format!("{error:?}")),
                 };
                 (acquired, at)
@@ -607,10 +539,7 @@ async fn ride_out_a_client_pause(fair: bool) {
         .collect();
     // The holder lets go once the waiters are waiting. Its release meets the pause too: it is
     // retried in the background until it is applied (its error here says only that).
-    support::eventually(Duration::from_secs(10), "both wait", || {
-        waiters.waiters() == 2
-    })
-    .await;
+    support::eventually(Duration::from_secs(10), "both wait", || waiters.waiters() == 2).await;
     if let Err(error) = held.release().await {
         println!("fair {fair}: release during the pause: {error} (retried in the background)");
     }

@@ -35,9 +35,7 @@ struct Nodes {
 
 impl Nodes {
     fn start() -> Self {
-        Self {
-            servers: (0..NODES).map(|_| RedisServer::start()).collect(),
-        }
+        Self { servers: (0..NODES).map(|_| RedisServer::start()).collect() }
     }
 
     /// A backend of its own (own connections, own pub/sub: a separate process's view).
@@ -50,10 +48,7 @@ impl Nodes {
     }
 
     fn client(&self) -> LockClient<RedlockBackend> {
-        LockClient::builder(self.backend())
-            .prefix("rl:")
-            .build()
-            .expect("valid configuration")
+        LockClient::builder(self.backend()).prefix("rl:").build().expect("valid configuration")
     }
 
     /// The keys left on every node that still runs, as `port: key` lines. The record of an
@@ -129,12 +124,7 @@ async fn section(
     inside: &AtomicBool,
     overlaps: &AtomicU64,
 ) {
-    let guard = client
-        .lock(key)
-        .wait(wait)
-        .acquire()
-        .await
-        .expect("acquire within the wait");
+    let guard = client.lock(key).wait(wait).acquire().await.expect("acquire within the wait");
     if inside.swap(true, Ordering::SeqCst) {
         overlaps.fetch_add(1, Ordering::SeqCst);
     }
@@ -170,21 +160,14 @@ async fn mutual_exclusion() {
     let sections = CLIENTS * TASKS * ROUNDS;
     let (rounds, won) = clients.iter().fold((0, 0), |(rounds, won), client| {
         let backend = client.backend();
-        (
-            rounds + backend.acquire_rounds(),
-            won + backend.acquire_rounds_won(),
-        )
+        (rounds + backend.acquire_rounds(), won + backend.acquire_rounds_won())
     });
     println!(
         "redlock mutual exclusion: {sections} sections in {:?}, {rounds} acquire rounds ({won} won, {:.2} per acquisition)",
         started.elapsed(),
         rounds as f64 / won.max(1) as f64
     );
-    assert_eq!(
-        overlaps.load(Ordering::SeqCst),
-        0,
-        "two holders were inside at once"
-    );
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders were inside at once");
     assert_eq!(nodes.leftovers(), Vec::<String>::new(), "keys left behind");
 }
 
@@ -208,14 +191,7 @@ async fn eight_clients_start_together() {
             let start = start.clone();
             set.spawn(async move {
                 start.wait().await;
-                section(
-                    &client,
-                    "stampede",
-                    Duration::from_secs(10),
-                    &inside,
-                    &overlaps,
-                )
-                .await;
+                section(&client, "stampede", Duration::from_secs(10), &inside, &overlaps).await;
             });
         }
         while let Some(joined) = set.join_next().await {
@@ -229,11 +205,7 @@ async fn eight_clients_start_together() {
         started.elapsed(),
         rounds as f64 / acquisitions as f64
     );
-    assert_eq!(
-        overlaps.load(Ordering::SeqCst),
-        0,
-        "two holders were inside at once"
-    );
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders were inside at once");
     assert_eq!(nodes.leftovers(), Vec::<String>::new(), "keys left behind");
 }
 
@@ -259,10 +231,7 @@ async fn reentrancy() {
     let counts: Vec<u64> = guards.iter().map(LockGuard::hold_count).collect();
     assert_eq!(counts, [1, 2, 3]);
     let name = guards[0].key().as_str().to_owned();
-    let grant = nodes
-        .grant_everywhere(&name)
-        .await
-        .expect("the grant's record");
+    let grant = nodes.grant_everywhere(&name).await.expect("the grant's record");
     assert!(support::attempt_of(&grant, holder.id()), "{grant}");
     for (released, guard) in guards.into_iter().enumerate() {
         let left = 3 - released;
@@ -279,10 +248,7 @@ async fn reentrancy() {
         guard.release().await.expect("release one hold");
     }
     let next = b.lock("order:7").try_acquire().await;
-    next.expect("free once every hold is released")
-        .release()
-        .await
-        .expect("release");
+    next.expect("free once every hold is released").release().await.expect("release");
     assert_eq!(nodes.leftovers(), Vec::<String>::new(), "keys left behind");
 }
 
@@ -299,28 +265,17 @@ async fn waiter_woken_by_release() {
         .await
         .expect("acquire");
     let waiter = tokio::spawn(async move {
-        let acquired = b
-            .lock("doc:3")
-            .wait(Duration::from_secs(10))
-            .acquire()
-            .await;
+        let acquired = b.lock("doc:3").wait(Duration::from_secs(10)).acquire().await;
         (Instant::now(), acquired, b)
     });
     // The waiter is subscribed on every node once its listen has returned.
     let deadline = Instant::now() + Duration::from_secs(5);
     let channel = format!("{}:released", held.key().as_str());
-    while nodes
-        .servers
-        .iter()
-        .any(|server| match server.cmd(&["PUBSUB", "NUMSUB", &channel]) {
-            RespValue::Array(Some(items)) => items[1].as_int() < 1,
-            other => panic!("unexpected PUBSUB NUMSUB reply: {other:?}"),
-        })
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the waiter never subscribed on every node"
-        );
+    while nodes.servers.iter().any(|server| match server.cmd(&["PUBSUB", "NUMSUB", &channel]) {
+        RespValue::Array(Some(items)) => items[1].as_int() < 1,
+        other => panic!("unexpected PUBSUB NUMSUB reply: {other:?}"),
+    }) {
+        assert!(Instant::now() < deadline, "the waiter never subscribed on every node");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let released_at = Instant::now();
@@ -343,16 +298,9 @@ async fn two_nodes_killed_still_works() {
     nodes.servers[3].kill();
     for round in 0..5 {
         let asked = Instant::now();
-        let guard = a
-            .lock("two-down")
-            .acquire()
-            .await
-            .expect("acquire on 3 of 5");
+        let guard = a.lock("two-down").acquire().await.expect("acquire on 3 of 5");
         let took = asked.elapsed();
-        assert!(
-            took <= NODE_TIMEOUT + SLACK,
-            "round {round}: acquire took {took:?}"
-        );
+        assert!(took <= NODE_TIMEOUT + SLACK, "round {round}: acquire took {took:?}");
         let busy = b.lock("two-down").try_acquire().await;
         assert!(
             matches!(busy, Err(LockError::WaitTimeout { .. })),
@@ -361,11 +309,7 @@ async fn two_nodes_killed_still_works() {
         guard.release().await.expect("release on 3 of 5");
     }
     let guard = b.lock("two-down").try_acquire().await;
-    guard
-        .expect("free after release")
-        .release()
-        .await
-        .expect("release");
+    guard.expect("free after release").release().await.expect("release");
     assert_eq!(nodes.leftovers(), Vec::<String>::new(), "keys left behind");
 }
 
@@ -459,11 +403,7 @@ async fn pair_latencies(
     let mut latencies = Vec::with_capacity(pairs);
     for _ in 0..pairs {
         let started = Instant::now();
-        let guard = client
-            .lock(key)
-            .acquire()
-            .await
-            .expect("acquire on a majority");
+        let guard = client.lock(key).acquire().await.expect("acquire on a majority");
         guard.release().await.expect("release on a majority");
         latencies.push(started.elapsed());
     }
@@ -494,19 +434,12 @@ async fn an_acquire_returns_once_a_majority_granted() {
     nodes.servers[0].pause();
     nodes.servers[2].pause();
     let asked = Instant::now();
-    let guard = client
-        .lock("majority")
-        .acquire()
-        .await
-        .expect("acquire on 3 of 5");
+    let guard = client.lock("majority").acquire().await.expect("acquire on 3 of 5");
     let took = asked.elapsed();
     println!(
         "redlock with 2 of 5 stopped: first acquire in {took:?} (node timeout {NODE_TIMEOUT:?})"
     );
-    assert!(
-        took < NODE_TIMEOUT / 2,
-        "the acquire took {took:?}: it waited for the stopped nodes"
-    );
+    assert!(took < NODE_TIMEOUT / 2, "the acquire took {took:?}: it waited for the stopped nodes");
     guard.release().await.expect("release on 3 of 5");
     nodes.servers[0].resume();
     nodes.servers[2].resume();
@@ -525,13 +458,7 @@ async fn three_nodes_killed_fails_within_the_wait() {
     let result = client.lock("three-down").wait(wait).acquire().await;
     let took = asked.elapsed();
     let kind = expect_backend_error(result, "3 of 5 down");
-    assert_eq!(
-        kind,
-        BackendErrorKind::QuorumUnavailable {
-            reachable: 2,
-            needed: 3
-        }
-    );
+    assert_eq!(kind, BackendErrorKind::QuorumUnavailable { reachable: 2, needed: 3 });
     println!("redlock with 3 of 5 down: failed in {took:?} (wait {wait:?})");
     assert!(took <= wait + SLACK, "failed after {took:?}");
     // Nothing it took on the two live nodes is left there.
@@ -545,12 +472,7 @@ async fn two_nodes_paused_keep_the_lock() {
     let nodes = Nodes::start();
     let (a, b) = (nodes.client(), nodes.client());
     let lease = Duration::from_millis(900);
-    let guard = a
-        .lock("paused")
-        .lease(Lease::watchdog(lease))
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard = a.lock("paused").lease(Lease::watchdog(lease)).acquire().await.expect("acquire");
     nodes.servers[0].pause();
     nodes.servers[1].pause();
     let lost = guard.lost();
@@ -574,12 +496,8 @@ async fn three_nodes_paused_lose_the_lock_at_the_deadline() {
     let nodes = Nodes::start();
     let client = nodes.client();
     let lease = Duration::from_millis(900);
-    let guard = client
-        .lock("paused")
-        .lease(Lease::watchdog(lease))
-        .acquire()
-        .await
-        .expect("acquire");
+    let guard =
+        client.lock("paused").lease(Lease::watchdog(lease)).acquire().await.expect("acquire");
     for node in 0..3 {
         nodes.servers[node].pause();
     }
@@ -589,10 +507,7 @@ async fn three_nodes_paused_lose_the_lock_at_the_deadline() {
     for node in 0..3 {
         nodes.servers[node].resume();
     }
-    assert!(
-        lost.is_ok(),
-        "not lost {after:?} after pausing 3 of 5 nodes"
-    );
+    assert!(lost.is_ok(), "not lost {after:?} after pausing 3 of 5 nodes");
     println!("redlock with 3 of 5 paused: lost {after:?} after the pause (lease {lease:?})");
     // The last renewal that reached a majority was sent at most a third of a lease before the
     // pause, and the deadline is that send time plus the lease minus the drift margin (11 ms
@@ -613,20 +528,13 @@ async fn refused_kinds() {
         ("fair locks", client.fair_lock("doc").try_acquire().await),
         ("read-write locks", rw.read().try_acquire().await),
         ("read-write locks", rw.write().try_acquire().await),
-        (
-            "fencing tokens",
-            client.lock("doc").fencing().try_acquire().await,
-        ),
+        ("fencing tokens", client.lock("doc").fencing().try_acquire().await),
     ];
     for (feature, result) in cases {
         let kind = expect_backend_error(result, feature);
         assert_eq!(kind, BackendErrorKind::Unsupported { feature });
     }
-    assert_eq!(
-        nodes.leftovers(),
-        Vec::<String>::new(),
-        "a refused kind touched a node"
-    );
+    assert_eq!(nodes.leftovers(), Vec::<String>::new(), "a refused kind touched a node");
 }
 
 /// The builder refuses node counts without a clear majority.

@@ -34,10 +34,7 @@ async fn client(url: &str, replicas: u32, timeout: Duration) -> LockClient<Redis
         .connect()
         .await
         .expect("connect");
-    LockClient::builder(backend)
-        .prefix(PREFIX)
-        .build()
-        .expect("valid configuration")
+    LockClient::builder(backend).prefix(PREFIX).build().expect("valid configuration")
 }
 
 fn exists(server: &RedisServer, key: &str) -> bool {
@@ -51,14 +48,9 @@ async fn a_grant_waits_for_the_replica_and_is_on_it_when_acquire_returns() {
     let locks = client(&master.url(), 1, ACK_TIMEOUT).await;
 
     for fencing in [false, true] {
-        let request = locks
-            .lock("order:1")
-            .lease(Lease::fixed(Duration::from_secs(10)));
+        let request = locks.lock("order:1").lease(Lease::fixed(Duration::from_secs(10)));
         let request = if fencing { request.fencing() } else { request };
-        let guard = request
-            .acquire()
-            .await
-            .expect("acknowledged by the replica");
+        let guard = request.acquire().await.expect("acknowledged by the replica");
         // WAIT returned 1: the replica has applied the grant already.
         assert!(exists(&replica, "tl:{order:1}"), "grant not on the replica");
         guard.release().await.expect("release");
@@ -87,20 +79,14 @@ async fn too_few_acknowledgements_undo_the_grant_and_fail_clearly() {
     match &error {
         LockError::Backend(e) => assert_eq!(
             e.kind(),
-            &BackendErrorKind::ReplicasNotAcknowledged {
-                wanted: 1,
-                acknowledged: 0
-            },
+            &BackendErrorKind::ReplicasNotAcknowledged { wanted: 1, acknowledged: 0 },
             "{error}"
         ),
         other => panic!("expected a replica acknowledgement error, got {other:?}"),
     }
     // Failed after one WAIT, not after the whole wait.
     assert!(elapsed < Duration::from_secs(1), "took {elapsed:?}");
-    assert!(
-        !exists(&master, "tl:{order:2}"),
-        "the undone grant was left behind"
-    );
+    assert!(!exists(&master, "tl:{order:2}"), "the undone grant was left behind");
     assert_eq!(locks.active_keys(), 0);
 
     // With the replica back, the same lock is granted (the undone attempt blocks nothing); a
@@ -115,11 +101,7 @@ async fn asking_for_more_replicas_than_exist_never_grants() {
     let master = RedisServer::start();
     let _replica = start_replica_of(&master);
     let locks = client(&master.url(), 2, SHORT_ACK_TIMEOUT).await;
-    let error = locks
-        .lock("order:3")
-        .try_acquire()
-        .await
-        .expect_err("only one replica");
+    let error = locks.lock("order:3").try_acquire().await.expect_err("only one replica");
     assert!(
         matches!(&error, LockError::Backend(e) if matches!(
             e.kind(),
@@ -187,14 +169,9 @@ async fn failover_to_a_replica_that_missed_the_grant() {
             .await;
         master.kill();
         replica.restart();
-        assert_eq!(
-            replica.cmd(&["REPLICAOF", "NO", "ONE"]),
-            RespValue::Simple("OK".to_owned())
-        );
+        assert_eq!(replica.cmd(&["REPLICAOF", "NO", "ONE"]), RespValue::Simple("OK".to_owned()));
         wait_until(Duration::from_secs(5), "the promoted replica", || {
-            replica
-                .info("replication")
-                .is_ok_and(|info| info.contains("role:master"))
+            replica.info("replication").is_ok_and(|info| info.contains("role:master"))
         });
         let second = client(&replica.url(), 0, SHORT_ACK_TIMEOUT).await;
         let again = second.lock("account:7").try_acquire().await;
@@ -238,10 +215,7 @@ async fn wait_aof_support_is_asked_on_demand() {
     use tower_lock::backend::redis::{bb8, bb8_redis::RedisConnectionManager};
 
     let server = RedisServer::start();
-    let connected = support::redis_backend(server.url())
-        .connect()
-        .await
-        .expect("connect");
+    let connected = support::redis_backend(server.url()).connect().await.expect("connect");
     let commands = server.info("commandstats").expect("INFO commandstats");
     assert!(!commands.contains("cmdstat_waitaof"), "{commands}");
 

@@ -69,17 +69,9 @@ async fn tokens_rise_across_a_restart_without_persistence() {
         assert!(rising(&key_tokens), "{key}: {key_tokens:?}");
         before.extend(key_tokens);
     }
-    let holding = locks
-        .lock("order:1")
-        .fencing()
-        .acquire()
-        .await
-        .expect("hold");
+    let holding = locks.lock("order:1").fencing().acquire().await.expect("hold");
     tokio::task::block_in_place(|| server.restart());
-    assert!(
-        keys_with_ttl(&server).is_empty(),
-        "the store restarted empty"
-    );
+    assert!(keys_with_ttl(&server).is_empty(), "the store restarted empty");
     // The hold was lost with the store; the next owners still get higher tokens.
     drop(holding);
     let highest = before.iter().copied().max().expect("tokens");
@@ -142,27 +134,17 @@ async fn distinct_fenced_names_leave_nothing_behind() {
         .filter(|(_, ttl)| *ttl == -1 || *ttl > RECORD.as_millis() as i64)
         .take(5)
         .collect();
-    assert!(
-        unbounded.is_empty(),
-        "keys that do not expire in time: {unbounded:?}"
-    );
+    assert!(unbounded.is_empty(), "keys that do not expire in time: {unbounded:?}");
     tokio::time::sleep(RECORD + Duration::from_millis(500)).await;
     let left = keys_with_ttl(&server);
-    assert!(
-        left.is_empty(),
-        "{} keys left, e.g. {:?}",
-        left.len(),
-        left.first()
-    );
+    assert!(left.is_empty(), "{} keys left, e.g. {:?}", left.len(), left.first());
     assert_eq!(locks.active_keys(), 0);
 }
 
 /// The in-memory store keeps one number for all its tokens, whatever the names.
 #[tokio::test]
 async fn memory_tokens_rise_across_names() {
-    let locks = LockClient::builder(MemoryBackend::new())
-        .build()
-        .expect("valid");
+    let locks = LockClient::builder(MemoryBackend::new()).build().expect("valid");
     let mut all = Vec::new();
     for i in 0..100 {
         all.extend(tokens(&locks, &format!("name:{i}"), 1).await);
@@ -198,22 +180,14 @@ async fn a_fenced_store_accepts_writes_soon_after_a_lock_store_restart() {
     let mut rejected_before = 0;
     for round in 0..30 {
         let locks = &clients[round % 3];
-        let guard = locks
-            .lock("account:1")
-            .fencing()
-            .lease(lease)
-            .acquire()
-            .await
-            .expect("acquire");
+        let guard =
+            locks.lock("account:1").fencing().lease(lease).acquire().await.expect("acquire");
         if !write(guard.fencing_token().expect("token")) {
             rejected_before += 1;
         }
         guard.release().await.expect("release");
     }
-    assert_eq!(
-        rejected_before, 0,
-        "writes by successive owners were refused"
-    );
+    assert_eq!(rejected_before, 0, "writes by successive owners were refused");
     tokio::task::block_in_place(|| locks_store.restart());
     let restarted = tokio::time::Instant::now();
     let mut first_accepted = None;
@@ -242,14 +216,8 @@ async fn a_fenced_store_accepts_writes_soon_after_a_lock_store_restart() {
         "fenced store: first write accepted {first_accepted:?} after the restart, \
          {rejected_after} refused after it"
     );
-    assert!(
-        first_accepted < lease.duration(),
-        "accepted only after {first_accepted:?}"
-    );
+    assert!(first_accepted < lease.duration(), "accepted only after {first_accepted:?}");
     assert_eq!(rejected_after, 0, "writes refused after the restart");
     tokio::time::sleep(RECORD + Duration::from_millis(500)).await;
-    assert!(
-        keys_with_ttl(&locks_store).is_empty(),
-        "the lock store keeps keys"
-    );
+    assert!(keys_with_ttl(&locks_store).is_empty(), "the lock store keeps keys");
 }

@@ -45,15 +45,8 @@ async fn a_late_single_hold_ends_with_the_record_of_its_undo() {
     warm.release().await.expect("release");
     let sets = server.calls("set");
 
-    proxy.set(Mode::Delay {
-        up: late_by,
-        down: Duration::ZERO,
-    });
-    let given_up = locks
-        .lock("k")
-        .lease(Lease::fixed(lease))
-        .try_acquire()
-        .await;
+    proxy.set(Mode::Delay { up: late_by, down: Duration::ZERO });
+    let given_up = locks.lock("k").lease(Lease::fixed(lease)).try_acquire().await;
     assert!(
         matches!(&given_up, Err(LockError::Backend(error)) if *error.kind() == BackendErrorKind::Timeout),
         "{given_up:?}"
@@ -70,15 +63,10 @@ async fn a_late_single_hold_ends_with_the_record_of_its_undo() {
     .await;
     let void = voids.remove(0);
     let lock = void.strip_suffix(":void").expect("a void set").to_owned();
-    eventually(late_by * 2, "the late SET arrives", || {
-        server.calls("set") > sets
+    eventually(late_by * 2, "the late SET arrives", || server.calls("set") > sets).await;
+    eventually(lease * 3, "the record of the given-up attempt expires", || {
+        server.cmd(&["EXISTS", &void]).as_int() == 0
     })
-    .await;
-    eventually(
-        lease * 3,
-        "the record of the given-up attempt expires",
-        || server.cmd(&["EXISTS", &void]).as_int() == 0,
-    )
     .await;
     assert_eq!(
         server.cmd(&["EXISTS", &lock]).as_int(),
@@ -87,11 +75,7 @@ async fn a_late_single_hold_ends_with_the_record_of_its_undo() {
         server.cmd(&["GET", &lock]),
         server.cmd(&["PTTL", &lock]).as_int(),
     );
-    let guard = locks
-        .lock("k")
-        .try_acquire()
-        .await
-        .expect("the lock is free");
+    let guard = locks.lock("k").try_acquire().await.expect("the lock is free");
     guard.release().await.expect("release");
 }
 
@@ -151,17 +135,11 @@ async fn a_reentry_extend_arriving_after_its_lease_is_sent_again() {
     });
     tokio::time::sleep(STALL).await;
     server.resume();
-    let reentry = reentry
-        .await
-        .expect("task")
-        .expect("the re-entry's extend, sent again");
+    let reentry = reentry.await.expect("task").expect("the re-entry's extend, sent again");
     assert_eq!(reentry.hold_count(), 2);
     assert!(reentry.fencing_token().is_some(), "the extend gave a token");
     assert_eq!(first.fencing_token(), reentry.fencing_token());
-    assert!(
-        !first.is_lost(),
-        "the hold the re-entry nests in was reported lost"
-    );
+    assert!(!first.is_lost(), "the hold the re-entry nests in was reported lost");
     reentry.release().await.expect("release the re-entry");
     first.release().await.expect("release");
     assert!(keys_ending(&server, "{k}").is_empty(), "left in the store");
@@ -182,14 +160,7 @@ async fn an_acquire_arriving_after_its_lease_is_never_taken_for_held() {
     server.pause();
     let attempt = tokio::spawn({
         let locks = locks.clone();
-        async move {
-            locks
-                .lock("free")
-                .fencing()
-                .lease(Lease::fixed(SHORT_LEASE))
-                .try_acquire()
-                .await
-        }
+        async move { locks.lock("free").fencing().lease(Lease::fixed(SHORT_LEASE)).try_acquire().await }
     });
     tokio::time::sleep(STALL).await;
     server.resume();
@@ -202,10 +173,6 @@ async fn an_acquire_arriving_after_its_lease_is_never_taken_for_held() {
         server.cmd(&["EXISTS", "tower-lock:{free}"]).as_int() == 0
     })
     .await;
-    let guard = locks
-        .lock("free")
-        .try_acquire()
-        .await
-        .expect("the lock is free");
+    let guard = locks.lock("free").try_acquire().await.expect("the lock is free");
     guard.release().await.expect("release");
 }

@@ -64,9 +64,7 @@ struct Faults {
 
 /// Takes one of the calls `counter` arms, if any.
 fn hit(counter: &AtomicU32) -> bool {
-    counter
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-        .is_ok()
+    counter.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
 }
 
 fn timeout() -> BackendError {
@@ -91,19 +89,13 @@ impl Lossy {
 
 impl<B: Store> Lossy<B> {
     fn over(inner: B) -> Self {
-        Self {
-            inner,
-            faults: Arc::default(),
-            abandons: Arc::new(watch::channel(0).0),
-        }
+        Self { inner, faults: Arc::default(), abandons: Arc::new(watch::channel(0).0) }
     }
 
     /// Waits until `n` undos (refused or not) have been tried.
     async fn abandons_tried(&self, n: u32) {
         let mut seen = self.abandons.subscribe();
-        seen.wait_for(|tried| *tried >= n)
-            .await
-            .expect("sender kept");
+        seen.wait_for(|tried| *tried >= n).await.expect("sender kept");
     }
 }
 
@@ -113,9 +105,7 @@ impl<B: Store> Store for Lossy<B> {
     type Listener = B::Listener;
 
     async fn acquire(&self, grant: Grant<'_>) -> BackendResult<AcquireReply> {
-        let spent = || AcquireReply::Spent {
-            ttl: Some(Duration::from_millis(10)),
-        };
+        let spent = || AcquireReply::Spent { ttl: Some(Duration::from_millis(10)) };
         if self.faults.spent.lock().unwrap().contains(grant.attempt) {
             return Ok(spent());
         }
@@ -198,10 +188,7 @@ fn client<B: Backend>(backend: B) -> LockClient<B> {
 }
 
 fn client_with<B: Backend>(backend: B, lease: Lease) -> LockClient<B> {
-    LockClient::builder(backend)
-        .lease(lease)
-        .build()
-        .expect("a valid configuration")
+    LockClient::builder(backend).lease(lease).build().expect("a valid configuration")
 }
 
 /// Asserts that `other` cannot take `key` within `wait`: somebody holds it all along.
@@ -215,12 +202,10 @@ async fn assert_held_against<B: Backend>(other: &LockClient<B>, key: &str, wait:
 
 /// Asserts that `other` takes `key` within `wait` (a release wakes it): nothing strands it.
 async fn assert_free_within<B: Backend>(other: &LockClient<B>, key: &str, wait: Duration) {
-    let guard = other
-        .lock(key)
-        .wait(wait)
-        .acquire()
-        .await
-        .unwrap_or_else(|error| panic!("{key} stayed held after its last guard went: {error:?}"));
+    let guard =
+        other.lock(key).wait(wait).acquire().await.unwrap_or_else(|error| {
+            panic!("{key} stayed held after its last guard went: {error:?}")
+        });
     guard.release().await.expect("released");
 }
 
@@ -235,13 +220,7 @@ async fn a_waiter_put_back_after_an_unknown_hand_off_keeps_what_it_acquires() {
     let holding = locks.lock("doc").acquire().await.unwrap();
     let waiter = {
         let locks = locks.clone();
-        tokio::spawn(async move {
-            locks
-                .lock("doc")
-                .wait(Duration::from_secs(5))
-                .acquire()
-                .await
-        })
+        tokio::spawn(async move { locks.lock("doc").wait(Duration::from_secs(5)).acquire().await })
     };
     while locks.waiters() == 0 {
         tokio::task::yield_now().await;
@@ -272,11 +251,7 @@ async fn a_spent_attempt_is_not_sent_again() {
         .acquire()
         .await
         .expect("the next try acquires the free lock");
-    assert_eq!(
-        *backend.abandons.borrow(),
-        1,
-        "the spent attempt was given back"
-    );
+    assert_eq!(*backend.abandons.borrow(), 1, "the spent attempt was given back");
     guard.release().await.expect("released");
 }
 
@@ -293,10 +268,7 @@ async fn an_undone_fair_grant_wakes_the_next_waiter() {
 #[tokio::test]
 async fn an_undone_fair_grant_on_redis_wakes_the_next_waiter() {
     let server = RedisServer::start();
-    let backend = support::redis_backend(server.url())
-        .connect()
-        .await
-        .unwrap();
+    let backend = support::redis_backend(server.url()).connect().await.unwrap();
     undone_fair_grant_wakes_the_next_waiter(backend).await;
 }
 
@@ -308,11 +280,7 @@ async fn undone_fair_grant_wakes_the_next_waiter<B: Store + Clone>(store: B) {
             .expect("a valid configuration")
     }
     let backend = Lossy::over(store.clone());
-    let (holding, first, next) = (
-        client(store.clone()),
-        patient(backend.clone()),
-        patient(store),
-    );
+    let (holding, first, next) = (client(store.clone()), patient(backend.clone()), patient(store));
     let held = holding.fair_lock("doc").acquire().await.unwrap();
     let wait = Duration::from_secs(3);
     let first_waiter = {
@@ -339,10 +307,7 @@ async fn undone_fair_grant_wakes_the_next_waiter<B: Store + Clone>(store: B) {
             || matches!(&lost, Err(LockError::WaitTimeout { .. })),
         "the first waiter hears that the reply was lost: {lost:?}"
     );
-    let guard = next_waiter
-        .await
-        .unwrap()
-        .expect("the next waiter is woken by the undo");
+    let guard = next_waiter.await.unwrap().expect("the next waiter is woken by the undo");
     guard.release().await.expect("released");
 }
 
@@ -375,10 +340,7 @@ async fn last_release_fails(fault: impl Fn(&Faults) -> &AtomicU32) {
     let inner = locks.lock("doc").holder(&holder).acquire().await.unwrap();
     assert_eq!(inner.hold_count(), 2);
     fault(&backend.faults).store(1, Ordering::SeqCst);
-    inner
-        .release()
-        .await
-        .expect("an inner release needs no store");
+    inner.release().await.expect("an inner release needs no store");
     assert_eq!(
         fault(&backend.faults).load(Ordering::SeqCst),
         1,
@@ -387,11 +349,7 @@ async fn last_release_fails(fault: impl Fn(&Faults) -> &AtomicU32) {
     assert!(!outer.is_lost());
     assert_held_against(&other, "doc", Duration::ZERO).await;
     outer.release().await.expect("released on the second try");
-    assert_eq!(
-        fault(&backend.faults).load(Ordering::SeqCst),
-        0,
-        "the last release met the fault"
-    );
+    assert_eq!(fault(&backend.faults).load(Ordering::SeqCst), 0, "the last release met the fault");
     assert_free_within(&other, "doc", Duration::from_secs(1)).await;
 }
 
@@ -403,17 +361,11 @@ async fn a_foreign_holder_is_refused_and_a_refused_release_is_sent_again() {
     for kind in KINDS {
         let store = MemoryBackend::new();
         let backend = Lossy::over(store.clone());
-        let (first, foreign, other) = (
-            client(backend.clone()),
-            client(store.clone()),
-            client(store),
-        );
+        let (first, foreign, other) =
+            (client(backend.clone()), client(store.clone()), client(store));
         let holder = first.holder();
         let held = hold(&first, "doc", kind, &holder).await;
-        let refused = request(&foreign, "doc", kind)
-            .holder(&holder)
-            .try_acquire()
-            .await;
+        let refused = request(&foreign, "doc", kind).holder(&holder).try_acquire().await;
         assert!(
             matches!(refused, Err(LockError::ForeignHolder)),
             "{kind}: another client's holder: {refused:?}"
@@ -441,10 +393,7 @@ async fn a_reentry_whose_extend_reply_was_lost_fails_alone() {
     assert_eq!(outer.fencing_token(), None);
     backend.faults.extend_reply_lost.store(1, Ordering::SeqCst);
     let lost = locks.lock("doc").holder(&holder).fencing().acquire().await;
-    assert!(
-        matches!(&lost, Err(LockError::Backend(error)) if error.is_timeout()),
-        "{lost:?}"
-    );
+    assert!(matches!(&lost, Err(LockError::Backend(error)) if error.is_timeout()), "{lost:?}");
     assert!(!outer.is_lost());
     assert_held_against(&other, "doc", Duration::ZERO).await;
     let inner = locks
@@ -475,13 +424,7 @@ async fn a_release_on_a_frozen_redis_is_sent_again_once_it_answers() {
         .unwrap();
     let lease = Lease::watchdog(Duration::from_secs(2));
     let locks = client_with(backend, lease);
-    let other = client_with(
-        support::redis_backend(server.url())
-            .connect()
-            .await
-            .unwrap(),
-        lease,
-    );
+    let other = client_with(support::redis_backend(server.url()).connect().await.unwrap(), lease);
     let holder = locks.holder();
     let outer = locks.lock("doc").holder(&holder).acquire().await.unwrap();
     let inner = locks.lock("doc").holder(&holder).acquire().await.unwrap();
@@ -499,9 +442,6 @@ async fn a_release_on_a_frozen_redis_is_sent_again_once_it_answers() {
     // Released at once, or (on a machine slow enough that the inline retries ran out) the
     // caller heard of the timeout and the retries went on in the background.
     let released = release.await.unwrap();
-    assert!(
-        matches!(&released, Ok(()) | Err(LockError::Backend(_))),
-        "{released:?}"
-    );
+    assert!(matches!(&released, Ok(()) | Err(LockError::Backend(_))), "{released:?}");
     assert_free_within(&other, "doc", Duration::from_secs(3)).await;
 }

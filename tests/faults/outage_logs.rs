@@ -21,18 +21,11 @@ async fn an_outage_is_one_warning_naming_the_server() {
     let (logs, _capturing) = Logs::capture();
     let mut server = RedisServer::start();
     let address = format!("127.0.0.1:{}", server.port());
-    let backend = support::redis_backend(server.url())
-        .connect()
-        .await
-        .unwrap();
+    let backend = support::redis_backend(server.url()).connect().await.unwrap();
     let locks = LockClient::builder(backend).build().unwrap();
-    let app = Router::new()
-        .route("/docs/{id}", post(|| async { "ok" }))
-        .route_layer(
-            LockLayer::new(locks)
-                .key(key::path_param("id"))
-                .wait(Duration::from_secs(20)),
-        );
+    let app = Router::new().route("/docs/{id}", post(|| async { "ok" })).route_layer(
+        LockLayer::new(locks).key(key::path_param("id")).wait(Duration::from_secs(20)),
+    );
     let url = format!("{}/docs/7", serve(app).await);
     assert_eq!(send(&http(), "POST", &url).await.0, StatusCode::OK);
     server.kill();
@@ -47,23 +40,15 @@ async fn an_outage_is_one_warning_naming_the_server() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let text = logs.text();
-    let warnings: Vec<&str> = text
-        .lines()
-        .filter(|line| line.contains(" WARN "))
-        .collect();
-    println!(
-        "outage of 5 requests: {} warning(s): {warnings:#?}",
-        warnings.len()
-    );
+    let warnings: Vec<&str> = text.lines().filter(|line| line.contains(" WARN ")).collect();
+    println!("outage of 5 requests: {} warning(s): {warnings:#?}", warnings.len());
     assert_eq!(warnings.len(), 1, "one warning per outage:\n{text}");
     assert!(
         warnings[0].contains(&address) && warnings[0].contains("refused"),
         "the warning names the server and the cause:\n{text}"
     );
-    let ended: Vec<&str> = text
-        .lines()
-        .filter(|line| line.contains("lock store answers again"))
-        .collect();
+    let ended: Vec<&str> =
+        text.lines().filter(|line| line.contains("lock store answers again")).collect();
     assert_eq!(ended.len(), 1, "one line when it ends:\n{text}");
     assert!(ended[0].contains(&address), "{text}");
 }
@@ -89,16 +74,10 @@ async fn a_pause_on_an_idle_client_ends_when_the_server_is_back() {
     let resumed = Instant::now();
     let ended = loop {
         let text = logs.text();
-        if let Some(line) = text
-            .lines()
-            .find(|l| l.contains("lock store answers again"))
-        {
+        if let Some(line) = text.lines().find(|l| l.contains("lock store answers again")) {
             break line.to_owned();
         }
-        assert!(
-            resumed.elapsed() < Duration::from_secs(20),
-            "the incident never ended:\n{text}"
-        );
+        assert!(resumed.elapsed() < Duration::from_secs(20), "the incident never ended:\n{text}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let lasted: u64 = ended
@@ -139,11 +118,7 @@ async fn a_quarantine_is_one_warning_naming_the_server() {
     let mut held_back = 0;
     let started = Instant::now();
     while held_back < 5 {
-        assert!(
-            started.elapsed() < Duration::from_secs(3),
-            "{}",
-            logs.text()
-        );
+        assert!(started.elapsed() < Duration::from_secs(3), "{}", logs.text());
         if let Err(tower_lock::LockError::Backend(error)) =
             locks.lock(format!("doc{held_back}")).try_acquire().await
             && error.retry_after().is_some()
@@ -152,13 +127,8 @@ async fn a_quarantine_is_one_warning_naming_the_server() {
         }
     }
     let text = logs.text();
-    let warnings: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains(" WARN ") && l.contains("forgotten grants"))
-        .collect();
+    let warnings: Vec<&str> =
+        text.lines().filter(|l| l.contains(" WARN ") && l.contains("forgotten grants")).collect();
     assert_eq!(warnings.len(), 1, "one warning per quarantine:\n{text}");
-    assert!(
-        warnings[0].contains(&address),
-        "the warning names the server:\n{text}"
-    );
+    assert!(warnings[0].contains(&address), "the warning names the server:\n{text}");
 }

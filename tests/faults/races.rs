@@ -58,9 +58,7 @@ impl Held {
 
     /// Lets the call run in the store and waits until it has.
     async fn run(self) -> oneshot::Sender<()> {
-        let Self {
-            run, ran, reply, ..
-        } = self;
+        let Self { run, ran, reply, .. } = self;
         run.send(()).expect("the gated call waits to run");
         ran.await.expect("the gated call runs");
         reply
@@ -90,11 +88,7 @@ struct Gated<B = MemoryBackend> {
 
 impl<B> Gated<B> {
     fn new(inner: B) -> Self {
-        Self {
-            inner,
-            gate: Arc::default(),
-            calls: Arc::default(),
-        }
+        Self { inner, gate: Arc::default(), calls: Arc::default() }
     }
 
     /// How many calls of kind `call` reached the store so far.
@@ -108,28 +102,15 @@ impl<B> Gated<B> {
         let (run, run_rx) = oneshot::channel();
         let (ran_tx, ran) = oneshot::channel();
         let (reply, reply_rx) = oneshot::channel();
-        *self.gate.lock().unwrap_or_else(PoisonError::into_inner) = Some(Gate {
-            call,
-            arrived: arrived_tx,
-            run: run_rx,
-            ran: ran_tx,
-            reply: reply_rx,
-        });
-        Held {
-            arrived,
-            run,
-            ran,
-            reply,
-        }
+        *self.gate.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(Gate { call, arrived: arrived_tx, run: run_rx, ran: ran_tx, reply: reply_rx });
+        Held { arrived, run, ran, reply }
     }
 
     /// Runs `op` through the gate when it is set for `call`. A call whose caller went away
     /// while it waited still runs, as a request on the wire would.
     async fn pass<T>(&self, call: Call, op: impl Future<Output = T>) -> T {
-        self.calls
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(call);
+        self.calls.lock().unwrap_or_else(PoisonError::into_inner).push(call);
         let gate = {
             let mut slot = self.gate.lock().unwrap_or_else(PoisonError::into_inner);
             match slot.as_ref() {
@@ -194,18 +175,12 @@ impl<B: Store> Store for Gated<B> {
 }
 
 fn client<B: Backend>(backend: B, lease: Lease) -> LockClient<B> {
-    LockClient::builder(backend)
-        .lease(lease)
-        .build()
-        .expect("a valid configuration")
+    LockClient::builder(backend).lease(lease).build().expect("a valid configuration")
 }
 
 /// A client with connections of its own on `server`: another process's view.
 async fn redis_client(server: &RedisServer, lease: Lease) -> LockClient<RedisBackend> {
-    let backend = support::redis_backend(server.url())
-        .connect()
-        .await
-        .expect("connect");
+    let backend = support::redis_backend(server.url()).connect().await.expect("connect");
     client(backend, lease)
 }
 
@@ -233,23 +208,12 @@ async fn cancelled_acquire_in_flight_does_not_strand_the_lock() {
     let b = client(backend.clone(), Lease::DEFAULT);
     let held = backend.hold_next(Call::Acquire);
     let mut acquire = Box::pin(a.lock("order:1").acquire());
-    assert!(
-        pending_after_one_poll(&mut acquire).await,
-        "waits at the gate"
-    );
-    let Held {
-        mut arrived,
-        run,
-        ran,
-        reply,
-    } = held;
+    assert!(pending_after_one_poll(&mut acquire).await, "waits at the gate");
+    let Held { mut arrived, run, ran, reply } = held;
     (&mut arrived).await.unwrap();
     run.send(()).unwrap();
     // The store grants it; the reply is on its way when the caller goes away.
-    assert!(
-        pending_after_one_poll(&mut acquire).await,
-        "waits for its reply"
-    );
+    assert!(pending_after_one_poll(&mut acquire).await, "waits for its reply");
     ran.await.unwrap();
     drop(acquire);
     drop(reply);
@@ -301,20 +265,8 @@ async fn an_acquire_granted_after_shutdown_gives_the_lock_back() {
 #[tokio::test]
 async fn cancelled_acquire_on_redis_does_not_strand_the_lock() {
     let server = RedisServer::start();
-    let a = client(
-        support::redis_backend(server.url())
-            .connect()
-            .await
-            .unwrap(),
-        Lease::DEFAULT,
-    );
-    let b = client(
-        support::redis_backend(server.url())
-            .connect()
-            .await
-            .unwrap(),
-        Lease::DEFAULT,
-    );
+    let a = client(support::redis_backend(server.url()).connect().await.unwrap(), Lease::DEFAULT);
+    let b = client(support::redis_backend(server.url()).connect().await.unwrap(), Lease::DEFAULT);
     for round in 0..8 {
         let key = format!("order:{round}");
         let mut acquire = Box::pin(a.lock(&key).acquire());
@@ -327,12 +279,10 @@ async fn cancelled_acquire_on_redis_does_not_strand_the_lock() {
             tokio::task::yield_now().await;
         }
         drop(acquire);
-        let guard = b
-            .lock(&key)
-            .wait(Duration::from_secs(2))
-            .acquire()
-            .await
-            .unwrap_or_else(|e| panic!("round {round}: the dropped acquire kept the lock: {e:?}"));
+        let guard =
+            b.lock(&key).wait(Duration::from_secs(2)).acquire().await.unwrap_or_else(|e| {
+                panic!("round {round}: the dropped acquire kept the lock: {e:?}")
+            });
         guard.release().await.unwrap();
     }
 }
@@ -375,10 +325,7 @@ async fn short_reentry_keeps_the_outer_hold_in_memory() {
 async fn short_reentry_keeps_the_outer_hold_on_redis() {
     let server = RedisServer::start();
     short_reentry_keeps_the_outer_hold(
-        support::redis_backend(server.url())
-            .connect()
-            .await
-            .unwrap(),
+        support::redis_backend(server.url()).connect().await.unwrap(),
     )
     .await;
 }
@@ -394,11 +341,7 @@ async fn an_extend_racing_the_release_of_the_other_hold_keeps_the_grant() {
     let a = client(backend.clone(), lease);
     let b = client(backend.clone(), lease);
     let holder = a.holder();
-    let first = holder
-        .clone()
-        .scope(a.lock("doc:2").acquire())
-        .await
-        .unwrap();
+    let first = holder.clone().scope(a.lock("doc:2").acquire()).await.unwrap();
     let mut held = backend.hold_next(Call::Extend);
     let reentry = tokio::spawn(holder.scope({
         let a = a.clone();
@@ -411,17 +354,10 @@ async fn an_extend_racing_the_release_of_the_other_hold_keeps_the_grant() {
     first.release().await.unwrap();
     let reply = held.run().await;
     let _ = reply.send(());
-    let second = reentry
-        .await
-        .unwrap()
-        .expect("the re-entry extends the grant");
+    let second = reentry.await.unwrap().expect("the re-entry extends the grant");
     // A hold of the same grant, the other gone: nothing was deleted, nothing acquired anew.
     assert_eq!(second.hold_count(), 1);
-    assert_eq!(
-        backend.calls(Call::Release),
-        0,
-        "the grant ended under the re-entry"
-    );
+    assert_eq!(backend.calls(Call::Release), 0, "the grant ended under the re-entry");
     assert_eq!(backend.calls(Call::Acquire), 1, "acquired afresh");
     // Several leases later: still renewed, still ours.
     tokio::time::sleep(Duration::from_millis(600)).await;
@@ -442,11 +378,7 @@ async fn a_reentry_dropped_during_its_extend_ends_the_grant_it_kept() {
     let a = client(backend.clone(), Lease::DEFAULT);
     let b = client(backend.clone(), Lease::DEFAULT);
     let holder = a.holder();
-    let first = holder
-        .clone()
-        .scope(a.lock("doc:5").acquire())
-        .await
-        .unwrap();
+    let first = holder.clone().scope(a.lock("doc:5").acquire()).await.unwrap();
     let mut held = backend.hold_next(Call::Extend);
     let reentry = tokio::spawn(holder.scope({
         let a = a.clone();
@@ -514,11 +446,7 @@ async fn stale_renewal_does_not_free_a_newer_hold() {
     let b = client(backend.clone(), lease);
     let holder = a.holder();
     let mut held = backend.hold_next(Call::Renew);
-    let first = holder
-        .clone()
-        .scope(a.lock("doc:3").acquire())
-        .await
-        .unwrap();
+    let first = holder.clone().scope(a.lock("doc:3").acquire()).await.unwrap();
     held.arrived().await;
     first.release().await.unwrap();
     // The renewal reaches the store after the release: nothing to renew.
@@ -581,10 +509,7 @@ async fn another_clients_holder_is_refused_and_takes_nothing() {
         let holder = a.holder();
         let first = hold(&a, &key, kind, &holder).await;
         let joined = request(&b, &key, kind).holder(&holder).try_acquire().await;
-        assert!(
-            matches!(joined, Err(LockError::ForeignHolder)),
-            "{kind}: {joined:?}"
-        );
+        assert!(matches!(joined, Err(LockError::ForeignHolder)), "{kind}: {joined:?}");
         assert_eq!(b.active_keys(), 0, "{kind}");
         assert_refused_to(&c, &key, kind).await;
         first.release().await.unwrap();
@@ -598,24 +523,15 @@ async fn another_clients_holder_is_refused_and_takes_nothing() {
 async fn two_releases_of_one_hold_close_together_both_succeed() {
     for kind in KINDS {
         let backend = Gated::new(MemoryBackend::new());
-        let (a, b) = (
-            client(backend.clone(), Lease::DEFAULT),
-            client(backend, Lease::DEFAULT),
-        );
+        let (a, b) = (client(backend.clone(), Lease::DEFAULT), client(backend, Lease::DEFAULT));
         let key = format!("doc:twice:{kind}");
         let holder = a.holder();
         let outer = hold(&a, &key, kind, &holder).await;
         let inner = hold(&a, &key, kind, &holder).await;
         drop(inner);
         outer.release().await.expect("the outer release succeeds");
-        let free = request(&b, &key, kind)
-            .wait(Duration::from_secs(1))
-            .acquire()
-            .await;
-        free.expect("free once both are released")
-            .release()
-            .await
-            .unwrap();
+        let free = request(&b, &key, kind).wait(Duration::from_secs(1)).acquire().await;
+        free.expect("free once both are released").release().await.unwrap();
     }
 }
 
@@ -645,10 +561,7 @@ async fn reentry_held_in_the_store<B: Store + Clone>(
     key: &str,
     kind: &'static str,
 ) -> HeldReentry<Gated<B>> {
-    let (a, b) = (
-        client(backend.clone(), Lease::DEFAULT),
-        client(backend.clone(), Lease::DEFAULT),
-    );
+    let (a, b) = (client(backend.clone(), Lease::DEFAULT), client(backend.clone(), Lease::DEFAULT));
     let holder = a.holder();
     let outer = request(&a, key, kind)
         .holder(&holder)
@@ -666,13 +579,7 @@ async fn reentry_held_in_the_store<B: Store + Clone>(
     });
     held.arrived().await;
     let reply = held.run().await;
-    HeldReentry {
-        a,
-        b,
-        outer,
-        reentry,
-        reply,
-    }
+    HeldReentry { a, b, outer, reentry, reply }
 }
 
 /// What [`reentry_held_in_the_store`] set up.
@@ -691,13 +598,8 @@ struct HeldReentry<B: Backend> {
 async fn reentry_answered_after_the_deadline<B: Store + Clone>(backend: Gated<B>) {
     for kind in KINDS {
         let key = format!("doc:late-reentry:{kind}");
-        let HeldReentry {
-            a,
-            b,
-            outer,
-            reentry,
-            reply,
-        } = reentry_held_in_the_store(&backend, &key, kind).await;
+        let HeldReentry { a, b, outer, reentry, reply } =
+            reentry_held_in_the_store(&backend, &key, kind).await;
         outer.lost().await;
         let _ = reply.send(());
         let reentered = reentry.await.unwrap();
@@ -705,10 +607,7 @@ async fn reentry_answered_after_the_deadline<B: Store + Clone>(backend: Gated<B>
             matches!(reentered, Err(LockError::Lost)),
             "{kind}: the re-entry of a lost hold: {reentered:?}"
         );
-        assert!(
-            matches!(outer.release().await, Err(LockError::Lost)),
-            "{kind}"
-        );
+        assert!(matches!(outer.release().await, Err(LockError::Lost)), "{kind}");
         free_within(&b, &key, kind, LONG_REENTRY / 4).await;
         assert_eq!(a.active_keys(), 0, "{kind}");
     }
@@ -722,10 +621,7 @@ async fn a_reentry_answered_after_the_deadline_leaves_nothing_held() {
 #[tokio::test]
 async fn a_reentry_answered_after_the_deadline_leaves_nothing_held_on_redis() {
     let server = RedisServer::start();
-    let backend = support::redis_backend(server.url())
-        .connect()
-        .await
-        .unwrap();
+    let backend = support::redis_backend(server.url()).connect().await.unwrap();
     reentry_answered_after_the_deadline(Gated::new(backend)).await;
 }
 
@@ -736,21 +632,13 @@ async fn a_reentry_answered_after_the_deadline_leaves_nothing_held_on_redis() {
 async fn undone_reentry_of_a_lost_hold<B: Store + Clone>(backend: Gated<B>) {
     for kind in KINDS {
         let key = format!("doc:undone-reentry:{kind}");
-        let HeldReentry {
-            a: _a,
-            b,
-            outer,
-            reentry,
-            reply: _reply,
-        } = reentry_held_in_the_store(&backend, &key, kind).await;
+        let HeldReentry { a: _a, b, outer, reentry, reply: _reply } =
+            reentry_held_in_the_store(&backend, &key, kind).await;
         // Dropped while its reply is on its way: undone in the background.
         reentry.abort();
         assert!(reentry.await.unwrap_err().is_cancelled());
         outer.lost().await;
-        assert!(
-            matches!(outer.release().await, Err(LockError::Lost)),
-            "{kind}"
-        );
+        assert!(matches!(outer.release().await, Err(LockError::Lost)), "{kind}");
         free_within(&b, &key, kind, LONG_REENTRY / 4).await;
     }
 }
@@ -763,10 +651,7 @@ async fn an_undone_reentry_leaves_nothing_held_once_the_hold_is_lost() {
 #[tokio::test]
 async fn an_undone_reentry_leaves_nothing_held_once_the_hold_is_lost_on_redis() {
     let server = RedisServer::start();
-    let backend = support::redis_backend(server.url())
-        .connect()
-        .await
-        .unwrap();
+    let backend = support::redis_backend(server.url()).connect().await.unwrap();
     undone_reentry_of_a_lost_hold(Gated::new(backend)).await;
 }
 
@@ -781,13 +666,7 @@ async fn release_whose_reply_was_lost_is_retried() {
         .await
         .unwrap();
     let a = client(backend, Lease::DEFAULT);
-    let b = client(
-        support::redis_backend(server.url())
-            .connect()
-            .await
-            .unwrap(),
-        Lease::DEFAULT,
-    );
+    let b = client(support::redis_backend(server.url()).connect().await.unwrap(), Lease::DEFAULT);
     let guard = a.lock("doc:4").acquire().await.unwrap();
     server.pause();
     let release = tokio::spawn(guard.release());
@@ -823,12 +702,7 @@ async fn release_without_a_connection_is_retried() {
             let key = format!("task:{task}");
             let mut strays = 0;
             for _ in 0..20 {
-                match locks
-                    .lock(&key)
-                    .wait(Duration::from_secs(2))
-                    .acquire()
-                    .await
-                {
+                match locks.lock(&key).wait(Duration::from_secs(2)).acquire().await {
                     Ok(guard) => drop(guard),
                     // Acquires may fail for want of a connection; none may find the key
                     // still taken by this task's own earlier hold.
@@ -843,10 +717,7 @@ async fn release_without_a_connection_is_retried() {
     while let Some(joined) = tasks.join_next().await {
         strays += joined.unwrap();
     }
-    assert_eq!(
-        strays, 0,
-        "acquires found the task's own released lock still held"
-    );
+    assert_eq!(strays, 0, "acquires found the task's own released lock still held");
 }
 
 /// The uncontended path costs one round trip to acquire and one to release: 100 pairs on
@@ -855,22 +726,10 @@ async fn release_without_a_connection_is_retried() {
 #[tokio::test]
 async fn uncontended_pairs_cost_one_call_each() {
     let server = RedisServer::start();
-    let locks = client(
-        support::redis_backend(server.url())
-            .connect()
-            .await
-            .unwrap(),
-        Lease::DEFAULT,
-    );
+    let locks =
+        client(support::redis_backend(server.url()).connect().await.unwrap(), Lease::DEFAULT);
     // Warm: scripts cached, the connection made.
-    locks
-        .lock("warm")
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    locks.lock("warm").acquire().await.unwrap().release().await.unwrap();
     server.cmd(&["CONFIG", "RESETSTAT"]);
     for pair in 0..100 {
         let guard = locks.lock(format!("pair:{pair}")).acquire().await.unwrap();
@@ -881,12 +740,7 @@ async fn uncontended_pairs_cost_one_call_each() {
         .lines()
         .filter_map(|line| {
             let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let count = rest
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
+            let count = rest.strip_prefix("calls=")?.split(',').next()?.parse().ok()?;
             Some((name.to_owned(), count))
         })
         .filter(|(name, _)| !matches!(name.as_str(), "info" | "config|resetstat"))
@@ -895,16 +749,10 @@ async fn uncontended_pairs_cost_one_call_each() {
     println!("commands per 100 pairs, those run inside the scripts included: {calls:?}");
     // What the release script runs inside Redis is counted too; from the client come one
     // `SET NX` per acquire and one `EVALSHA` per release.
-    assert!(
-        calls.contains(&("publish".to_owned(), 100)),
-        "one publish per release: {calls:?}"
-    );
+    assert!(calls.contains(&("publish".to_owned(), 100)), "one publish per release: {calls:?}");
     let inside_scripts = ["del", "get", "publish"];
     calls.retain(|(name, _)| !inside_scripts.contains(&name.as_str()));
-    assert_eq!(
-        calls,
-        [("evalsha".to_owned(), 100), ("set".to_owned(), 100)]
-    );
+    assert_eq!(calls, [("evalsha".to_owned(), 100), ("set".to_owned(), 100)]);
 }
 
 /// A lock key overwritten with a string that is not a lock while held: the renewal batch that
@@ -950,13 +798,8 @@ async fn foreign_key_in_a_renewal_batch(overwrite: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_errors_at_256_tasks() {
     let server = RedisServer::start();
-    let locks = client(
-        support::redis_backend(server.url())
-            .connect()
-            .await
-            .unwrap(),
-        Lease::DEFAULT,
-    );
+    let locks =
+        client(support::redis_backend(server.url()).connect().await.unwrap(), Lease::DEFAULT);
     let mut tasks = tokio::task::JoinSet::new();
     for task in 0..256 {
         let locks = locks.clone();
@@ -979,12 +822,7 @@ async fn no_errors_at_256_tasks() {
     while let Some(joined) = tasks.join_next().await {
         errors.extend(joined.unwrap());
     }
-    assert!(
-        errors.is_empty(),
-        "{} errors, e.g. {:?}",
-        errors.len(),
-        errors.first()
-    );
+    assert!(errors.is_empty(), "{} errors, e.g. {:?}", errors.len(), errors.first());
 }
 
 /// How many connections the server has subscribed to the release channel of `key`.
@@ -1006,11 +844,7 @@ async fn waiting(
 ) -> tokio::task::JoinHandle<Result<(), LockError>> {
     let client = client.clone();
     let waiter = tokio::spawn(async move {
-        let guard = client
-            .lock(key)
-            .wait(Duration::from_secs(20))
-            .acquire()
-            .await?;
+        let guard = client.lock(key).wait(Duration::from_secs(20)).acquire().await?;
         guard.release().await
     });
     while subscribers(server, key) == 0 {
@@ -1126,10 +960,7 @@ async fn a_first_try_that_finds_the_lock_held_keeps_its_turn() {
                 .acquire()
                 .await
                 .expect("acquired within the wait");
-            order
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(name);
+            order.lock().unwrap_or_else(PoisonError::into_inner).push(name);
             guard.release().await.unwrap();
         })
     };
@@ -1147,8 +978,5 @@ async fn a_first_try_that_finds_the_lock_held_keeps_its_turn() {
     elsewhere.release().await.unwrap();
     first.await.unwrap();
     second.await.unwrap();
-    assert_eq!(
-        *order.lock().unwrap_or_else(PoisonError::into_inner),
-        ["first", "second"]
-    );
+    assert_eq!(*order.lock().unwrap_or_else(PoisonError::into_inner), ["first", "second"]);
 }

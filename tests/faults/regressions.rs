@@ -59,9 +59,7 @@ struct Plan {
 
 /// Takes one from `count` if it is not zero.
 fn take(count: &AtomicUsize) -> bool {
-    count
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-        .is_ok()
+    count.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
 }
 
 fn timeout() -> BackendError {
@@ -77,10 +75,7 @@ struct Lossy<B> {
 
 impl<B> Lossy<B> {
     fn new(inner: B) -> Self {
-        Self {
-            inner,
-            plan: Arc::default(),
-        }
+        Self { inner, plan: Arc::default() }
     }
 
     /// The next release is applied, then answered with a timeout once the test resumes it.
@@ -90,11 +85,7 @@ impl<B> Lossy<B> {
     }
 
     fn attempts(&self) -> Vec<String> {
-        self.plan
-            .attempts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.plan.attempts.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     fn releases(&self) -> usize {
@@ -166,11 +157,7 @@ impl<B: Store + Clone> Store for Lossy<B> {
                 kind: grant.kind,
                 permits: grant.permits,
             };
-            self.plan
-                .held_back
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(held);
+            self.plan.held_back.lock().unwrap_or_else(PoisonError::into_inner).push(held);
             return Err(timeout());
         }
         self.inner.acquire(grant).await
@@ -238,10 +225,7 @@ fn client<B: Backend>(store: B) -> LockClient<B> {
 }
 
 async fn redis(server: &RedisServer) -> RedisBackend {
-    support::redis_backend(server.url())
-        .connect()
-        .await
-        .expect("connect")
+    support::redis_backend(server.url()).connect().await.expect("connect")
 }
 
 fn three() -> Vec<RedisServer> {
@@ -249,9 +233,7 @@ fn three() -> Vec<RedisServer> {
 }
 
 fn redlock(servers: &[RedisServer]) -> RedlockBackend {
-    support::redlock_backend(servers.iter().map(RedisServer::url))
-        .build()
-        .expect("valid nodes")
+    support::redlock_backend(servers.iter().map(RedisServer::url)).build().expect("valid nodes")
 }
 
 fn refused<B: Backend>(outcome: Result<LockGuard<B>, LockError>) -> bool {
@@ -297,34 +279,19 @@ macro_rules! on_every_store {
 /// waiters are still woken by a release; and a request on one client naming another client's
 /// holder is refused.
 async fn shutdown_leaves_another_clients_locks<B: Backend + Clone>(store: B) {
-    let (x, y, z) = (
-        client(store.clone()),
-        client(store.clone()),
-        client(store.clone()),
-    );
+    let (x, y, z) = (client(store.clone()), client(store.clone()), client(store.clone()));
     let lease = Lease::watchdog(Duration::from_millis(600));
     let xk = x.lock("k").lease(lease).acquire().await.unwrap();
     let named = y.lock("k").holder(xk.holder()).try_acquire().await;
     assert!(matches!(named, Err(LockError::ForeignHolder)), "{named:?}");
     let scoped = xk.holder().clone().scope(y.lock("k").try_acquire()).await;
-    assert!(
-        matches!(scoped, Err(LockError::HeldThroughOtherClient)),
-        "{scoped:?}"
-    );
+    assert!(matches!(scoped, Err(LockError::HeldThroughOtherClient)), "{scoped:?}");
     let xo = x.lock("x-own").lease(lease).acquire().await.unwrap();
     let y1 = y.lock("y1").lease(lease).acquire().await.unwrap();
     // Held long, so that a waiter that missed its release would wait far past the test.
-    let y2 = y
-        .lock("y2")
-        .lease(Lease::watchdog(Duration::from_secs(60)))
-        .acquire()
-        .await
-        .unwrap();
+    let y2 = y.lock("y2").lease(Lease::watchdog(Duration::from_secs(60))).acquire().await.unwrap();
     x.shutdown().await;
-    assert!(
-        xk.is_lost() && xo.is_lost(),
-        "the shut-down client's guards"
-    );
+    assert!(xk.is_lost() && xo.is_lost(), "the shut-down client's guards");
     // Several renewals of Y's locks fall due.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     for (name, guard) in [("y1", &y1), ("y2", &y2)] {
@@ -337,11 +304,7 @@ async fn shutdown_leaves_another_clients_locks<B: Backend + Clone>(store: B) {
     // X's own locks were released.
     for name in ["k", "x-own"] {
         let guard = z.lock(name).try_acquire().await;
-        guard
-            .expect("released at shutdown")
-            .release()
-            .await
-            .unwrap();
+        guard.expect("released at shutdown").release().await.unwrap();
     }
     // Z waits for y2, and is woken by its release.
     let waiting = tokio::spawn({
@@ -387,11 +350,7 @@ async fn a_shutdown_finishes_its_releases<B: Backend + Clone>(store: B) {
     assert!(held.is_lost());
     assert!(released.await.unwrap().is_ok());
     for name in ["held", "releasing"] {
-        let next = z
-            .lock(name)
-            .wait(Duration::from_millis(900))
-            .acquire()
-            .await;
+        let next = z.lock(name).wait(Duration::from_millis(900)).acquire().await;
         next.unwrap_or_else(|e| panic!("{name}: left to its lease: {e:?}"))
             .release()
             .await
@@ -429,23 +388,13 @@ async fn release_with_lost_reply<B: Backend + Clone, F: Future>(
 /// took the freed lock meanwhile, the repeat frees nothing of its: it names X's grant.
 async fn a_repeated_release_frees_nothing_newer<B: Backend + Clone>(store: B) {
     let lossy = Lossy::new(store.clone());
-    let (x, z, w) = (
-        client(lossy.clone()),
-        client(store.clone()),
-        client(store.clone()),
-    );
+    let (x, z, w) = (client(lossy.clone()), client(store.clone()), client(store.clone()));
     let guard = x.lock("k").acquire().await.unwrap();
     let zk = release_with_lost_reply(&lossy, guard, async {
-        z.lock("k")
-            .try_acquire()
-            .await
-            .expect("freed by X's release")
+        z.lock("k").try_acquire().await.expect("freed by X's release")
     })
     .await;
-    assert!(
-        refused(w.lock("k").try_acquire().await),
-        "X's repeated release freed Z's grant"
-    );
+    assert!(refused(w.lock("k").try_acquire().await), "X's repeated release freed Z's grant");
     assert!(!zk.is_lost());
     zk.release().await.unwrap();
 }
@@ -465,26 +414,15 @@ fn number(id: &str) -> &str {
 /// two such clients, the second client's grant survives the first one's repeated release.
 async fn attempts_of_two_clients_never_collide<B: Backend + Clone>(store: B) {
     let (lx, lz) = (Lossy::new(store.clone()), Lossy::new(store.clone()));
-    let twin = |store| {
-        LockClient::builder(store)
-            .name("twin")
-            .build()
-            .expect("valid")
-    };
+    let twin = |store| LockClient::builder(store).name("twin").build().expect("valid");
     let (x, z, w) = (twin(lx.clone()), twin(lz.clone()), client(store.clone()));
     let guard = x.lock("k").acquire().await.unwrap();
     let x_holder = guard.holder().id().to_owned();
     let zk = release_with_lost_reply(&lx, guard, async {
-        z.lock("k")
-            .try_acquire()
-            .await
-            .expect("freed by X's release")
+        z.lock("k").try_acquire().await.expect("freed by X's release")
     })
     .await;
-    assert!(
-        refused(w.lock("k").try_acquire().await),
-        "X's repeated release freed Z's grant"
-    );
+    assert!(refused(w.lock("k").try_acquire().await), "X's repeated release freed Z's grant");
     assert!(!zk.is_lost());
     let (xa, za) = (&lx.attempts()[0], &lz.attempts()[0]);
     assert_eq!(
@@ -505,25 +443,15 @@ on_every_store!(attempts_of_two_clients_never_collide:
 /// only: another holder's read goes on, and a writer is refused while any reader holds; a
 /// holder is not shared across clients.
 async fn readers_hold_on_their_own<B: Backend + Clone>(store: B) {
-    let (a, b, c) = (
-        client(store.clone()),
-        client(store.clone()),
-        client(store.clone()),
-    );
+    let (a, b, c) = (client(store.clone()), client(store.clone()), client(store.clone()));
     fn rw<B: Backend>(client: &LockClient<B>) -> tower_lock::LockRequest<'_, B> {
         client.read_write_lock("doc").read()
     }
-    let long = rw(&a)
-        .lease(Lease::watchdog(Duration::from_millis(600)))
-        .acquire()
-        .await
-        .unwrap();
+    let long = rw(&a).lease(Lease::watchdog(Duration::from_millis(600))).acquire().await.unwrap();
     let short = Lease::fixed(Duration::from_millis(300));
     let early = rw(&b).lease(short).acquire().await.unwrap();
     early.release().await.unwrap();
-    assert!(refused(
-        c.read_write_lock("doc").write().try_acquire().await
-    ));
+    assert!(refused(c.read_write_lock("doc").write().try_acquire().await));
     let ends = rw(&b).lease(short).acquire().await.unwrap();
     tokio::time::sleep(Duration::from_millis(900)).await;
     assert!(ends.is_lost(), "a read past its own lease");
@@ -534,10 +462,7 @@ async fn readers_hold_on_their_own<B: Backend + Clone>(store: B) {
         "a writer got in while a reader holds"
     );
     let shared = rw(&b).holder(long.holder()).try_acquire().await;
-    assert!(
-        matches!(shared, Err(LockError::ForeignHolder)),
-        "{shared:?}"
-    );
+    assert!(matches!(shared, Err(LockError::ForeignHolder)), "{shared:?}");
     long.release().await.unwrap();
     c.read_write_lock("doc")
         .write()
@@ -589,11 +514,7 @@ async fn a_lost_extend_strands_nothing<B: Backend + Clone>(store: B, sides: &[Si
         let holder = x.holder();
         let first = holder
             .clone()
-            .scope(
-                side.request(&x)
-                    .lease(Lease::fixed(Duration::from_secs(2)))
-                    .acquire(),
-            )
+            .scope(side.request(&x).lease(Lease::fixed(Duration::from_secs(2))).acquire())
             .await
             .unwrap();
         lossy.plan.extends_lost.store(1, Ordering::SeqCst);
@@ -637,19 +558,10 @@ async fn a_lost_extend_strands_nothing_on_redlock() {
 /// holder's.
 async fn release_retries_stop_once_the_grant_is_over<B: Backend + Clone>(store: B) {
     let lossy = Lossy::new(store.clone());
-    let (x, z, w) = (
-        client(lossy.clone()),
-        client(store.clone()),
-        client(store.clone()),
-    );
+    let (x, z, w) = (client(lossy.clone()), client(store.clone()), client(store.clone()));
     let lease = Duration::from_millis(1500);
     let sent = Instant::now();
-    let guard = x
-        .lock("k")
-        .lease(Lease::fixed(lease))
-        .acquire()
-        .await
-        .unwrap();
+    let guard = x.lock("k").lease(Lease::fixed(lease)).acquire().await.unwrap();
     lossy.plan.releases_dropped.store(true, Ordering::SeqCst);
     let outcome = guard.release().await;
     assert!(
@@ -663,18 +575,11 @@ async fn release_retries_stop_once_the_grant_is_over<B: Backend + Clone>(store: 
         "free at {freed:?}, the lease was {lease:?}"
     );
     let tries = lossy.releases();
-    assert!(
-        tries >= 3,
-        "sent again while the grant could be kept: {tries}"
-    );
+    assert!(tries >= 3, "sent again while the grant could be kept: {tries}");
     // Past the lease, the release is no longer sent (and would free nothing if it were).
     lossy.plan.releases_dropped.store(false, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(
-        lossy.releases(),
-        tries,
-        "sent again after the grant was over"
-    );
+    assert_eq!(lossy.releases(), tries, "sent again after the grant was over");
     assert!(refused(w.lock("k").try_acquire().await));
     assert!(!zk.is_lost());
     zk.release().await.unwrap();
@@ -690,17 +595,10 @@ on_every_store!(release_retries_stop_once_the_grant_is_over:
 /// attempt, delivered late, takes nothing.
 async fn a_given_up_attempt_blocks_only_itself<B: Backend + Clone>(store: B) {
     let lossy = Lossy::new(store.clone());
-    let (x, y, w) = (
-        client(lossy.clone()),
-        client(store.clone()),
-        client(store.clone()),
-    );
+    let (x, y, w) = (client(lossy.clone()), client(store.clone()), client(store.clone()));
     lossy.plan.acquires_held_back.store(1, Ordering::SeqCst);
     let first = x.lock("k").try_acquire().await;
-    assert!(
-        matches!(&first, Err(LockError::Backend(error)) if error.is_timeout()),
-        "{first:?}"
-    );
+    assert!(matches!(&first, Err(LockError::Backend(error)) if error.is_timeout()), "{first:?}");
     let yk = y
         .lock("k")
         .try_acquire()
@@ -713,20 +611,8 @@ async fn a_given_up_attempt_blocks_only_itself<B: Backend + Clone>(store: B) {
         "the given-up attempt, delivered late, took the lock: {late:?}"
     );
     let key = x.lock_key("", "k", LockKind::Exclusive).unwrap();
-    assert!(
-        !store
-            .inspect(&key, LockKind::Exclusive)
-            .await
-            .unwrap()
-            .is_locked()
-    );
-    w.lock("k")
-        .try_acquire()
-        .await
-        .expect("free")
-        .release()
-        .await
-        .unwrap();
+    assert!(!store.inspect(&key, LockKind::Exclusive).await.unwrap().is_locked());
+    w.lock("k").try_acquire().await.expect("free").release().await.unwrap();
 }
 
 on_every_store!(a_given_up_attempt_blocks_only_itself:
@@ -744,12 +630,8 @@ async fn a_redlock_release_reaches_a_stalled_node() {
     let locks = client(redlock(&servers));
     let key = locks.lock_key("", "k", LockKind::Exclusive).unwrap();
     let record = |server: &RedisServer| server.cmd(&["GET", key.as_str()]).as_str();
-    let guard = locks
-        .lock("k")
-        .lease(Lease::watchdog(Duration::from_millis(600)))
-        .acquire()
-        .await
-        .unwrap();
+    let guard =
+        locks.lock("k").lease(Lease::watchdog(Duration::from_millis(600))).acquire().await.unwrap();
     support::eventually(Duration::from_secs(1), "the record on every node", || {
         servers.iter().all(|server| record(server).is_some())
     })
@@ -766,26 +648,16 @@ async fn a_redlock_release_reaches_a_stalled_node() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     servers[2].resume();
     let void = key.derived(":void");
-    support::eventually(
-        Duration::from_secs(3),
-        "the stalled node lets it go",
-        || {
-            record(&servers[2]).is_none()
-                && servers[2].cmd(&["SISMEMBER", &void, &attempt]).as_int() == 1
-        },
-    )
+    support::eventually(Duration::from_secs(3), "the stalled node lets it go", || {
+        record(&servers[2]).is_none()
+            && servers[2].cmd(&["SISMEMBER", &void, &attempt]).as_int() == 1
+    })
     .await;
     let next = locks.lock("k").try_acquire().await.unwrap();
     let next_attempt = record(&servers[0]).unwrap();
-    support::eventually(
-        Duration::from_secs(1),
-        "the next grant on every node",
-        || {
-            servers
-                .iter()
-                .all(|server| record(server).as_deref() == Some(next_attempt.as_str()))
-        },
-    )
+    support::eventually(Duration::from_secs(1), "the next grant on every node", || {
+        servers.iter().all(|server| record(server).as_deref() == Some(next_attempt.as_str()))
+    })
     .await;
     next.release().await.unwrap();
 }
@@ -816,10 +688,7 @@ async fn quarantined(url: String, lease: Duration) -> LockClient<RedisBackend> {
         .connect()
         .await
         .expect("connect");
-    LockClient::builder(backend)
-        .lease(Lease::fixed(lease))
-        .build()
-        .expect("valid")
+    LockClient::builder(backend).lease(Lease::fixed(lease)).build().expect("valid")
 }
 
 /// (9) The restart quarantine counts from one origin, recorded by the run marker, for every

@@ -199,10 +199,7 @@ impl<B: Backend> Checker<B> {
 
     /// Milliseconds since the program started, for the log.
     fn at(&self, instant: Instant) -> f64 {
-        instant
-            .saturating_duration_since(self.started)
-            .as_secs_f64()
-            * 1e3
+        instant.saturating_duration_since(self.started).as_secs_f64() * 1e3
     }
 
     fn note(&self, who: &str, what: impl std::fmt::Display) {
@@ -223,20 +220,11 @@ impl<B: Backend> Checker<B> {
     /// Counts a restart that came while a holder was inside with its guard not lost: the case
     /// the quarantine is for.
     fn note_holders_inside(&self) {
-        let believing = locked(&self.inside)
-            .values()
-            .flatten()
-            .filter(|entry| !entry.guard.is_lost())
-            .count();
+        let believing =
+            locked(&self.inside).values().flatten().filter(|entry| !entry.guard.is_lost()).count();
         if believing > 0 {
-            *locked(&self.stats)
-                .faults
-                .entry("restarts with a holder inside")
-                .or_default() += 1;
-            self.note(
-                "fault",
-                format_args!("{believing} holder(s) inside at the kill"),
-            );
+            *locked(&self.stats).faults.entry("restarts with a holder inside").or_default() += 1;
+            self.note("fault", format_args!("{believing} holder(s) inside at the kill"));
         }
     }
 
@@ -256,10 +244,7 @@ impl<B: Backend> Checker<B> {
             },
             _ => None,
         };
-        self.note(
-            &format!("t{task}"),
-            format_args!("acquire of {key} failed: {error}"),
-        );
+        self.note(&format!("t{task}"), format_args!("acquire of {key} failed: {error}"));
         match kind {
             Some(kind) => *locked(&self.stats).errors.entry(kind).or_default() += 1,
             None => self.violation(format!(
@@ -299,12 +284,7 @@ impl<B: Backend> Checker<B> {
                 }
             }
         }
-        entries.push(Inside {
-            section,
-            holder,
-            task,
-            guard: guard.clone(),
-        });
+        entries.push(Inside { section, holder, task, guard: guard.clone() });
         drop(inside);
         let token = guard.fencing_token();
         {
@@ -322,23 +302,11 @@ impl<B: Backend> Checker<B> {
                     guard.hold_count()
                 )),
                 self.at(sent),
-                if believed.is_none() {
-                    " already lost"
-                } else {
-                    ""
-                },
+                if believed.is_none() { " already lost" } else { "" },
             ),
         );
-        let record = Record {
-            section,
-            holder,
-            task,
-            key,
-            sent,
-            entered,
-            believed_until: believed,
-            token,
-        };
+        let record =
+            Record { section, holder, task, key, sent, entered, believed_until: believed, token };
         locked(&self.records).push(record);
         (section, guard, believed)
     }
@@ -356,9 +324,8 @@ impl<B: Backend> Checker<B> {
         if let Some(entries) = locked(&self.inside).get_mut(key) {
             entries.retain(|entry| entry.section != section);
         }
-        if let Some(record) = locked(&self.records)
-            .iter_mut()
-            .find(|record| record.section == section)
+        if let Some(record) =
+            locked(&self.records).iter_mut().find(|record| record.section == section)
         {
             record.believed_until = believed_until;
         }
@@ -475,11 +442,7 @@ struct Held<B: Backend> {
 impl<B: Backend> Held<B> {
     fn new(guard: Arc<LockGuard<B>>, believed: Option<Instant>) -> Self {
         let lost = believed.is_none();
-        Self {
-            guard,
-            believed,
-            lost,
-        }
+        Self { guard, believed, lost }
     }
 
     /// Looks at the guard: the timestamp first, so a guard not lost now was not lost then.
@@ -544,9 +507,7 @@ impl<B: Backend> Task<B> {
                 format_args!(
                     "acquire {key} wait {wait:?} lease {lease:?} fencing {fencing} hold {hold:?}\
                      {}",
-                    reentry
-                        .as_ref()
-                        .map_or(String::new(), |r| format!(", then {r:?}"))
+                    reentry.as_ref().map_or(String::new(), |r| format!(", then {r:?}"))
                 ),
             );
             let mut request = request(&self.client, key).wait(wait).lease(lease);
@@ -568,11 +529,7 @@ impl<B: Backend> Task<B> {
     /// A lease of the program's lengths, watchdog or fixed.
     fn lease(&mut self) -> Lease {
         let length = Duration::from_millis(self.rng.pick(&LEASES_MS));
-        if self.rng.chance(0.5) {
-            Lease::watchdog(length)
-        } else {
-            Lease::fixed(length)
-        }
+        if self.rng.chance(0.5) { Lease::watchdog(length) } else { Lease::fixed(length) }
     }
 
     fn wait(&mut self) -> Duration {
@@ -629,11 +586,7 @@ impl<B: Backend> Task<B> {
         };
         let (section, guard, believed) = self.checker.enter(key, self.id, sent, guard, Some(of));
         let mut inner = Held::new(guard, believed);
-        stay(
-            &mut [&mut *outer, &mut inner],
-            Instant::now() + reentry.hold,
-        )
-        .await;
+        stay(&mut [&mut *outer, &mut inner], Instant::now() + reentry.hold).await;
         self.end(key, section, inner, reentry.release).await;
     }
 
@@ -643,12 +596,9 @@ impl<B: Backend> Task<B> {
         if held.lost {
             locked(&self.checker.stats).lost_inside += 1;
             let who = format!("t{}", self.id);
-            self.checker
-                .note(&who, format_args!("section {section} saw its guard lost"));
+            self.checker.note(&who, format_args!("section {section} saw its guard lost"));
         }
-        let guard = self
-            .checker
-            .leave(key, self.id, section, held.believed, held.guard);
+        let guard = self.checker.leave(key, self.id, section, held.believed, held.guard);
         self.give_back(key, guard, release).await;
     }
 
@@ -657,8 +607,7 @@ impl<B: Backend> Task<B> {
         let who = format!("t{}", self.id);
         if release {
             let released = guard.release().await;
-            self.checker
-                .note(&who, format_args!("released {key}: {released:?}"));
+            self.checker.note(&who, format_args!("released {key}: {released:?}"));
         } else {
             drop(guard);
             self.checker.note(&who, format_args!("dropped {key}"));
@@ -716,11 +665,8 @@ async fn check_liveness<B: Backend>(
         };
         loop {
             let left = bound.saturating_sub(healed.elapsed());
-            let taken = request(client, key)
-                .lease(Lease::fixed(LONGEST_LEASE))
-                .wait(left)
-                .acquire()
-                .await;
+            let taken =
+                request(client, key).lease(Lease::fixed(LONGEST_LEASE)).wait(left).acquire().await;
             match taken {
                 Ok(guard) => {
                     let took = healed.elapsed();
@@ -762,9 +708,7 @@ fn is_wait_timeout(error: &LockError) -> bool {
 
 /// Runs `blocking` (a fixture call that waits on a process) off the runtime's threads.
 async fn off_runtime<T: Send + 'static>(blocking: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(blocking)
-        .await
-        .expect("fixture call")
+    tokio::task::spawn_blocking(blocking).await.expect("fixture call")
 }
 
 /// Waits until every server in `servers` has been up long enough that a quarantine of
@@ -776,21 +720,13 @@ async fn wait_out_quarantine(servers: &Arc<Mutex<Vec<RedisServer>>>) {
     let deadline = Instant::now() + Duration::from_secs(needed + 10);
     loop {
         let servers = servers.clone();
-        let youngest = off_runtime(move || {
-            locked(&servers)
-                .iter()
-                .map(uptime_secs)
-                .min()
-                .unwrap_or(u64::MAX)
-        })
-        .await;
+        let youngest =
+            off_runtime(move || locked(&servers).iter().map(uptime_secs).min().unwrap_or(u64::MAX))
+                .await;
         if youngest >= needed {
             return;
         }
-        assert!(
-            Instant::now() < deadline,
-            "a server's uptime stayed at {youngest} s"
-        );
+        assert!(Instant::now() < deadline, "a server's uptime stayed at {youngest} s");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -809,11 +745,7 @@ async fn flush_all(servers: &Arc<Mutex<Vec<RedisServer>>>) {
     let servers = servers.clone();
     off_runtime(move || {
         for server in locked(&servers).iter() {
-            assert_eq!(
-                server.cmd(&["FLUSHALL"]),
-                RespValue::Simple("OK".into()),
-                "FLUSHALL"
-            );
+            assert_eq!(server.cmd(&["FLUSHALL"]), RespValue::Simple("OK".into()), "FLUSHALL");
         }
     })
     .await;
@@ -845,10 +777,7 @@ impl Nodes {
     fn start() -> Self {
         let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
         let urls = servers.iter().map(RedisServer::url).collect();
-        Self {
-            servers: Arc::new(Mutex::new(servers)),
-            urls,
-        }
+        Self { servers: Arc::new(Mutex::new(servers)), urls }
     }
 
     /// A backend of its own: a separate process's connections and subscriptions.
@@ -856,17 +785,10 @@ impl Nodes {
         let backend = support::redlock_backend(self.urls.iter().cloned())
             .node_timeout(NODE_TIMEOUT)
             .retry_jitter(Duration::from_millis(20))
-            .quarantine(if quarantine_off() {
-                Duration::ZERO
-            } else {
-                QUARANTINE
-            })
+            .quarantine(if quarantine_off() { Duration::ZERO } else { QUARANTINE })
             .build()
             .expect("valid Redlock configuration");
-        LockClient::builder(backend)
-            .prefix(prefix)
-            .build()
-            .expect("valid configuration")
+        LockClient::builder(backend).prefix(prefix).build().expect("valid configuration")
     }
 }
 
@@ -895,10 +817,8 @@ async fn redlock_driver(
             }
             3 | 4 => {
                 let stall = rng.millis(20, 300);
-                checker.fault(
-                    "pause 2",
-                    format_args!("pause nodes {node} and {other} for {stall:?}"),
-                );
+                checker
+                    .fault("pause 2", format_args!("pause nodes {node} and {other} for {stall:?}"));
                 stall_nodes(&servers, &[node, other], stall).await;
             }
             5 | 6 => {
@@ -971,29 +891,15 @@ async fn redlock_seed(nodes: &Nodes, seed: u64) -> Outcome {
     let checker = Checker::<RedlockBackend>::new();
     let prefix = format!("sf{seed}:");
     let client_count = 2 + rng.below(2) as usize;
-    let keys: &'static [&'static str] = if rng.chance(0.5) {
-        &["k0"]
-    } else {
-        &["k0", "k1"]
-    };
-    checker.note(
-        "setup",
-        format_args!("seed {seed}: {client_count} clients x 2 tasks on {keys:?}"),
-    );
+    let keys: &'static [&'static str] = if rng.chance(0.5) { &["k0"] } else { &["k0", "k1"] };
+    checker
+        .note("setup", format_args!("seed {seed}: {client_count} clients x 2 tasks on {keys:?}"));
     let clients: Vec<_> = (0..client_count).map(|_| nodes.client(&prefix)).collect();
     let until = Instant::now() + PROGRAM;
     let mut tasks = tokio::task::JoinSet::new();
-    let mix = Mix {
-        fencing: false,
-        reentry: false,
-    };
+    let mix = Mix { fencing: false, reentry: false };
     spawn_tasks(&mut tasks, &clients, &checker, &mut rng, keys, mix, until);
-    tasks.spawn(redlock_driver(
-        nodes.servers.clone(),
-        checker.clone(),
-        Rng(rng.next()),
-        until,
-    ));
+    tasks.spawn(redlock_driver(nodes.servers.clone(), checker.clone(), Rng(rng.next()), until));
     join_all(&mut tasks, &checker).await;
     checker.note("setup", "program over, every node runs");
     let fresh = nodes.client(&prefix);
@@ -1029,20 +935,14 @@ impl Single {
     fn start() -> Self {
         let server = RedisServer::start();
         let (url, dir) = (server.url(), server.dir().to_owned());
-        Self {
-            servers: Arc::new(Mutex::new(vec![server])),
-            url,
-            dir,
-        }
+        Self { servers: Arc::new(Mutex::new(vec![server])), url, dir }
     }
 
     /// A client over connections its backend opens itself (a quarantine of [`QUARANTINE`]),
     /// with the [`SHORT_COMMAND_TIMEOUT`] when `short`.
     async fn own_client(&self, prefix: &str, short: bool) -> LockClient<RedisBackend> {
         let backend = connect(|| async {
-            command_timeout(control(RedisBackend::builder(self.url.clone())), short)
-                .connect()
-                .await
+            command_timeout(control(RedisBackend::builder(self.url.clone())), short).connect().await
         })
         .await;
         single_client(backend, prefix)
@@ -1166,20 +1066,15 @@ async fn single_driver(
                 let down = rng.millis(0, 200);
                 checker.fault(
                     "restart from snapshot",
-                    format_args!(
-                        "kill -9, restart from {} after {down:?}",
-                        snapshot.display()
-                    ),
+                    format_args!("kill -9, restart from {} after {down:?}", snapshot.display()),
                 );
                 restart_single(&single, &checker, Some(snapshot), down).await;
                 checker.note("fault", "the server is back from the snapshot");
             }
             8..=14 => {
                 let down = rng.millis(0, 200);
-                checker.fault(
-                    "restart empty",
-                    format_args!("kill -9, restart empty after {down:?}"),
-                );
+                checker
+                    .fault("restart empty", format_args!("kill -9, restart empty after {down:?}"));
                 restart_single(&single, &checker, None, down).await;
                 checker.note("fault", "the server is back, empty");
             }
@@ -1189,10 +1084,7 @@ async fn single_driver(
                 let (kind, stall) = match rng.below(3) {
                     0 => ("pause < shortest lease", rng.millis(20, shortest - 1)),
                     1 => ("pause < longest lease", rng.millis(shortest, longest - 1)),
-                    _ => (
-                        "pause > longest lease",
-                        rng.millis(longest, longest * 3 / 2),
-                    ),
+                    _ => ("pause > longest lease", rng.millis(longest, longest * 3 / 2)),
                 };
                 checker.fault(kind, format_args!("pause (SIGSTOP) for {stall:?}"));
                 stall_nodes(&single.servers, &[0], stall).await;
@@ -1242,24 +1134,16 @@ async fn single_seed(single: &Arc<Single>, seed: u64) -> Outcome {
     let prefix = format!("sf{seed}:");
     let own = 2 + rng.below(2) as usize;
     // `f0` is a fair lock, the others plain ones.
-    let keys: &'static [&'static str] = if rng.chance(0.5) {
-        &["k0", "f0"]
-    } else {
-        &["k0", "k1", "f0"]
-    };
+    let keys: &'static [&'static str] =
+        if rng.chance(0.5) { &["k0", "f0"] } else { &["k0", "k1", "f0"] };
     checker.note(
         "setup",
         format_args!("seed {seed}: {own} clients + 1 through a pool, x 2 tasks on {keys:?}"),
     );
     // The first own client has a short command timeout, the second the default; the others
     // draw theirs.
-    let short: Vec<bool> = (0..=own)
-        .map(|i| i == 0 || (i > 1 && rng.chance(0.5)))
-        .collect();
-    checker.note(
-        "setup",
-        format_args!("short command timeouts (the pool's last): {short:?}"),
-    );
+    let short: Vec<bool> = (0..=own).map(|i| i == 0 || (i > 1 && rng.chance(0.5))).collect();
+    checker.note("setup", format_args!("short command timeouts (the pool's last): {short:?}"));
     let mut clients = Vec::new();
     for &short in &short[..own] {
         clients.push(single.own_client(&prefix, short).await);
@@ -1272,17 +1156,9 @@ async fn single_seed(single: &Arc<Single>, seed: u64) -> Outcome {
     }
     let until = Instant::now() + PROGRAM;
     let mut tasks = tokio::task::JoinSet::new();
-    let mix = Mix {
-        fencing: true,
-        reentry: true,
-    };
+    let mix = Mix { fencing: true, reentry: true };
     spawn_tasks(&mut tasks, &clients, &checker, &mut rng, keys, mix, until);
-    tasks.spawn(single_driver(
-        single.clone(),
-        checker.clone(),
-        Rng(rng.next()),
-        until,
-    ));
+    tasks.spawn(single_driver(single.clone(), checker.clone(), Rng(rng.next()), until));
     join_all(&mut tasks, &checker).await;
     checker.note("setup", "program over, the server runs");
     let fresh = single.own_client(&prefix, false).await;
@@ -1329,9 +1205,7 @@ async fn warm_up(client: &LockClient<RedisBackend>) {
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|value| {
-        value
-            .parse()
-            .unwrap_or_else(|_| panic!("{name} must be a number, not {value:?}"))
+        value.parse().unwrap_or_else(|_| panic!("{name} must be a number, not {value:?}"))
     })
 }
 
@@ -1422,11 +1296,9 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_programs_with_nodes_stalled_killed_and_restarted() {
     let nodes = Nodes::start();
-    run_seeds(
-        "redlock",
-        "redlock_programs_with_nodes_stalled_killed_and_restarted",
-        |seed| redlock_seed(&nodes, seed),
-    )
+    run_seeds("redlock", "redlock_programs_with_nodes_stalled_killed_and_restarted", |seed| {
+        redlock_seed(&nodes, seed)
+    })
     .await;
 }
 

@@ -27,10 +27,7 @@ use support::{
 use tower_lock::{Lease, LockClient, LockContext, LockLayer, RedisBackend, key};
 
 async fn locks(server: &RedisServer) -> LockClient<RedisBackend> {
-    let backend = support::redis_backend(server.url())
-        .connect()
-        .await
-        .unwrap();
+    let backend = support::redis_backend(server.url()).connect().await.unwrap();
     LockClient::builder(backend).build().unwrap()
 }
 
@@ -70,11 +67,7 @@ fn withdraw_app(locks: LockClient<RedisBackend>, witness: Witness, hold: Duratio
                 "ok"
             }),
         )
-        .route_layer(
-            LockLayer::new(locks)
-                .key(key::path_param("id"))
-                .wait(Duration::from_secs(10)),
-        )
+        .route_layer(LockLayer::new(locks).key(key::path_param("id")).wait(Duration::from_secs(10)))
 }
 
 /// Requests on one account serialize across two app instances sharing one Redis, while
@@ -92,9 +85,7 @@ async fn same_key_serializes_across_instances() {
         let base = if i % 2 == 0 { &one } else { &two };
         let url = format!("{base}/accounts/{}/withdraw", i % 4);
         let http = http.clone();
-        tasks.push(tokio::spawn(
-            async move { send(&http, "POST", &url).await.0 },
-        ));
+        tasks.push(tokio::spawn(async move { send(&http, "POST", &url).await.0 }));
     }
     for task in tasks {
         assert_eq!(task.await.unwrap(), StatusCode::OK);
@@ -118,14 +109,12 @@ async fn same_key_serializes_across_instances() {
 async fn wait_timeout_is_423_with_retry_after() {
     let server = RedisServer::start();
     let locks = locks(&server).await;
-    let app = Router::new()
-        .route("/docs/{id}", post(|| async { "ok" }))
-        .route_layer(
-            LockLayer::new(locks.clone())
-                .key(key::path_param("id"))
-                .name("docs")
-                .wait(Duration::from_millis(200)),
-        );
+    let app = Router::new().route("/docs/{id}", post(|| async { "ok" })).route_layer(
+        LockLayer::new(locks.clone())
+            .key(key::path_param("id"))
+            .name("docs")
+            .wait(Duration::from_millis(200)),
+    );
     let base = serve(app).await;
     // Someone else holds the lock the route would take (same name and key).
     let holder = locks
@@ -144,10 +133,7 @@ async fn wait_timeout_is_423_with_retry_after() {
         .expect("milliseconds under a second")
         .parse()
         .unwrap();
-    assert!(
-        (200..1000).contains(&ms),
-        "{ms} ms: the wait, not the lease"
-    );
+    assert!((200..1000).contains(&ms), "{ms} ms: the wait, not the lease");
     assert!(started.elapsed() < Duration::from_secs(2));
     holder.release().await.unwrap();
     let (status, _, _) = send(&http(), "POST", &format!("{base}/docs/7")).await;
@@ -168,9 +154,7 @@ async fn a_path_param_the_route_lacks_is_reported() {
         assert_eq!(send(&http(), "POST", &url).await.0, StatusCode::BAD_REQUEST);
     }
     let logs = logs.text();
-    let warnings = logs
-        .matches("the matched route has no such path parameter")
-        .count();
+    let warnings = logs.matches("the matched route has no such path parameter").count();
     assert_eq!(warnings, 1, "one warning per route: {logs}");
     assert!(
         logs.contains("param=id") && logs.contains("/accounts/{account_id}/withdraw"),
@@ -185,42 +169,24 @@ async fn missing_and_invalid_keys_are_400() {
     let app = Router::new()
         .route("/strict", get(|| async { "ok" }))
         .route_layer(LockLayer::new(locks.clone()).key(key::header("x-account")))
-        .merge(
-            Router::new()
-                .route("/lenient", get(|| async { "ok" }))
-                .route_layer(
-                    LockLayer::new(locks.clone())
-                        .key(key::header("x-account"))
-                        .skip_missing_key(),
-                ),
-        );
+        .merge(Router::new().route("/lenient", get(|| async { "ok" })).route_layer(
+            LockLayer::new(locks.clone()).key(key::header("x-account")).skip_missing_key(),
+        ));
     let base = serve(app).await;
     let http = http();
-    assert_eq!(
-        send(&http, "GET", &format!("{base}/strict")).await.0,
-        StatusCode::BAD_REQUEST
-    );
-    assert_eq!(
-        send(&http, "GET", &format!("{base}/lenient")).await.0,
-        StatusCode::OK
-    );
+    assert_eq!(send(&http, "GET", &format!("{base}/strict")).await.0, StatusCode::BAD_REQUEST);
+    assert_eq!(send(&http, "GET", &format!("{base}/lenient")).await.0, StatusCode::OK);
     let long = "x".repeat(600);
     let request = http::Request::get(format!("{base}/strict"))
         .header("x-account", long)
         .body(Empty::new())
         .unwrap();
-    assert_eq!(
-        http.request(request).await.unwrap().status(),
-        StatusCode::BAD_REQUEST
-    );
+    assert_eq!(http.request(request).await.unwrap().status(), StatusCode::BAD_REQUEST);
     let request = http::Request::get(format!("{base}/strict"))
         .header("x-account", "42")
         .body(Empty::new())
         .unwrap();
-    assert_eq!(
-        http.request(request).await.unwrap().status(),
-        StatusCode::OK
-    );
+    assert_eq!(http.request(request).await.unwrap().status(), StatusCode::OK);
 }
 
 /// A client that disconnects mid-handler frees the lock at once, not after the lease.
@@ -247,11 +213,7 @@ async fn client_disconnect_releases() {
                 "done"
             }),
         )
-        .route_layer(
-            LockLayer::new(locks.clone())
-                .key(key::path_param("id"))
-                .name("slow"),
-        );
+        .route_layer(LockLayer::new(locks.clone()).key(key::path_param("id")).name("slow"));
     let base = serve(app).await;
     let url = format!("{base}/slow/1");
     let request = tokio::spawn(async move { send(&http(), "POST", &url).await });
@@ -266,15 +228,8 @@ async fn client_disconnect_releases() {
         .acquire()
         .await
         .expect("the lock is free after the client left");
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "freed only after {:?}",
-        started.elapsed()
-    );
-    assert!(
-        dropped.load(Ordering::SeqCst),
-        "the handler future was not dropped"
-    );
+    assert!(started.elapsed() < Duration::from_secs(2), "freed only after {:?}", started.elapsed());
+    assert!(dropped.load(Ordering::SeqCst), "the handler future was not dropped");
     again.release().await.unwrap();
 }
 
@@ -293,11 +248,7 @@ async fn panic_in_handler_releases() {
                 "unreachable"
             }),
         )
-        .route_layer(
-            LockLayer::new(locks.clone())
-                .key(key::path_param("id"))
-                .name("boom"),
-        )
+        .route_layer(LockLayer::new(locks.clone()).key(key::path_param("id")).name("boom"))
         .layer(tower_http::catch_panic::CatchPanicLayer::new());
     let base = serve(app).await;
     let (status, _, _) = send(&http(), "POST", &format!("{base}/boom/1")).await;
@@ -322,15 +273,13 @@ async fn lost_lock_cancels_the_handler_with_503() {
     let app = Router::new()
         .route(
             "/long/{id}",
-            post(
-                move |Extension(context): Extension<LockContext>| async move {
-                    signal.notify_one();
-                    let _ = context;
-                    tokio::time::sleep(Duration::from_secs(5)).await;
-                    flag.store(true, Ordering::SeqCst);
-                    "done"
-                },
-            ),
+            post(move |Extension(context): Extension<LockContext>| async move {
+                signal.notify_one();
+                let _ = context;
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                flag.store(true, Ordering::SeqCst);
+                "done"
+            }),
         )
         .route_layer(
             LockLayer::new(locks.clone())
@@ -349,10 +298,7 @@ async fn lost_lock_cancels_the_handler_with_503() {
     let (status, _, _) = request.await.unwrap();
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(started.elapsed() < Duration::from_secs(2));
-    assert!(
-        !finished.load(Ordering::SeqCst),
-        "the handler ran on without its lock"
-    );
+    assert!(!finished.load(Ordering::SeqCst), "the handler ran on without its lock");
 }
 
 /// Nested layers on the same key re-enter instead of deadlocking; the handler sees the token.
@@ -364,25 +310,19 @@ async fn nested_layers_reenter() {
     let app = Router::new()
         .route(
             "/n/{id}",
-            post(
-                move |Extension(context): Extension<LockContext>| async move {
-                    // Direct use inside the request re-enters too.
-                    let again = inner_locks
-                        .lock_in_namespace("nested", "1")
-                        .try_acquire()
-                        .await
-                        .expect("re-entry from the handler");
-                    let count = again.hold_count();
-                    again.release().await.unwrap();
-                    format!("{count} {}", context.fencing_token().is_some())
-                },
-            ),
+            post(move |Extension(context): Extension<LockContext>| async move {
+                // Direct use inside the request re-enters too.
+                let again = inner_locks
+                    .lock_in_namespace("nested", "1")
+                    .try_acquire()
+                    .await
+                    .expect("re-entry from the handler");
+                let count = again.hold_count();
+                again.release().await.unwrap();
+                format!("{count} {}", context.fencing_token().is_some())
+            }),
         )
-        .route_layer(
-            LockLayer::new(locks.clone())
-                .key(key::path_param("id"))
-                .name("nested"),
-        )
+        .route_layer(LockLayer::new(locks.clone()).key(key::path_param("id")).name("nested"))
         .route_layer(
             LockLayer::new(locks.clone())
                 .key(key::path_param("id"))
@@ -410,11 +350,7 @@ async fn composes_with_timeout_and_concurrency_limit() {
                 "late"
             }),
         )
-        .route_layer(
-            LockLayer::new(locks.clone())
-                .key(key::path_param("id"))
-                .name("t"),
-        )
+        .route_layer(LockLayer::new(locks.clone()).key(key::path_param("id")).name("t"))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             StatusCode::GATEWAY_TIMEOUT,
             Duration::from_millis(200),
@@ -441,12 +377,7 @@ async fn read_write_mode() {
     let max_readers = Arc::new(AtomicUsize::new(0));
     let writing = Arc::new(AtomicBool::new(false));
     let violations = Arc::new(AtomicUsize::new(0));
-    let (r, m, w, v) = (
-        readers.clone(),
-        max_readers.clone(),
-        writing.clone(),
-        violations.clone(),
-    );
+    let (r, m, w, v) = (readers.clone(), max_readers.clone(), writing.clone(), violations.clone());
     let (r2, w2, v2) = (readers.clone(), writing.clone(), violations.clone());
     let app = Router::new()
         .route(
@@ -488,22 +419,13 @@ async fn read_write_mode() {
     for i in 0..60 {
         let (http, url) = (http.clone(), format!("{base}/doc/1"));
         let method = if i % 6 == 0 { "POST" } else { "GET" };
-        tasks.push(tokio::spawn(
-            async move { send(&http, method, &url).await.0 },
-        ));
+        tasks.push(tokio::spawn(async move { send(&http, method, &url).await.0 }));
     }
     for task in tasks {
         assert_eq!(task.await.unwrap(), StatusCode::OK);
     }
-    assert_eq!(
-        violations.load(Ordering::SeqCst),
-        0,
-        "a write overlapped another request"
-    );
-    assert!(
-        max_readers.load(Ordering::SeqCst) > 1,
-        "GETs never overlapped"
-    );
+    assert_eq!(violations.load(Ordering::SeqCst), 0, "a write overlapped another request");
+    assert!(max_readers.load(Ordering::SeqCst) > 1, "GETs never overlapped");
 }
 
 /// Past the per-key cap of waiting requests, a request is answered 503 with `Retry-After` at
@@ -511,31 +433,21 @@ async fn read_write_mode() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiter_cap_and_bad_lease() {
     let server = RedisServer::start();
-    let backend = support::redis_backend(server.url())
-        .connect()
-        .await
-        .unwrap();
-    let locks = LockClient::builder(backend)
-        .max_waiters_per_key(2)
-        .build()
-        .unwrap();
-    let app = Router::new()
-        .route("/c/{id}", post(|| async { "ok" }))
-        .route_layer(
-            LockLayer::new(locks.clone())
-                .key(key::path_param("id"))
-                .name("cap")
-                .wait(Duration::from_secs(5)),
-        );
+    let backend = support::redis_backend(server.url()).connect().await.unwrap();
+    let locks = LockClient::builder(backend).max_waiters_per_key(2).build().unwrap();
+    let app = Router::new().route("/c/{id}", post(|| async { "ok" })).route_layer(
+        LockLayer::new(locks.clone())
+            .key(key::path_param("id"))
+            .name("cap")
+            .wait(Duration::from_secs(5)),
+    );
     let base = serve(app).await;
     let holder = locks.lock_in_namespace("cap", "1").acquire().await.unwrap();
     let http = http();
     let mut waiting = Vec::new();
     for _ in 0..2 {
         let (http, url) = (http.clone(), format!("{base}/c/1"));
-        waiting.push(tokio::spawn(
-            async move { send(&http, "POST", &url).await.0 },
-        ));
+        waiting.push(tokio::spawn(async move { send(&http, "POST", &url).await.0 }));
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     while locks.waiters() < 2 {
@@ -551,15 +463,8 @@ async fn waiter_cap_and_bad_lease() {
     for request in waiting {
         assert_eq!(request.await.unwrap(), StatusCode::OK);
     }
-    let bad = locks
-        .lock("k")
-        .lease(Lease::fixed(Duration::ZERO))
-        .acquire()
-        .await;
-    assert!(
-        matches!(bad, Err(tower_lock::LockError::InvalidLease(_))),
-        "{bad:?}"
-    );
+    let bad = locks.lock("k").lease(Lease::fixed(Duration::ZERO)).acquire().await;
+    assert!(matches!(bad, Err(tower_lock::LockError::InvalidLease(_))), "{bad:?}");
 }
 
 /// Two routes with the same parameter value take different locks (the route is part of the
@@ -578,9 +483,7 @@ async fn routes_do_not_share_locks_and_rejections_are_customisable() {
             let status = rejection.status();
             let mut response =
                 rejection.into_response_with(axum::body::Body::from(format!("busy: {status}")));
-            response
-                .headers_mut()
-                .insert("x-lock", http::HeaderValue::from_static("held"));
+            response.headers_mut().insert("x-lock", http::HeaderValue::from_static("held"));
             response
         });
     let app = Router::new()
@@ -606,9 +509,7 @@ async fn routes_do_not_share_locks_and_rejections_are_customisable() {
     let (status, _, body) = send(&http, "POST", &format!("{base}/accounts/7")).await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, "account"));
     // Same route, same id: blocked, answered by the custom builder.
-    let request = http::Request::post(format!("{base}/orders/7"))
-        .body(Empty::new())
-        .unwrap();
+    let request = http::Request::post(format!("{base}/orders/7")).body(Empty::new()).unwrap();
     let response = http.request(request).await.unwrap();
     assert_eq!(response.status(), StatusCode::LOCKED);
     assert_eq!(response.headers()["x-lock"], "held");
@@ -628,15 +529,13 @@ async fn continue_on_lost_lets_the_handler_finish() {
     let app = Router::new()
         .route(
             "/c/{id}",
-            post(
-                move |Extension(context): Extension<LockContext>| async move {
-                    signal.notify_one();
-                    tokio::time::timeout(Duration::from_secs(5), context.lost())
-                        .await
-                        .expect("the handler sees the loss");
-                    format!("finished, lost = {}", context.is_lost())
-                },
-            ),
+            post(move |Extension(context): Extension<LockContext>| async move {
+                signal.notify_one();
+                tokio::time::timeout(Duration::from_secs(5), context.lost())
+                    .await
+                    .expect("the handler sees the loss");
+                format!("finished, lost = {}", context.is_lost())
+            }),
         )
         .route_layer(
             LockLayer::new(locks.clone())
@@ -702,12 +601,11 @@ async fn two_layers_on_different_clients_over_one_lock_are_refused_at_once() {
             .name("twice")
             .wait(Duration::from_secs(60))
     };
-    let service = ServiceBuilder::new()
-        .layer(layer(&outer))
-        .layer(layer(&inner))
-        .service(tower::service_fn(|_request: http::Request<()>| async {
+    let service = ServiceBuilder::new().layer(layer(&outer)).layer(layer(&inner)).service(
+        tower::service_fn(|_request: http::Request<()>| async {
             Ok::<_, Infallible>(http::Response::new(String::from("ran")))
-        }));
+        }),
+    );
     let request = http::Request::get("/").header("x-k", "1").body(()).unwrap();
     let response = tokio::time::timeout(Duration::from_secs(30), service.oneshot(request))
         .await
@@ -715,10 +613,7 @@ async fn two_layers_on_different_clients_over_one_lock_are_refused_at_once() {
         .expect("infallible");
     assert_eq!(response.status(), http::StatusCode::INTERNAL_SERVER_ERROR);
     let free = outer.lock_in_namespace("twice", "1").try_acquire().await;
-    free.expect("free after the request")
-        .release()
-        .await
-        .unwrap();
+    free.expect("free after the request").release().await.unwrap();
 }
 
 /// The layer asks nothing of the inner service, its future or the bodies beyond what it uses:
@@ -730,11 +625,7 @@ async fn inner_service_and_bodies_need_not_be_send_or_static() {
     use tower::{ServiceBuilder, ServiceExt};
     let calls = Rc::new(Cell::new(0));
     let service = ServiceBuilder::new()
-        .layer(
-            LockLayer::new(LockClient::in_memory())
-                .key(key::header("x-k"))
-                .name("local"),
-        )
+        .layer(LockLayer::new(LockClient::in_memory()).key(key::header("x-k")).name("local"))
         .service(tower::service_fn({
             let calls = calls.clone();
             move |request: http::Request<&str>| {
@@ -744,10 +635,7 @@ async fn inner_service_and_bodies_need_not_be_send_or_static() {
             }
         }));
     let text = String::from("borrowed body");
-    let request = http::Request::get("/")
-        .header("x-k", "1")
-        .body(text.as_str())
-        .unwrap();
+    let request = http::Request::get("/").header("x-k", "1").body(text.as_str()).unwrap();
     let response = service.clone().oneshot(request).await.unwrap();
     assert_eq!(response.body().as_str(), "BORROWED BODY");
     let no_key = http::Request::get("/").body(text.as_str()).unwrap();
@@ -789,9 +677,7 @@ async fn handler_finishing_past_its_deadline_gets_503() {
                 .name("stall")
                 .lease(Lease::fixed(lease)),
         );
-    let request = http::Request::post("/stall/1")
-        .body(axum::body::Body::empty())
-        .unwrap();
+    let request = http::Request::post("/stall/1").body(axum::body::Body::empty()).unwrap();
     let response = app.oneshot(request).await.unwrap();
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     let again = locks
@@ -856,10 +742,7 @@ async fn handler_resumed_past_its_lease_is_not_polled_again() {
         panic!("the layer answers at once");
     };
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert!(
-        !wrote.load(Ordering::SeqCst),
-        "the handler ran on past its lease"
-    );
+    assert!(!wrote.load(Ordering::SeqCst), "the handler ran on past its lease");
 }
 
 /// `LockContext::is_lost` looks at the lease's deadline too: a handler that stalled past it
@@ -886,9 +769,7 @@ async fn lock_context_is_lost_past_the_deadline() {
                 .lease(Lease::fixed(lease))
                 .continue_on_lost(),
         );
-    let request = http::Request::post("/stall/1")
-        .body(axum::body::Body::empty())
-        .unwrap();
+    let request = http::Request::post("/stall/1").body(axum::body::Body::empty()).unwrap();
     let response = app.oneshot(request).await.unwrap();
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(&body[..], b"false true");
@@ -899,10 +780,7 @@ async fn lock_context_is_lost_past_the_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unset_options_come_from_the_client() {
     let server = RedisServer::start();
-    let backend = support::redis_backend(server.url())
-        .connect()
-        .await
-        .unwrap();
+    let backend = support::redis_backend(server.url()).connect().await.unwrap();
     let locks = LockClient::builder(backend)
         .lease(Lease::watchdog(Duration::from_secs(10)))
         .wait(Duration::ZERO)
@@ -926,33 +804,18 @@ async fn unset_options_come_from_the_client() {
                 }
             }),
         )
-        .route_layer(
-            LockLayer::new(locks.clone())
-                .key(key::path_param("id"))
-                .name("docs"),
-        );
+        .route_layer(LockLayer::new(locks.clone()).key(key::path_param("id")).name("docs"));
     let base = serve(app).await;
     let (status, _, body) = send(&http(), "POST", &format!("{base}/docs/1")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let ttl: i64 = body.parse().unwrap();
-    assert!(
-        (9_000..=10_000).contains(&ttl),
-        "lease {ttl} ms, not the client's 10 s"
-    );
+    assert!((9_000..=10_000).contains(&ttl), "lease {ttl} ms, not the client's 10 s");
     // The client's zero wait: a held lock is answered at once.
-    let held = locks
-        .lock_in_namespace("docs", "1")
-        .acquire()
-        .await
-        .unwrap();
+    let held = locks.lock_in_namespace("docs", "1").acquire().await.unwrap();
     let started = Instant::now();
     let (status, _, _) = send(&http(), "POST", &format!("{base}/docs/1")).await;
     assert_eq!(status, StatusCode::LOCKED);
-    assert!(
-        started.elapsed() < Duration::from_secs(1),
-        "waited {:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < Duration::from_secs(1), "waited {:?}", started.elapsed());
     held.release().await.unwrap();
 }
 
@@ -970,14 +833,12 @@ async fn slow_transfer(Path(id): Path<String>, Extension(entered): Extension<Ent
 async fn retry_after_tells_the_likely_wait() {
     let locks = LockClient::in_memory();
     let (entered, mut entries) = Entered::channel();
-    let router = Router::new()
-        .route("/accounts/{id}/transfer", post(slow_transfer))
-        .route_layer(
-            LockLayer::new(locks.clone())
-                .key(key::path_param("id"))
-                .wait(Duration::from_millis(100))
-                .lease(Lease::watchdog(Duration::from_secs(30))),
-        );
+    let router = Router::new().route("/accounts/{id}/transfer", post(slow_transfer)).route_layer(
+        LockLayer::new(locks.clone())
+            .key(key::path_param("id"))
+            .wait(Duration::from_millis(100))
+            .lease(Lease::watchdog(Duration::from_secs(30))),
+    );
     let base = serve(router.layer(Extension(entered))).await;
     let url = format!("{base}/accounts/alice/transfer");
     assert_told_the_likely_wait(&url, &mut entries).await;
@@ -1050,13 +911,9 @@ async fn several_keys_rejections() {
         let from = parts.headers.get("x-from")?.to_str().ok()?.to_owned();
         Some(vec![into, from])
     });
-    let app = Router::new()
-        .route("/merge", post(|| async { "merged" }))
-        .route_layer(
-            LockLayer::new(locks.clone())
-                .key(merge.prefixed("doc:"))
-                .wait(Duration::from_millis(100)),
-        );
+    let app = Router::new().route("/merge", post(|| async { "merged" })).route_layer(
+        LockLayer::new(locks.clone()).key(merge.prefixed("doc:")).wait(Duration::from_millis(100)),
+    );
     let base = serve(app).await;
     let send_merge = |into: Option<&'static str>, from: &'static str| {
         let base = base.clone();
@@ -1065,10 +922,7 @@ async fn several_keys_rejections() {
             if let Some(into) = into {
                 request = request.header("x-into", into);
             }
-            let response = http()
-                .request(request.body(Empty::new()).unwrap())
-                .await
-                .unwrap();
+            let response = http().request(request.body(Empty::new()).unwrap()).await.unwrap();
             let retry = response.headers().get("retry-after").cloned();
             (response.status(), retry)
         }
@@ -1076,21 +930,13 @@ async fn several_keys_rejections() {
     assert_eq!(send_merge(Some("7"), "3").await.0, StatusCode::OK);
     assert_eq!(send_merge(None, "3").await.0, StatusCode::BAD_REQUEST);
 
-    let held = locks
-        .lock("doc:3")
-        .lease(Lease::fixed(Duration::from_secs(5)))
-        .acquire()
-        .await
-        .unwrap();
+    let held =
+        locks.lock("doc:3").lease(Lease::fixed(Duration::from_secs(5))).acquire().await.unwrap();
     let (status, retry) = send_merge(Some("7"), "3").await;
     assert_eq!(status, StatusCode::LOCKED);
     assert!(retry.is_some(), "Retry-After on a set's wait timeout");
     let other = locks.lock("doc:7").try_acquire().await;
-    other
-        .expect("doc:7 is not left held")
-        .release()
-        .await
-        .unwrap();
+    other.expect("doc:7 is not left held").release().await.unwrap();
     held.release().await.unwrap();
     assert_eq!(send_merge(Some("3"), "7").await.0, StatusCode::OK);
 }
@@ -1144,9 +990,7 @@ async fn permits_let_n_requests_per_key_run() {
     for i in 0..12 {
         let url = format!("{}/exports/acme", if i % 2 == 0 { &one } else { &two });
         let http = http.clone();
-        tasks.push(tokio::spawn(
-            async move { send(&http, "POST", &url).await.0 },
-        ));
+        tasks.push(tokio::spawn(async move { send(&http, "POST", &url).await.0 }));
     }
     // Three get in; the rest wait for a permit.
     for _ in 0..3 {
@@ -1157,19 +1001,14 @@ async fn permits_let_n_requests_per_key_run() {
         let (http, url) = (http.clone(), format!("{one}/exports/globex"));
         async move { send(&http, "POST", &url).await.0 }
     });
-    entries
-        .recv()
-        .await
-        .expect("the other tenant's request entered");
+    entries.recv().await.expect("the other tenant's request entered");
     // With every permit of `acme` out, a request that waits briefly is told to come back.
-    let impatient = Router::new()
-        .route("/exports/{tenant}", post(|| async { "ok" }))
-        .route_layer(
-            LockLayer::new(locks(&server).await)
-                .key(key::path_param("tenant"))
-                .permits(3)
-                .wait(Duration::from_millis(100)),
-        );
+    let impatient = Router::new().route("/exports/{tenant}", post(|| async { "ok" })).route_layer(
+        LockLayer::new(locks(&server).await)
+            .key(key::path_param("tenant"))
+            .permits(3)
+            .wait(Duration::from_millis(100)),
+    );
     let impatient = serve(impatient).await;
     let (status, retry, _) = send(&http, "POST", &format!("{impatient}/exports/acme")).await;
     assert_eq!(status, StatusCode::LOCKED);
@@ -1224,18 +1063,11 @@ async fn a_set_hold_time_leaves_out_the_wait_for_its_members() {
     let started = Instant::now();
     let (status, _, _) = send(&http(), "POST", &format!("{base}/transfers/1/2")).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(
-        started.elapsed() >= Duration::from_millis(1100),
-        "it waited"
-    );
+    assert!(started.elapsed() >= Duration::from_millis(1100), "it waited");
     release.await.unwrap();
 
     // Now one account is held for good: a request that tries once hears the typical hold.
-    let _held = locks
-        .lock_in_namespace("transfers", "1")
-        .acquire()
-        .await
-        .unwrap();
+    let _held = locks.lock_in_namespace("transfers", "1").acquire().await.unwrap();
     let (status, retry, _) = send(&http(), "POST", &format!("{base}/at-once/transfers/1/2")).await;
     assert_eq!(status, StatusCode::LOCKED);
     assert_eq!(
@@ -1260,14 +1092,9 @@ async fn retry_after_is_at_least_the_wait_and_at_most_the_lease() {
     const WAIT: Duration = Duration::from_secs(2);
     let server = RedisServer::start();
     let locks = locks(&server).await;
-    let app = Router::new()
-        .route("/docs/{id}", post(|| async { "ok" }))
-        .route_layer(
-            LockLayer::new(locks.clone())
-                .key(key::path_param("id"))
-                .name("docs")
-                .wait(WAIT),
-        );
+    let app = Router::new().route("/docs/{id}", post(|| async { "ok" })).route_layer(
+        LockLayer::new(locks.clone()).key(key::path_param("id")).name("docs").wait(WAIT),
+    );
     let base = serve(app).await;
     // A fixed lease: Redis's PTTL is the truth the answer is checked against.
     let holder = locks
@@ -1316,19 +1143,12 @@ async fn quarantine_answers_503_at_once_with_its_time_left() {
     let before_start = Instant::now();
     let server = RedisServer::start();
     let started = Instant::now();
-    let backend = RedisBackend::builder(server.url())
-        .quarantine(QUARANTINE)
-        .connect()
-        .await
-        .unwrap();
+    let backend =
+        RedisBackend::builder(server.url()).quarantine(QUARANTINE).connect().await.unwrap();
     let locks = LockClient::builder(backend).build().unwrap();
     let app = Router::new()
         .route("/docs/{id}", post(|| async { "ok" }))
-        .route_layer(
-            LockLayer::new(locks)
-                .key(key::path_param("id"))
-                .wait(Duration::from_secs(5)),
-        );
+        .route_layer(LockLayer::new(locks).key(key::path_param("id")).wait(Duration::from_secs(5)));
     let base = serve(app).await;
     let sent = Instant::now();
     let (status, retry, body) = send(&http(), "POST", &format!("{base}/docs/7")).await;
@@ -1343,10 +1163,7 @@ async fn quarantine_answers_503_at_once_with_its_time_left() {
     // The server booted between `before_start` and `started`; the backend reads its uptime in
     // whole seconds and errs long by up to two.
     let earliest = (QUARANTINE.saturating_sub(answered - before_start)).as_secs();
-    let latest = (QUARANTINE + Duration::from_secs(2))
-        .saturating_sub(sent - started)
-        .as_secs()
-        + 1;
+    let latest = (QUARANTINE + Duration::from_secs(2)).saturating_sub(sent - started).as_secs() + 1;
     println!("quarantine: Retry-After {retry} s, expected {earliest}..={latest}");
     assert!(
         (earliest..=latest).contains(&retry),
@@ -1379,15 +1196,8 @@ async fn a_store_that_is_down_fails_fast_until_the_probe_finds_it_back() {
         let took = sent.elapsed();
         println!("down, request {attempt}: {status} in {took:?}, Retry-After {retry:?}");
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-        assert!(
-            took < WAIT / 4,
-            "request {attempt} answered after {took:?} of its {WAIT:?} wait"
-        );
-        assert_eq!(
-            retry.as_deref(),
-            Some("1"),
-            "the next probe is within a second"
-        );
+        assert!(took < WAIT / 4, "request {attempt} answered after {took:?} of its {WAIT:?} wait");
+        assert_eq!(retry.as_deref(), Some("1"), "the next probe is within a second");
     }
 
     tokio::task::block_in_place(|| server.restart());
@@ -1416,9 +1226,8 @@ async fn a_store_that_is_down_fails_fast_until_the_probe_finds_it_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_retry_after_counts_the_whole_wait() {
     let locks = LockClient::in_memory();
-    let app = Router::new()
-        .route("/transfers/{from}/{to}", post(|| async { "moved" }))
-        .route_layer(
+    let app =
+        Router::new().route("/transfers/{from}/{to}", post(|| async { "moved" })).route_layer(
             LockLayer::new(locks.clone())
                 .key(key::all([key::path_param("from"), key::path_param("to")]))
                 .name("transfers")
@@ -1426,22 +1235,10 @@ async fn a_set_retry_after_counts_the_whole_wait() {
         );
     let base = serve(app).await;
     let (status, _, _) = send(&http(), "POST", &format!("{base}/transfers/3/4")).await;
-    assert_eq!(
-        status,
-        StatusCode::OK,
-        "a quick request: the route's history"
-    );
+    assert_eq!(status, StatusCode::OK, "a quick request: the route's history");
 
-    let first = locks
-        .lock_in_namespace("transfers", "1")
-        .acquire()
-        .await
-        .unwrap();
-    let _second = locks
-        .lock_in_namespace("transfers", "2")
-        .acquire()
-        .await
-        .unwrap();
+    let first = locks.lock_in_namespace("transfers", "1").acquire().await.unwrap();
+    let _second = locks.lock_in_namespace("transfers", "2").acquire().await.unwrap();
     let release = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_secs(1)).await;
         first.release().await.unwrap();
@@ -1462,13 +1259,11 @@ async fn a_retry_policy_waits_out_retry_after_over_hyper() {
     use tower_lock::retry::RetryAfterPolicy;
 
     let locks = LockClient::in_memory();
-    let app = Router::new()
-        .route("/docs/{id}", post(|| async { "saved" }))
-        .route_layer(
-            LockLayer::new(locks.clone())
-                .key(key::path_param("id").prefixed("doc:"))
-                .wait(Duration::from_millis(50)),
-        );
+    let app = Router::new().route("/docs/{id}", post(|| async { "saved" })).route_layer(
+        LockLayer::new(locks.clone())
+            .key(key::path_param("id").prefixed("doc:"))
+            .wait(Duration::from_millis(50)),
+    );
     let base = serve(app).await;
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<String>();
@@ -1483,19 +1278,14 @@ async fn a_retry_policy_waits_out_retry_after_over_hyper() {
 
     let held = locks.lock("doc:7").acquire().await.unwrap();
     let started = Instant::now();
-    let request = http::Request::post(format!("{base}/docs/7"))
-        .body(String::new())
-        .unwrap();
+    let request = http::Request::post(format!("{base}/docs/7")).body(String::new()).unwrap();
     let call = tokio::spawn(service.oneshot(request));
     assert_eq!(answers.recv().await, Some(StatusCode::LOCKED));
     held.release().await.unwrap();
     let response = call.await.unwrap().expect("the retry is answered");
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(answers.recv().await, Some(StatusCode::OK));
-    assert!(
-        started.elapsed() >= Duration::from_secs(1),
-        "sent again after the 1 s Retry-After"
-    );
+    assert!(started.elapsed() >= Duration::from_secs(1), "sent again after the 1 s Retry-After");
 }
 
 /// A busy lock is a normal outcome: no line at INFO or above for any number of 423s (they are
@@ -1505,13 +1295,11 @@ async fn a_retry_policy_waits_out_retry_after_over_hyper() {
 async fn busy_rejections_are_quiet_and_grpc_ones_name_their_code() {
     let (logs, _capturing) = Logs::capture();
     let locks = LockClient::in_memory();
-    let app = Router::new()
-        .route("/docs/{id}", post(|| async { "ok" }))
-        .route_layer(
-            LockLayer::new(locks.clone())
-                .key(key::path_param("id").prefixed("doc:"))
-                .wait(Duration::ZERO),
-        );
+    let app = Router::new().route("/docs/{id}", post(|| async { "ok" })).route_layer(
+        LockLayer::new(locks.clone())
+            .key(key::path_param("id").prefixed("doc:"))
+            .wait(Duration::ZERO),
+    );
     let base = serve(app).await;
     let held = locks.lock("doc:7").acquire().await.unwrap();
     for _ in 0..20 {

@@ -138,13 +138,9 @@ async fn hammer(bases: &[String], requests: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn serializes_per_key_with_the_client_in_state() {
     let witness = Witness::default();
-    let app = MemoryApp {
-        locks: LockClient::in_memory(),
-        witness: witness.clone(),
-    };
-    let router = Router::new()
-        .route("/accounts/{id}/withdraw", post(withdraw_memory))
-        .with_state(app);
+    let app = MemoryApp { locks: LockClient::in_memory(), witness: witness.clone() };
+    let router =
+        Router::new().route("/accounts/{id}/withdraw", post(withdraw_memory)).with_state(app);
     assert_serializes(router, &witness).await;
 }
 
@@ -167,13 +163,9 @@ async fn withdraw_shared(State(app): State<Arc<MemoryApp>>, Path(id): Path<u64>)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn serializes_per_key_with_the_client_in_shared_state() {
     let witness = Witness::default();
-    let app = Arc::new(MemoryApp {
-        locks: LockClient::in_memory(),
-        witness: witness.clone(),
-    });
-    let router = Router::new()
-        .route("/accounts/{id}/withdraw", post(withdraw_shared))
-        .with_state(app);
+    let app = Arc::new(MemoryApp { locks: LockClient::in_memory(), witness: witness.clone() });
+    let router =
+        Router::new().route("/accounts/{id}/withdraw", post(withdraw_shared)).with_state(app);
     assert_serializes(router, &witness).await;
 }
 
@@ -188,17 +180,13 @@ where
     let witness = Witness::default();
     let mut bases = Vec::new();
     for _ in 0..2 {
-        let backend = support::redis_backend(server.url())
-            .connect()
-            .await
-            .unwrap();
+        let backend = support::redis_backend(server.url()).connect().await.unwrap();
         let app = RedisApp {
             locks: LockClient::builder(backend).build().unwrap(),
             witness: witness.clone(),
         };
-        let router = Router::new()
-            .route("/accounts/{id}/withdraw", post(handler.clone()))
-            .with_state(app);
+        let router =
+            Router::new().route("/accounts/{id}/withdraw", post(handler.clone())).with_state(app);
         bases.push(serve(router).await);
     }
     hammer(&bases, 120).await;
@@ -208,9 +196,7 @@ where
 /// Two app instances on one Redis serialize per account (`LockClient<RedisBackend>` in state).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn serializes_across_instances_on_redis() {
-    hammer_two_instances(withdraw_redis)
-        .await
-        .assert_serialized(120);
+    hammer_two_instances(withdraw_redis).await.assert_serialized(120);
 }
 
 /// `permits = 2`: two requests per account at once across two instances, never three.
@@ -242,10 +228,7 @@ async fn wait_timeout_is_423() {
     let (status, retry, _) = send(&http(), "POST", &url).await;
     assert_eq!(status, StatusCode::LOCKED);
     assert!(retry.is_some(), "423 without Retry-After");
-    assert!(
-        started.elapsed() >= Duration::from_millis(50),
-        "gave up before the wait"
-    );
+    assert!(started.elapsed() >= Duration::from_millis(50), "gave up before the wait");
     // Another key of the same route is not affected.
     let (status, _, body) = send(&http(), "POST", &format!("{base}/slow/2")).await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, "slow 2"));
@@ -260,11 +243,9 @@ async fn wait_timeout_is_423() {
 #[tokio::test]
 async fn a_handler_under_a_layer_locks_with_the_layers_client() {
     let locks = LockClient::in_memory();
-    let router = Router::new().route("/slow/{id}", post(slow)).route_layer(
-        LockLayer::new(locks.clone())
-            .key(key::path_param("id"))
-            .name("requests"),
-    );
+    let router = Router::new()
+        .route("/slow/{id}", post(slow))
+        .route_layer(LockLayer::new(locks.clone()).key(key::path_param("id")).name("requests"));
     let base = serve(router).await;
     let url = format!("{base}/slow/3");
     let held = locks.lock("slow:3").acquire().await.unwrap();
@@ -316,9 +297,7 @@ async fn client_from_any_lock_client_in_state() {
     let locks = redis_locks(&server).await;
     let router = Router::new()
         .route("/slow/{id}", post(slow_with_state))
-        .with_state(AnyApp {
-            locks: locks.clone().into(),
-        });
+        .with_state(AnyApp { locks: locks.clone().into() });
     let base = serve(router).await;
     let url = format!("{base}/slow/9");
     let held = locks.lock("slow:9").acquire().await.unwrap();
@@ -361,10 +340,7 @@ async fn reenters_under_a_layer_on_the_same_key() {
         let (status, _, body) = send(&http(), "POST", &format!("{base}/docs/7")).await;
         assert_eq!((status, body.as_str()), (StatusCode::OK, "7 true"));
     }
-    assert!(
-        is_free(&locks, "/docs/{id}", "7").await,
-        "re-entered holds leaked"
-    );
+    assert!(is_free(&locks, "/docs/{id}", "7").await, "re-entered holds leaked");
 }
 
 #[locked(key = "doc:{doc_id}:{user.tenant}", fair, lease = "10s", fencing)]
@@ -374,8 +350,7 @@ async fn edit(
     lock: LockContext,
 ) -> String {
     let _ = user;
-    lock.fencing_token()
-        .map_or_else(|| "none".to_owned(), |t| t.to_string())
+    lock.fencing_token().map_or_else(|| "none".to_owned(), |t| t.to_string())
 }
 
 /// A field of a binding used in the key: the tenant comes from a header.
@@ -391,13 +366,8 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Tenant {
         parts: &mut http::request::Parts,
         _: &S,
     ) -> Result<Self, Self::Rejection> {
-        let tenant = parts
-            .headers
-            .get("x-tenant")
-            .map_or("acme", |v| v.to_str().unwrap_or("?"));
-        Ok(Self {
-            tenant: tenant.to_owned(),
-        })
+        let tenant = parts.headers.get("x-tenant").map_or("acme", |v| v.to_str().unwrap_or("?"));
+        Ok(Self { tenant: tenant.to_owned() })
     }
 }
 
@@ -473,11 +443,7 @@ async fn read_and_write_split() {
         .expect("two readers were never inside together")
         .unwrap();
     let (status, _, _) = send(&http(), "POST", &url).await;
-    assert_eq!(
-        status,
-        StatusCode::LOCKED,
-        "a writer got in with readers inside"
-    );
+    assert_eq!(status, StatusCode::LOCKED, "a writer got in with readers inside");
     app.gate.add_permits(2);
     for read in reads {
         let (status, _, body) = read.await.unwrap();
@@ -513,10 +479,7 @@ async fn a_key_naming_no_route_parameter_is_reported() {
     let logs = logs.text();
     let warnings = logs.matches("no path parameter of that name").count();
     assert_eq!(warnings, 1, "one warning per route: {logs}");
-    assert!(
-        logs.contains("/accounts/{account_id}/deposit"),
-        "the warning names the route: {logs}"
-    );
+    assert!(logs.contains("/accounts/{account_id}/deposit"), "the warning names the route: {logs}");
 }
 
 /// No client in the extensions or the state: 500 with a short body and an error log saying how
@@ -569,16 +532,10 @@ async fn errors_pass_through_and_release() {
     let base = serve(router).await;
     let url = format!("{base}/acct/4");
     let post_json = |body: &'static str| post_json(&url, body);
-    assert_eq!(
-        post_json(r#"{"amount":"3"}"#).await,
-        (StatusCode::OK, "7".to_owned())
-    );
+    assert_eq!(post_json(r#"{"amount":"3"}"#).await, (StatusCode::OK, "7".to_owned()));
     for bad in [r#"{"amount":"x"}"#, r#"{"amount":"0"}"#] {
         let (status, body) = post_json(bad).await;
-        assert_eq!(
-            (status, body.as_str()),
-            (StatusCode::UNPROCESSABLE_ENTITY, "app error")
-        );
+        assert_eq!((status, body.as_str()), (StatusCode::UNPROCESSABLE_ENTITY, "app error"));
         // Released before the response left.
         assert!(is_free(&locks, "", "acct:4").await, "held after an error");
     }
@@ -595,10 +552,7 @@ impl Drop for OnDrop {
 
 /// A client with default settings on `server`.
 async fn redis_locks(server: &RedisServer) -> LockClient<RedisBackend> {
-    let backend = support::redis_backend(server.url())
-        .connect()
-        .await
-        .unwrap();
+    let backend = support::redis_backend(server.url()).connect().await.unwrap();
     LockClient::builder(backend).build().unwrap()
 }
 
@@ -644,10 +598,7 @@ async fn disconnect_and_panic_release() {
     request.abort();
     let _ = request.await;
     until_free(&locks, "", "hang:1").await;
-    assert!(
-        signals.dropped.load(Ordering::SeqCst),
-        "the handler was not dropped"
-    );
+    assert!(signals.dropped.load(Ordering::SeqCst), "the handler was not dropped");
 
     let (status, _, _) = send(&http(), "POST", &format!("{base}/boom/1")).await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
@@ -695,13 +646,7 @@ async fn lost_lock_aborts_or_continues() {
                 "lock lost while the request ran; retry in about 1 s\n".to_owned(),
             ),
         ),
-        (
-            "continue",
-            (
-                StatusCode::OK,
-                "1 finished after losing its lock".to_owned(),
-            ),
-        ),
+        ("continue", (StatusCode::OK, "1 finished after losing its lock".to_owned())),
     ] {
         let url = format!("{base}/{route}/1");
         let request = tokio::spawn(async move { send(&http(), "POST", &url).await });
@@ -715,10 +660,7 @@ async fn lost_lock_aborts_or_continues() {
         assert_eq!((status, body), expect);
         assert!(started.elapsed() < Duration::from_secs(2));
     }
-    assert!(
-        signals.dropped.load(Ordering::SeqCst),
-        "the aborted handler was not dropped"
-    );
+    assert!(signals.dropped.load(Ordering::SeqCst), "the aborted handler was not dropped");
 }
 
 /// `#[debug_handler]` on the same function, in either order.
@@ -738,10 +680,7 @@ async fn debug_above(State(app): State<MemoryApp>, Path(id): Path<u64>) -> Strin
 /// Both orders of `#[debug_handler]` and `#[locked]` compile and serve.
 #[tokio::test]
 async fn works_with_debug_handler() {
-    let app = MemoryApp {
-        locks: LockClient::in_memory(),
-        witness: Witness::default(),
-    };
+    let app = MemoryApp { locks: LockClient::in_memory(), witness: Witness::default() };
     let router = Router::new()
         .route("/below/{id}", post(debug_below))
         .route("/above/{id}", post(debug_above))
@@ -771,9 +710,7 @@ async fn handler_finishing_past_its_deadline_gets_503() {
     let router = Router::new()
         .route("/stall/{id}", post(stalls_past_its_lease))
         .layer(Extension(AnyLockClient::from(locks.clone())));
-    let request = http::Request::post("/stall/1")
-        .body(axum::body::Body::empty())
-        .unwrap();
+    let request = http::Request::post("/stall/1").body(axum::body::Body::empty()).unwrap();
     let response = router.oneshot(request).await.unwrap();
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
 }
@@ -795,15 +732,10 @@ async fn lock_context_is_lost_past_the_deadline() {
     let router = Router::new()
         .route("/stall/{id}", post(reports_its_loss))
         .layer(Extension(AnyLockClient::from(locks.clone())));
-    let request = http::Request::post("/stall/4")
-        .body(axum::body::Body::empty())
-        .unwrap();
+    let request = http::Request::post("/stall/4").body(axum::body::Body::empty()).unwrap();
     let response = router.oneshot(request).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
-    let body = http_body_util::BodyExt::collect(response.into_body())
-        .await
-        .unwrap()
-        .to_bytes();
+    let body = http_body_util::BodyExt::collect(response.into_body()).await.unwrap().to_bytes();
     assert_eq!(&body[..], b"4 false true");
 }
 
@@ -818,15 +750,9 @@ async fn reports_its_lease(
     lock: LockContext,
 ) -> String {
     let client = redis::Client::open(url).expect("url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg(lock.key().as_str())
-        .query_async(&mut conn)
-        .await
-        .expect("PTTL");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
+    let ttl: i64 =
+        redis::cmd("PTTL").arg(lock.key().as_str()).query_async(&mut conn).await.expect("PTTL");
     format!("{id} {ttl}")
 }
 
@@ -835,10 +761,7 @@ async fn reports_its_lease(
 #[tokio::test]
 async fn unset_options_come_from_the_client() {
     let server = RedisServer::start();
-    let backend = support::redis_backend(server.url())
-        .connect()
-        .await
-        .unwrap();
+    let backend = support::redis_backend(server.url()).connect().await.unwrap();
     let locks = LockClient::builder(backend)
         .lease(tower_lock::Lease::watchdog(Duration::from_secs(10)))
         .build()
@@ -851,10 +774,7 @@ async fn unset_options_come_from_the_client() {
     let (status, _, body) = send(&http(), "POST", &format!("{base}/docs/3")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let ttl: i64 = body.strip_prefix("3 ").unwrap().parse().unwrap();
-    assert!(
-        (9_000..=10_000).contains(&ttl),
-        "lease {ttl} ms, not the client's 10 s"
-    );
+    assert!((9_000..=10_000).contains(&ttl), "lease {ttl} ms, not the client's 10 s");
 }
 
 /// A deposit under `#[locked]`, keyed by the account alone.
@@ -903,18 +823,9 @@ async fn one_lock_per_resource_across_endpoints() {
     };
     let withdrawn = name("/accounts/alice/withdraw").await;
     assert_eq!(withdrawn, "tower-lock:/accounts/:id{alice}");
-    assert_eq!(
-        name("/accounts/alice/deposit").await,
-        format!("alice {withdrawn}")
-    );
-    assert_eq!(
-        name("/orders/alice/pay").await,
-        "tower-lock:/orders/:id{alice}"
-    );
-    assert_eq!(
-        name("/v2/accounts/alice/withdraw").await,
-        "tower-lock:{account:alice}"
-    );
+    assert_eq!(name("/accounts/alice/deposit").await, format!("alice {withdrawn}"));
+    assert_eq!(name("/orders/alice/pay").await, "tower-lock:/orders/:id{alice}");
+    assert_eq!(name("/v2/accounts/alice/withdraw").await, "tower-lock:{account:alice}");
 
     // The same lock for real: while the account's lock is held, either endpoint waits for it.
     for path in ["/accounts/alice/withdraw", "/accounts/alice/deposit"] {
@@ -927,10 +838,7 @@ async fn one_lock_per_resource_across_endpoints() {
         let request = tokio::spawn(async move { send(&http(), "POST", &url).await });
         let deadline = Instant::now() + Duration::from_secs(2);
         while locks.waiters() == 0 {
-            assert!(
-                Instant::now() < deadline,
-                "{path} did not wait for the account"
-            );
+            assert!(Instant::now() < deadline, "{path} did not wait for the account");
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         held.release().await.expect("release");
@@ -1056,10 +964,7 @@ async fn transfers_lock_both_accounts_from_the_body() {
     let bank = Bank::new(5, 100);
     let mut bases = Vec::new();
     for _ in 0..2 {
-        let backend = support::redis_backend(server.url())
-            .connect()
-            .await
-            .unwrap();
+        let backend = support::redis_backend(server.url()).connect().await.unwrap();
         let locks = LockClient::builder(backend).build().unwrap();
         let app = Router::new()
             .route("/transfers", post(transfer))
@@ -1121,10 +1026,7 @@ async fn transfer_shares_locks_with_a_layer_and_is_all_or_nothing() {
     entries.recv().await.unwrap();
     let (status, _) = post_transfer(&base, 1, 3).await;
     assert_eq!(status, StatusCode::LOCKED);
-    assert!(
-        is_free(&locks, "", "account:1").await,
-        "account 1 is not left held"
-    );
+    assert!(is_free(&locks, "", "account:1").await, "account 1 is not left held");
     release.notify_one();
     assert_eq!(frozen.await.unwrap().0, StatusCode::OK);
     assert_eq!(post_transfer(&base, 1, 3).await.0, StatusCode::OK);
@@ -1154,11 +1056,7 @@ async fn retry_after_is_at_least_the_wait_and_at_most_the_lease() {
         .layer(Extension(AnyLockClient::from(locks.clone())));
     let base = serve(app).await;
     let (status, _, _) = send(&http(), "POST", &format!("{base}/docs/8")).await;
-    assert_eq!(
-        status,
-        StatusCode::OK,
-        "a quick request: the handler's history"
-    );
+    assert_eq!(status, StatusCode::OK, "a quick request: the handler's history");
     let holder = locks
         .lock("doc:7")
         .lease(tower_lock::Lease::fixed(Duration::from_secs(12)))
@@ -1172,10 +1070,7 @@ async fn retry_after_is_at_least_the_wait_and_at_most_the_lease() {
     assert_eq!(status, StatusCode::LOCKED, "{body}");
     let retry: u64 = retry.expect("Retry-After").parse().unwrap();
     println!("#[locked]: Retry-After {retry} s, waited 2 s, holder's lease {lease_left_ms} ms");
-    assert!(
-        retry >= 2,
-        "Retry-After {retry} s, less than the 2 s waited"
-    );
+    assert!(retry >= 2, "Retry-After {retry} s, less than the 2 s waited");
     assert!(
         retry <= lease_left_ms.div_ceil(1000),
         "Retry-After {retry} s, more than the holder's {lease_left_ms} ms left"
@@ -1201,10 +1096,7 @@ async fn quarantine_answers_503_at_once() {
     let (status, retry, body) =
         send(&http(), "POST", &format!("{}/docs/7", serve(app).await)).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    assert!(
-        sent.elapsed() < Duration::from_secs(2),
-        "answered after the wait"
-    );
+    assert!(sent.elapsed() < Duration::from_secs(2), "answered after the wait");
     let retry: u64 = retry.expect("Retry-After").parse().unwrap();
     assert!((25..=33).contains(&retry), "Retry-After {retry} s");
     assert!(body.contains("restarted recently"), "{body}");

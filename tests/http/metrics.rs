@@ -54,16 +54,8 @@ fn metrics_follow_the_engine() {
 }
 
 async fn scenario(server: &RedisServer, snapshotter: &Snapshotter) {
-    let connect = async || {
-        support::redis_backend(server.url())
-            .connect()
-            .await
-            .expect("connect")
-    };
-    let a = LockClient::builder(connect().await)
-        .lease(Lease::watchdog(LEASE))
-        .build()
-        .unwrap();
+    let connect = async || support::redis_backend(server.url()).connect().await.expect("connect");
+    let a = LockClient::builder(connect().await).lease(Lease::watchdog(LEASE)).build().unwrap();
     let b = LockClient::builder(connect().await).build().unwrap();
     let secret_key = "user-secret-key-7";
 
@@ -72,12 +64,7 @@ async fn scenario(server: &RedisServer, snapshotter: &Snapshotter) {
     // A waiter while it is held: the gauge counts it.
     let waiting = {
         let b = b.clone();
-        tokio::spawn(async move {
-            b.lock(secret_key)
-                .wait(Duration::from_secs(5))
-                .acquire()
-                .await
-        })
+        tokio::spawn(async move { b.lock(secret_key).wait(Duration::from_secs(5)).acquire().await })
     };
     while b.waiters() != 1 {
         tokio::task::yield_now().await;
@@ -86,18 +73,9 @@ async fn scenario(server: &RedisServer, snapshotter: &Snapshotter) {
     assert!(matches!(timeout, Err(LockError::WaitTimeout { .. })));
     let during = snapshot(snapshotter);
     assert_eq!(get(&during, &format!("{WAITERS}{{}}")), 1.0, "{during:?}");
-    assert_eq!(
-        get(&during, &format!("{ACQUISITIONS}{{kind=exclusive}}")),
-        1.0
-    );
+    assert_eq!(get(&during, &format!("{ACQUISITIONS}{{kind=exclusive}}")), 1.0);
     assert_eq!(get(&during, &format!("{TIMEOUTS}{{kind=exclusive}}")), 1.0);
-    assert_eq!(
-        get(
-            &during,
-            &format!("{WAIT_SECONDS}{{kind=exclusive,outcome=timeout}}")
-        ),
-        1.0
-    );
+    assert_eq!(get(&during, &format!("{WAIT_SECONDS}{{kind=exclusive,outcome=timeout}}")), 1.0);
 
     // Renewals: two of them, each moving the guard's deadline on.
     for _ in 0..2 {
@@ -112,30 +90,17 @@ async fn scenario(server: &RedisServer, snapshotter: &Snapshotter) {
     handed.release().await.expect("release");
     let after = snapshot(snapshotter);
     assert!(
-        get(
-            &after,
-            &format!("{RENEWALS}{{kind=exclusive,outcome=renewed}}")
-        ) >= 2.0,
+        get(&after, &format!("{RENEWALS}{{kind=exclusive,outcome=renewed}}")) >= 2.0,
         "{after:?}"
     );
     // One batch per tick: the one lock held here, one round trip each.
     assert_eq!(
         get(&after, &format!("{RENEWAL_BATCH_SECONDS}{{outcome=ok}}")),
-        get(
-            &after,
-            &format!("{RENEWALS}{{kind=exclusive,outcome=renewed}}")
-        ),
+        get(&after, &format!("{RENEWALS}{{kind=exclusive,outcome=renewed}}")),
         "{after:?}"
     );
-    assert_eq!(
-        get(&after, &format!("{HOLD_SECONDS}{{kind=exclusive}}")),
-        2.0,
-        "{after:?}"
-    );
-    assert_eq!(
-        get(&after, &format!("{ACQUISITIONS}{{kind=exclusive}}")),
-        1.0
-    );
+    assert_eq!(get(&after, &format!("{HOLD_SECONDS}{{kind=exclusive}}")), 2.0, "{after:?}");
+    assert_eq!(get(&after, &format!("{ACQUISITIONS}{{kind=exclusive}}")), 1.0);
     // The gauge went back down (the snapshot shows the change since the last one).
     assert_eq!(get(&after, &format!("{WAITERS}{{}}")), -1.0, "{after:?}");
 
@@ -144,22 +109,11 @@ async fn scenario(server: &RedisServer, snapshotter: &Snapshotter) {
     let name = lost.key().as_str().to_owned();
     server.cmd(&["DEL", &name]);
     server.cmd(&["HSET", &name, "someone-else", "1"]);
-    tokio::time::timeout(Duration::from_secs(2), lost.lost())
-        .await
-        .expect("the loss is noticed");
+    tokio::time::timeout(Duration::from_secs(2), lost.lost()).await.expect("the loss is noticed");
     drop(lost);
     let losses = snapshot(snapshotter);
-    assert_eq!(
-        get(&losses, &format!("{LOSSES}{{kind=exclusive}}")),
-        1.0,
-        "{losses:?}"
-    );
-    assert!(
-        get(
-            &losses,
-            &format!("{RENEWALS}{{kind=exclusive,outcome=not_held}}")
-        ) >= 1.0
-    );
+    assert_eq!(get(&losses, &format!("{LOSSES}{{kind=exclusive}}")), 1.0, "{losses:?}");
+    assert!(get(&losses, &format!("{RENEWALS}{{kind=exclusive,outcome=not_held}}")) >= 1.0);
 
     // Errors by reason, and layer rejections by reason.
     let invalid = b.lock("").acquire().await;
@@ -169,32 +123,20 @@ async fn scenario(server: &RedisServer, snapshotter: &Snapshotter) {
         .service(service_fn(|_: Request<()>| async {
             Ok::<_, std::convert::Infallible>(Response::new(()))
         }));
-    let response = service
-        .oneshot(Request::get("/").body(()).unwrap())
-        .await
-        .unwrap();
+    let response = service.oneshot(Request::get("/").body(()).unwrap()).await.unwrap();
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     let refused = snapshot(snapshotter);
     assert_eq!(
-        get(
-            &refused,
-            &format!("{ACQUIRE_ERRORS}{{kind=exclusive,reason=invalid_key}}")
-        ),
+        get(&refused, &format!("{ACQUIRE_ERRORS}{{kind=exclusive,reason=invalid_key}}")),
         1.0,
         "{refused:?}"
     );
-    assert_eq!(
-        get(&refused, &format!("{REJECTIONS}{{reason=missing_key}}")),
-        1.0
-    );
+    assert_eq!(get(&refused, &format!("{REJECTIONS}{{reason=missing_key}}")), 1.0);
 
     // No label anywhere carries the user key.
     for values in [&during, &after, &losses, &refused] {
         for name in values.keys() {
-            assert!(
-                !name.contains(secret_key) && !name.contains("lose-me"),
-                "{name}"
-            );
+            assert!(!name.contains(secret_key) && !name.contains("lose-me"), "{name}");
         }
     }
 }

@@ -77,11 +77,7 @@ async fn post_to(app: &Router, uri: &str, park: bool) -> (StatusCode, String) {
     if park {
         request = request.header("x-park", "1");
     }
-    let response = app
-        .clone()
-        .oneshot(request.body(Body::empty()).unwrap())
-        .await
-        .unwrap();
+    let response = app.clone().oneshot(request.body(Body::empty()).unwrap()).await.unwrap();
     let status = response.status();
     let body = response.into_body().collect().await.unwrap().to_bytes();
     (status, String::from_utf8_lossy(&body).into_owned())
@@ -93,10 +89,7 @@ async fn post_to(app: &Router, uri: &str, park: bool) -> (StatusCode, String) {
 async fn layer_and_attribute_take_one_lock<B: Backend>(locks: LockClient<B>) {
     let park = Arc::new(Park::default());
     let app = accounts(&locks, &park);
-    let expected = locks
-        .lock_key("", "account:7", LockKind::Exclusive)
-        .unwrap()
-        .to_string();
+    let expected = locks.lock_key("", "account:7", LockKind::Exclusive).unwrap().to_string();
     for (holder, other) in [("withdraw", "deposit"), ("deposit", "withdraw")] {
         let held = tokio::spawn({
             let app = app.clone();
@@ -111,12 +104,7 @@ async fn layer_and_attribute_take_one_lock<B: Backend>(locks: LockClient<B>) {
             "{other} ran while {holder} held account 7: {refused:?}"
         );
         // Another account is another lock.
-        assert_eq!(
-            post_to(&app, &format!("/accounts/8/{other}"), false)
-                .await
-                .0,
-            StatusCode::OK
-        );
+        assert_eq!(post_to(&app, &format!("/accounts/8/{other}"), false).await.0, StatusCode::OK);
         park.go.notify_one();
         assert_eq!(held.await.unwrap(), (StatusCode::OK, expected.clone()));
         assert_eq!(
@@ -141,18 +129,12 @@ async fn a_layer_and_an_attribute_take_one_lock_per_account_on_redis() {
 
 /// A client named `billing`.
 fn billing<B: Backend>(backend: B) -> LockClient<B> {
-    LockClient::builder(backend)
-        .name("billing")
-        .build()
-        .unwrap()
+    LockClient::builder(backend).name("billing").build().unwrap()
 }
 
 /// A client whose name has every character a holder id must not carry.
 fn oddly_named<B: Backend>(backend: B) -> LockClient<B> {
-    LockClient::builder(backend)
-        .name("pay:ments@eu/1 {x}~\n#é")
-        .build()
-        .unwrap()
+    LockClient::builder(backend).name("pay:ments@eu/1 {x}~\n#é").build().unwrap()
 }
 
 /// `inspect` names the instance that holds a lock (name, host, pid), and two clients of one
@@ -166,23 +148,15 @@ async fn inspect_names_the_holder<B: Backend>(store: support::stores::Env<B>) {
     assert_eq!(holder.id, guard.holder().id());
     let client = holder.client().expect("a holder of this crate");
     assert!(client.starts_with("billing@"), "{holder:?}");
-    assert!(
-        client.ends_with(&format!("/{}", std::process::id())),
-        "{holder:?}"
-    );
+    assert!(client.ends_with(&format!("/{}", std::process::id())), "{holder:?}");
     assert_eq!(client, guard.holder().client());
 
     // Same name, host and pid: still another holder.
     let theirs = b.holder();
     assert_eq!(theirs.client(), client);
     assert_ne!(theirs.id(), guard.holder().id());
-    let refused = theirs
-        .scope(async { b.lock("account:7").try_acquire().await })
-        .await;
-    assert!(
-        matches!(refused, Err(LockError::WaitTimeout { .. })),
-        "{refused:?}"
-    );
+    let refused = theirs.scope(async { b.lock("account:7").try_acquire().await }).await;
+    assert!(matches!(refused, Err(LockError::WaitTimeout { .. })), "{refused:?}");
     guard.release().await.unwrap();
 }
 
@@ -208,10 +182,7 @@ async fn odd_names_are_sanitised<B: Backend>(store: support::stores::Env<B>) {
     assert_eq!(own.holders[0].hold_count, 2, "{own:?}");
     let client = info.holders[0].client().expect("a holder of this crate");
     assert!(client.starts_with("pay_ments_eu_1__x_____@"), "{id}");
-    assert!(
-        !id[..client.len()].contains(['{', '}', '~', '\n', ':', '#']),
-        "{id}"
-    );
+    assert!(!id[..client.len()].contains(['{', '}', '~', '\n', ':', '#']), "{id}");
     inner.release().await.unwrap();
     outer.release().await.unwrap();
     assert!(!store.b.inspect("account:7").await.unwrap().is_locked());

@@ -47,10 +47,7 @@ async fn redis_clients(
     server: &RedisServer,
 ) -> (LockClient<RedisBackend>, LockClient<RedisBackend>) {
     let connect = || async {
-        let backend = support::redis_backend(server.url())
-            .connect()
-            .await
-            .expect("connect");
+        let backend = support::redis_backend(server.url()).connect().await.expect("connect");
         LockClient::builder(backend).build().expect("valid client")
     };
     (connect().await, connect().await)
@@ -96,9 +93,7 @@ async fn hold<B: Backend>(
         "semaphore" => client.semaphore(key, 1),
         "set" => {
             let set = client.lock_all([key, "other"]).wait(wait).lease(lease);
-            return Ok(Held::Set(
-                set.acquire().await.map_err(MultiLockError::into_error)?,
-            ));
+            return Ok(Held::Set(set.acquire().await.map_err(MultiLockError::into_error)?));
         }
         other => unreachable!("no kind {other}"),
     };
@@ -217,38 +212,19 @@ async fn an_impossible_lease_is_refused_at_the_call_on_redis() {
 async fn client_settings_never_overflow() {
     let before = panics();
     for lease in [Lease::watchdog(FOREVER), Lease::fixed(TOO_LONG)] {
-        let built = LockClient::builder(MemoryBackend::new())
-            .lease(lease)
-            .build();
+        let built = LockClient::builder(MemoryBackend::new()).lease(lease).build();
         assert!(
-            matches!(
-                built,
-                Err(ConfigError::Invalid {
-                    setting: "lease",
-                    ..
-                })
-            ),
+            matches!(built, Err(ConfigError::Invalid { setting: "lease", .. })),
             "{lease:?}: {built:?}"
         );
     }
-    let built = LockClient::builder(MemoryBackend::new())
-        .waiter_timeout(FOREVER)
-        .build();
+    let built = LockClient::builder(MemoryBackend::new()).waiter_timeout(FOREVER).build();
     assert!(
-        matches!(
-            built,
-            Err(ConfigError::Invalid {
-                setting: "waiter_timeout",
-                ..
-            })
-        ),
+        matches!(built, Err(ConfigError::Invalid { setting: "waiter_timeout", .. })),
         "{built:?}"
     );
     let server = RedisServer::start();
-    let backend = support::redis_backend(server.url())
-        .connect()
-        .await
-        .expect("connect");
+    let backend = support::redis_backend(server.url()).connect().await.expect("connect");
     let locks = LockClient::builder(backend)
         .wait(FOREVER)
         .max_hold(FOREVER)
@@ -271,11 +247,11 @@ async fn a_layer_with_extreme_options_never_panics() {
     let before = panics();
     let locks = LockClient::in_memory();
     let service = |layer: LockLayer<MemoryBackend>| {
-        ServiceBuilder::new()
-            .layer(layer.key(key::header("x-k")).name("extreme"))
-            .service(tower::service_fn(|_request: http::Request<()>| async {
+        ServiceBuilder::new().layer(layer.key(key::header("x-k")).name("extreme")).service(
+            tower::service_fn(|_request: http::Request<()>| async {
                 Ok::<_, Infallible>(http::Response::new(String::from("done")))
-            }))
+            }),
+        )
     };
     let request = || http::Request::get("/").header("x-k", "1").body(()).unwrap();
     let unlimited = service(LockLayer::new(locks.clone()).wait(FOREVER));
@@ -285,11 +261,7 @@ async fn a_layer_with_extreme_options_never_panics() {
     let response = impossible.oneshot(request()).await.expect("infallible");
     assert_eq!(response.status(), http::StatusCode::INTERNAL_SERVER_ERROR);
     assert!(
-        locks
-            .lock_in_namespace("extreme", "1")
-            .try_acquire()
-            .await
-            .is_ok(),
+        locks.lock_in_namespace("extreme", "1").try_acquire().await.is_ok(),
         "the lock stayed free"
     );
     assert_eq!(panics(), before, "a thread panicked");
@@ -301,13 +273,10 @@ async fn a_layer_with_extreme_options_never_panics() {
 async fn unlimited_renewals<B: Store + Clone>(backend: B) {
     let before = panics();
     let store = Granted::new(backend);
-    let client = LockClient::builder(store.clone())
-        .build()
-        .expect("valid client");
+    let client = LockClient::builder(store.clone()).build().expect("valid client");
     for kind in ["lock", "write", "semaphore"] {
-        let Held::One(guard) = hold(&client, kind, "direct", Duration::ZERO, Lease::DEFAULT)
-            .await
-            .expect("acquired")
+        let Held::One(guard) =
+            hold(&client, kind, "direct", Duration::ZERO, Lease::DEFAULT).await.expect("acquired")
         else {
             unreachable!("one lock")
         };
@@ -316,16 +285,9 @@ async fn unlimited_renewals<B: Store + Clone>(backend: B) {
             "write" => LockKind::Write,
             _ => LockKind::Semaphore,
         };
-        let grant = store
-            .grant(guard.key(), guard.holder().id())
-            .expect("the grant was answered");
+        let grant = store.grant(guard.key(), guard.holder().id()).expect("the grant was answered");
         for lease in [Lease::watchdog(FOREVER), Lease::fixed(FOREVER)] {
-            let renew = Renew::Grant {
-                key: guard.key(),
-                kind,
-                grant: &grant,
-                lease,
-            };
+            let renew = Renew::Grant { key: guard.key(), kind, grant: &grant, lease };
             let _answered = store.renew(&[renew]).await;
         }
         guard.release().await.expect("released");
@@ -341,10 +303,7 @@ async fn a_backend_renewing_without_limit_never_panics_in_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_renewing_without_limit_never_panics_on_redis() {
     let server = RedisServer::start();
-    let backend = support::redis_backend(server.url())
-        .connect()
-        .await
-        .expect("connect");
+    let backend = support::redis_backend(server.url()).connect().await.expect("connect");
     unlimited_renewals(backend).await;
 }
 
@@ -394,16 +353,9 @@ mod attribute {
             }
         };
         assert_eq!(status("/unlimited/1").await, StatusCode::OK);
-        assert_eq!(
-            status("/too-long/1").await,
-            StatusCode::INTERNAL_SERVER_ERROR
-        );
+        assert_eq!(status("/too-long/1").await, StatusCode::INTERNAL_SERVER_ERROR);
         assert!(
-            locks
-                .lock_in_namespace("/too-long/{id}", "1")
-                .try_acquire()
-                .await
-                .is_ok(),
+            locks.lock_in_namespace("/too-long/{id}", "1").try_acquire().await.is_ok(),
             "the lock stayed free"
         );
         assert_eq!(panics(), before, "a thread panicked");

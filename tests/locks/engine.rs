@@ -50,52 +50,30 @@ impl Probe for RedisBackend {
 }
 
 fn client<B: Backend>(backend: B) -> LockClient<B> {
-    LockClient::builder(backend)
-        .build()
-        .expect("the default configuration is valid")
+    LockClient::builder(backend).build().expect("the default configuration is valid")
 }
 
 /// Two clients on clones of one in-memory store.
 async fn memory_env() -> Env<MemoryBackend> {
     let backend = MemoryBackend::new();
-    Env {
-        a: client(backend.clone()),
-        b: client(backend),
-        server: None,
-    }
+    Env { a: client(backend.clone()), b: client(backend), server: None }
 }
 
 /// A fresh `redis-server` and two clients, each with its own pool and pub/sub connection.
 async fn redis_env() -> Env<RedisBackend> {
     let server = RedisServer::start();
     let url = server.url();
-    let a = client(
-        support::redis_backend(&url)
-            .connect()
-            .await
-            .expect("connect a"),
-    );
-    let b = client(
-        support::redis_backend(&url)
-            .connect()
-            .await
-            .expect("connect b"),
-    );
-    Env {
-        a,
-        b,
-        server: Some(server),
-    }
+    let a = client(support::redis_backend(&url).connect().await.expect("connect a"));
+    let b = client(support::redis_backend(&url).connect().await.expect("connect b"));
+    Env { a, b, server: Some(server) }
 }
 
 /// Every key in the server (`KEYS *`), sorted.
 fn keys(server: &RedisServer) -> Vec<String> {
     match server.cmd(&["KEYS", "*"]) {
         RespValue::Array(Some(items)) => {
-            let mut keys: Vec<String> = items
-                .iter()
-                .map(|item| item.as_str().expect("a key name"))
-                .collect();
+            let mut keys: Vec<String> =
+                items.iter().map(|item| item.as_str().expect("a key name")).collect();
             keys.sort();
             keys
         }
@@ -115,10 +93,7 @@ impl<B: Probe> Env<B> {
         let channel = channel(lock);
         support::eventually(Duration::from_secs(2), "the waiter is parked", || {
             client.waiters() == n
-                && self
-                    .server
-                    .as_ref()
-                    .is_none_or(|server| support::numsub(server, &channel) > 0)
+                && self.server.as_ref().is_none_or(|server| support::numsub(server, &channel) > 0)
         })
         .await;
     }
@@ -129,10 +104,7 @@ impl<B: Probe> Env<B> {
         let channel = channel(lock);
         support::eventually(Duration::from_secs(2), "the subscription is gone", || {
             client.backend().subscriptions().is_none_or(|n| n == 0)
-                && self
-                    .server
-                    .as_ref()
-                    .is_none_or(|server| support::numsub(server, &channel) == 0)
+                && self.server.as_ref().is_none_or(|server| support::numsub(server, &channel) == 0)
         })
         .await;
     }
@@ -185,10 +157,7 @@ async fn hammer<B: Backend>(
     while let Some(joined) = set.join_next().await {
         joined.expect("contending task");
     }
-    (
-        sections.load(Ordering::SeqCst),
-        overlaps.load(Ordering::SeqCst),
-    )
+    (sections.load(Ordering::SeqCst), overlaps.load(Ordering::SeqCst))
 }
 
 async fn mutual_exclusion<B: Probe>(env: Env<B>) {
@@ -240,18 +209,10 @@ async fn reentrancy<B: Probe>(env: Env<B>) {
         });
         let mut guards: Vec<Option<LockGuard<B>>> = guards.into_iter().map(Some).collect();
         for (released, &i) in order.iter().enumerate() {
-            assert_busy(
-                &env.b,
-                "order:7",
-                &format!("{released} of 3 holds released"),
-            )
-            .await;
+            assert_busy(&env.b, "order:7", &format!("{released} of 3 holds released")).await;
             if let Some(server) = &env.server {
                 let record = support::owner_grant(|args| server.cmd(args), &name);
-                assert_eq!(
-                    record, grant,
-                    "the grant's one record, {released} of 3 released"
-                );
+                assert_eq!(record, grant, "the grant's one record, {released} of 3 released");
             }
             let guard = guards[i].take().expect("each guard is released once");
             guard.release().await.expect("release one hold");
@@ -302,24 +263,14 @@ async fn holder_scope_is_per_client<B: Probe>(env: Env<B>) {
 async fn fixed_lease_expiry<B: Probe>(env: Env<B>) {
     let lease = Duration::from_millis(300);
     let started = Instant::now();
-    let expired = env
-        .a
-        .lock("doc:1")
-        .lease(Lease::fixed(lease))
-        .acquire()
-        .await;
+    let expired = env.a.lock("doc:1").lease(Lease::fixed(lease)).acquire().await;
     let expired = expired.expect("acquire");
     assert!(!expired.is_lost());
     let name = expired.key().as_str().to_owned();
     // Made before the loss: it must wake for it, and stay resolved.
     let mut watched = expired.lost();
 
-    let theirs = env
-        .b
-        .lock("doc:1")
-        .wait(Duration::from_secs(2))
-        .acquire()
-        .await;
+    let theirs = env.b.lock("doc:1").wait(Duration::from_secs(2)).acquire().await;
     let theirs = theirs.expect("the lock is free once the fixed lease ran out");
     let took = started.elapsed();
     println!("fixed lease {lease:?}: the other client got the lock after {took:?}");
@@ -327,10 +278,7 @@ async fn fixed_lease_expiry<B: Probe>(env: Env<B>) {
         took >= lease - Duration::from_millis(20),
         "taken over after {took:?}, before the lease ran out"
     );
-    assert!(
-        took < Duration::from_millis(1500),
-        "taken over only after {took:?}"
-    );
+    assert!(took < Duration::from_millis(1500), "taken over only after {took:?}");
 
     assert!(expired.is_lost(), "the expired guard knows it is lost");
     timeout(Duration::from_secs(1), expired.lost())
@@ -357,21 +305,13 @@ async fn fixed_lease_expiry<B: Probe>(env: Env<B>) {
         let owned = support::owned_by(|args| server.cmd(args), &name, theirs.holder().id());
         assert!(owned, "the new owner's grant is still in Redis");
     }
-    theirs
-        .release()
-        .await
-        .expect("the new owner releases normally");
+    theirs.release().await.expect("the new owner releases normally");
 }
 
 async fn watchdog_keeps_lock<B: Probe>(env: Env<B>) {
     // Long enough that a renewal delayed by a busy machine still lands within the lease.
     let lease = Duration::from_millis(1500);
-    let guard = env
-        .a
-        .lock("doc:2")
-        .lease(Lease::watchdog(lease))
-        .acquire()
-        .await;
+    let guard = env.a.lock("doc:2").lease(Lease::watchdog(lease)).acquire().await;
     let guard = guard.expect("acquire");
     let held_since = Instant::now();
     let mut attempts = 0;
@@ -380,35 +320,22 @@ async fn watchdog_keeps_lock<B: Probe>(env: Env<B>) {
         attempts += 1;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    println!(
-        "watchdog: held {:?}, {attempts} attempts refused",
-        held_since.elapsed()
-    );
+    println!("watchdog: held {:?}, {attempts} attempts refused", held_since.elapsed());
     assert!(attempts >= 10);
     assert!(!guard.is_lost(), "renewed past 4 leases");
     assert!(guard.remaining() > Duration::ZERO);
     guard.release().await.expect("release");
     let next = env.b.lock("doc:2").try_acquire().await;
-    next.expect("free at once after the release")
-        .release()
-        .await
-        .expect("release");
+    next.expect("free at once after the release").release().await.expect("release");
 }
 
 async fn wake_up_by_notification<B: Probe>(env: Env<B>) {
-    let held = env
-        .a
-        .lock("doc:3")
-        .lease(Lease::watchdog(Duration::from_secs(30)));
+    let held = env.a.lock("doc:3").lease(Lease::watchdog(Duration::from_secs(30)));
     let held = held.acquire().await.expect("acquire");
     let name = held.key().as_str().to_owned();
     let b = env.b.clone();
     let waiter = tokio::spawn(async move {
-        let acquired = b
-            .lock("doc:3")
-            .wait(Duration::from_secs(10))
-            .acquire()
-            .await;
+        let acquired = b.lock("doc:3").wait(Duration::from_secs(10)).acquire().await;
         (Instant::now(), acquired)
     });
     env.until_waiting(&env.b, &name, 1).await;
@@ -437,12 +364,8 @@ async fn waiter_cancellation<B: Probe>(env: Env<B>) {
 
     // A waiting task aborted.
     let b = env.b.clone();
-    let task = tokio::spawn(async move {
-        b.lock("doc:4")
-            .wait(Duration::from_secs(10))
-            .acquire()
-            .await
-    });
+    let task =
+        tokio::spawn(async move { b.lock("doc:4").wait(Duration::from_secs(10)).acquire().await });
     env.until_waiting(&env.b, &name, 1).await;
     task.abort();
     let joined = task.await;
@@ -451,16 +374,10 @@ async fn waiter_cancellation<B: Probe>(env: Env<B>) {
     assert_eq!(env.b.active_keys(), 0);
     env.until_unsubscribed(&env.b, &name).await;
 
-    held.release()
-        .await
-        .expect("the holder's release still works");
+    held.release().await.expect("the holder's release still works");
     assert_eq!(env.a.active_keys(), 0);
     let later = env.b.lock("doc:4").try_acquire().await;
-    later
-        .expect("the client that gave up can acquire later")
-        .release()
-        .await
-        .expect("release");
+    later.expect("the client that gave up can acquire later").release().await.expect("release");
     assert_eq!(env.b.active_keys(), 0);
 }
 
@@ -468,12 +385,7 @@ async fn wait_timeout<B: Probe>(env: Env<B>) {
     let held = env.a.lock("doc:5").acquire().await.expect("acquire");
 
     let started = Instant::now();
-    let error = env
-        .b
-        .lock("doc:5")
-        .wait(Duration::from_millis(200))
-        .acquire()
-        .await;
+    let error = env.b.lock("doc:5").wait(Duration::from_millis(200)).acquire().await;
     let waited = started.elapsed();
     let error = error.expect_err("the lock is held for the whole wait");
     let LockError::WaitTimeout { retry_after, .. } = error else {
@@ -482,14 +394,8 @@ async fn wait_timeout<B: Probe>(env: Env<B>) {
     let retry_after = retry_after.expect("the holder's remaining lease is reported");
     println!("wait timeout after {waited:?}, retry after {retry_after:?}");
     assert!(retry_after > Duration::ZERO && retry_after <= Duration::from_secs(30));
-    assert!(
-        waited >= Duration::from_millis(200),
-        "gave up after {waited:?}"
-    );
-    assert!(
-        waited < Duration::from_secs(2),
-        "gave up only after {waited:?}"
-    );
+    assert!(waited >= Duration::from_millis(200), "gave up after {waited:?}");
+    assert!(waited < Duration::from_secs(2), "gave up only after {waited:?}");
 
     let started = Instant::now();
     let error = env.b.lock("doc:5").try_acquire().await;
@@ -500,10 +406,7 @@ async fn wait_timeout<B: Probe>(env: Env<B>) {
         "try_acquire: {error:?}"
     );
     assert!(error.retry_after().is_some());
-    assert!(
-        tried < Duration::from_millis(500),
-        "try_acquire took {tried:?}"
-    );
+    assert!(tried < Duration::from_millis(500), "try_acquire took {tried:?}");
 
     assert_eq!(env.b.waiters(), 0);
     assert_eq!(env.b.active_keys(), 0);
@@ -520,16 +423,10 @@ async fn fencing_tokens<B: Probe>(env: Env<B>) {
             let (client, tokens) = (client.clone(), tokens.clone());
             set.spawn(async move {
                 for _ in 0..ROUNDS {
-                    let guard = client
-                        .lock("fenced")
-                        .fencing()
-                        .wait(Duration::from_secs(30));
+                    let guard = client.lock("fenced").fencing().wait(Duration::from_secs(30));
                     let guard = guard.acquire().await.expect("acquire");
                     let token = guard.fencing_token().expect("a fenced lock has a token");
-                    tokens
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .push(token);
+                    tokens.lock().unwrap_or_else(PoisonError::into_inner).push(token);
                     guard.release().await.expect("release");
                 }
             });
@@ -538,22 +435,14 @@ async fn fencing_tokens<B: Probe>(env: Env<B>) {
     while let Some(joined) = set.join_next().await {
         joined.expect("task");
     }
-    let tokens = tokens
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
+    let tokens = tokens.lock().unwrap_or_else(PoisonError::into_inner).clone();
     assert_eq!(tokens.len(), 2 * TASKS * ROUNDS);
     let inversions: Vec<&[u64]> = tokens.windows(2).filter(|w| w[0] >= w[1]).collect();
     assert!(
         inversions.is_empty(),
         "tokens must rise strictly in the order they were granted: {inversions:?}"
     );
-    println!(
-        "fencing: {} tokens, {}..={}",
-        tokens.len(),
-        tokens[0],
-        tokens[tokens.len() - 1]
-    );
+    println!("fencing: {} tokens, {}..={}", tokens.len(), tokens[0], tokens[tokens.len() - 1]);
     // A re-entry keeps the owner's token; the next owner gets a higher one.
     let holder = env.a.holder();
     let (outer, inner) = holder
@@ -568,77 +457,39 @@ async fn fencing_tokens<B: Probe>(env: Env<B>) {
     assert!(last > tokens[tokens.len() - 1]);
     inner.release().await.expect("release");
     outer.release().await.expect("release");
-    let next = env
-        .b
-        .lock("fenced")
-        .fencing()
-        .try_acquire()
-        .await
-        .expect("acquire");
+    let next = env.b.lock("fenced").fencing().try_acquire().await.expect("acquire");
     assert!(next.fencing_token().expect("token") > last);
     next.release().await.expect("release");
 }
 
 async fn invalid_keys<B: Probe>(env: Env<B>) {
     let empty = env.a.lock("").acquire().await.expect_err("an empty key");
-    assert!(
-        matches!(empty, LockError::InvalidKey(KeyError::Empty)),
-        "{empty:?}"
-    );
+    assert!(matches!(empty, LockError::InvalidKey(KeyError::Empty)), "{empty:?}");
     let long = vec![b'k'; 513];
-    let too_long = env
-        .a
-        .lock(&long)
-        .acquire()
-        .await
-        .expect_err("a 513-byte key");
+    let too_long = env.a.lock(&long).acquire().await.expect_err("a 513-byte key");
     assert!(
-        matches!(
-            too_long,
-            LockError::InvalidKey(KeyError::TooLong { len: 513, max: 512 })
-        ),
+        matches!(too_long, LockError::InvalidKey(KeyError::TooLong { len: 513, max: 512 })),
         "{too_long:?}"
     );
     if let Some(server) = &env.server {
-        assert_eq!(
-            server.cmd(&["DBSIZE"]).as_int(),
-            0,
-            "refused keys wrote nothing"
-        );
+        assert_eq!(server.cmd(&["DBSIZE"]).as_int(), 0, "refused keys wrote nothing");
     }
     let longest = env.a.lock(&long[..512]).try_acquire().await;
-    longest
-        .expect("512 bytes is within the default limit")
-        .release()
-        .await
-        .expect("release");
+    longest.expect("512 bytes is within the default limit").release().await.expect("release");
 
     let hostile = b"{}%\0".repeat(16);
-    let guard = env
-        .a
-        .lock(&hostile)
-        .acquire()
-        .await
-        .expect("any bytes are a key");
+    let guard = env.a.lock(&hostile).acquire().await.expect("any bytes are a key");
     let name = guard.key().as_str().to_owned();
     assert_eq!(name.matches('{').count(), 1, "{name}");
     assert_eq!(name.matches('}').count(), 1, "{name}");
-    assert!(
-        name.starts_with("tower-lock:{") && name.ends_with('}'),
-        "{name}"
-    );
+    assert!(name.starts_with("tower-lock:{") && name.ends_with('}'), "{name}");
     assert_eq!(guard.key().user_key(), hostile);
     if let Some(server) = &env.server {
         assert_eq!(keys(server), vec![name.clone()]);
         assert_eq!(server.cmd(&["EXISTS", &name]).as_int(), 1);
     }
     assert_busy(&env.b, &hostile, "the hostile key excludes itself").await;
-    assert_busy(
-        &env.a,
-        &hostile,
-        "even for another holder of the same client",
-    )
-    .await;
+    assert_busy(&env.a, &hostile, "even for another holder of the same client").await;
 
     // The escaped spelling of the same bytes names a different lock.
     let lookalike = "%7B%7D%25%00".repeat(16);
@@ -661,18 +512,12 @@ async fn builder_refuses_bad_config<B: Probe>(env: Env<B>) {
             ConfigError::PrefixBraces(prefix.to_owned())
         );
     }
-    for lease in [
-        Lease::fixed(Duration::ZERO),
-        Lease::watchdog(Duration::ZERO),
-    ] {
+    for lease in [Lease::fixed(Duration::ZERO), Lease::watchdog(Duration::ZERO)] {
         let error = LockClient::builder(backend.clone()).lease(lease).build();
         assert_eq!(error.expect_err("a zero lease"), ConfigError::LeaseTooShort);
     }
     let error = LockClient::builder(backend.clone()).max_key_len(0).build();
-    assert_eq!(
-        error.expect_err("max_key_len 0"),
-        ConfigError::ZeroMaxKeyLen
-    );
+    assert_eq!(error.expect_err("max_key_len 0"), ConfigError::ZeroMaxKeyLen);
 
     let custom = LockClient::builder(backend).prefix("shop:").build();
     let custom = custom.expect("a prefix without braces is fine");
@@ -685,10 +530,7 @@ async fn shutdown<B: Probe>(env: Env<B>) {
     let one = env.a.lock("s:1").acquire().await.expect("acquire");
     let two = env.a.lock("s:2").acquire().await.expect("acquire");
     let theirs = env.b.lock("s:3").acquire().await.expect("acquire");
-    let (name_one, name_three) = (
-        one.key().as_str().to_owned(),
-        theirs.key().as_str().to_owned(),
-    );
+    let (name_one, name_three) = (one.key().as_str().to_owned(), theirs.key().as_str().to_owned());
     let b = env.b.clone();
     let b_waits = tokio::spawn(async move {
         let acquired = b.lock("s:1").wait(Duration::from_secs(10)).acquire().await;
@@ -705,16 +547,10 @@ async fn shutdown<B: Probe>(env: Env<B>) {
 
     let (got_at, got) = b_waits.await.expect("task");
     let got = got.expect("B gets the lock A held once A shuts down");
-    println!(
-        "shutdown: waiter in the other client acquired after {:?}",
-        got_at - shut_at
-    );
+    println!("shutdown: waiter in the other client acquired after {:?}", got_at - shut_at);
     assert!(got_at - shut_at < Duration::from_secs(2));
     let a_waited = a_waits.await.expect("task");
-    assert!(
-        matches!(a_waited, Err(LockError::ShutDown)),
-        "A's waiting acquire: {a_waited:?}"
-    );
+    assert!(matches!(a_waited, Err(LockError::ShutDown)), "A's waiting acquire: {a_waited:?}");
     for guard in [&one, &two] {
         assert!(guard.is_lost(), "{guard:?}");
         timeout(Duration::from_secs(1), guard.lost())
@@ -739,10 +575,7 @@ async fn handoff_within_one_client<B: Probe>(env: Env<B>) {
     const TASKS: usize = 8;
     const ROUNDS: usize = 25;
     if let Some(server) = &env.server {
-        assert_eq!(
-            server.cmd(&["CONFIG", "RESETSTAT"]).as_str().as_deref(),
-            Some("OK")
-        );
+        assert_eq!(server.cmd(&["CONFIG", "RESETSTAT"]).as_str().as_deref(), Some("OK"));
     }
     let started = Instant::now();
     let (sections, overlaps) = hammer(&[&env.a], TASKS, ROUNDS, "local").await;
@@ -863,43 +696,26 @@ lock_semantics!(redis, redis_env());
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn max_hold_caps_renewal() {
     let server = RedisServer::start();
-    let redis = support::redis_backend(server.url())
-        .connect()
-        .await
-        .unwrap();
+    let redis = support::redis_backend(server.url()).connect().await.unwrap();
     let lease = Lease::watchdog(Duration::from_millis(300));
     let cap = Duration::from_millis(600);
     let on_redis = LockClient::builder(redis).lease(lease).max_hold(cap);
     let on_redis = on_redis.build().unwrap();
-    let on_memory = LockClient::builder(MemoryBackend::new())
-        .lease(lease)
-        .max_hold(cap);
+    let on_memory = LockClient::builder(MemoryBackend::new()).lease(lease).max_hold(cap);
     let on_memory = on_memory.build().unwrap();
     let started = Instant::now();
     let a = on_redis.lock("capped").acquire().await.unwrap();
     let b = on_memory.lock("capped").acquire().await.unwrap();
     for lost in [a.lost(), b.lost()] {
-        timeout(Duration::from_secs(3), lost)
-            .await
-            .expect("lost once renewals stop at max_hold");
+        timeout(Duration::from_secs(3), lost).await.expect("lost once renewals stop at max_hold");
     }
     let held = started.elapsed();
     // Renewed up to the cap, then one more lease at most.
     assert!(held >= cap, "lost after {held:?}, before the cap");
-    assert!(
-        held < cap + Duration::from_millis(700),
-        "lost only after {held:?}"
-    );
+    assert!(held < cap + Duration::from_millis(700), "lost only after {held:?}");
     // The guard reports the loss a drift margin before the server's expiry: wait that out.
-    let next = on_redis
-        .lock("capped")
-        .wait(Duration::from_secs(1))
-        .acquire()
-        .await;
-    next.expect("free once the capped lease ran out")
-        .release()
-        .await
-        .unwrap();
+    let next = on_redis.lock("capped").wait(Duration::from_secs(1)).acquire().await;
+    next.expect("free once the capped lease ran out").release().await.unwrap();
 }
 
 /// The in-memory backend releases without I/O, so at once: a dropped guard's lock is free
@@ -920,11 +736,7 @@ async fn memory_releases_happen_at_once() {
             .now_or_never()
             .expect("an uncontended try on memory needs no wait")
             .unwrap_or_else(|e| panic!("round {round}: not free after the drop: {e}"));
-        taken
-            .release()
-            .now_or_never()
-            .expect("a release on memory is ready at once")
-            .unwrap();
+        taken.release().now_or_never().expect("a release on memory is ready at once").unwrap();
         assert_eq!(backend.held_count(), 0, "round {round}");
     }
 }
@@ -946,10 +758,7 @@ async fn a_wait_behind_a_renewed_holder_is_never_told_zero() {
     let wait = Duration::from_millis(600);
     let error = waiter.lock("doc:9").wait(wait).acquire().await.unwrap_err();
     let retry_after = error.retry_after().expect("a hint");
-    assert!(
-        held.remaining() > Duration::ZERO,
-        "renewed while waited for"
-    );
+    assert!(held.remaining() > Duration::ZERO, "renewed while waited for");
     assert!(
         retry_after >= wait && retry_after <= Duration::from_secs(5),
         "no history: the {wait:?} waited, got {retry_after:?}"

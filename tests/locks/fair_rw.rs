@@ -47,10 +47,7 @@ fn read_hold_of_a_dead_process<B: Backend>(
     lease: Duration,
 ) {
     tokio::task::block_in_place(|| {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         runtime.block_on(async {
             let client = more().await;
             let rw = client.read_write_lock(key);
@@ -524,10 +521,7 @@ macro_rules! fair_rw_semantics {
 }
 
 fn builder<B: Backend>(backend: B) -> LockClient<B> {
-    LockClient::builder(backend)
-        .waiter_timeout(Duration::from_millis(500))
-        .build()
-        .unwrap()
+    LockClient::builder(backend).waiter_timeout(Duration::from_millis(500)).build().unwrap()
 }
 
 fair_rw_semantics!(memory, support::stores::in_memory(builder));

@@ -23,18 +23,10 @@ fn expired_keys(server: &RedisServer) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fixed_lease_that_ran_out_is_deleted_by_its_client() {
     let server = RedisServer::start();
-    let backend = support::redis_backend(server.url())
-        .connect()
-        .await
-        .expect("connect");
+    let backend = support::redis_backend(server.url()).connect().await.expect("connect");
     let locks = LockClient::builder(backend).build().expect("valid client");
     let lease = Lease::fixed(Duration::from_millis(500));
-    let guard = locks
-        .lock("report")
-        .lease(lease)
-        .acquire()
-        .await
-        .expect("acquired");
+    let guard = locks.lock("report").lease(lease).acquire().await.expect("acquired");
     let name = guard.key().as_str().to_owned();
     let grant = support::owner_grant(|args| server.cmd(args), &name).expect("the grant");
     // The store would keep the record for a minute: only the client's delete can end it
@@ -47,11 +39,7 @@ async fn a_fixed_lease_that_ran_out_is_deleted_by_its_client() {
         server.cmd(&["EXISTS", &name]) == RespValue::Int(0)
     })
     .await;
-    assert_eq!(
-        expired_keys(&server),
-        expired,
-        "the record of {grant} was deleted, not expired"
-    );
+    assert_eq!(expired_keys(&server), expired, "the record of {grant} was deleted, not expired");
     // The lock is free for the next holder at once.
     let next = locks.lock("report").try_acquire().await.expect("free");
     next.release().await.expect("released");

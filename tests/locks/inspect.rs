@@ -47,12 +47,7 @@ async fn redis_env() -> Env<RedisBackend> {
 /// The two clients of `store` and a third one as the operator.
 async fn with_operator<B: Backend>(store: support::stores::Env<B>) -> Env<B> {
     let operator = (store.more)().await;
-    Env {
-        a: store.a,
-        b: store.b,
-        operator,
-        server: store.server,
-    }
+    Env { a: store.a, b: store.b, operator, server: store.server }
 }
 
 /// The one holder of `info`, as (id, kind, count).
@@ -109,19 +104,10 @@ async fn exclusive_single_hold_and_reentered<B: Backend>(env: Env<B>) {
     let id = first.holder().id();
     assert_eq!(only_holder(&info), (id, LockKind::Exclusive, 1));
     let left = info.holders[0].remaining_lease.expect("a lease");
-    assert!(
-        left > Duration::ZERO && left <= lease.duration(),
-        "{left:?}"
-    );
+    assert!(left > Duration::ZERO && left <= lease.duration(), "{left:?}");
     assert_eq!(info.kind(), Some(LockKind::Exclusive));
 
-    let again = env
-        .a
-        .lock("order:1")
-        .holder(first.holder())
-        .acquire()
-        .await
-        .unwrap();
+    let again = env.a.lock("order:1").holder(first.holder()).acquire().await.unwrap();
     if env.server.is_some() {
         assert_eq!(env.redis_type("order:1").as_deref(), Some("string"));
     }
@@ -148,10 +134,8 @@ async fn fair_with_queue<B: Backend>(env: Env<B>) {
         let wait = Duration::from_secs(10);
         b.fair_lock("fifo").wait(wait).acquire().await
     });
-    support::eventually(Duration::from_secs(2), "the waiter is queued", || {
-        env.b.queued() == 1
-    })
-    .await;
+    support::eventually(Duration::from_secs(2), "the waiter is queued", || env.b.queued() == 1)
+        .await;
     let info = env.operator.inspect("fifo").await.unwrap();
     assert_eq!(info.queue_len, 1, "{info:?}");
     assert_eq!(info.kind(), Some(exclusive));
@@ -180,12 +164,7 @@ async fn read_write_two_readers<B: Backend>(env: Env<B>) {
     let operator = env.operator.clone();
     let writer = tokio::spawn(async move {
         let wait = Duration::from_secs(10);
-        operator
-            .read_write_lock("doc")
-            .write()
-            .wait(wait)
-            .acquire()
-            .await
+        operator.read_write_lock("doc").write().wait(wait).acquire().await
     });
     support::eventually(Duration::from_secs(2), "the writer is queued", || {
         env.operator.queued() == 1
@@ -196,10 +175,7 @@ async fn read_write_two_readers<B: Backend>(env: Env<B>) {
     second.release().await.unwrap();
     let writer = timeout(PROMPT, writer).await.unwrap().unwrap().unwrap();
     let info = env.a.inspect("doc").await.unwrap();
-    assert_eq!(
-        only_holder(&info),
-        (writer.holder().id(), LockKind::Write, 1)
-    );
+    assert_eq!(only_holder(&info), (writer.holder().id(), LockKind::Write, 1));
     writer.release().await.unwrap();
 }
 
@@ -219,13 +195,7 @@ async fn force_unlock_loses_the_guards<B: Backend>(env: Env<B>) {
 
     // Here: at once, before any renewal.
     let here = env.a.lock("stuck").acquire().await.unwrap();
-    let reader = env
-        .a
-        .read_write_lock("stuck")
-        .read()
-        .acquire()
-        .await
-        .unwrap();
+    let reader = env.a.read_write_lock("stuck").read().acquire().await.unwrap();
     assert!(env.a.force_unlock("stuck").await.unwrap());
     assert!(here.is_lost() && reader.is_lost());
     here.lost().await;
@@ -307,35 +277,17 @@ fn request<'a, B: Backend>(
     key: &str,
     fair: bool,
 ) -> tower_lock::LockRequest<'a, B> {
-    if fair {
-        client.fair_lock(key)
-    } else {
-        client.lock(key)
-    }
+    if fair { client.fair_lock(key) } else { client.lock(key) }
 }
 
 /// The namespaced forms name what `lock_in_namespace` (and a layer's route) locks.
 async fn namespaced<B: Backend>(env: Env<B>) {
-    let guard = env
-        .a
-        .lock_in_namespace("withdraw", "7")
-        .acquire()
-        .await
-        .unwrap();
+    let guard = env.a.lock_in_namespace("withdraw", "7").acquire().await.unwrap();
     assert!(!env.operator.inspect("7").await.unwrap().is_locked());
-    let info = env
-        .operator
-        .inspect_in_namespace("withdraw", "7")
-        .await
-        .unwrap();
+    let info = env.operator.inspect_in_namespace("withdraw", "7").await.unwrap();
     assert_eq!(only_holder(&info).0, guard.holder().id());
     assert!(!env.operator.force_unlock("7").await.unwrap());
-    assert!(
-        env.a
-            .force_unlock_in_namespace("withdraw", "7")
-            .await
-            .unwrap()
-    );
+    assert!(env.a.force_unlock_in_namespace("withdraw", "7").await.unwrap());
     assert!(guard.is_lost());
 }
 
@@ -424,16 +376,9 @@ async fn foreign_data_is_wrong_type_and_left_alone() {
                 other => panic!("{key} (force {force}): {other:?}"),
             }
         }
-        assert_eq!(
-            server.cmd(&["EXISTS", stored]).as_int(),
-            1,
-            "{key} left alone"
-        );
+        assert_eq!(server.cmd(&["EXISTS", stored]).as_int(), 1, "{key} left alone");
     }
-    assert_eq!(
-        server.cmd(&["GET", &plain]).as_str().as_deref(),
-        Some("hello")
-    );
+    assert_eq!(server.cmd(&["GET", &plain]).as_str().as_deref(), Some("hello"));
 }
 
 /// Redlock: the holder a majority of the nodes name, with the guard's id; a forced unlock
@@ -446,31 +391,21 @@ async fn redlock_inspect_and_force_unlock() {
             .node_timeout(Duration::from_millis(200))
             .build()
             .expect("valid Redlock configuration");
-        LockClient::builder(backend)
-            .prefix("rl:")
-            .build()
-            .expect("valid configuration")
+        LockClient::builder(backend).prefix("rl:").build().expect("valid configuration")
     };
     let (holder, operator) = (client(), client());
     let lease = Lease::watchdog(Duration::from_millis(900));
     let guard = holder.lock("order:9").lease(lease).acquire().await.unwrap();
     let info = operator.inspect("order:9").await.unwrap();
-    assert_eq!(
-        only_holder(&info),
-        (guard.holder().id(), LockKind::Exclusive, 1)
-    );
+    assert_eq!(only_holder(&info), (guard.holder().id(), LockKind::Exclusive, 1));
     assert!(info.holders[0].remaining_lease.is_some());
 
     assert!(operator.force_unlock("order:9").await.unwrap());
-    let name = operator
-        .lock_key("", "order:9", LockKind::Exclusive)
-        .unwrap();
+    let name = operator.lock_key("", "order:9", LockKind::Exclusive).unwrap();
     for server in &servers {
         assert_eq!(server.cmd(&["EXISTS", name.as_str()]).as_int(), 0);
     }
-    timeout(lease.duration(), guard.lost())
-        .await
-        .expect("the guard is lost at its next renewal");
+    timeout(lease.duration(), guard.lost()).await.expect("the guard is lost at its next renewal");
     assert!(!operator.inspect("order:9").await.unwrap().is_locked());
     let next = operator.lock("order:9").try_acquire().await.unwrap();
     next.release().await.unwrap();
@@ -494,23 +429,12 @@ async fn cluster_inspect_and_force_unlock() {
     let (a, b, operator) = (client().await, client().await, client().await);
     let guard = a.lock("acct:1").acquire().await.unwrap();
     let info = operator.inspect("acct:1").await.unwrap();
-    assert_eq!(
-        only_holder(&info),
-        (guard.holder().id(), LockKind::Exclusive, 1)
-    );
+    assert_eq!(only_holder(&info), (guard.holder().id(), LockKind::Exclusive, 1));
     let waiter = tokio::spawn({
         let b = b.clone();
-        async move {
-            b.lock("acct:1")
-                .wait(Duration::from_secs(20))
-                .acquire()
-                .await
-        }
+        async move { b.lock("acct:1").wait(Duration::from_secs(20)).acquire().await }
     });
-    support::eventually(Duration::from_secs(2), "the waiter waits", || {
-        b.waiters() == 1
-    })
-    .await;
+    support::eventually(Duration::from_secs(2), "the waiter waits", || b.waiters() == 1).await;
     // The waiter has tried once and listens; the forced unlock must reach it on its shard.
     assert!(operator.force_unlock("acct:1").await.unwrap());
     let next = timeout(PROMPT, waiter).await.unwrap().unwrap().unwrap();

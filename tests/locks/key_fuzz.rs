@@ -20,15 +20,8 @@ use tower_lock::{
 };
 
 /// The suffixes the Redis backend appends to a lock's name (its other keys and its channel).
-const SUFFIXES: [&str; 7] = [
-    ":fence",
-    ":void",
-    ":released",
-    ":queue",
-    ":timeouts",
-    ":readers",
-    ":writers",
-];
+const SUFFIXES: [&str; 7] =
+    [":fence", ":void", ":released", ":queue", ":timeouts", ":readers", ":writers"];
 
 /// Keys long enough for the 10 000-byte cases.
 const MAX_KEY_LEN: usize = 16 * 1024;
@@ -82,11 +75,7 @@ fn namespace() -> impl Strategy<Value = String> {
 fn crc16(bytes: &[u8]) -> u16 {
     bytes.iter().fold(0u16, |crc, &byte| {
         (0..8).fold(crc ^ (u16::from(byte) << 8), |crc, _| {
-            if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            }
+            if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 }
         })
     })
 }
@@ -243,12 +232,8 @@ fn path_param(encoded: &str) -> Option<Vec<u8>> {
     }
 
     let router = Router::new().route("/r/{id}", get(handler));
-    let request = Request::get(format!("/r/{encoded}"))
-        .body(Body::empty())
-        .expect("valid request");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("runtime");
+    let request = Request::get(format!("/r/{encoded}")).body(Body::empty()).expect("valid request");
+    let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
     runtime.block_on(async move {
         let response = router.oneshot(request).await.expect("infallible");
         if response.status() != StatusCode::OK {
@@ -263,35 +248,17 @@ fn path_param(encoded: &str) -> Option<Vec<u8>> {
 #[tokio::test]
 async fn refused_keys_send_no_command() {
     let server = RedisServer::start();
-    let backend = support::redis_backend(server.url())
-        .connect()
-        .await
-        .expect("connect");
-    let locks = LockClient::builder(backend)
-        .max_key_len(16)
-        .build()
-        .expect("valid configuration");
-    assert_eq!(
-        server.cmd(&["CONFIG", "RESETSTAT"]),
-        RespValue::Simple("OK".into())
-    );
+    let backend = support::redis_backend(server.url()).connect().await.expect("connect");
+    let locks = LockClient::builder(backend).max_key_len(16).build().expect("valid configuration");
+    assert_eq!(server.cmd(&["CONFIG", "RESETSTAT"]), RespValue::Simple("OK".into()));
 
     for key in [Vec::new(), vec![b'k'; 17], vec![b'{'; 10_000]] {
         let results = [
             locks.lock(&key).acquire().await.map(drop),
             locks.fair_lock(&key).acquire().await.map(drop),
             locks.read_write_lock(&key).read().acquire().await.map(drop),
-            locks
-                .read_write_lock(&key)
-                .write()
-                .acquire()
-                .await
-                .map(drop),
-            locks
-                .lock_in_namespace("/orders/{id}", &key)
-                .acquire()
-                .await
-                .map(drop),
+            locks.read_write_lock(&key).write().acquire().await.map(drop),
+            locks.lock_in_namespace("/orders/{id}", &key).acquire().await.map(drop),
         ];
         for result in results {
             assert!(
@@ -302,19 +269,14 @@ async fn refused_keys_send_no_command() {
         }
     }
 
-    let stats = server
-        .cmd(&["INFO", "commandstats"])
-        .as_str()
-        .expect("text");
+    let stats = server.cmd(&["INFO", "commandstats"]).as_str().expect("text");
     let commands: Vec<&str> = stats
         .lines()
         .filter_map(|line| line.strip_prefix("cmdstat_"))
         .filter_map(|line| line.split(':').next())
         .collect();
     assert!(
-        commands
-            .iter()
-            .all(|c| *c == "config|resetstat" || *c == "info"),
+        commands.iter().all(|c| *c == "config|resetstat" || *c == "info"),
         "commands sent for refused keys: {commands:?}"
     );
 }

@@ -16,10 +16,7 @@ use tower_lock::{LockClient, LockError, LockKind, RedisBackend};
 const SECRET: &[u8] = b"keyed-hash test secret";
 
 async fn client(server: &RedisServer, secret: &[u8]) -> LockClient<RedisBackend> {
-    let backend = support::redis_backend(server.url())
-        .connect()
-        .await
-        .expect("connect");
+    let backend = support::redis_backend(server.url()).connect().await.expect("connect");
     LockClient::builder(backend)
         .keyed_hash(secret)
         .wait(Duration::from_secs(5))
@@ -40,18 +37,12 @@ async fn same_secret_same_lock() {
     let server = RedisServer::start();
     let (a, b) = (client(&server, SECRET).await, client(&server, SECRET).await);
     let name = a.lock_key("", "order:42", LockKind::Exclusive).unwrap();
-    assert_eq!(
-        name,
-        b.lock_key("", "order:42", LockKind::Exclusive).unwrap()
-    );
+    assert_eq!(name, b.lock_key("", "order:42", LockKind::Exclusive).unwrap());
 
     let held = a.lock("order:42").acquire().await.expect("a acquires");
     assert_eq!(keys(&server), vec![name.as_str().to_owned()]);
     let busy = b.lock("order:42").try_acquire().await;
-    assert!(
-        matches!(busy, Err(LockError::WaitTimeout { .. })),
-        "{busy:?}"
-    );
+    assert!(matches!(busy, Err(LockError::WaitTimeout { .. })), "{busy:?}");
     held.release().await.expect("release");
 
     let inside = Arc::new(AtomicBool::new(false));
@@ -79,20 +70,13 @@ async fn same_secret_same_lock() {
 #[tokio::test]
 async fn different_secrets_different_locks() {
     let server = RedisServer::start();
-    let (a, b) = (
-        client(&server, SECRET).await,
-        client(&server, b"other").await,
-    );
+    let (a, b) = (client(&server, SECRET).await, client(&server, b"other").await);
     assert_ne!(
         a.lock_key("", "k", LockKind::Exclusive).unwrap(),
         b.lock_key("", "k", LockKind::Exclusive).unwrap()
     );
     let first = a.lock("k").try_acquire().await.expect("a acquires");
-    let second = b
-        .lock("k")
-        .try_acquire()
-        .await
-        .expect("b's lock is another");
+    let second = b.lock("k").try_acquire().await.expect("b's lock is another");
     assert_eq!(keys(&server).len(), 2);
     first.release().await.unwrap();
     second.release().await.unwrap();
@@ -106,13 +90,7 @@ async fn names_are_bounded_and_secret_hidden() {
     let locks = client(&server, SECRET).await;
     let lengths: Vec<usize> = [&b"k"[..], &[0xff; 512], b"{}%\0"]
         .iter()
-        .map(|key| {
-            locks
-                .lock_key("", key, LockKind::Exclusive)
-                .unwrap()
-                .as_str()
-                .len()
-        })
+        .map(|key| locks.lock_key("", key, LockKind::Exclusive).unwrap().as_str().len())
         .collect();
     assert_eq!(lengths, vec!["tower-lock:{}".len() + 43; 3]);
     let guard = locks.lock([0xff; 512]).acquire().await.expect("acquire");

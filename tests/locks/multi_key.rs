@@ -95,10 +95,7 @@ async fn opposite_orders<B: Backend>(env: Env<B>) {
                         }
                     }
                     let set = client.lock_all(&keys).wait(Duration::from_secs(20));
-                    let guard = set
-                        .acquire()
-                        .await
-                        .expect("no deadlock: granted in the wait");
+                    let guard = set.acquire().await.expect("no deadlock: granted in the wait");
                     witness.section(&keys).await;
                     guard.release().await.expect("release a held set");
                 }
@@ -111,15 +108,8 @@ async fn opposite_orders<B: Backend>(env: Env<B>) {
         }
     });
     all.await.expect("every task finished: no deadlock");
-    assert_eq!(
-        witness.sections.load(Ordering::SeqCst),
-        2 * 8 * ROUNDS as u64
-    );
-    assert_eq!(
-        witness.overlaps.load(Ordering::SeqCst),
-        0,
-        "two holders of one key"
-    );
+    assert_eq!(witness.sections.load(Ordering::SeqCst), 2 * 8 * ROUNDS as u64);
+    assert_eq!(witness.overlaps.load(Ordering::SeqCst), 0, "two holders of one key");
 }
 
 async fn request_order_deadlocks<B: Backend>(env: Env<B>) {
@@ -133,20 +123,14 @@ async fn request_order_deadlocks<B: Backend>(env: Env<B>) {
         async move {
             let first = client.lock(first).acquire().await.expect("first lock");
             barrier.wait().await;
-            let second = client
-                .lock(second)
-                .wait(Duration::from_millis(300))
-                .acquire()
-                .await;
+            let second = client.lock(second).wait(Duration::from_millis(300)).acquire().await;
             barrier.wait().await;
             drop(first);
             second.map(drop)
         }
     };
-    let (ab, ba) = tokio::join!(
-        one_by_one(env.a.clone(), "x", "y"),
-        one_by_one(env.b.clone(), "y", "x")
-    );
+    let (ab, ba) =
+        tokio::join!(one_by_one(env.a.clone(), "x", "y"), one_by_one(env.b.clone(), "y", "x"));
     assert!(
         matches!(ab, Err(LockError::WaitTimeout { .. }))
             && matches!(ba, Err(LockError::WaitTimeout { .. })),
@@ -165,10 +149,8 @@ async fn request_order_deadlocks<B: Backend>(env: Env<B>) {
             Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
         }
     };
-    let (ab, ba) = tokio::join!(
-        as_set(env.a.clone(), ["x", "y"]),
-        as_set(env.b.clone(), ["y", "x"])
-    );
+    let (ab, ba) =
+        tokio::join!(as_set(env.a.clone(), ["x", "y"]), as_set(env.b.clone(), ["y", "x"]));
     ab.expect("x, y as a set");
     ba.expect("y, x as a set");
 }
@@ -177,11 +159,7 @@ async fn request_order_deadlocks<B: Backend>(env: Env<B>) {
 async fn assert_free<B: Backend>(client: &LockClient<B>, keys: &[&str]) {
     for key in keys {
         let guard = client.lock(key).try_acquire().await;
-        guard
-            .unwrap_or_else(|e| panic!("{key} left held: {e:?}"))
-            .release()
-            .await
-            .unwrap();
+        guard.unwrap_or_else(|e| panic!("{key} left held: {e:?}")).release().await.unwrap();
     }
 }
 
@@ -189,36 +167,18 @@ async fn all_or_nothing<B: Backend>(env: Env<B>) {
     let held = env.b.lock("k2").acquire().await.expect("k2");
     let started = Instant::now();
     let set = env.a.lock_all(["k3", "k2", "k1"]);
-    let error = set
-        .wait(Duration::from_millis(150))
-        .acquire()
-        .await
-        .expect_err("k2 is held elsewhere");
-    assert!(
-        started.elapsed() >= Duration::from_millis(140),
-        "waited the set's wait"
-    );
-    assert!(
-        matches!(error.error(), LockError::WaitTimeout { .. }),
-        "{error:?}"
-    );
+    let error =
+        set.wait(Duration::from_millis(150)).acquire().await.expect_err("k2 is held elsewhere");
+    assert!(started.elapsed() >= Duration::from_millis(140), "waited the set's wait");
+    assert!(matches!(error.error(), LockError::WaitTimeout { .. }), "{error:?}");
     assert_eq!(error.key().map(|key| key.user_key()), Some(b"k2".to_vec()));
     assert!(error.to_string().contains("k2"), "{error}");
     // Nothing of the set is left held: another client takes k1 and k3 at once.
     assert_free(&env.b, &["k1", "k3"]).await;
-    assert_eq!(
-        env.a.active_keys(),
-        0,
-        "the client tracks nothing of the set"
-    );
+    assert_eq!(env.a.active_keys(), 0, "the client tracks nothing of the set");
     held.release().await.unwrap();
     // And then the set is granted.
-    let set = env
-        .a
-        .lock_all(["k3", "k2", "k1"])
-        .try_acquire()
-        .await
-        .expect("all free");
+    let set = env.a.lock_all(["k3", "k2", "k1"]).try_acquire().await.expect("all free");
     set.release().await.unwrap();
 }
 
@@ -249,17 +209,12 @@ async fn lost_while_waiting_for_the_rest<B: Backend>(env: Env<B>) {
 
 async fn one_wait_for_the_set<B: Backend>(env: Env<B>) {
     // The wait is the set's, not each lock's: two held locks cost one wait, not two.
-    let (x, y) = (
-        env.b.lock("w1").acquire().await.unwrap(),
-        env.b.lock("w2").acquire().await.unwrap(),
-    );
+    let (x, y) =
+        (env.b.lock("w1").acquire().await.unwrap(), env.b.lock("w2").acquire().await.unwrap());
     // w1 frees after 300 ms of a 400 ms wait: one wait for the set ends at 400 ms, a wait per
     // lock would run to 700 ms.
     let started = Instant::now();
-    let set = env
-        .a
-        .lock_all(["w1", "w2"])
-        .wait(Duration::from_millis(400));
+    let set = env.a.lock_all(["w1", "w2"]).wait(Duration::from_millis(400));
     let release_first = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
         x.release().await.unwrap();
@@ -268,25 +223,13 @@ async fn one_wait_for_the_set<B: Backend>(env: Env<B>) {
     let took = started.elapsed();
     let error = result.expect_err("w2 stays held");
     assert_eq!(error.key().map(|key| key.user_key()), Some(b"w2".to_vec()));
-    assert!(
-        took < Duration::from_millis(650),
-        "the set waited {took:?}, more than its wait"
-    );
+    assert!(took < Duration::from_millis(650), "the set waited {took:?}, more than its wait");
     y.release().await.unwrap();
 }
 
 async fn fencing_per_key<B: Backend>(env: Env<B>) {
-    let first = env
-        .a
-        .lock_all(["f:1", "f:2"])
-        .fencing()
-        .acquire()
-        .await
-        .unwrap();
-    let tokens: Vec<u64> = first
-        .guards()
-        .map(|g| g.fencing_token().expect("asked for"))
-        .collect();
+    let first = env.a.lock_all(["f:1", "f:2"]).fencing().acquire().await.unwrap();
+    let tokens: Vec<u64> = first.guards().map(|g| g.fencing_token().expect("asked for")).collect();
     assert_eq!(tokens.len(), 2);
     assert_eq!(first.fencing_token("f:1"), Some(tokens[0]));
     assert_eq!(first.fencing_token("f:2"), Some(tokens[1]));
@@ -297,92 +240,46 @@ async fn fencing_per_key<B: Backend>(env: Env<B>) {
     let alone_token = alone.fencing_token().unwrap();
     assert!(alone_token > tokens[0]);
     alone.release().await.unwrap();
-    let next = env
-        .b
-        .lock_all(["f:2", "f:1"])
-        .fencing()
-        .acquire()
-        .await
-        .unwrap();
+    let next = env.b.lock_all(["f:2", "f:1"]).fencing().acquire().await.unwrap();
     assert!(next.fencing_token("f:1").unwrap() > alone_token);
     assert!(next.fencing_token("f:2").unwrap() > tokens[1]);
     next.release().await.unwrap();
 }
 
 async fn lost_when_a_lease_runs_out<B: Backend>(env: Env<B>) {
-    let set = env
-        .a
-        .lock_all(["l:1", "l:2"])
-        .lease(Lease::fixed(Duration::from_millis(200)));
+    let set = env.a.lock_all(["l:1", "l:2"]).lease(Lease::fixed(Duration::from_millis(200)));
     let set = set.acquire().await.unwrap();
     assert!(!set.is_lost());
-    timeout(Duration::from_secs(2), set.lost())
-        .await
-        .expect("lost() resolves");
+    timeout(Duration::from_secs(2), set.lost()).await.expect("lost() resolves");
     assert!(set.is_lost());
     let released = set.release().await;
-    assert!(
-        matches!(released, Err(LockError::Lost | LockError::NotHeld)),
-        "{released:?}"
-    );
+    assert!(matches!(released, Err(LockError::Lost | LockError::NotHeld)), "{released:?}");
 }
 
 async fn drop_releases_all<B: Backend>(env: Env<B>) {
-    let set = env
-        .a
-        .lock_all(["d:1", "d:2", "d:3"])
-        .acquire()
-        .await
-        .unwrap();
+    let set = env.a.lock_all(["d:1", "d:2", "d:3"]).acquire().await.unwrap();
     drop(set);
     // Released in the background: another client's set is granted well within a lease.
     let started = Instant::now();
-    let next = env
-        .b
-        .lock_all(["d:3", "d:1", "d:2"])
-        .wait(Duration::from_secs(5))
-        .acquire()
-        .await;
+    let next = env.b.lock_all(["d:3", "d:1", "d:2"]).wait(Duration::from_secs(5)).acquire().await;
     next.expect("released by the drop").release().await.unwrap();
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "freed only by the lease"
-    );
+    assert!(started.elapsed() < Duration::from_secs(2), "freed only by the lease");
 }
 
 async fn duplicates_collapse<B: Backend>(env: Env<B>) {
-    let set = env
-        .a
-        .lock_all(["dup", "other", "dup"])
-        .acquire()
-        .await
-        .unwrap();
+    let set = env.a.lock_all(["dup", "other", "dup"]).acquire().await.unwrap();
     assert_eq!(set.guards().len(), 2);
-    assert!(
-        set.guards().all(|g| g.hold_count() == 1),
-        "one hold each, no re-entry"
-    );
+    assert!(set.guards().all(|g| g.hold_count() == 1), "one hold each, no re-entry");
     set.release().await.unwrap();
     assert_free(&env.b, &["dup", "other"]).await;
 }
 
 async fn empty_and_invalid<B: Backend>(env: Env<B>) {
-    let empty = env
-        .a
-        .lock_all(Vec::<String>::new())
-        .acquire()
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(empty.error(), LockError::InvalidKey(KeyError::Empty)),
-        "{empty:?}"
-    );
+    let empty = env.a.lock_all(Vec::<String>::new()).acquire().await.unwrap_err();
+    assert!(matches!(empty.error(), LockError::InvalidKey(KeyError::Empty)), "{empty:?}");
     assert!(empty.key().is_none());
     let invalid = env.a.lock_all(["fine", ""]).acquire().await.unwrap_err();
-    assert!(matches!(
-        invalid.into_error(),
-        LockError::InvalidKey(KeyError::Empty)
-    ));
+    assert!(matches!(invalid.into_error(), LockError::InvalidKey(KeyError::Empty)));
     assert_eq!(env.a.active_keys(), 0, "nothing was taken");
 }
 
@@ -390,95 +287,37 @@ async fn reentry_and_kinds<B: Backend>(env: Env<B>) {
     // A holder that has one lock of the set re-enters it.
     let me = env.a.holder();
     let outer = env.a.lock("r:1").holder(&me).acquire().await.unwrap();
-    let set = env
-        .a
-        .lock_all(["r:2", "r:1"])
-        .holder(&me)
-        .try_acquire()
-        .await
-        .unwrap();
+    let set = env.a.lock_all(["r:2", "r:1"]).holder(&me).try_acquire().await.unwrap();
     assert_eq!(set.holder(), &me);
     assert_eq!(set.guard("r:1").unwrap().hold_count(), 2);
     set.release().await.unwrap();
-    assert!(
-        env.b.lock("r:1").try_acquire().await.is_err(),
-        "the outer hold remains"
-    );
-    env.b
-        .lock("r:2")
-        .try_acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    assert!(env.b.lock("r:1").try_acquire().await.is_err(), "the outer hold remains");
+    env.b.lock("r:2").try_acquire().await.unwrap().release().await.unwrap();
     outer.release().await.unwrap();
 
     // Fair sets; read sets share; a write set waits for readers.
-    let fair = env
-        .a
-        .lock_all(["q:1", "q:2"])
-        .fair()
-        .acquire()
-        .await
-        .unwrap();
+    let fair = env.a.lock_all(["q:1", "q:2"]).fair().acquire().await.unwrap();
     assert!(env.b.fair_lock("q:2").try_acquire().await.is_err());
     fair.release().await.unwrap();
-    let read_a = env
-        .a
-        .lock_all(["q:1", "q:2"])
-        .read()
-        .acquire()
-        .await
-        .unwrap();
-    let read_b = env
-        .b
-        .lock_all(["q:2", "q:1"])
-        .read()
-        .try_acquire()
-        .await
-        .unwrap();
+    let read_a = env.a.lock_all(["q:1", "q:2"]).read().acquire().await.unwrap();
+    let read_b = env.b.lock_all(["q:2", "q:1"]).read().try_acquire().await.unwrap();
     assert!(env.b.lock_all(["q:1"]).write().try_acquire().await.is_err());
     read_a.release().await.unwrap();
     read_b.release().await.unwrap();
-    env.b
-        .read_write_lock("q:1")
-        .write()
-        .try_acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    env.b.read_write_lock("q:1").write().try_acquire().await.unwrap().release().await.unwrap();
 }
 
 async fn cancelled_acquire_leaves_nothing<B: Backend>(env: Env<B>) {
     let held = env.b.lock("c:2").acquire().await.unwrap();
     // Dropped while it waits for c:2, holding c:1.
-    let set = env
-        .a
-        .lock_all(["c:1", "c:2"])
-        .wait(Duration::from_secs(10))
-        .acquire();
+    let set = env.a.lock_all(["c:1", "c:2"]).wait(Duration::from_secs(10)).acquire();
     assert!(timeout(Duration::from_millis(150), set).await.is_err());
-    let freed = env
-        .b
-        .lock("c:1")
-        .wait(Duration::from_secs(2))
-        .acquire()
-        .await;
-    freed
-        .expect("c:1 given back by the dropped acquire")
-        .release()
-        .await
-        .unwrap();
+    let freed = env.b.lock("c:1").wait(Duration::from_secs(2)).acquire().await;
+    freed.expect("c:1 given back by the dropped acquire").release().await.unwrap();
     held.release().await.unwrap();
     let started = Instant::now();
     while env.a.active_keys() + env.a.waiters() > 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(2),
-            "client state left behind"
-        );
+        assert!(started.elapsed() < Duration::from_secs(2), "client state left behind");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -487,17 +326,9 @@ async fn holders_of_another_client<B: Backend>(env: Env<B>) {
     let holder = env.a.holder();
     let held = env.a.lock("h:2").holder(&holder).acquire().await.unwrap();
     // An explicit holder of another client: refused before any lock is asked for.
-    let foreign = env
-        .b
-        .lock_all(["h:1", "h:3"])
-        .holder(&holder)
-        .try_acquire()
-        .await;
+    let foreign = env.b.lock_all(["h:1", "h:3"]).holder(&holder).try_acquire().await;
     let error = foreign.expect_err("another client's holder");
-    assert!(
-        matches!(error.error(), LockError::ForeignHolder),
-        "{error:?}"
-    );
+    assert!(matches!(error.error(), LockError::ForeignHolder), "{error:?}");
     assert!(error.key().is_none(), "{error:?}");
     assert_eq!(env.b.active_keys(), 0);
     holder
@@ -505,25 +336,13 @@ async fn holders_of_another_client<B: Backend>(env: Env<B>) {
         .scope(async {
             // In the scope of a holder of another client that holds one of the set's locks:
             // the set would wait for itself, so it fails at once, naming that lock.
-            let set = env
-                .b
-                .lock_all(["h:1", "h:2"])
-                .wait(Duration::from_secs(60))
-                .acquire();
+            let set = env.b.lock_all(["h:1", "h:2"]).wait(Duration::from_secs(60)).acquire();
             let error = timeout(Duration::from_secs(30), set)
                 .await
                 .expect("failed at once, not after the wait")
                 .expect_err("held through the other client");
-            assert!(
-                matches!(error.error(), LockError::HeldThroughOtherClient),
-                "{error:?}"
-            );
-            assert!(
-                error
-                    .key()
-                    .is_some_and(|key| key.as_str().ends_with("{h:2}")),
-                "{error:?}"
-            );
+            assert!(matches!(error.error(), LockError::HeldThroughOtherClient), "{error:?}");
+            assert!(error.key().is_some_and(|key| key.as_str().ends_with("{h:2}")), "{error:?}");
             // A set of locks it does not hold: taken under a holder of the client's own.
             let set = env.b.lock_all(["h:1", "h:3"]).try_acquire().await.unwrap();
             assert_ne!(set.holder(), &holder);
@@ -632,35 +451,17 @@ multi_key!(redis, redis_env());
 async fn one_member_lost_loses_the_set() {
     let env = redis_env().await;
     let server = env.server.as_ref().unwrap();
-    let set = env
-        .a
-        .lock_all(["m:1", "m:2"])
-        .lease(Lease::watchdog(Duration::from_millis(300)));
+    let set = env.a.lock_all(["m:1", "m:2"]).lease(Lease::watchdog(Duration::from_millis(300)));
     let set = set.acquire().await.unwrap();
     let gone = set.guard("m:2").unwrap().key().as_str().to_owned();
     server.cmd(&["DEL", &gone]);
-    timeout(Duration::from_secs(2), set.lost())
-        .await
-        .expect("the set is lost");
+    timeout(Duration::from_secs(2), set.lost()).await.expect("the set is lost");
     assert!(set.is_lost());
     assert!(set.guard("m:2").unwrap().is_lost());
-    assert!(
-        !set.guard("m:1").unwrap().is_lost(),
-        "the other lock is still held"
-    );
+    assert!(!set.guard("m:1").unwrap().is_lost(), "the other lock is still held");
     assert!(env.b.lock("m:1").try_acquire().await.is_err());
     let released = set.release().await;
-    assert!(
-        released.is_err(),
-        "the release reports the lost lock: {released:?}"
-    );
+    assert!(released.is_err(), "the release reports the lost lock: {released:?}");
     // Every lock was released all the same.
-    env.b
-        .lock("m:1")
-        .try_acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    env.b.lock("m:1").try_acquire().await.unwrap().release().await.unwrap();
 }

@@ -22,11 +22,7 @@ macro_rules! reentry_semantics {
                 let env = $env.await;
                 for kind in ["plain", "fair", "write"] {
                     let h = env.a.holder();
-                    let first = request(&env.a, "fenced", kind)
-                        .holder(&h)
-                        .acquire()
-                        .await
-                        .unwrap();
+                    let first = request(&env.a, "fenced", kind).holder(&h).acquire().await.unwrap();
                     assert_eq!(first.fencing_token(), None, "{kind}: none asked for");
                     let fenced = request(&env.a, "fenced", kind)
                         .holder(&h)
@@ -47,11 +43,8 @@ macro_rules! reentry_semantics {
                     for guard in [again, fenced, first] {
                         guard.release().await.unwrap();
                     }
-                    let next = request(&env.b, "fenced", kind)
-                        .fencing()
-                        .try_acquire()
-                        .await
-                        .unwrap();
+                    let next =
+                        request(&env.b, "fenced", kind).fencing().try_acquire().await.unwrap();
                     assert!(next.fencing_token() > token, "{kind}");
                     next.release().await.unwrap();
                 }
@@ -71,14 +64,8 @@ macro_rules! reentry_semantics {
                     let key = format!("own-lease-{kind}");
                     let (h, first, again) = reentered(&env.a, &key, kind, short, long).await;
                     assert_eq!(again.hold_count(), 2, "{kind}");
-                    assert!(
-                        again.remaining() > short,
-                        "{kind}: the re-entry's own lease"
-                    );
-                    assert!(
-                        first.remaining() <= short,
-                        "{kind}: the first guard's own lease"
-                    );
+                    assert!(again.remaining() > short, "{kind}: the re-entry's own lease");
+                    assert!(first.remaining() <= short, "{kind}: the first guard's own lease");
                     again.release().await.unwrap();
                     assert!(first.remaining() <= short, "{kind}");
                     let info = env.b.inspect(&key).await.unwrap();
@@ -89,13 +76,10 @@ macro_rules! reentry_semantics {
                         "{kind}: the store keeps the grant for the re-entry: {left:?}"
                     );
                     let other = if kind == "read" { "write" } else { kind };
-                    let next = request(&env.b, &key, other)
-                        .wait(long / 2)
-                        .acquire()
-                        .await
-                        .unwrap_or_else(|error| {
-                            panic!("{kind}: the re-entry's lease held on: {error:?}")
-                        });
+                    let next =
+                        request(&env.b, &key, other).wait(long / 2).acquire().await.unwrap_or_else(
+                            |error| panic!("{kind}: the re-entry's lease held on: {error:?}"),
+                        );
                     assert!(first.is_lost(), "{kind}: its guard outlived its lease");
                     next.release().await.unwrap();
                     drop(first);
@@ -133,11 +117,7 @@ async fn reentered<B: Backend>(
     again: Duration,
 ) -> (Holder, LockGuard<B>, LockGuard<B>) {
     let holder = client.holder();
-    let hold = |lease| {
-        request(client, key, kind)
-            .holder(&holder)
-            .lease(Lease::fixed(lease))
-    };
+    let hold = |lease| request(client, key, kind).holder(&holder).lease(Lease::fixed(lease));
     let first = hold(first).acquire().await.unwrap();
     let again = hold(again).try_acquire().await.unwrap();
     (holder, first, again)

@@ -18,10 +18,7 @@ use tower_lock::{
 };
 
 fn builder<B: Backend>(backend: B) -> LockClient<B> {
-    LockClient::builder(backend)
-        .wait(Duration::from_secs(20))
-        .build()
-        .expect("valid configuration")
+    LockClient::builder(backend).wait(Duration::from_secs(20)).build().expect("valid configuration")
 }
 
 /// How long a waiter may take to get a permit after it was given back when notifications
@@ -70,20 +67,8 @@ macro_rules! semaphore_semantics {
             async fn a_given_back_permit_wakes_a_waiter() {
                 let env = $env.await;
                 let lease = Lease::fixed(Duration::from_secs(30));
-                let one = env
-                    .a
-                    .semaphore("wake", 2)
-                    .lease(lease)
-                    .acquire()
-                    .await
-                    .unwrap();
-                let two = env
-                    .a
-                    .semaphore("wake", 2)
-                    .lease(lease)
-                    .acquire()
-                    .await
-                    .unwrap();
+                let one = env.a.semaphore("wake", 2).lease(lease).acquire().await.unwrap();
+                let two = env.a.semaphore("wake", 2).lease(lease).acquire().await.unwrap();
                 let refused = env.b.semaphore("wake", 2).try_acquire().await;
                 let retry = match refused {
                     Err(LockError::WaitTimeout { retry_after, .. }) => retry_after,
@@ -91,11 +76,7 @@ macro_rules! semaphore_semantics {
                 };
                 // No hold of the semaphore seen yet, no wait: the bounded guess, not the 30 s
                 // the first permit's lease has left.
-                assert_eq!(
-                    retry,
-                    Some(Duration::from_millis(100)),
-                    "retry after a bounded guess"
-                );
+                assert_eq!(retry, Some(Duration::from_millis(100)), "retry after a bounded guess");
                 let b = env.b.clone();
                 let waiter = tokio::spawn(async move {
                     let permit = b.semaphore("wake", 2).acquire().await;
@@ -122,22 +103,13 @@ macro_rules! semaphore_semantics {
                 let doomed = (env.more)().await;
                 let lease = Lease::fixed(Duration::from_millis(400));
                 let kept = env.a.semaphore("crash", 2).acquire().await.unwrap();
-                let dead = doomed
-                    .semaphore("crash", 2)
-                    .lease(lease)
-                    .acquire()
-                    .await
-                    .unwrap();
+                let dead = doomed.semaphore("crash", 2).lease(lease).acquire().await.unwrap();
                 let started = Instant::now();
                 // The process stops holding the permit without giving it back: a fixed lease
                 // is never renewed, and the guard is not dropped until the end.
                 let _stuck = dead;
-                let permit = env
-                    .b
-                    .semaphore("crash", 2)
-                    .wait(Duration::from_secs(5))
-                    .acquire()
-                    .await;
+                let permit =
+                    env.b.semaphore("crash", 2).wait(Duration::from_secs(5)).acquire().await;
                 let permit = permit.expect("the dead holder's permit came back");
                 assert!(
                     started.elapsed() >= Duration::from_millis(350),
@@ -152,13 +124,7 @@ macro_rules! semaphore_semantics {
             async fn the_watchdog_keeps_a_permit() {
                 let env = $env.await;
                 let lease = Lease::watchdog(Duration::from_millis(150));
-                let permit = env
-                    .a
-                    .semaphore("renewed", 1)
-                    .lease(lease)
-                    .acquire()
-                    .await
-                    .unwrap();
+                let permit = env.a.semaphore("renewed", 1).lease(lease).acquire().await.unwrap();
                 let lost = permit.lost();
                 tokio::select! {
                     () = lost => panic!("the permit was lost while renewed"),
@@ -169,14 +135,7 @@ macro_rules! semaphore_semantics {
                     Err(LockError::WaitTimeout { .. })
                 ));
                 permit.release().await.unwrap();
-                env.b
-                    .semaphore("renewed", 1)
-                    .try_acquire()
-                    .await
-                    .unwrap()
-                    .release()
-                    .await
-                    .unwrap();
+                env.b.semaphore("renewed", 1).try_acquire().await.unwrap().release().await.unwrap();
             }
 
             /// A renewal that comes after a permit's lease ended does not bring it back.
@@ -185,13 +144,7 @@ macro_rules! semaphore_semantics {
                 let env = $env.await;
                 // Another holder's long lease keeps the semaphore itself alive meanwhile.
                 let long = Lease::fixed(Duration::from_secs(30));
-                let kept = env
-                    .b
-                    .semaphore("late", 2)
-                    .lease(long)
-                    .acquire()
-                    .await
-                    .unwrap();
+                let kept = env.b.semaphore("late", 2).lease(long).acquire().await.unwrap();
                 let lease = Lease::fixed(Duration::from_millis(100));
                 // Through a store that tells the permit's grant, which the renewal names.
                 let store = Granted::new(env.a.backend().clone());
@@ -266,10 +219,7 @@ macro_rules! semaphore_semantics {
             async fn zero_permits_is_refused() {
                 let env = $env.await;
                 let refused = env.a.semaphore("none", 0).acquire().await;
-                assert!(
-                    matches!(refused, Err(LockError::InvalidPermits)),
-                    "{refused:?}"
-                );
+                assert!(matches!(refused, Err(LockError::InvalidPermits)), "{refused:?}");
             }
         }
     };
@@ -283,12 +233,7 @@ semaphore_semantics!(redis, support::stores::on_redis(builder));
 #[tokio::test]
 async fn foreign_data_is_left_alone() {
     let server = support::RedisServer::start();
-    let locks = builder(
-        support::redis_backend(server.url())
-            .connect()
-            .await
-            .unwrap(),
-    );
+    let locks = builder(support::redis_backend(server.url()).connect().await.unwrap());
     server.cmd(&["SET", "tower-lock:{jobs}:sem", "not a semaphore"]);
     let refused = locks.semaphore("jobs", 2).try_acquire().await;
     match refused {
@@ -296,10 +241,7 @@ async fn foreign_data_is_left_alone() {
         other => panic!("foreign data: {other:?}"),
     }
     assert_eq!(
-        server
-            .cmd(&["GET", "tower-lock:{jobs}:sem"])
-            .as_str()
-            .as_deref(),
+        server.cmd(&["GET", "tower-lock:{jobs}:sem"]).as_str().as_deref(),
         Some("not a semaphore")
     );
 }
@@ -308,9 +250,7 @@ async fn foreign_data_is_left_alone() {
 #[tokio::test]
 async fn redlock_refuses_semaphores() {
     let servers: Vec<_> = (0..3).map(|_| support::RedisServer::start()).collect();
-    let backend = support::redlock_backend(servers.iter().map(|s| s.url()))
-        .build()
-        .unwrap();
+    let backend = support::redlock_backend(servers.iter().map(|s| s.url())).build().unwrap();
     let locks = builder(backend);
     let refused = locks.semaphore("jobs", 2).try_acquire().await;
     match refused {
@@ -324,33 +264,17 @@ async fn redlock_refuses_semaphores() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_given_back_permit_wakes_one_call_per_client() {
     let server = support::RedisServer::start();
-    let connect = || async {
-        builder(
-            support::redis_backend(server.url())
-                .connect()
-                .await
-                .unwrap(),
-        )
-    };
+    let connect =
+        || async { builder(support::redis_backend(server.url()).connect().await.unwrap()) };
     let (holder, waiting) = (connect().await, connect().await);
     let lease = Lease::fixed(Duration::from_secs(30));
-    let held = holder
-        .semaphore("herd", 1)
-        .lease(lease)
-        .acquire()
-        .await
-        .unwrap();
+    let held = holder.semaphore("herd", 1).lease(lease).acquire().await.unwrap();
     let (got, mut granted) = tokio::sync::mpsc::unbounded_channel();
     let mut waiters = Vec::new();
     for _ in 0..20 {
         let (waiting, got) = (waiting.clone(), got.clone());
         waiters.push(tokio::spawn(async move {
-            let permit = waiting
-                .semaphore("herd", 1)
-                .lease(lease)
-                .acquire()
-                .await
-                .unwrap();
+            let permit = waiting.semaphore("herd", 1).lease(lease).acquire().await.unwrap();
             got.send(()).unwrap();
             // Held until the test ends, so the next waiter stays refused.
             std::future::pending::<()>().await;
@@ -369,14 +293,8 @@ async fn a_given_back_permit_wakes_one_call_per_client() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let calls = server.calls("evalsha") - before;
     // The release, the first waiter's grant, the next waiter's refused try.
-    assert!(
-        calls <= 4,
-        "{calls} script calls for one permit given back to 20 waiters"
-    );
-    assert!(
-        granted.try_recv().is_err(),
-        "two waiters got the one permit"
-    );
+    assert!(calls <= 4, "{calls} script calls for one permit given back to 20 waiters");
+    assert!(granted.try_recv().is_err(), "two waiters got the one permit");
     for waiter in waiters {
         waiter.abort();
     }

@@ -31,11 +31,7 @@ async fn client(server: &RedisServer, max_waiters: usize) -> LockClient<RedisBac
 async fn until_waiters(locks: &LockClient<RedisBackend>, count: usize) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while locks.waiters() != count {
-        assert!(
-            Instant::now() < deadline,
-            "{} waiters, expected {count}",
-            locks.waiters()
-        );
+        assert!(Instant::now() < deadline, "{} waiters, expected {count}", locks.waiters());
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -94,15 +90,8 @@ async fn global_cap_refuses_at_once() {
     for key in ["key:0", "elsewhere"] {
         let started = Instant::now();
         let refused = waiter.lock(key).acquire().await;
-        assert!(
-            matches!(refused, Err(LockError::TooManyWaiters)),
-            "{refused:?}"
-        );
-        assert!(
-            started.elapsed() < Duration::from_millis(100),
-            "{:?}",
-            started.elapsed()
-        );
+        assert!(matches!(refused, Err(LockError::TooManyWaiters)), "{refused:?}");
+        assert!(started.elapsed() < Duration::from_millis(100), "{:?}", started.elapsed());
     }
     assert_eq!(waiter.waiters(), 50, "a refused acquire is not counted");
 
@@ -110,12 +99,7 @@ async fn global_cap_refuses_at_once() {
         guard.release().await.expect("release");
     }
     for task in waiting {
-        task.await
-            .expect("task")
-            .expect("acquired")
-            .release()
-            .await
-            .unwrap();
+        task.await.expect("task").expect("acquired").release().await.unwrap();
     }
     assert_eq!(waiter.waiters(), 0);
     let below = waiter.lock("elsewhere").try_acquire().await;
@@ -127,15 +111,9 @@ async fn global_cap_refuses_at_once() {
 async fn per_key_cap_refuses_at_once() {
     let server = RedisServer::start();
     let holder = client(&server, 100).await;
-    let backend = support::redis_backend(server.url())
-        .connect()
-        .await
-        .expect("connect");
-    let waiter = LockClient::builder(backend)
-        .max_waiters(100)
-        .max_waiters_per_key(3)
-        .build()
-        .unwrap();
+    let backend = support::redis_backend(server.url()).connect().await.expect("connect");
+    let waiter =
+        LockClient::builder(backend).max_waiters(100).max_waiters_per_key(3).build().unwrap();
     let _held = holder.lock("hot").try_acquire().await.unwrap();
     let waiting: Vec<_> = (0..3)
         .map(|_| {
@@ -149,10 +127,7 @@ async fn per_key_cap_refuses_at_once() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let refused = waiter.lock("hot").acquire().await;
-    assert!(
-        matches!(refused, Err(LockError::TooManyWaiters)),
-        "{refused:?}"
-    );
+    assert!(matches!(refused, Err(LockError::TooManyWaiters)), "{refused:?}");
     let cold = waiter.lock("cold").try_acquire().await;
     cold.expect("another key has room").release().await.unwrap();
     for task in waiting {
@@ -175,16 +150,10 @@ async fn floods_keep_connections_constant() {
     let one_key = spawn_waiters(&waiter, &hot, 2_000);
     until_waiters(&waiter, 2_000).await;
     let on_one_key = connections(&server);
-    assert!(
-        on_one_key <= bound,
-        "{on_one_key} connections with 2 000 waiters"
-    );
+    assert!(on_one_key <= bound, "{on_one_key} connections with 2 000 waiters");
     assert_eq!(waiter.backend().subscribed_channels(), 1);
     let refused = waiter.lock("hot").try_acquire().await;
-    assert!(
-        matches!(refused, Err(LockError::WaitTimeout { .. })),
-        "{refused:?}"
-    );
+    assert!(matches!(refused, Err(LockError::WaitTimeout { .. })), "{refused:?}");
 
     let distinct: Vec<String> = (0..10_000).map(|i| format!("flood:{i}")).collect();
     let guards = hold_all(&holder, &distinct).await;
@@ -192,18 +161,11 @@ async fn floods_keep_connections_constant() {
     until_waiters(&waiter, 12_000).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     while waiter.backend().subscribed_channels() != 10_001 {
-        assert!(
-            Instant::now() < deadline,
-            "{} channels",
-            waiter.backend().subscribed_channels()
-        );
+        assert!(Instant::now() < deadline, "{} channels", waiter.backend().subscribed_channels());
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let on_many_keys = connections(&server);
-    assert!(
-        on_many_keys <= bound,
-        "{on_many_keys} connections with 12 000 waiters"
-    );
+    assert!(on_many_keys <= bound, "{on_many_keys} connections with 12 000 waiters");
     eprintln!(
         "connections: {on_one_key} (2 000 waiters on one key), {on_many_keys} (+10 000 keys)"
     );
@@ -222,14 +184,7 @@ async fn connection_count_sees_clients() {
     let server = RedisServer::start();
     assert_eq!(connections(&server), 0);
     let locks = client(&server, 10).await;
-    locks
-        .lock("k")
-        .try_acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    locks.lock("k").try_acquire().await.unwrap().release().await.unwrap();
     assert!(matches!(server.cmd(&["PING"]), RespValue::Simple(_)));
     assert!((1..=POOL_SIZE as usize).contains(&connections(&server)));
 }

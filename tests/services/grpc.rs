@@ -75,12 +75,7 @@ impl<B: Backend> Bank for TestBank<B> {
         request: Request<Account>,
     ) -> Result<Response<BalanceStream>, Status> {
         let _ = self.entered.send(request.into_inner().account);
-        let feed = self
-            .feed
-            .lock()
-            .unwrap()
-            .take()
-            .expect("one statement per feed");
+        let feed = self.feed.lock().unwrap().take().expect("one statement per feed");
         let stream: BalanceStream = Box::pin(ReceiverStream::new(feed).map(Ok));
         Ok(Response::new(stream))
     }
@@ -91,10 +86,7 @@ impl<B: Backend> TestBank<B> {
         let mut balances = self.balances.lock().unwrap();
         let balance = balances.entry(account.to_owned()).or_insert(0);
         *balance += by;
-        Balance {
-            account: account.to_owned(),
-            balance: *balance,
-        }
+        Balance { account: account.to_owned(), balance: *balance }
     }
 }
 
@@ -116,11 +108,7 @@ fn test_bank<B: Backend>(locks: &LockClient<B>) -> (TestBank<B>, Steer) {
         feed: Arc::new(Mutex::new(Some(feed_rx))),
         locks: locks.clone(),
     };
-    let steer = Steer {
-        entered: entered_rx,
-        gate,
-        feed,
-    };
+    let steer = Steer { entered: entered_rx, gate, feed };
     (bank, steer)
 }
 
@@ -165,9 +153,7 @@ where
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    let server = tonic::transport::Server::builder()
-        .layer(outer)
-        .add_service(service);
+    let server = tonic::transport::Server::builder().layer(outer).add_service(service);
     tokio::spawn(async move { server.serve_with_incoming(incoming).await.unwrap() });
     BankClient::connect(url).await.unwrap()
 }
@@ -185,30 +171,18 @@ fn account_layer<B: Backend>(
 }
 
 fn withdraw(account: &str, amount: i64) -> Request<Change> {
-    let change = Change {
-        account: account.to_owned(),
-        amount,
-    };
+    let change = Change { account: account.to_owned(), amount };
     with_metadata(change, "account-id", account)
 }
 
 /// The status's pushback, in milliseconds.
 fn pushback(status: &Status) -> Option<u64> {
     let value = status.metadata().get("grpc-retry-pushback-ms")?;
-    Some(
-        value
-            .to_str()
-            .unwrap()
-            .parse()
-            .expect("a number of milliseconds"),
-    )
+    Some(value.to_str().unwrap().parse().expect("a number of milliseconds"))
 }
 
 async fn redis_locks(server: &RedisServer, lease: Lease) -> LockClient<RedisBackend> {
-    let backend = support::redis_backend(server.url())
-        .connect()
-        .await
-        .unwrap();
+    let backend = support::redis_backend(server.url()).connect().await.unwrap();
     LockClient::builder(backend).lease(lease).build().unwrap()
 }
 
@@ -232,17 +206,10 @@ async fn busy_lock_is_unavailable_with_pushback() {
         (100..=5_000).contains(&pushback),
         "pushback {pushback} ms: at least the 100 ms waited, not the 30 s lease"
     );
-    assert_eq!(
-        status.message(),
-        format!("locked; retry in about {pushback} ms")
-    );
+    assert_eq!(status.message(), format!("locked; retry in about {pushback} ms"));
 
     held.release().await.unwrap();
-    let balance = client
-        .withdraw(withdraw("7", 5))
-        .await
-        .unwrap()
-        .into_inner();
+    let balance = client.withdraw(withdraw("7", 5)).await.unwrap().into_inner();
     assert_eq!(balance.balance, -5);
 }
 
@@ -250,33 +217,20 @@ async fn busy_lock_is_unavailable_with_pushback() {
 /// `INVALID_ARGUMENT`, with no pushback: trying again will not help.
 #[tokio::test]
 async fn missing_or_invalid_key_is_invalid_argument() {
-    let locks = LockClient::builder(MemoryBackend::new())
-        .max_key_len(32)
-        .build()
-        .unwrap();
+    let locks = LockClient::builder(MemoryBackend::new()).max_key_len(32).build().unwrap();
     let (bank, _steer) = test_bank(&locks);
     let mut client =
         serve_grpc(account_layer(&locks, Duration::ZERO).layer(BankServer::new(bank))).await;
 
-    let no_key = Request::new(Change {
-        account: "7".into(),
-        amount: 1,
-    });
+    let no_key = Request::new(Change { account: "7".into(), amount: 1 });
     let status = client.withdraw(no_key).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
     assert_eq!(status.message(), "request has no lock key");
     assert_eq!(pushback(&status), None);
 
-    let status = client
-        .withdraw(withdraw(&"9".repeat(100), 1))
-        .await
-        .unwrap_err();
+    let status = client.withdraw(withdraw(&"9".repeat(100), 1)).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
-    assert!(
-        status.message().starts_with("invalid lock key: "),
-        "{}",
-        status.message()
-    );
+    assert!(status.message().starts_with("invalid lock key: "), "{}", status.message());
     assert_eq!(pushback(&status), None);
 }
 
@@ -284,10 +238,7 @@ async fn missing_or_invalid_key_is_invalid_argument() {
 /// overloaded service) with a pushback of one second.
 #[tokio::test]
 async fn too_many_waiters_is_resource_exhausted() {
-    let locks = LockClient::builder(MemoryBackend::new())
-        .max_waiters_per_key(1)
-        .build()
-        .unwrap();
+    let locks = LockClient::builder(MemoryBackend::new()).max_waiters_per_key(1).build().unwrap();
     let (bank, _steer) = test_bank(&locks);
     let client =
         serve_grpc(account_layer(&locks, Duration::from_secs(30)).layer(BankServer::new(bank)))
@@ -298,10 +249,8 @@ async fn too_many_waiters_is_resource_exhausted() {
         let mut client = client.clone();
         async move { client.withdraw(withdraw("7", 1)).await }
     });
-    support::eventually(Duration::from_secs(5), "the first call waits", || {
-        locks.waiters() == 1
-    })
-    .await;
+    support::eventually(Duration::from_secs(5), "the first call waits", || locks.waiters() == 1)
+        .await;
     let status = client.clone().withdraw(withdraw("7", 1)).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
     assert_eq!(
@@ -329,17 +278,11 @@ async fn store_down_is_unavailable() {
     tokio::task::block_in_place(|| server.kill());
     let started = Instant::now();
     let status = client.withdraw(withdraw("7", 1)).await.unwrap_err();
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "answered at once"
-    );
+    assert!(started.elapsed() < Duration::from_secs(5), "answered at once");
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     let pushback = pushback(&status).expect("the next probe");
     assert!((10..=1000).contains(&pushback), "pushback {pushback} ms");
-    assert_eq!(
-        status.message(),
-        format!("lock backend unavailable; retry in about {pushback} ms")
-    );
+    assert_eq!(status.message(), format!("lock backend unavailable; retry in about {pushback} ms"));
 }
 
 /// A lock lost while the call runs (deleted in the store) cuts the call short with `ABORTED`
@@ -354,16 +297,11 @@ async fn lost_lock_is_aborted() {
 
     let call = tokio::spawn(async move { client.withdraw(withdraw("7", 0)).await });
     steer.entered.recv().await.unwrap();
-    let name = locks
-        .lock_key("", "account:7", LockKind::Exclusive)
-        .unwrap();
+    let name = locks.lock_key("", "account:7", LockKind::Exclusive).unwrap();
     assert_eq!(server.cmd(&["DEL", name.as_str()]).as_int(), 1);
     let status = call.await.unwrap().unwrap_err();
     assert_eq!(status.code(), Code::Aborted, "{status:?}");
-    assert_eq!(
-        status.message(),
-        "lock lost while the request ran; retry in about 1000 ms"
-    );
+    assert_eq!(status.message(), "lock lost while the request ran; retry in about 1000 ms");
     assert_eq!(pushback(&status), Some(1000));
 }
 
@@ -373,24 +311,15 @@ async fn lost_lock_is_aborted() {
 async fn conflict_is_failed_precondition() {
     let locks = LockClient::in_memory();
     let holder = locks.holder();
-    let read = locks
-        .read_write_lock("account:7")
-        .read()
-        .holder(&holder)
-        .acquire()
-        .await
-        .unwrap();
+    let read = locks.read_write_lock("account:7").read().holder(&holder).acquire().await.unwrap();
     let (bank, _steer) = test_bank(&locks);
     // The call runs as the holder of the read lock (as a nested layer's would).
     let as_reader = tower::layer::layer_fn(move |inner| {
         let holder = holder.clone();
-        tower::util::MapRequest::new(
-            inner,
-            move |mut request: http::Request<tonic::body::Body>| {
-                request.extensions_mut().insert(holder.clone());
-                request
-            },
-        )
+        tower::util::MapRequest::new(inner, move |mut request: http::Request<tonic::body::Body>| {
+            request.extensions_mut().insert(holder.clone());
+            request
+        })
     });
     let layer = account_layer(&locks, Duration::from_secs(5)).read_write();
     let mut client = serve_grpc_with(as_reader, layer.layer(BankServer::new(bank))).await;
@@ -419,10 +348,7 @@ async fn misconfigured_is_internal_and_shut_down_is_unavailable() {
     locks.shutdown().await;
     let status = client.withdraw(withdraw("7", 1)).await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-    assert_eq!(
-        status.message(),
-        "lock client shut down; retry in about 1000 ms"
-    );
+    assert_eq!(status.message(), "lock client shut down; retry in about 1000 ms");
     assert_eq!(pushback(&status), Some(1000));
 }
 
@@ -434,19 +360,8 @@ async fn a_lock_taken_in_the_method_answers_as_the_layer() {
     let (bank, mut steer) = test_bank(&locks);
     // No layer: `Deposit` locks `account:<id>` itself.
     let mut client = serve_grpc(BankServer::new(bank)).await;
-    let deposit = |account: &str| Change {
-        account: account.to_owned(),
-        amount: 3,
-    };
-    assert_eq!(
-        client
-            .deposit(deposit("7"))
-            .await
-            .unwrap()
-            .into_inner()
-            .balance,
-        3
-    );
+    let deposit = |account: &str| Change { account: account.to_owned(), amount: 3 };
+    assert_eq!(client.deposit(deposit("7")).await.unwrap().into_inner().balance, 3);
     assert_eq!(steer.entered.recv().await.as_deref(), Some("7"));
 
     let held = locks.lock("account:7").acquire().await.unwrap();
@@ -455,14 +370,8 @@ async fn a_lock_taken_in_the_method_answers_as_the_layer() {
     let waited = pushback(&status).expect("a pushback");
     // The client's hold times, as a layer's answer would use: the deposit above held the lock
     // for a moment, so the hint is the 100 ms this call waited, not the 30 s lease.
-    assert!(
-        (100..=5_000).contains(&waited),
-        "the 100 ms waited: {waited}"
-    );
-    assert_eq!(
-        status.message(),
-        format!("locked; retry in about {waited} ms")
-    );
+    assert!((100..=5_000).contains(&waited), "the 100 ms waited: {waited}");
+    assert_eq!(status.message(), format!("locked; retry in about {waited} ms"));
     held.release().await.unwrap();
 
     // The conversion itself, for every outcome, is the layer's.
@@ -470,10 +379,7 @@ async fn a_lock_taken_in_the_method_answers_as_the_layer() {
     assert_eq!(status.code(), Code::ResourceExhausted);
     assert_eq!(pushback(&status), Some(1000));
     assert_eq!(Status::from(LockError::Lost).code(), Code::Aborted);
-    assert_eq!(
-        Status::from(LockError::UpgradeRefused).code(),
-        Code::FailedPrecondition
-    );
+    assert_eq!(Status::from(LockError::UpgradeRefused).code(), Code::FailedPrecondition);
 }
 
 /// `#[locked(key = "account:{id}")]` on an HTTP route, for the test below.
@@ -555,20 +461,11 @@ async fn grpc_and_http_routes_share_a_lock() {
 
 /// The key of a statement: the account in its metadata.
 fn statement(account: &str) -> Request<Account> {
-    with_metadata(
-        Account {
-            account: account.to_owned(),
-        },
-        "account-id",
-        account,
-    )
+    with_metadata(Account { account: account.to_owned() }, "account-id", account)
 }
 
 fn balance(n: i64) -> Balance {
-    Balance {
-        account: "7".into(),
-        balance: n,
-    }
+    Balance { account: "7".into(), balance: n }
 }
 
 async fn is_free<B: Backend>(locks: &LockClient<B>) -> bool {
@@ -604,10 +501,7 @@ async fn a_stream_holds_its_lock_until_it_ends() {
 
     drop(steer.feed);
     assert_eq!(stream.message().await.unwrap(), None);
-    assert!(
-        is_free(&locks).await,
-        "released before the end reached the client"
-    );
+    assert!(is_free(&locks).await, "released before the end reached the client");
 }
 
 /// A client that drops its stream (goes away) releases the stream's lock.
@@ -646,10 +540,7 @@ async fn without_the_option_a_stream_does_not_hold_the_lock() {
     let mut stream = client.statement(statement("7")).await.unwrap().into_inner();
     steer.feed.send(balance(1)).await.unwrap();
     assert_eq!(stream.message().await.unwrap(), Some(balance(1)));
-    assert!(
-        is_free(&locks).await,
-        "released when the method returned its stream"
-    );
+    assert!(is_free(&locks).await, "released when the method returned its stream");
 }
 
 /// The watchdog renews a stream's lock past several leases, and a lock lost while the
@@ -673,16 +564,11 @@ async fn a_long_stream_is_renewed_and_a_lost_one_is_aborted() {
     steer.feed.send(balance(2)).await.unwrap();
     assert_eq!(stream.message().await.unwrap(), Some(balance(2)));
 
-    let name = locks
-        .lock_key("", "account:7", LockKind::Exclusive)
-        .unwrap();
+    let name = locks.lock_key("", "account:7", LockKind::Exclusive).unwrap();
     assert_eq!(server.cmd(&["DEL", name.as_str()]).as_int(), 1);
     let status = stream.message().await.unwrap_err();
     assert_eq!(status.code(), Code::Aborted, "{status:?}");
-    assert_eq!(
-        status.message(),
-        "lock lost while the request ran; retry in about 1000 ms"
-    );
+    assert_eq!(status.message(), "lock lost while the request ran; retry in about 1000 ms");
 }
 
 /// An HTTP body holds its lock the same way: a streamed response keeps the lock until its
@@ -712,9 +598,8 @@ async fn an_http_body_holds_its_lock_until_it_ends() {
                 .hold_until_body_ends(),
         );
     let base = serve(app).await;
-    let request = http::Request::post(format!("{base}/export/7"))
-        .body(http_body_util::Empty::new())
-        .unwrap();
+    let request =
+        http::Request::post(format!("{base}/export/7")).body(http_body_util::Empty::new()).unwrap();
     let response = http().request(request).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     let mut body = response.into_body();
@@ -724,10 +609,7 @@ async fn an_http_body_holds_its_lock_until_it_ends() {
     assert!(!is_free(&locks).await, "held while the body streams");
     drop(chunks_tx);
     while body.frame().await.is_some() {}
-    assert!(
-        is_free(&locks).await,
-        "released before the end reached the client"
-    );
+    assert!(is_free(&locks).await, "released before the end reached the client");
 }
 
 /// The end of a stream (its status trailers) is sent only once the release is done: with the
@@ -751,15 +633,9 @@ async fn the_end_of_a_stream_waits_for_its_release() {
     drop(steer.feed);
     let early = tokio::time::timeout(FROZEN, stream.message()).await;
     tokio::task::block_in_place(|| server.resume());
-    assert!(
-        early.is_err(),
-        "the end arrived before the release: {early:?}"
-    );
+    assert!(early.is_err(), "the end arrived before the release: {early:?}");
     assert_eq!(stream.message().await.unwrap(), None);
-    assert!(
-        is_free(&other).await,
-        "released before the end reached the client"
-    );
+    assert!(is_free(&other).await, "released before the end reached the client");
 }
 
 /// A layer with no rejection hook set answers a gRPC call in gRPC form anyway: a busy lock is
@@ -778,27 +654,19 @@ async fn grpc_calls_get_grpc_answers_without_grpc_rejection() {
     let status = client.withdraw(withdraw("7", 1)).await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     let pushback = pushback(&status).expect("a pushback");
-    assert_eq!(
-        status.message(),
-        format!("locked; retry in about {pushback} ms")
-    );
+    assert_eq!(status.message(), format!("locked; retry in about {pushback} ms"));
     held.release().await.unwrap();
 
-    let no_key = Request::new(Change {
-        account: "7".into(),
-        amount: 1,
-    });
+    let no_key = Request::new(Change { account: "7".into(), amount: 1 });
     let status = client.withdraw(no_key).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(steer.entered.try_recv().is_err(), "the method never ran");
 
-    let app = Router::new()
-        .route("/accounts/{id}", post(|| async { "ok" }))
-        .route_layer(
-            LockLayer::new(locks.clone())
-                .key(key::path_param("id").prefixed("account:"))
-                .wait(Duration::ZERO),
-        );
+    let app = Router::new().route("/accounts/{id}", post(|| async { "ok" })).route_layer(
+        LockLayer::new(locks.clone())
+            .key(key::path_param("id").prefixed("account:"))
+            .wait(Duration::ZERO),
+    );
     let base = serve(app).await;
     let held = locks.lock("account:7").acquire().await.unwrap();
     let (status, retry, _) = send(&http(), "POST", &format!("{base}/accounts/7")).await;
@@ -819,9 +687,7 @@ async fn a_lock_rule_per_method() {
     let layer = tower_lock::grpc::MethodLocks::new()
         .method(
             "Withdraw",
-            LockLayer::new(locks.clone())
-                .key(account())
-                .wait(Duration::from_millis(100)),
+            LockLayer::new(locks.clone()).key(account()).wait(Duration::from_millis(100)),
         )
         .method(
             "/bank.Bank/Statement",
@@ -834,37 +700,18 @@ async fn a_lock_rule_per_method() {
     let mut client = serve_grpc(layer.layer(BankServer::new(bank))).await;
 
     // Each method runs as its rule says.
-    assert_eq!(
-        client
-            .withdraw(withdraw("7", 2))
-            .await
-            .unwrap()
-            .into_inner()
-            .balance,
-        -2
-    );
+    assert_eq!(client.withdraw(withdraw("7", 2)).await.unwrap().into_inner().balance, -2);
     assert_eq!(steer.entered.recv().await.as_deref(), Some("7"));
-    let deposit = Change {
-        account: "7".into(),
-        amount: 5,
-    };
+    let deposit = Change { account: "7".into(), amount: 5 };
     assert_eq!(
-        client
-            .deposit(deposit.clone())
-            .await
-            .unwrap()
-            .into_inner()
-            .balance,
+        client.deposit(deposit.clone()).await.unwrap().into_inner().balance,
         3,
         "no metadata needed: the method takes its lock from the message"
     );
     assert_eq!(steer.entered.recv().await.as_deref(), Some("7"));
 
     // A rule's call without its key is refused, never run unlocked.
-    let no_key = Request::new(Change {
-        account: "7".into(),
-        amount: 1,
-    });
+    let no_key = Request::new(Change { account: "7".into(), amount: 1 });
     let status = client.withdraw(no_key).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert_eq!(status.message(), "request has no lock key");
@@ -879,10 +726,7 @@ async fn a_lock_rule_per_method() {
         assert_eq!(status.code(), Code::Unavailable, "{status:?}");
         let pushback = pushback(&status).expect("a pushback");
         assert!((100..=5_000).contains(&pushback), "{pushback} ms");
-        assert_eq!(
-            status.message(),
-            format!("locked; retry in about {pushback} ms")
-        );
+        assert_eq!(status.message(), format!("locked; retry in about {pushback} ms"));
     }
     held.release().await.unwrap();
 
@@ -934,11 +778,7 @@ async fn a_retry_policy_waits_out_the_pushback_over_a_channel() {
     let url =
         grpc_url(account_layer(&locks, Duration::from_millis(50)).layer(BankServer::new(bank)))
             .await;
-    let channel = tonic::transport::Endpoint::from_shared(url)
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(url).unwrap().connect().await.unwrap();
     // Each answer's gRPC status, as the retry policy sees it.
     let (seen, mut answers) = mpsc::unbounded_channel::<Option<String>>();
     let service = ServiceBuilder::new()
@@ -969,11 +809,7 @@ async fn a_retry_policy_waits_out_the_pushback_over_a_channel() {
     held.release().await.unwrap();
     let balance = call.await.unwrap().expect("the retry succeeds");
     assert_eq!(balance.into_inner().balance, -4);
-    assert_eq!(
-        answers.recv().await.unwrap(),
-        None,
-        "the retry's answer: a success"
-    );
+    assert_eq!(answers.recv().await.unwrap(), None, "the retry's answer: a success");
     // The pushback of a fresh client is the wait, raised to 100 ms.
     assert!(started.elapsed() >= Duration::from_millis(100));
 }

@@ -36,16 +36,9 @@ async fn layers_and_handlers_say_which_locks_they_take() {
         }
     }
     let text = logs.text();
-    let lines: Vec<&str> = text
-        .lines()
-        .filter(|line| line.contains("tower_lock::names"))
-        .collect();
+    let lines: Vec<&str> = text.lines().filter(|line| line.contains("tower_lock::names")).collect();
     println!("{lines:#?}");
-    assert_eq!(
-        lines.len(),
-        2,
-        "one line each, at the first request:\n{text}"
-    );
+    assert_eq!(lines.len(), 2, "one line each, at the first request:\n{text}");
     assert!(
         lines.iter().any(|line| line.contains("LockLayer")
             && line.contains("namespace=/accounts/{id}")
@@ -53,9 +46,7 @@ async fn layers_and_handlers_say_which_locks_they_take() {
         "the layer names its namespace:\n{text}"
     );
     assert!(
-        lines
-            .iter()
-            .any(|line| line.contains("#[locked]") && line.contains("`account:{id}`")),
+        lines.iter().any(|line| line.contains("#[locked]") && line.contains("`account:{id}`")),
         "the handler names its key:\n{text}"
     );
 }

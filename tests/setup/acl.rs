@@ -36,12 +36,7 @@ async fn reenter(
     key: &str,
 ) -> LockGuard<RedisBackend> {
     let acquire = client.lock(key).acquire();
-    guard
-        .holder()
-        .clone()
-        .scope(acquire)
-        .await
-        .expect("re-enter")
+    guard.holder().clone().scope(acquire).await.expect("re-enter")
 }
 
 /// The password of the users made here.
@@ -51,11 +46,8 @@ const PASSWORD: &str = "lock-password";
 /// rule `without`.
 fn create_user(server: &RedisServer, user: &str, without: Option<&str>) {
     let all = acl::rules(support::redis_version(), PASSWORD, &["tower-lock:"]);
-    let rules: Vec<&str> = all
-        .iter()
-        .map(String::as_str)
-        .filter(|rule| Some(*rule) != without)
-        .collect();
+    let rules: Vec<&str> =
+        all.iter().map(String::as_str).filter(|rule| Some(*rule) != without).collect();
     assert_eq!(
         rules.len() + usize::from(without.is_some()),
         all.len(),
@@ -77,12 +69,7 @@ async fn engine_runs_as_the_limited_acl_user() {
     let b = client_as(&server, "towerlock", Duration::from_secs(1)).await;
 
     // Exclusive, re-entered, fenced; a waiter in the other client is woken through pub/sub.
-    let first = a
-        .lock("order:1")
-        .fencing()
-        .acquire()
-        .await
-        .expect("acquire");
+    let first = a.lock("order:1").fencing().acquire().await.expect("acquire");
     let first_token = first.fencing_token().expect("a fencing token");
     let again = reenter(&a, &first, "order:1").await;
     let waiter = {
@@ -116,21 +103,12 @@ async fn engine_runs_as_the_limited_acl_user() {
     }
     cancelled.abort();
     fair.release().await.expect("fair release");
-    queued
-        .await
-        .expect("task")
-        .expect("served")
-        .release()
-        .await
-        .unwrap();
+    queued.await.expect("task").expect("served").release().await.unwrap();
     assert_no_denials(&server, "fair locks");
 
     // Read-write: readers share, a writer waits for them.
     let rw = a.read_write_lock("doc:1");
-    let (r1, r2) = (
-        rw.read().acquire().await.unwrap(),
-        rw.read().acquire().await.unwrap(),
-    );
+    let (r1, r2) = (rw.read().acquire().await.unwrap(), rw.read().acquire().await.unwrap());
     let writer = {
         let b = b.clone();
         tokio::spawn(async move { b.read_write_lock("doc:1").write().acquire().await })
@@ -140,23 +118,14 @@ async fn engine_runs_as_the_limited_acl_user() {
     }
     r1.release().await.unwrap();
     r2.release().await.unwrap();
-    writer
-        .await
-        .expect("task")
-        .expect("writer")
-        .release()
-        .await
-        .unwrap();
+    writer.await.expect("task").expect("writer").release().await.unwrap();
     assert_no_denials(&server, "read-write locks");
 
     // A reply lost to a timeout is resolved (abandoned) once the server answers again.
     let slow = client_as(&server, "towerlock", Duration::from_millis(100)).await;
     let held_by_nobody = async {
         server.pause();
-        let lost = slow
-            .lock("lost:1")
-            .lease(Lease::fixed(Duration::from_secs(30)))
-            .acquire();
+        let lost = slow.lock("lost:1").lease(Lease::fixed(Duration::from_secs(30))).acquire();
         let result = lost.await;
         server.resume();
         result
@@ -167,25 +136,14 @@ async fn engine_runs_as_the_limited_acl_user() {
         matches!(&result, Err(LockError::Backend(e)) if e.is_timeout() || e.is_unavailable()),
         "{result:?}"
     );
-    let freed = b
-        .lock("lost:1")
-        .wait(Duration::from_secs(3))
-        .acquire()
-        .await;
-    freed
-        .expect("the abandoned attempt does not hold the lock")
-        .release()
-        .await
-        .unwrap();
+    let freed = b.lock("lost:1").wait(Duration::from_secs(3)).acquire().await;
+    freed.expect("the abandoned attempt does not hold the lock").release().await.unwrap();
     assert_no_denials(&server, "resolving a lost reply");
 
     // Foreign data under the prefix is named by type, not overwritten.
     server.cmd(&["SET", "tower-lock:{foreign}", "x"]);
     let foreign = a.lock("foreign").try_acquire().await;
-    assert!(
-        matches!(&foreign, Err(LockError::Backend(e)) if e.is_wrong_type()),
-        "{foreign:?}"
-    );
+    assert!(matches!(&foreign, Err(LockError::Backend(e)) if e.is_wrong_type()), "{foreign:?}");
     assert_no_denials(&server, "foreign data");
 }
 
@@ -206,30 +164,17 @@ async fn missing_grants_give_no_permission_at_once() {
 
     let nokeys = client_as(&server, "nokeys", Duration::from_secs(1)).await;
     let started = Instant::now();
-    let refused = timeout(Duration::from_secs(2), nokeys.lock("k").acquire())
-        .await
-        .expect("no hang");
+    let refused =
+        timeout(Duration::from_secs(2), nokeys.lock("k").acquire()).await.expect("no hang");
     let error = no_permission(&refused).unwrap_or_else(|| panic!("{refused:?}"));
     assert!(started.elapsed() < Duration::from_secs(1));
-    assert!(
-        error.to_string().contains("tower-lock:{k}"),
-        "names the key: {error}"
-    );
+    assert!(error.to_string().contains("tower-lock:{k}"), "names the key: {error}");
 
     let nochannels = client_as(&server, "nochannels", Duration::from_secs(1)).await;
-    let guard = nochannels
-        .lock("k")
-        .acquire()
-        .await
-        .expect("no channel needed yet");
+    let guard = nochannels.lock("k").acquire().await.expect("no channel needed yet");
     // A release publishes once an acquire was refused (someone may wait for it).
     let other = client_as(&server, "nochannels", Duration::from_secs(1)).await;
-    assert!(matches!(
-        other.lock("k").try_acquire().await,
-        Err(LockError::WaitTimeout { .. })
-    ));
-    let refused = timeout(Duration::from_secs(2), guard.release())
-        .await
-        .expect("no hang");
+    assert!(matches!(other.lock("k").try_acquire().await, Err(LockError::WaitTimeout { .. })));
+    let refused = timeout(Duration::from_secs(2), guard.release()).await.expect("no hang");
     assert!(no_permission(&refused).is_some(), "{refused:?}");
 }

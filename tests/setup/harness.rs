@@ -28,30 +28,18 @@ fn starts_and_answers_ping() {
     assert_ne!(server.port(), 0);
     assert_eq!(server.url(), format!("redis://127.0.0.1:{}", server.port()));
     assert_eq!(server.cmd(&["PING"]), RespValue::Simple("PONG".to_owned()));
-    assert_eq!(
-        raw_ping(server.port(), Duration::from_secs(5)).expect("raw PING"),
-        "+PONG"
-    );
+    assert_eq!(raw_ping(server.port(), Duration::from_secs(5)).expect("raw PING"), "+PONG");
     assert_eq!(server.cmd(&["INCR", "n"]).as_int(), 1);
     // `DEBUG` is allowed from loopback, for tests that need it.
-    assert_eq!(
-        server.cmd(&["DEBUG", "SLEEP", "0"]),
-        RespValue::Simple("OK".to_owned())
-    );
+    assert_eq!(server.cmd(&["DEBUG", "SLEEP", "0"]), RespValue::Simple("OK".to_owned()));
 }
 
 #[test]
 fn restart_keeps_the_port_and_loses_the_data() {
     let mut server = RedisServer::start();
     let port = server.port();
-    assert_eq!(
-        server.cmd(&["SET", "k", "v"]).as_str().as_deref(),
-        Some("OK")
-    );
-    assert_eq!(
-        server.cmd(&["GET", "k"]),
-        RespValue::Bulk(Some(b"v".to_vec()))
-    );
+    assert_eq!(server.cmd(&["SET", "k", "v"]).as_str().as_deref(), Some("OK"));
+    assert_eq!(server.cmd(&["GET", "k"]), RespValue::Bulk(Some(b"v".to_vec())));
 
     server.restart();
 
@@ -67,10 +55,7 @@ fn pause_stops_answers_until_resume() {
     let err = raw_ping(server.port(), Duration::from_millis(200))
         .expect_err("a paused server must not answer");
     assert!(
-        matches!(
-            err.kind(),
-            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-        ),
+        matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut),
         "expected a read timeout, got {err:?}"
     );
 
@@ -92,15 +77,9 @@ fn config_get(server: &RedisServer, name: &str) -> Option<String> {
 #[test]
 fn extra_options_apply_and_survive_a_restart() {
     let mut server = RedisServer::start_with(&["--maxmemory-policy", "allkeys-lru"]);
-    assert_eq!(
-        config_get(&server, "maxmemory-policy").as_deref(),
-        Some("allkeys-lru")
-    );
+    assert_eq!(config_get(&server, "maxmemory-policy").as_deref(), Some("allkeys-lru"));
     assert!(server.dir().join("redis.log").exists());
 
     server.restart();
-    assert_eq!(
-        config_get(&server, "maxmemory-policy").as_deref(),
-        Some("allkeys-lru")
-    );
+    assert_eq!(config_get(&server, "maxmemory-policy").as_deref(), Some("allkeys-lru"));
 }

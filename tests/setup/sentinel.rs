@@ -24,16 +24,11 @@ async fn client(group: &SentinelGroup) -> LockClient<RedisBackend> {
         .connect()
         .await
         .expect("connect through the sentinels");
-    LockClient::builder(backend)
-        .prefix(PREFIX)
-        .build()
-        .expect("valid configuration")
+    LockClient::builder(backend).prefix(PREFIX).build().expect("valid configuration")
 }
 
 fn exists(server: &support::RedisServer, key: &str) -> bool {
-    server
-        .try_cmd(&["EXISTS", key])
-        .is_ok_and(|reply| reply.as_int() == 1)
+    server.try_cmd(&["EXISTS", key]).is_ok_and(|reply| reply.as_int() == 1)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -48,9 +43,7 @@ async fn locks_live_on_the_master_the_sentinels_name() {
 
 #[tokio::test]
 async fn an_unknown_master_name_fails_to_connect() {
-    let group = tokio::task::spawn_blocking(SentinelGroup::start)
-        .await
-        .expect("start");
+    let group = tokio::task::spawn_blocking(SentinelGroup::start).await.expect("start");
     let error = RedisBackend::sentinel(group.sentinel_urls(), "no-such-master")
         .connect()
         .await
@@ -81,12 +74,8 @@ async fn follows_a_failover_while_locks_are_held_and_waited_on() {
         .map(|_| {
             let (locks, inside, acquired) = (locks.clone(), inside.clone(), acquired.clone());
             tokio::spawn(async move {
-                let result = locks
-                    .lock("a")
-                    .lease(lease)
-                    .wait(Duration::from_secs(25))
-                    .acquire()
-                    .await;
+                let result =
+                    locks.lock("a").lease(lease).wait(Duration::from_secs(25)).acquire().await;
                 match result {
                     Ok(guard) => {
                         assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
@@ -104,11 +93,7 @@ async fn follows_a_failover_while_locks_are_held_and_waited_on() {
         .collect();
     let replica_has_locks = || exists(&group.replica, "tl:{a}") && exists(&group.replica, "tl:{b}");
     tokio::task::block_in_place(|| {
-        wait_until(
-            Duration::from_secs(5),
-            "the locks to reach the replica",
-            replica_has_locks,
-        );
+        wait_until(Duration::from_secs(5), "the locks to reach the replica", replica_has_locks);
     });
     wait_for(|| locks.waiters() == WAITERS as usize).await;
 
@@ -136,10 +121,7 @@ async fn follows_a_failover_while_locks_are_held_and_waited_on() {
             Err(other) => panic!("waiter ended with {other:?}"),
         }
     }
-    assert!(
-        acquired.load(Ordering::SeqCst) >= 1,
-        "no waiter got the lock after the failover"
-    );
+    assert!(acquired.load(Ordering::SeqCst) >= 1, "no waiter got the lock after the failover");
     assert_eq!(locks.waiters(), 0);
     println!(
         "sentinel failover: promoted_after_ms={} holders_kept={kept}/2 waiters_acquired={}/{WAITERS} all_done_after_ms={}",
@@ -149,19 +131,10 @@ async fn follows_a_failover_while_locks_are_held_and_waited_on() {
     );
 
     // New locks go to the promoted replica.
-    let guard = locks
-        .lock("c")
-        .acquire()
-        .await
-        .expect("acquire after failover");
+    let guard = locks.lock("c").acquire().await.expect("acquire after failover");
     assert!(exists(&group.replica, "tl:{c}"));
     guard.release().await.expect("release after failover");
-    let fenced = locks
-        .lock("f")
-        .fencing()
-        .acquire()
-        .await
-        .expect("f after failover");
+    let fenced = locks.lock("f").fencing().acquire().await.expect("f after failover");
     let token_after = fenced.fencing_token().expect("a token");
     assert!(
         token_after > token_before,
@@ -174,10 +147,7 @@ async fn follows_a_failover_while_locks_are_held_and_waited_on() {
 async fn wait_for(mut check: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while !check() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "condition not reached"
-        );
+        assert!(tokio::time::Instant::now() < deadline, "condition not reached");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -233,11 +203,7 @@ async fn a_promoted_replica_is_in_quarantine() {
         let locks = locks.clone();
         async move { locks.lock(format!("after-{i}")).try_acquire().await }
     });
-    for (attempt, again) in futures_util::future::join_all(tries)
-        .await
-        .into_iter()
-        .enumerate()
-    {
+    for (attempt, again) in futures_util::future::join_all(tries).await.into_iter().enumerate() {
         assert!(
             matches!(&again, Err(LockError::Backend(error)) if in_quarantine(error)),
             "try {attempt}: the promoted replica granted within its quarantine: {again:?}"

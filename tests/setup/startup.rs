@@ -23,10 +23,7 @@ fn report(error: &dyn Error) -> String {
 fn misconfigured(error: &tower_lock::BackendError) -> String {
     let text = report(error);
     println!("{text}");
-    assert!(
-        matches!(error.kind(), BackendErrorKind::Misconfigured { .. }),
-        "{text}"
-    );
+    assert!(matches!(error.kind(), BackendErrorKind::Misconfigured { .. }), "{text}");
     text
 }
 
@@ -46,23 +43,14 @@ async fn a_refused_port_names_the_host() {
     println!("{text}");
     assert_eq!(*error.kind(), BackendErrorKind::Unavailable, "{text}");
     assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
-    assert_eq!(
-        text.matches("refused").count(),
-        1,
-        "the cause repeats: {text}"
-    );
+    assert_eq!(text.matches("refused").count(), 1, "the cause repeats: {text}");
 }
 
 #[tokio::test]
 async fn a_bad_url_scheme_is_a_misconfiguration() {
-    let error = RedisBackend::connect("http://127.0.0.1:6379")
-        .await
-        .expect_err("not a Redis URL");
+    let error = RedisBackend::connect("http://127.0.0.1:6379").await.expect_err("not a Redis URL");
     let text = misconfigured(&error);
-    assert!(
-        text.contains("redis://"),
-        "does not say what a URL looks like: {text}"
-    );
+    assert!(text.contains("redis://"), "does not say what a URL looks like: {text}");
 }
 
 #[tokio::test]
@@ -70,14 +58,9 @@ async fn a_wrong_password_is_a_misconfiguration() {
     let server = RedisServer::start();
     server.acl_setuser("service", &["on", ">right", "~*", "+@all"]);
     let url = server.url_as("service", "wrong");
-    let error = RedisBackend::connect(&url)
-        .await
-        .expect_err("wrong password");
+    let error = RedisBackend::connect(&url).await.expect_err("wrong password");
     let text = misconfigured(&error);
-    assert!(
-        text.contains(&format!("127.0.0.1:{}", server.port())),
-        "{text}"
-    );
+    assert!(text.contains(&format!("127.0.0.1:{}", server.port())), "{text}");
     assert!(!text.contains("wrong"), "the password leaked: {text}");
 }
 
@@ -85,9 +68,7 @@ async fn a_wrong_password_is_a_misconfiguration() {
 async fn a_bad_database_index_is_a_misconfiguration() {
     let server = RedisServer::start();
     let url = format!("redis://127.0.0.1:{}/99", server.port());
-    let error = RedisBackend::connect(&url)
-        .await
-        .expect_err("no database 99");
+    let error = RedisBackend::connect(&url).await.expect_err("no database 99");
     let text = misconfigured(&error);
     assert!(text.contains("database"), "{text}");
 }
@@ -103,11 +84,8 @@ async fn an_application_pool_that_reaches_nothing_fails_at_start_up() {
     let pool = bb8::Pool::builder()
         .connection_timeout(std::time::Duration::from_millis(300))
         .build_unchecked(manager);
-    let error = RedisBackend::builder(&url)
-        .pool(pool)
-        .connect()
-        .await
-        .expect_err("nothing listens there");
+    let error =
+        RedisBackend::builder(&url).pool(pool).connect().await.expect_err("nothing listens there");
     let text = report(&error);
     println!("{text}");
     assert_eq!(error.kind(), &BackendErrorKind::Unavailable, "{text}");
@@ -126,11 +104,7 @@ async fn an_application_pool_keeps_the_command_timeout() {
 
     let server = RedisServer::start();
     let manager = RedisConnectionManager::new(server.url()).expect("manager");
-    let pool = bb8::Pool::builder()
-        .test_on_check_out(false)
-        .build(manager)
-        .await
-        .expect("pool");
+    let pool = bb8::Pool::builder().test_on_check_out(false).build(manager).await.expect("pool");
     let backend = support::redis_backend(server.url())
         .pool(pool)
         .command_timeout(Duration::from_millis(200))
@@ -146,9 +120,5 @@ async fn an_application_pool_keeps_the_command_timeout() {
         matches!(&result, Err(LockError::Backend(error)) if error.kind() == &BackendErrorKind::Timeout),
         "{result:?}"
     );
-    assert!(
-        started.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
 }

@@ -16,10 +16,7 @@ use tokio::time::{Instant, timeout};
 use tower_lock::{BackendError, LockClient, RedisBackend, backend::redis::redis::TlsCertificates};
 
 fn trusting(root_cert: Vec<u8>) -> TlsCertificates {
-    TlsCertificates {
-        client_tls: None,
-        root_cert: Some(root_cert),
-    }
+    TlsCertificates { client_tls: None, root_cert: Some(root_cert) }
 }
 
 async fn connect(url: String, roots: Option<Vec<u8>>) -> Result<RedisBackend, BackendError> {
@@ -36,13 +33,9 @@ async fn right_ca_works() {
     let files = TlsFiles::generate();
     let (server, tls_port) = start_tls_server(&files);
     let url = format!("rediss://127.0.0.1:{tls_port}");
-    let a = LockClient::builder(
-        connect(url.clone(), Some(files.read("ca.crt")))
-            .await
-            .expect("a"),
-    )
-    .build()
-    .unwrap();
+    let a = LockClient::builder(connect(url.clone(), Some(files.read("ca.crt"))).await.expect("a"))
+        .build()
+        .unwrap();
     let b = LockClient::builder(connect(url, Some(files.read("ca.crt"))).await.expect("b"))
         .build()
         .unwrap();
@@ -55,13 +48,7 @@ async fn right_ca_works() {
         tokio::task::yield_now().await;
     }
     held.release().await.expect("release");
-    waiter
-        .await
-        .unwrap()
-        .expect("woken over TLS")
-        .release()
-        .await
-        .unwrap();
+    waiter.await.unwrap().expect("woken over TLS").release().await.unwrap();
     let clients = server.cmd(&["INFO", "clients"]).as_str().unwrap();
     assert!(clients.contains("connected_clients:"), "{clients}");
 }
@@ -75,16 +62,11 @@ async fn wrong_ca_fails_fast() {
     let url = format!("rediss://127.0.0.1:{tls_port}");
     for roots in [Some(files.make_ca("other")), None] {
         let started = Instant::now();
-        let result = timeout(Duration::from_secs(2), connect(url.clone(), roots))
-            .await
-            .expect("no hang");
+        let result =
+            timeout(Duration::from_secs(2), connect(url.clone(), roots)).await.expect("no hang");
         let error = result.expect_err("an untrusted server certificate is refused");
         assert!(error.is_unavailable(), "{error:?}");
-        assert!(
-            started.elapsed() < Duration::from_secs(1),
-            "{:?}",
-            started.elapsed()
-        );
+        assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
     }
 }
 
@@ -94,19 +76,13 @@ async fn plain_text_to_the_tls_port_fails() {
     let files = TlsFiles::generate();
     let (_server, tls_port) = start_tls_server(&files);
     let started = Instant::now();
-    let result = timeout(
-        Duration::from_secs(3),
-        connect(format!("redis://127.0.0.1:{tls_port}"), None),
-    )
-    .await
-    .expect("no hang");
+    let result =
+        timeout(Duration::from_secs(3), connect(format!("redis://127.0.0.1:{tls_port}"), None))
+            .await
+            .expect("no hang");
     let error = result.expect_err("plain text is not TLS");
     assert!(error.is_unavailable() || error.is_timeout(), "{error:?}");
-    assert!(
-        started.elapsed() < Duration::from_millis(1500),
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < Duration::from_millis(1500), "{:?}", started.elapsed());
 }
 
 /// A server that requires client certificates refuses a client without one, at once.
@@ -117,20 +93,13 @@ async fn missing_client_certificate_fails_fast() {
     let started = Instant::now();
     let result = timeout(
         Duration::from_secs(3),
-        connect(
-            format!("rediss://127.0.0.1:{tls_port}"),
-            Some(files.read("ca.crt")),
-        ),
+        connect(format!("rediss://127.0.0.1:{tls_port}"), Some(files.read("ca.crt"))),
     )
     .await
     .expect("no hang");
     let error = result.expect_err("no client certificate");
     assert!(error.is_unavailable(), "{error:?}");
-    assert!(
-        started.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
 }
 
 /// A log sink for this test's thread.
@@ -139,10 +108,7 @@ struct Captured(Arc<Mutex<Vec<u8>>>);
 
 impl Write for Captured {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend_from_slice(bytes);
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).extend_from_slice(bytes);
         Ok(bytes.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -173,18 +139,12 @@ async fn passwords_are_redacted() {
     let locks = LockClient::builder(backend).build().unwrap();
     shown.push(format!("{locks:?}"));
     let held = locks.lock("k").acquire().await.unwrap();
-    let busy = locks
-        .lock("k")
-        .wait(Duration::from_millis(50))
-        .acquire()
-        .await;
+    let busy = locks.lock("k").wait(Duration::from_millis(50)).acquire().await;
     shown.push(format!("{busy:?}"));
     held.release().await.unwrap();
 
     let wrong = url.replace(PASSWORD, &format!("{PASSWORD}-wrong"));
-    let failed = RedisBackend::connect(&wrong)
-        .await
-        .expect_err("wrong password");
+    let failed = RedisBackend::connect(&wrong).await.expect_err("wrong password");
     tracing::error!(error = %failed, "connect failed");
     shown.push(format!("{failed:?}"));
     shown.push(failed.to_string());

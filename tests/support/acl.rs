@@ -57,13 +57,8 @@ pub const OPTION_COMMANDS: &[&str] = &["+wait", "+hget", "+hmget", "+hset"];
 /// The commands a Redis Cluster client adds: sharded pub/sub (the scripts' `SPUBLISH`, the
 /// waiters' `SSUBSCRIBE`), and what the cluster client sends to learn the slot map and follow
 /// a slot being migrated.
-pub const CLUSTER_COMMANDS: &[&str] = &[
-    "+spublish",
-    "+ssubscribe",
-    "+sunsubscribe",
-    "+cluster|slots",
-    "+asking",
-];
+pub const CLUSTER_COMMANDS: &[&str] =
+    &["+spublish", "+ssubscribe", "+sunsubscribe", "+cluster|slots", "+asking"];
 
 /// The key prefixes the tests run the crate with: the default and the ones the test files pass
 /// to `LockClientBuilder::prefix`.

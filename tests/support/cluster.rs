@@ -69,27 +69,15 @@ impl RedisCluster {
         ]
         .map(str::to_owned);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let nodes: Vec<RedisServer> = (0..2 * MASTERS)
-            .map(|_| RedisServer::start_with(&args))
-            .collect();
-        let ids = nodes
-            .iter()
-            .map(|node| text(&node.cmd(&["CLUSTER", "MYID"])))
-            .collect();
+        let nodes: Vec<RedisServer> =
+            (0..2 * MASTERS).map(|_| RedisServer::start_with(&args)).collect();
+        let ids = nodes.iter().map(|node| text(&node.cmd(&["CLUSTER", "MYID"]))).collect();
         let cluster = Self { nodes, ids };
         let per_master = SLOTS / MASTERS as u16 + 1;
         for i in 0..MASTERS {
             let first = i as u16 * per_master;
             let last = ((i as u16 + 1) * per_master - 1).min(SLOTS - 1);
-            cluster.ok(
-                i,
-                &[
-                    "CLUSTER",
-                    "ADDSLOTSRANGE",
-                    &first.to_string(),
-                    &last.to_string(),
-                ],
-            );
+            cluster.ok(i, &["CLUSTER", "ADDSLOTSRANGE", &first.to_string(), &last.to_string()]);
         }
         for i in 1..cluster.nodes.len() {
             let port = cluster.nodes[i].port().to_string();
@@ -157,20 +145,8 @@ impl RedisCluster {
         let from = self.owner_of_slot(slot);
         assert_ne!(from, to, "slot {slot} is already on node {to}");
         let slot_arg = slot.to_string();
-        self.ok(
-            to,
-            &[
-                "CLUSTER",
-                "SETSLOT",
-                &slot_arg,
-                "IMPORTING",
-                &self.ids[from],
-            ],
-        );
-        self.ok(
-            from,
-            &["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &self.ids[to]],
-        );
+        self.ok(to, &["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &self.ids[from]]);
+        self.ok(from, &["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &self.ids[to]]);
         let port = self.nodes[to].port().to_string();
         loop {
             let keys = match self.nodes[from].cmd(&["CLUSTER", "GETKEYSINSLOT", &slot_arg, "100"]) {
@@ -294,10 +270,7 @@ impl RedisCluster {
                 })
                 .collect();
             let covered = views.first().is_some_and(|view| {
-                view.iter()
-                    .map(|&(a, b, _)| u32::from(b - a) + 1)
-                    .sum::<u32>()
-                    == u32::from(SLOTS)
+                view.iter().map(|&(a, b, _)| u32::from(b - a) + 1).sum::<u32>() == u32::from(SLOTS)
             });
             ok && replicas_up && covered && views.windows(2).all(|pair| pair[0] == pair[1])
         });
@@ -318,33 +291,22 @@ impl RedisCluster {
     }
 
     fn index_of_port(&self, port: u16) -> usize {
-        let ports: HashMap<u16, usize> = self
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, node)| (node.port(), i))
-            .collect();
+        let ports: HashMap<u16, usize> =
+            self.nodes.iter().enumerate().map(|(i, node)| (node.port(), i)).collect();
         ports[&port]
     }
 
     /// Sends a command that must answer `+OK`.
     fn ok(&self, i: usize, args: &[&str]) {
         let reply = self.nodes[i].cmd(args);
-        assert_eq!(
-            reply,
-            RespValue::Simple("OK".to_owned()),
-            "node {i}: {args:?}"
-        );
+        assert_eq!(reply, RespValue::Simple("OK".to_owned()), "node {i}: {args:?}");
     }
 
     /// Polls `done` until it holds; panics after [`SETTLE_TIMEOUT`].
     fn wait(&self, what: &str, mut done: impl FnMut() -> bool) {
         let deadline = Instant::now() + SETTLE_TIMEOUT;
         while !done() {
-            assert!(
-                Instant::now() < deadline,
-                "cluster: timed out waiting for {what}"
-            );
+            assert!(Instant::now() < deadline, "cluster: timed out waiting for {what}");
             thread::sleep(POLL);
         }
     }
@@ -357,13 +319,7 @@ fn parse_node_line(line: &str) -> Option<NodeLine> {
     let [id, addr, flags, master, _, _, _, _, slots @ ..] = fields.as_slice() else {
         return None;
     };
-    let port = addr
-        .split(['@', ','])
-        .next()?
-        .rsplit(':')
-        .next()?
-        .parse()
-        .ok()?;
+    let port = addr.split(['@', ',']).next()?.rsplit(':').next()?.parse().ok()?;
     let slots = slots
         .iter()
         .filter(|slot| !slot.starts_with('['))

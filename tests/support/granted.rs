@@ -24,10 +24,7 @@ pub struct Granted<B> {
 
 impl<B> Granted<B> {
     pub fn new(inner: B) -> Self {
-        Self {
-            inner,
-            grants: Arc::default(),
-        }
+        Self { inner, grants: Arc::default() }
     }
 
     /// The store underneath.
@@ -46,11 +43,8 @@ impl<B> Granted<B> {
     }
 
     fn record(&self, grant: &Grant<'_>) {
-        let answered = (
-            grant.key.as_str().to_owned(),
-            grant.holder.to_owned(),
-            grant.attempt.to_owned(),
-        );
+        let answered =
+            (grant.key.as_str().to_owned(), grant.holder.to_owned(), grant.attempt.to_owned());
         let mut grants = self.grants.lock().unwrap_or_else(PoisonError::into_inner);
         grants.push(answered);
     }

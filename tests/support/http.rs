@@ -25,17 +25,10 @@ pub async fn serve(app: Router) -> String {
 
 /// Sends a request; returns the status, the `Retry-After` header and the body.
 pub async fn send(http: &Http, method: &str, url: &str) -> (StatusCode, Option<String>, String) {
-    let request = http::Request::builder()
-        .method(method)
-        .uri(url)
-        .body(Empty::new())
-        .unwrap();
+    let request = http::Request::builder().method(method).uri(url).body(Empty::new()).unwrap();
     let response = http.request(request).await.unwrap();
     let status = response.status();
-    let retry = response
-        .headers()
-        .get("retry-after")
-        .map(|v| v.to_str().unwrap().to_owned());
+    let retry = response.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
     let body = response.into_body().collect().await.unwrap().to_bytes();
     (status, retry, String::from_utf8_lossy(&body).into_owned())
 }

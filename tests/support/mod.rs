@@ -199,10 +199,9 @@ impl RedisServer {
                  send through `cmd`: {log:#?}",
                 self.port
             )),
-            Err(e) => Some(format!(
-                "redis-server on port {} did not answer ACL LOG: {e}",
-                self.port
-            )),
+            Err(e) => {
+                Some(format!("redis-server on port {} did not answer ACL LOG: {e}", self.port))
+            }
         }
     }
 
@@ -234,10 +233,7 @@ impl RedisServer {
                 }
             }
         }
-        panic!(
-            "redis-server did not restart on port {}:\n{failures}",
-            self.port
-        );
+        panic!("redis-server did not restart on port {}:\n{failures}", self.port);
     }
 
     /// Freezes the server with SIGSTOP: its sockets stay open and connections are still
@@ -269,10 +265,7 @@ impl RedisServer {
     /// When the server cannot be reached or does not answer within 5 s (e.g. it is paused).
     pub fn cmd(&self, args: &[&str]) -> RespValue {
         self.try_cmd(args).unwrap_or_else(|e| {
-            panic!(
-                "redis-server on port {} did not answer {args:?}: {e}",
-                self.port
-            )
+            panic!("redis-server on port {} did not answer {args:?}: {e}", self.port)
         })
     }
 
@@ -366,10 +359,9 @@ impl RedisServer {
             if Instant::now() >= deadline {
                 return Err(match intruder {
                     None => format!("redis-server did not answer PING within {READY_TIMEOUT:?}"),
-                    Some(other) => format!(
-                        "port {} is taken by another redis-server (pid {other})",
-                        self.port,
-                    ),
+                    Some(other) => {
+                        format!("port {} is taken by another redis-server (pid {other})", self.port,)
+                    }
                 });
             }
             std::thread::sleep(POLL_INTERVAL);
@@ -408,11 +400,7 @@ impl RedisServer {
             std::fs::read_to_string(self.dir.join(name))
                 .unwrap_or_else(|e| format!("(cannot read {name}: {e})"))
         };
-        format!(
-            "--- redis.log ---\n{}\n--- stderr ---\n{}",
-            read("redis.log"),
-            read("stderr.log")
-        )
+        format!("--- redis.log ---\n{}\n--- stderr ---\n{}", read("redis.log"), read("stderr.log"))
     }
 
     /// Sends `SIG<name>` to the server (see [`signal`]).
@@ -489,13 +477,10 @@ pub fn redis_version() -> &'static [u32] {
 /// When the signal cannot be sent, or a stopped process does not stop in time.
 pub fn signal(pid: u32, name: &str) {
     let (flag, pid_arg) = (format!("-{name}"), pid.to_string());
-    let status = match Command::new("kill")
-        .args([flag.as_str(), &pid_arg])
-        .status()
-    {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Command::new("sh")
-            .args(["-c", "kill \"$0\" \"$1\"", &flag, &pid_arg])
-            .status(),
+    let status = match Command::new("kill").args([flag.as_str(), &pid_arg]).status() {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            Command::new("sh").args(["-c", "kill \"$0\" \"$1\"", &flag, &pid_arg]).status()
+        }
         other => other,
     };
     match status {
@@ -528,9 +513,7 @@ fn wait_stopped(pid: u32) {
         let running = entries.filter_map(Result::ok).any(|task| {
             let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
             // The state follows the command name, which is in parentheses and may hold any.
-            let state = stat
-                .rsplit_once(") ")
-                .and_then(|(_, rest)| rest.bytes().next());
+            let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.bytes().next());
             !matches!(state, None | Some(b'T' | b't' | b'Z' | b'X'))
         });
         if !running {
@@ -642,9 +625,7 @@ impl RespValue {
             "*" => match usize::try_from(length()?) {
                 Err(_) => Self::Array(None),
                 Ok(len) => Self::Array(Some(
-                    (0..len)
-                        .map(|_| Self::read(reader))
-                        .collect::<io::Result<_>>()?,
+                    (0..len).map(|_| Self::read(reader)).collect::<io::Result<_>>()?,
                 )),
             },
             _ => return Err(bad()),
@@ -679,10 +660,8 @@ impl RedisServer {
     /// # Panics
     /// When the server refuses the rules.
     pub fn acl_setuser(&self, name: &str, rules: &[&str]) {
-        let args: Vec<&str> = ["ACL", "SETUSER", name]
-            .into_iter()
-            .chain(rules.iter().copied())
-            .collect();
+        let args: Vec<&str> =
+            ["ACL", "SETUSER", name].into_iter().chain(rules.iter().copied()).collect();
         let reply = self.cmd(&args);
         assert_eq!(reply, RespValue::Simple("OK".into()), "ACL SETUSER {name}");
     }
@@ -698,8 +677,7 @@ impl RedisServer {
     /// # Panics
     /// When the server cannot be reached or gives no list.
     pub fn acl_log(&self) -> Vec<String> {
-        self.try_acl_log()
-            .unwrap_or_else(|e| panic!("redis-server on port {}: {e}", self.port))
+        self.try_acl_log().unwrap_or_else(|e| panic!("redis-server on port {}: {e}", self.port))
     }
 
     /// Like [`acl_log`](Self::acl_log), but returns failures instead of panicking.
@@ -735,12 +713,7 @@ pub fn command_stat(commandstats: &str, command: &str, field: &str) -> u64 {
     commandstats
         .lines()
         .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|rest| {
-            rest.split(',')
-                .find_map(|part| part.strip_prefix(&field))?
-                .parse()
-                .ok()
-        })
+        .and_then(|rest| rest.split(',').find_map(|part| part.strip_prefix(&field))?.parse().ok())
         .unwrap_or(0)
 }
 
@@ -770,9 +743,7 @@ pub fn owner_grant(cmd: impl Fn(&[&str]) -> RespValue, name: &str) -> Option<Str
         record @ RespValue::Bulk(Some(_)) => record.as_str()?,
         _ => return None,
     };
-    let grant = record
-        .split_once('~')
-        .map_or(record.as_str(), |(grant, _)| grant);
+    let grant = record.split_once('~').map_or(record.as_str(), |(grant, _)| grant);
     Some(grant.to_owned())
 }
 
@@ -791,10 +762,7 @@ pub fn attempt_of(attempt: &str, holder: &str) -> bool {
 pub async fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + within;
     while !check() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not within {within:?}: {what}"
-        );
+        assert!(std::time::Instant::now() < deadline, "not within {within:?}: {what}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }

@@ -8,9 +8,7 @@ use metrics_util::debugging::{DebuggingRecorder, Snapshotter};
 pub fn run<T>(test: impl AsyncFnOnce(&Snapshotter) -> T) -> T {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     metrics::with_local_recorder(&recorder, || runtime.block_on(test(&snapshotter)))
 }

@@ -37,23 +37,14 @@ impl SentinelGroup {
              sentinel failover-timeout {MASTER_NAME} 5000\n",
             master.port()
         );
-        let sentinels: Vec<_> = (0..3)
-            .map(|_| RedisServer::start_with_config(&config, &["--sentinel"]))
-            .collect();
-        let group = Self {
-            master,
-            replica,
-            sentinels,
-        };
-        wait_until(
-            Duration::from_secs(20),
-            "sentinels to discover each other",
-            || {
-                group.sentinels.iter().all(|sentinel| {
-                    count(sentinel, "replicas") == 1 && count(sentinel, "sentinels") == 2
-                })
-            },
-        );
+        let sentinels: Vec<_> =
+            (0..3).map(|_| RedisServer::start_with_config(&config, &["--sentinel"])).collect();
+        let group = Self { master, replica, sentinels };
+        wait_until(Duration::from_secs(20), "sentinels to discover each other", || {
+            group.sentinels.iter().all(|sentinel| {
+                count(sentinel, "replicas") == 1 && count(sentinel, "sentinels") == 2
+            })
+        });
         group
     }
 
@@ -90,9 +81,7 @@ pub fn start_replica_of(master: &RedisServer) -> RedisServer {
     let port = master.port().to_string();
     let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
     wait_until(Duration::from_secs(10), "the replica to sync", || {
-        replica
-            .info("replication")
-            .is_ok_and(|info| info.contains("master_link_status:up"))
+        replica.info("replication").is_ok_and(|info| info.contains("master_link_status:up"))
     });
     replica
 }
@@ -104,10 +93,7 @@ pub fn start_replica_of(master: &RedisServer) -> RedisServer {
 pub fn wait_until(timeout: Duration, what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !done() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
 }

@@ -46,10 +46,5 @@ pub async fn on_redis(build: fn(RedisBackend) -> LockClient<RedisBackend>) -> En
         Box::pin(async move { build(super::redis_backend(&url).connect().await.unwrap()) })
             as Pin<Box<dyn Future<Output = _>>>
     };
-    Env {
-        a: connect().await,
-        b: connect().await,
-        more: Box::new(connect),
-        server: Some(server),
-    }
+    Env { a: connect().await, b: connect().await, more: Box::new(connect), server: Some(server) }
 }

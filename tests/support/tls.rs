@@ -115,13 +115,10 @@ impl TlsFiles {
     }
 
     fn openssl(&self, args: &[&str]) {
-        let output = Command::new("openssl")
-            .args(args)
-            .current_dir(&self.dir)
-            .output()
-            .unwrap_or_else(|e| {
-                panic!("cannot run openssl (Debian/Ubuntu: apt-get install openssl): {e}")
-            });
+        let output =
+            Command::new("openssl").args(args).current_dir(&self.dir).output().unwrap_or_else(
+                |e| panic!("cannot run openssl (Debian/Ubuntu: apt-get install openssl): {e}"),
+            );
         assert!(
             output.status.success(),
             "openssl {args:?} failed: {}",

@@ -28,12 +28,7 @@ impl Lock {
             info = info.with_queue_len(queued.count() as u64);
         }
         if matches!(kind, LockKind::Read | LockKind::Write | LockKind::Semaphore) {
-            let mut live: Vec<_> = self
-                .grants
-                .items
-                .iter()
-                .filter(|(_, end)| *end > now)
-                .collect();
+            let mut live: Vec<_> = self.grants.items.iter().filter(|(_, end)| *end > now).collect();
             live.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
             let side = match kind {
                 LockKind::Semaphore => LockKind::Semaphore,

@@ -50,10 +50,7 @@ pub(super) struct Keyed<T> {
 
 impl<T> Default for Keyed<T> {
     fn default() -> Self {
-        Self {
-            items: Vec::new(),
-            until: None,
-        }
+        Self { items: Vec::new(), until: None }
     }
 }
 
@@ -146,12 +143,7 @@ impl Lock {
     /// Keeps `holder`'s place (at the end of the queue if it had none) for `timeout` from now.
     pub(super) fn join(&mut self, holder: &str, now: Instant, timeout: Duration) {
         let end = after(now, timeout);
-        match self
-            .queue
-            .items
-            .iter_mut()
-            .find(|(waiter, _)| waiter == holder)
-        {
+        match self.queue.items.iter_mut().find(|(waiter, _)| waiter == holder) {
             Some(place) => place.1 = end,
             None => self.queue.items.push((holder.to_owned(), end)),
         }
@@ -183,9 +175,7 @@ pub(super) fn new_token(fence: &AtomicU64) -> u64 {
     use std::sync::atomic::Ordering;
     let ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| {
-            u64::try_from(since.as_millis()).unwrap_or(u64::MAX / 1000)
-        });
+        .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX / 1000));
     let next = |last: u64| (ms * 1000).max(last + 1);
     // The closure always gives a value: the update cannot fail.
     let last = fence

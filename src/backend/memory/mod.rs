@@ -95,10 +95,7 @@ impl MemoryBackend {
             lock.owner.as_ref().is_some_and(|owner| owner.expires > now)
                 || lock.grants.items.iter().any(|(_, end)| *end > now)
         };
-        self.shards
-            .each()
-            .map(|shard| shard.locks.values().filter(held).count())
-            .sum()
+        self.shards.each().map(|shard| shard.locks.values().filter(held).count()).sum()
     }
 
     /// Runs `op` on the records of `key`, as one script runs on a Redis node: atomically, at
@@ -181,12 +178,7 @@ impl Store for MemoryBackend {
     async fn renew(&self, renewals: &[Renew<'_>]) -> Result<Vec<RenewReply>, BackendError> {
         // One lock at a time, as the batch's commands run one after the other on Redis.
         let renew = |renewal: &Renew<'_>| match *renewal {
-            Renew::Grant {
-                key,
-                kind,
-                grant,
-                lease,
-            } => self.at(key, |lock, now| {
+            Renew::Grant { key, kind, grant, lease } => self.at(key, |lock, now| {
                 let renewed = match kind.owns() {
                     true => lock.renew_owner(grant, lease.duration(), now).is_some(),
                     false => lock.renew_shared(grant, lease.duration(), now),
@@ -196,12 +188,7 @@ impl Store for MemoryBackend {
                     false => RenewReply::NotHeld,
                 }
             }),
-            Renew::Place {
-                key,
-                kind,
-                holder,
-                timeout,
-            } => {
+            Renew::Place { key, kind, holder, timeout } => {
                 // A timeout of zero leaves the queue, as '0' does in `wait.lua`.
                 let timeout = Some(timeout).filter(|timeout| !timeout.is_zero());
                 let (reply, publish) =

@@ -32,18 +32,13 @@ impl Lock {
             return AcquireReply::Acquired { token: owner.token };
         }
         // A record whose attempt was given up on is a late copy nobody holds: free.
-        let held = self
-            .owner
-            .as_ref()
-            .filter(|owner| !self.given_up(&owner.attempt));
+        let held = self.owner.as_ref().filter(|owner| !self.given_up(&owner.attempt));
         let mut retry = held.map(left);
         if grant.kind != LockKind::Exclusive {
             self.purge_queue(now);
             if retry.is_none() && grant.kind == LockKind::Write {
                 self.drop_ended_grants(now);
-                retry = self
-                    .first_grant_end()
-                    .map(|end| end.saturating_duration_since(now));
+                retry = self.first_grant_end().map(|end| end.saturating_duration_since(now));
             }
             let head = self.head();
             if retry.is_none()
@@ -64,13 +59,7 @@ impl Lock {
         } else if retry.is_some() {
             return AcquireReply::Held { ttl: retry };
         }
-        let token = self.own(
-            grant.attempt,
-            grant.lease.duration(),
-            grant.fencing,
-            now,
-            fence,
-        );
+        let token = self.own(grant.attempt, grant.lease.duration(), grant.fencing, now, fence);
         AcquireReply::Acquired { token }
     }
 
@@ -84,11 +73,7 @@ impl Lock {
         fence: &AtomicU64,
     ) -> Option<u64> {
         let token = fencing.then(|| new_token(fence));
-        self.owner = Some(Owner {
-            attempt: attempt.to_owned(),
-            token,
-            expires: after(now, lease),
-        });
+        self.owner = Some(Owner { attempt: attempt.to_owned(), token, expires: after(now, lease) });
         token
     }
 
@@ -142,17 +127,9 @@ impl Lock {
         if !self.names(release.grant, release.token) {
             return (ReleaseReply::NotHeld, None);
         }
-        let handoff = release
-            .handoff
-            .filter(|_| release.kind == LockKind::Exclusive);
+        let handoff = release.handoff.filter(|_| release.kind == LockKind::Exclusive);
         if let Some(next) = handoff.filter(|next| !self.given_up(next.attempt)) {
-            let token = self.own(
-                next.attempt,
-                next.lease.duration(),
-                next.fencing,
-                now,
-                fence,
-            );
+            let token = self.own(next.attempt, next.lease.duration(), next.fencing, now, fence);
             return (ReleaseReply::HandedOff { token }, None);
         }
         self.owner = None;

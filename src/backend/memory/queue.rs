@@ -42,21 +42,12 @@ impl Lock {
         let Some(timeout) = timeout else {
             return (RenewReply::NotHeld, publish);
         };
-        let Some(place) = self
-            .queue
-            .items
-            .iter_mut()
-            .find(|(waiter, _)| waiter == holder)
-        else {
+        let Some(place) = self.queue.items.iter_mut().find(|(waiter, _)| waiter == holder) else {
             return (RenewReply::NotHeld, publish);
         };
         place.1 = after(now, timeout);
         self.queue.extend(now, timeout);
-        let reply = if ready {
-            RenewReply::Ready
-        } else {
-            RenewReply::Renewed
-        };
+        let reply = if ready { RenewReply::Ready } else { RenewReply::Renewed };
         (reply, publish)
     }
 }

@@ -37,18 +37,14 @@ impl Lock {
             }
         } else if let Some(writer) = &self.owner {
             if grant.within != Some(writer.attempt.as_str()) {
-                return AcquireReply::Held {
-                    ttl: Some(left(writer.expires)),
-                };
+                return AcquireReply::Held { ttl: Some(left(writer.expires)) };
             }
         } else {
             self.purge_queue(now);
             if let Some((waiter, end)) = self.head()
                 && waiter != grant.holder
             {
-                return AcquireReply::Held {
-                    ttl: Some(left(end)),
-                };
+                return AcquireReply::Held { ttl: Some(left(end)) };
             }
         }
         let lease = grant.lease.duration();

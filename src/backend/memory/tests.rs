@@ -55,50 +55,27 @@ fn grant<'a>(key: &'a LockKey, kind: LockKind, attempt: &'a str) -> Grant<'a> {
 }
 
 fn fenced(grant: Grant<'_>) -> Grant<'_> {
-    Grant {
-        fencing: true,
-        ..grant
-    }
+    Grant { fencing: true, ..grant }
 }
 
 fn leased(grant: Grant<'_>, lease: Duration) -> Grant<'_> {
-    Grant {
-        lease: Lease::fixed(lease),
-        ..grant
-    }
+    Grant { lease: Lease::fixed(lease), ..grant }
 }
 
 fn one(grant: Grant<'_>) -> Grant<'_> {
-    Grant {
-        permits: 1,
-        ..grant
-    }
+    Grant { permits: 1, ..grant }
 }
 
 fn release<'a>(key: &'a LockKey, kind: LockKind, grant: &'a str) -> Release<'a> {
-    Release {
-        key,
-        kind,
-        grant,
-        token: None,
-        handoff: None,
-    }
+    Release { key, kind, grant, token: None, handoff: None }
 }
 
 fn extend<'a>(key: &'a LockKey, kind: LockKind, grant: &'a str, lease: Duration) -> Extend<'a> {
-    Extend {
-        key,
-        kind,
-        grant,
-        lease: Lease::watchdog(lease),
-        fencing: false,
-    }
+    Extend { key, kind, grant, lease: Lease::watchdog(lease), fencing: false }
 }
 
 fn held(ttl: u64) -> AcquireReply {
-    Held {
-        ttl: Some(secs(ttl)),
-    }
+    Held { ttl: Some(secs(ttl)) }
 }
 
 const REFUSED: AcquireReply = Held { ttl: None };
@@ -106,9 +83,7 @@ const GRANTED: AcquireReply = Acquired { token: None };
 const NOT_HELD: ReleaseReply = ReleaseReply::NotHeld;
 
 fn released(notified: u64) -> ReleaseReply {
-    ReleaseReply::Released {
-        notified: Some(notified),
-    }
+    ReleaseReply::Released { notified: Some(notified) }
 }
 
 async fn acquire(store: &MemoryBackend, grant: Grant<'_>) -> AcquireReply {
@@ -131,21 +106,11 @@ async fn renew(store: &MemoryBackend, renewal: Renew<'_>) -> RenewReply {
 }
 
 fn renewal<'a>(key: &'a LockKey, kind: LockKind, grant: &'a str, lease: Duration) -> Renew<'a> {
-    Renew::Grant {
-        key,
-        kind,
-        grant,
-        lease: Lease::watchdog(lease),
-    }
+    Renew::Grant { key, kind, grant, lease: Lease::watchdog(lease) }
 }
 
 fn place<'a>(key: &'a LockKey, kind: LockKind, holder: &'a str) -> Renew<'a> {
-    Renew::Place {
-        key,
-        kind,
-        holder,
-        timeout: LEASE,
-    }
+    Renew::Place { key, kind, holder, timeout: LEASE }
 }
 
 async fn inspect(store: &MemoryBackend, key: &LockKey, kind: LockKind) -> LockInfo {
@@ -193,16 +158,10 @@ async fn release_names_its_grant_and_may_be_repeated() {
     let token = token(&store, fenced(grant(&k, Exclusive, "a#1"))).await;
     let listener = listen(&store, &k, None).await;
     assert_eq!(free(&store, release(&k, Exclusive, "a#2")).await, NOT_HELD);
-    let wrong = Release {
-        token: Some(token + 1),
-        ..release(&k, Exclusive, "a#1")
-    };
+    let wrong = Release { token: Some(token + 1), ..release(&k, Exclusive, "a#1") };
     assert_eq!(free(&store, wrong).await, NOT_HELD);
     assert!(!woken(&listener));
-    let right = Release {
-        token: Some(token),
-        ..release(&k, Exclusive, "a#1")
-    };
+    let right = Release { token: Some(token), ..release(&k, Exclusive, "a#1") };
     assert_eq!(free(&store, right).await, released(1));
     assert!(woken(&listener));
     assert_eq!(free(&store, right).await, NOT_HELD);
@@ -235,10 +194,7 @@ async fn extend_lengthens_and_adds_a_token_once() {
     let shorter = extend(&k, Exclusive, "a#1", secs(1));
     store.extend(shorter).await.unwrap();
     assert_eq!(acquire(&store, grant(&k, Exclusive, "b#1")).await, held(20));
-    let fencing = Extend {
-        fencing: true,
-        ..shorter
-    };
+    let fencing = Extend { fencing: true, ..shorter };
     let ExtendReply::Extended { token: Some(token) } = store.extend(fencing).await.unwrap() else {
         panic!("no token");
     };
@@ -249,10 +205,7 @@ async fn extend_lengthens_and_adds_a_token_once() {
     assert_eq!(acquire(&store, a).await, Acquired { token: Some(token) });
     let reply = store.extend(shorter).await.unwrap();
     assert_eq!(reply, ExtendReply::Extended { token: Some(token) });
-    assert_eq!(
-        free(&store, release(&k, Exclusive, "a#1")).await,
-        released(0)
-    );
+    assert_eq!(free(&store, release(&k, Exclusive, "a#1")).await, released(0));
     assert_eq!(store.extend(longer).await.unwrap(), ExtendReply::NotHeld);
     // A grant whose lease ran out is not extended either.
     acquire(&store, grant(&k, Exclusive, "a#2")).await;
@@ -336,14 +289,8 @@ async fn given_up_attempts_live_a_lease_from_the_last_addition() {
     let a = leased(grant(&k, Exclusive, "a#1"), secs(10));
     store.abandon(a).await.unwrap();
     advance(secs(5)).await;
-    store
-        .abandon(leased(grant(&k, Exclusive, "b#1"), secs(10)))
-        .await
-        .unwrap();
-    store
-        .abandon(leased(grant(&k, Exclusive, "c#1"), secs(1)))
-        .await
-        .unwrap();
+    store.abandon(leased(grant(&k, Exclusive, "b#1"), secs(10))).await.unwrap();
+    store.abandon(leased(grant(&k, Exclusive, "c#1"), secs(1))).await.unwrap();
     advance(secs(9)).await;
     assert_eq!(acquire(&store, a).await, REFUSED);
     advance(secs(1)).await;
@@ -361,23 +308,13 @@ async fn a_record_of_an_attempt_given_up_on_counts_as_free() {
     for key in [&k, &sem] {
         let mut shard = store.shards.of(key);
         let lock = shard.locks.get_mut(key).unwrap();
-        lock.give_up(
-            if *key == k { "a#1" } else { "p#1" },
-            tokio::time::Instant::now(),
-            LEASE,
-        );
+        lock.give_up(if *key == k { "a#1" } else { "p#1" }, tokio::time::Instant::now(), LEASE);
     }
     assert_eq!(acquire(&store, grant(&k, Exclusive, "b#1")).await, GRANTED);
     assert_eq!(acquire(&store, grant(&k, Exclusive, "a#1")).await, held(10));
-    assert_eq!(
-        acquire(&store, one(grant(&sem, Semaphore, "q#1"))).await,
-        GRANTED
-    );
+    assert_eq!(acquire(&store, one(grant(&sem, Semaphore, "q#1"))).await, GRANTED);
     // The late permit was dropped for good.
-    assert_eq!(
-        free(&store, release(&sem, Semaphore, "p#1")).await,
-        NOT_HELD
-    );
+    assert_eq!(free(&store, release(&sem, Semaphore, "p#1")).await, NOT_HELD);
 }
 
 /// A hand-off gives the record to the waiter's attempt in the same step, with its lease and a
@@ -389,34 +326,20 @@ async fn hand_off_passes_the_record_on() {
     let listener = listen(&store, &k, None).await;
     let first = token(&store, fenced(grant(&k, Exclusive, "a#1"))).await;
     let next = fenced(leased(grant(&k, Exclusive, "b#1"), secs(5)));
-    let handoff = |grant| Release {
-        handoff: Some(next),
-        ..release(&k, Exclusive, grant)
-    };
+    let handoff = |grant| Release { handoff: Some(next), ..release(&k, Exclusive, grant) };
     assert_eq!(free(&store, handoff("x#1")).await, NOT_HELD);
-    let ReleaseReply::HandedOff {
-        token: Some(second),
-    } = free(&store, handoff("a#1")).await
-    else {
+    let ReleaseReply::HandedOff { token: Some(second) } = free(&store, handoff("a#1")).await else {
         panic!("not handed off");
     };
     assert!(second > first);
     assert!(!woken(&listener));
     assert_eq!(free(&store, handoff("a#1")).await, NOT_HELD);
-    assert_eq!(
-        acquire(&store, next).await,
-        Acquired {
-            token: Some(second)
-        }
-    );
+    assert_eq!(acquire(&store, next).await, Acquired { token: Some(second) });
     assert_eq!(acquire(&store, grant(&k, Exclusive, "c#1")).await, held(5));
     // To an attempt given up on: released, and the waiters told.
     let late = grant(&k, Exclusive, "d#1");
     store.abandon(late).await.unwrap();
-    let to_late = Release {
-        handoff: Some(late),
-        ..release(&k, Exclusive, "b#1")
-    };
+    let to_late = Release { handoff: Some(late), ..release(&k, Exclusive, "b#1") };
     assert_eq!(free(&store, to_late).await, released(1));
     assert!(woken(&listener));
     assert_eq!(acquire(&store, grant(&k, Exclusive, "c#2")).await, GRANTED);
@@ -429,16 +352,10 @@ async fn a_forced_unlock_wakes_the_live_head() {
     let store = MemoryBackend::new();
     let k = key("forced");
     assert_eq!(acquire(&store, grant(&k, Fair, "a#1")).await, GRANTED);
-    let dead = Grant {
-        queue: Some(secs(1)),
-        ..grant(&k, Fair, "d#1")
-    };
+    let dead = Grant { queue: Some(secs(1)), ..grant(&k, Fair, "d#1") };
     assert_eq!(acquire(&store, dead).await, held(10));
     assert_eq!(acquire(&store, grant(&k, Fair, "b#1")).await, held(10));
-    let (dead, live) = (
-        listen(&store, &k, Some("d")).await,
-        listen(&store, &k, Some("b")).await,
-    );
+    let (dead, live) = (listen(&store, &k, Some("d")).await, listen(&store, &k, Some("b")).await);
     advance(secs(2)).await;
     store.force_unlock(&k, Fair).await.unwrap();
     assert!(woken(&live), "the live head was not woken");
@@ -456,10 +373,7 @@ async fn only_a_plain_lock_is_handed_off() {
         let listener = listen(&store, &k, None).await;
         assert_eq!(acquire(&store, grant(&k, kind, "a#1")).await, GRANTED);
         let next = grant(&k, kind, "b#1");
-        let release = Release {
-            handoff: Some(next),
-            ..release(&k, kind, "a#1")
-        };
+        let release = Release { handoff: Some(next), ..release(&k, kind, "a#1") };
         assert_eq!(free(&store, release).await, released(1), "{kind:?}");
         assert!(woken(&listener), "{kind:?}");
         assert!(!inspect(&store, &k, kind).await.is_locked(), "{kind:?}");
@@ -491,10 +405,7 @@ async fn leaving_as_a_kind_without_a_place_changes_nothing() {
 async fn fair_lock_grants_in_queue_order() {
     let store = MemoryBackend::new();
     let k = key("f");
-    let (to_b, to_c) = (
-        listen(&store, &k, Some("b")).await,
-        listen(&store, &k, Some("c")).await,
-    );
+    let (to_b, to_c) = (listen(&store, &k, Some("b")).await, listen(&store, &k, Some("c")).await);
     acquire(&store, grant(&k, Fair, "a#1")).await;
     advance(secs(1)).await;
     assert_eq!(acquire(&store, grant(&k, Fair, "b#1")).await, held(9));
@@ -513,18 +424,12 @@ async fn fair_lock_grants_in_queue_order() {
     acquire(&store, grant(&k, Fair, "d#1")).await;
     advance(secs(9)).await;
     renew(&store, place(&k, Fair, "d")).await;
-    assert_eq!(
-        renew(&store, renewal(&k, Fair, "b#2", LEASE)).await,
-        RenewReply::Renewed
-    );
+    assert_eq!(renew(&store, renewal(&k, Fair, "b#2", LEASE)).await, RenewReply::Renewed);
     advance(secs(1)).await;
     assert_eq!(free(&store, release(&k, Fair, "b#2")).await, released(2));
     assert!(!woken(&to_c) && !woken(&to_b));
     assert_eq!(renew(&store, place(&k, Fair, "d")).await, RenewReply::Ready);
-    assert_eq!(
-        renew(&store, place(&k, Fair, "c")).await,
-        RenewReply::NotHeld
-    );
+    assert_eq!(renew(&store, place(&k, Fair, "c")).await, RenewReply::NotHeld);
     // A plain acquire of the same name shares the record and ignores the queue.
     assert_eq!(acquire(&store, grant(&k, Exclusive, "e#1")).await, GRANTED);
     assert_eq!(acquire(&store, grant(&k, Fair, "d#2")).await, held(10));
@@ -536,29 +441,17 @@ async fn fair_lock_grants_in_queue_order() {
 async fn places_are_kept_and_left_as_wait_does() {
     let store = MemoryBackend::new();
     let k = key("f");
-    let (to_b, to_c) = (
-        listen(&store, &k, Some("b")).await,
-        listen(&store, &k, Some("c")).await,
-    );
+    let (to_b, to_c) = (listen(&store, &k, Some("b")).await, listen(&store, &k, Some("c")).await);
     let anyone = listen(&store, &k, None).await;
-    assert_eq!(
-        renew(&store, place(&k, Fair, "b")).await,
-        RenewReply::NotHeld
-    );
+    assert_eq!(renew(&store, place(&k, Fair, "b")).await, RenewReply::NotHeld);
     acquire(&store, grant(&k, Fair, "a#1")).await;
     acquire(&store, grant(&k, Fair, "b#1")).await;
     acquire(&store, grant(&k, Fair, "c#1")).await;
-    assert_eq!(
-        renew(&store, place(&k, Fair, "b")).await,
-        RenewReply::Renewed
-    );
+    assert_eq!(renew(&store, place(&k, Fair, "b")).await, RenewReply::Renewed);
     // The head leaves while the lock is held: nobody is told.
     store.leave(&k, "b", Fair).await.unwrap();
     assert!(!woken(&to_c) && !woken(&anyone));
-    assert_eq!(
-        renew(&store, place(&k, Fair, "b")).await,
-        RenewReply::NotHeld
-    );
+    assert_eq!(renew(&store, place(&k, Fair, "b")).await, RenewReply::NotHeld);
     free(&store, release(&k, Fair, "a#1")).await;
     assert!(woken(&to_c) && woken(&anyone));
     assert_eq!(renew(&store, place(&k, Fair, "c")).await, RenewReply::Ready);
@@ -579,22 +472,14 @@ async fn places_are_kept_and_left_as_wait_does() {
     // A place kept with no time at all is left.
     acquire(&store, grant(&k, Fair, "x#1")).await;
     acquire(&store, grant(&k, Fair, "y#1")).await;
-    let zero = Renew::Place {
-        key: &k,
-        kind: Fair,
-        holder: "y",
-        timeout: Duration::ZERO,
-    };
+    let zero = Renew::Place { key: &k, kind: Fair, holder: "y", timeout: Duration::ZERO };
     assert_eq!(renew(&store, zero).await, RenewReply::NotHeld);
     assert_eq!(inspect(&store, &k, Fair).await.queue_len, 0);
     // The head's place ended while the lock is free: the next one is told at its renewal.
     let l = key("g");
     let to_q = listen(&store, &l, Some("q")).await;
     acquire(&store, grant(&l, Fair, "a#1")).await;
-    let short = Grant {
-        queue: Some(secs(1)),
-        ..grant(&l, Fair, "p#1")
-    };
+    let short = Grant { queue: Some(secs(1)), ..grant(&l, Fair, "p#1") };
     acquire(&store, short).await;
     acquire(&store, grant(&l, Fair, "q#1")).await;
     free(&store, release(&l, Fair, "a#1")).await;
@@ -616,43 +501,24 @@ async fn writers_wait_for_readers_and_hold_back_new_ones() {
     // Refused by the reader whose lease ends first.
     assert_eq!(acquire(&store, grant(&k, Write, "w#1")).await, held(4));
     assert_eq!(acquire(&store, grant(&k, Read, "t#1")).await, held(10));
-    assert_eq!(
-        renew(&store, place(&k, Write, "w")).await,
-        RenewReply::Renewed
-    );
+    assert_eq!(renew(&store, place(&k, Write, "w")).await, RenewReply::Renewed);
     free(&store, release(&k, Read, "s#1")).await;
     assert!(woken(&listener));
     advance(secs(4)).await;
     // The last reader's lease ended: the writer's turn.
-    assert_eq!(
-        renew(&store, place(&k, Write, "w")).await,
-        RenewReply::Ready
-    );
+    assert_eq!(renew(&store, place(&k, Write, "w")).await, RenewReply::Ready);
     let w = grant(&k, Write, "w#2");
     assert_eq!(acquire(&store, w).await, GRANTED);
     advance(secs(1)).await;
     assert_eq!(acquire(&store, grant(&k, Read, "t#2")).await, held(9));
     assert_eq!(acquire(&store, grant(&k, Write, "v#1")).await, held(9));
     // A read by the writer's holder, nested in its grant, goes past the writer and the queue.
-    let nested = Grant {
-        within: Some("w#2"),
-        ..grant(&k, Read, "w#3")
-    };
+    let nested = Grant { within: Some("w#2"), ..grant(&k, Read, "w#3") };
     assert_eq!(acquire(&store, nested).await, GRANTED);
-    let foreign = Grant {
-        within: Some("w#2"),
-        ..grant(&k, Read, "t#3")
-    };
-    assert_eq!(
-        acquire(&store, foreign).await,
-        GRANTED,
-        "within names the writer"
-    );
+    let foreign = Grant { within: Some("w#2"), ..grant(&k, Read, "t#3") };
+    assert_eq!(acquire(&store, foreign).await, GRANTED, "within names the writer");
     free(&store, release(&k, Write, "w#2")).await;
-    assert_eq!(
-        renew(&store, place(&k, Write, "v")).await,
-        RenewReply::Renewed
-    );
+    assert_eq!(renew(&store, place(&k, Write, "v")).await, RenewReply::Renewed);
     assert_eq!(acquire(&store, grant(&k, Write, "v#2")).await, held(10));
     free(&store, release(&k, Read, "w#3")).await;
     free(&store, release(&k, Read, "t#3")).await;
@@ -694,31 +560,18 @@ async fn semaphore_caps_its_permits() {
     acquire(&store, leased(grant(&k, Semaphore, "a#1"), secs(3))).await;
     acquire(&store, grant(&k, Semaphore, "b#1")).await;
     assert_eq!(acquire(&store, grant(&k, Semaphore, "c#1")).await, held(3));
-    let more = Grant {
-        permits: 3,
-        ..grant(&k, Semaphore, "c#2")
-    };
-    assert_eq!(
-        acquire(&store, more).await,
-        GRANTED,
-        "each acquire states its permits"
-    );
+    let more = Grant { permits: 3, ..grant(&k, Semaphore, "c#2") };
+    assert_eq!(acquire(&store, more).await, GRANTED, "each acquire states its permits");
     free(&store, release(&k, Semaphore, "c#2")).await;
     advance(secs(3)).await;
     assert_eq!(acquire(&store, grant(&k, Semaphore, "c#3")).await, GRANTED);
     assert_eq!(acquire(&store, grant(&k, Semaphore, "d#1")).await, held(7));
     free(&store, release(&k, Semaphore, "b#1")).await;
     assert_eq!(acquire(&store, grant(&k, Semaphore, "d#2")).await, GRANTED);
-    let none = Grant {
-        permits: 0,
-        ..grant(&k, Semaphore, "e#1")
-    };
+    let none = Grant { permits: 0, ..grant(&k, Semaphore, "e#1") };
     assert_eq!(acquire(&store, none).await, held(10));
     let empty = key("t").with_suffix(":sem");
-    let none = Grant {
-        key: &empty,
-        ..none
-    };
+    let none = Grant { key: &empty, ..none };
     assert_eq!(acquire(&store, none).await, REFUSED);
 }
 
@@ -733,15 +586,9 @@ async fn an_ended_shared_grant_is_dropped_by_the_next_acquire() {
     acquire(&store, grant(&k, Semaphore, "b#1")).await;
     acquire(&store, leased(grant(&k, Semaphore, "c#1"), secs(1))).await;
     advance(secs(2)).await;
-    assert_eq!(
-        renew(&store, renewal(&k, Semaphore, "a#1", LEASE)).await,
-        RenewReply::NotHeld
-    );
+    assert_eq!(renew(&store, renewal(&k, Semaphore, "a#1", LEASE)).await, RenewReply::NotHeld);
     assert_eq!(inspect(&store, &k, Semaphore).await.holders.len(), 1);
-    assert_eq!(
-        free(&store, release(&k, Semaphore, "a#1")).await,
-        released(0)
-    );
+    assert_eq!(free(&store, release(&k, Semaphore, "a#1")).await, released(0));
     acquire(&store, grant(&k, Semaphore, "d#1")).await;
     assert_eq!(free(&store, release(&k, Semaphore, "c#1")).await, NOT_HELD);
     // Sent again after its lease ended, an acquire is a new one: refused while full.
@@ -767,10 +614,7 @@ async fn abandon_of_a_shared_grant() {
     assert!(woken(&listener));
     assert!(!store.abandon(r).await.unwrap());
     assert_eq!(acquire(&store, r).await, REFUSED);
-    assert_eq!(
-        store.extend(extend(&k, Read, "r#1", LEASE)).await.unwrap(),
-        ExtendReply::NotHeld
-    );
+    assert_eq!(store.extend(extend(&k, Read, "r#1", LEASE)).await.unwrap(), ExtendReply::NotHeld);
     assert_eq!(acquire(&store, grant(&k, Write, "w#1")).await, GRANTED);
     assert_eq!(acquire(&store, r).await, REFUSED);
 }
@@ -803,24 +647,16 @@ async fn fencing_tokens_rise_across_owners() {
         tokens.push(token);
         free(&store, release(&l, Exclusive, &a)).await;
         acquire(&store, grant(&k, Exclusive, &b)).await;
-        let add = Extend {
-            fencing: true,
-            ..extend(&k, Exclusive, &b, LEASE)
-        };
+        let add = Extend { fencing: true, ..extend(&k, Exclusive, &b, LEASE) };
         let ExtendReply::Extended { token: Some(token) } = store.extend(add).await.unwrap() else {
             panic!("no token");
         };
         tokens.push(token);
         free(&store, release(&k, Exclusive, &b)).await;
     }
-    assert!(
-        tokens.windows(2).all(|pair| pair[0] < pair[1]),
-        "{tokens:?}"
-    );
+    assert!(tokens.windows(2).all(|pair| pair[0] < pair[1]), "{tokens:?}");
     // Tokens count microseconds of the wall clock, as the scripts' do.
-    let wall = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
+    let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
     assert!(tokens[0] / 1000 + 60_000 > u64::try_from(wall.as_millis()).unwrap());
 }
 
@@ -833,14 +669,7 @@ async fn inspect_reports_each_grant() {
     assert_eq!(inspect(&store, &k, Fair).await, LockInfo::free());
     acquire(&store, grant(&k, Fair, "app@host/1/x:1#1")).await;
     acquire(&store, leased(grant(&k, Fair, "b#1"), secs(1))).await;
-    acquire(
-        &store,
-        Grant {
-            queue: Some(secs(1)),
-            ..grant(&k, Fair, "c#1")
-        },
-    )
-    .await;
+    acquire(&store, Grant { queue: Some(secs(1)), ..grant(&k, Fair, "c#1") }).await;
     advance(secs(1)).await;
     let holder = HolderInfo::new("app@host/1/x:1", Exclusive, 1, Some(secs(9)));
     let info = LockInfo::free().with_holder(holder).with_queue_len(1);
@@ -859,20 +688,14 @@ async fn inspect_reports_each_grant() {
     free(&store, release(&r, Read, "b#1")).await;
     acquire(&store, grant(&r, Write, "w#1")).await;
     let writer = HolderInfo::new("w", Write, 1, Some(LEASE));
-    assert_eq!(
-        inspect(&store, &r, Read).await,
-        LockInfo::free().with_holder(writer)
-    );
+    assert_eq!(inspect(&store, &r, Read).await, LockInfo::free().with_holder(writer));
 
     assert_eq!(inspect(&store, &s, Semaphore).await.permits, None);
     acquire(&store, grant(&s, Semaphore, "p#1")).await;
     acquire(&store, grant(&s, Semaphore, "q#1")).await;
     let info = inspect(&store, &s, Semaphore).await;
     assert_eq!(info.permits, Some(Permits::new(2, 0)));
-    assert_eq!(
-        info.holders[0],
-        HolderInfo::new("p", Semaphore, 1, Some(LEASE))
-    );
+    assert_eq!(info.holders[0], HolderInfo::new("p", Semaphore, 1, Some(LEASE)));
     assert_eq!(store.held_count(), 3);
 }
 
@@ -882,14 +705,8 @@ async fn inspect_reports_each_grant() {
 async fn force_unlock_clears_grants_and_wakes_waiters() {
     let store = MemoryBackend::new();
     let (k, r) = (key("k"), rw("r"));
-    let (to_b, anyone) = (
-        listen(&store, &k, Some("b")).await,
-        listen(&store, &k, None).await,
-    );
-    assert_eq!(
-        store.force_unlock(&k, Fair).await.unwrap(),
-        LockInfo::free()
-    );
+    let (to_b, anyone) = (listen(&store, &k, Some("b")).await, listen(&store, &k, None).await);
+    assert_eq!(store.force_unlock(&k, Fair).await.unwrap(), LockInfo::free());
     assert!(!woken(&anyone));
     acquire(&store, grant(&k, Fair, "a#1")).await;
     acquire(&store, grant(&k, Fair, "b#1")).await;
@@ -897,10 +714,7 @@ async fn force_unlock_clears_grants_and_wakes_waiters() {
     assert_eq!(before.holders[0].id, "a");
     assert!(woken(&to_b) && woken(&anyone));
     assert_eq!(inspect(&store, &k, Fair).await.queue_len, 1);
-    assert_eq!(
-        renew(&store, renewal(&k, Fair, "a#1", LEASE)).await,
-        RenewReply::NotHeld
-    );
+    assert_eq!(renew(&store, renewal(&k, Fair, "a#1", LEASE)).await, RenewReply::NotHeld);
     assert_eq!(free(&store, release(&k, Fair, "a#1")).await, NOT_HELD);
     assert_eq!(renew(&store, place(&k, Fair, "b")).await, RenewReply::Ready);
 
@@ -910,10 +724,7 @@ async fn force_unlock_clears_grants_and_wakes_waiters() {
     acquire(&store, grant(&r, Write, "w#1")).await;
     assert_eq!(store.force_unlock(&r, Read).await.unwrap().holders.len(), 2);
     assert!(woken(&readers));
-    assert_eq!(
-        renew(&store, place(&r, Write, "w")).await,
-        RenewReply::Ready
-    );
+    assert_eq!(renew(&store, place(&r, Write, "w")).await, RenewReply::Ready);
     assert_eq!(acquire(&store, grant(&r, Write, "w#1")).await, GRANTED);
     assert_eq!(free(&store, release(&r, Read, "x#1")).await, NOT_HELD);
 }

@@ -54,9 +54,9 @@ impl fmt::Debug for RedisBackendBuilder {
         match &self.source {
             Source::Url(url) => debug.field("url", &redact(url)),
             #[cfg(feature = "sentinel")]
-            Source::Sentinel { sentinels, name } => debug
-                .field("sentinels", &redacted(sentinels))
-                .field("master", name),
+            Source::Sentinel { sentinels, name } => {
+                debug.field("sentinels", &redacted(sentinels)).field("master", name)
+            }
             #[cfg(feature = "cluster")]
             Source::Cluster(nodes) => debug.field("cluster", &redacted(nodes)),
         };
@@ -76,9 +76,7 @@ impl fmt::Debug for RedisBackendBuilder {
 /// `url` with the password of its user info, if any, replaced by `***`.
 fn redact(url: &str) -> std::borrow::Cow<'_, str> {
     let start = url.find("://").map_or(0, |i| i + 3);
-    let end = url[start..]
-        .find(['/', '?', '#'])
-        .map_or(url.len(), |i| start + i);
+    let end = url[start..].find(['/', '?', '#']).map_or(url.len(), |i| start + i);
     let at = url[start..end].rfind('@').map(|at| start + at);
     match at.and_then(|at| url[start..at].find(':').map(|colon| (start + colon, at))) {
         Some((colon, at)) => format!("{}:***{}", &url[..colon], &url[at..]).into(),
@@ -181,11 +179,8 @@ impl RedisBackendBuilder {
     /// # Ok(()) }
     /// ```
     pub fn wait_aof(mut self, local: bool, replicas: u32, timeout: Duration) -> Self {
-        self.acknowledgement.aof = (local || replicas > 0).then_some(WaitAof {
-            local,
-            replicas,
-            timeout,
-        });
+        self.acknowledgement.aof =
+            (local || replicas > 0).then_some(WaitAof { local, replicas, timeout });
         self
     }
 
@@ -212,9 +207,7 @@ impl RedisBackendBuilder {
                 let what = "an application's pool goes to one server, not a Redis Cluster: \
                             drop `.pool(..)`";
                 let what = what.to_owned();
-                return Err(BackendError::from_kind(BackendErrorKind::Misconfigured {
-                    what,
-                }));
+                return Err(BackendError::from_kind(BackendErrorKind::Misconfigured { what }));
             }
             // `WAIT` and `WAITAOF` must follow the write on its connection, which a cluster
             // connection does not promise.
@@ -223,9 +216,7 @@ impl RedisBackendBuilder {
                     Some(_) => "min_replicas on a Redis Cluster",
                     None => "wait_aof on a Redis Cluster",
                 };
-                return Err(BackendError::from_kind(BackendErrorKind::Unsupported {
-                    feature,
-                }));
+                return Err(BackendError::from_kind(BackendErrorKind::Unsupported { feature }));
             }
             let cluster = cluster::Cluster::connect(nodes, command_timeout).await?;
             return Ok(RedisBackend::new(
@@ -240,13 +231,7 @@ impl RedisBackendBuilder {
         if let Transport::Node { target, .. } = &backend.inner.transport {
             // One connection made directly first, for an error that says why (a pool would
             // retry a refused certificate or password until its timeout).
-            let first = async {
-                target
-                    .client()
-                    .await?
-                    .get_multiplexed_async_connection()
-                    .await
-            };
+            let first = async { target.client().await?.get_multiplexed_async_connection().await };
             let server = target.describe();
             match tokio::time::timeout(command_timeout, first).await {
                 Ok(Ok(_checked)) => {}
@@ -306,9 +291,7 @@ impl RedisBackendBuilder {
                 let what = "an application's pool goes to one server; Sentinel follows \
                             failovers with connections of its own: drop `.pool(..)`";
                 let what = what.to_owned();
-                return Err(BackendError::from_kind(BackendErrorKind::Misconfigured {
-                    what,
-                }));
+                return Err(BackendError::from_kind(BackendErrorKind::Misconfigured { what }));
             }
             Some(shared) => Pool::Shared(shared),
             None => {

@@ -53,12 +53,7 @@ struct Or(Option<u64>);
 
 impl ToRedisArgs for Or {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        out.write_arg(
-            self.0
-                .map(Decimal::new)
-                .as_ref()
-                .map_or(&[], Decimal::as_bytes),
-        );
+        out.write_arg(self.0.map(Decimal::new).as_ref().map_or(&[], Decimal::as_bytes));
     }
 }
 
@@ -128,9 +123,7 @@ pub(super) fn acquire(
         .arg(check.unwrap_or(""))
         .arg(extending);
     if suffixes.len() > 2 {
-        call.arg("")
-            .arg(grant.holder)
-            .arg(grant.within.unwrap_or(""));
+        call.arg("").arg(grant.holder).arg(grant.within.unwrap_or(""));
     } else if !extend {
         call.arg(grant.permits);
     }
@@ -219,12 +212,7 @@ pub(super) fn renewals(
 ) -> Vec<(Vec<usize>, Call)> {
     let grants: Vec<_> = (renewals.iter().enumerate())
         .filter_map(|(i, renew)| match *renew {
-            Renew::Grant {
-                key,
-                kind,
-                grant,
-                lease,
-            } => Some((i, key, kind, grant, lease)),
+            Renew::Grant { key, kind, grant, lease } => Some((i, key, kind, grant, lease)),
             Renew::Place { .. } => None,
         })
         .collect();
@@ -242,13 +230,7 @@ pub(super) fn renewals(
         })
         .collect();
     for (i, renew) in renewals.iter().enumerate() {
-        if let Renew::Place {
-            key,
-            kind,
-            holder,
-            timeout,
-        } = *renew
-        {
+        if let Renew::Place { key, kind, holder, timeout } = *renew {
             let ms = Lease::fixed(timeout).millis();
             calls.push((vec![i], wait(scripts, key, kind, holder, ms)));
         }

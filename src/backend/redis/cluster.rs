@@ -106,9 +106,7 @@ pub(super) fn start_pubsub(
 ) -> PubSub {
     // A client whose node connections push messages, subscription changes, disconnections.
     let (pushes_tx, pushes) = mpsc::unbounded_channel();
-    let client = builder(&cluster.nodes, timeout)
-        .push_sender(pushes_tx)
-        .build();
+    let client = builder(&cluster.nodes, timeout).push_sender(pushes_tx).build();
     // Each channel is subscribed (or retried) on its own shard: a listener always waits.
     PubSub::spawn(timeout, true, move |feed| async move {
         let client = match client {
@@ -187,10 +185,7 @@ impl Task {
                 };
                 // Our own unsubscribes forget the channel first: this one came from the server.
                 if self.subscribed.contains(&channel) {
-                    tracing::info!(
-                        channel,
-                        "release channel dropped by its node; resubscribing"
-                    );
+                    tracing::info!(channel, "release channel dropped by its node; resubscribing");
                     self.stale.insert(channel);
                     self.retry_soon();
                 }
@@ -220,11 +215,8 @@ impl Task {
 
     /// Subscribes every stale channel again, waking the listeners of those that came back.
     async fn resubscribe(&mut self) {
-        let channels: Vec<String> = self
-            .stale
-            .drain()
-            .filter(|channel| self.subscribed.contains(channel))
-            .collect();
+        let channels: Vec<String> =
+            self.stale.drain().filter(|channel| self.subscribed.contains(channel)).collect();
         let results = join_all(channels.iter().map(|channel| self.ssubscribe(channel))).await;
         for (channel, ok) in channels.into_iter().zip(results) {
             if ok {

@@ -19,12 +19,10 @@ pub(super) fn redis_error(error: RedisError) -> BackendError {
         BackendErrorKind::Interrupted
     } else if message.contains("WRONGTYPE") {
         // The scripts name what they found: "WRONGTYPE <key> holds a <type>, not ...".
-        let found = message.split_once(" holds a ").map_or("", |(_, rest)| {
-            rest.split([',', ' ']).next().unwrap_or_default()
-        });
-        BackendErrorKind::WrongType {
-            found: found.to_owned(),
-        }
+        let found = message
+            .split_once(" holds a ")
+            .map_or("", |(_, rest)| rest.split([',', ' ']).next().unwrap_or_default());
+        BackendErrorKind::WrongType { found: found.to_owned() }
     } else if error.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
         || message.contains("NOPERM")
         // An ACL denial inside a script comes back as a plain ERR with this wording.
@@ -46,11 +44,7 @@ pub(super) fn connect_error(error: RedisError, server: &str) -> BackendError {
         if server.starts_with("rediss://") && !cfg!(feature = "tls") {
             "a `rediss://` URL needs tower-lock's `tls` feature".to_owned()
         } else {
-            let tls = if cfg!(feature = "tls") {
-                " or `rediss://…`"
-            } else {
-                ""
-            };
+            let tls = if cfg!(feature = "tls") { " or `rediss://…`" } else { "" };
             format!(
                 "the Redis URL `{server}`: expected `redis://[user:password@]host:port[/db]`{tls}"
             )
@@ -63,10 +57,7 @@ pub(super) fn connect_error(error: RedisError, server: &str) -> BackendError {
     } else if message.contains("DB index") {
         format!("Redis at {server} has no such database: check the database index in the URL")
     } else {
-        let failed = ConnectFailed {
-            server: server.to_owned(),
-            cause: error,
-        };
+        let failed = ConnectFailed { server: server.to_owned(), cause: error };
         return BackendError::new(BackendErrorKind::Unavailable, failed);
     };
     BackendError::new(BackendErrorKind::Misconfigured { what }, error)

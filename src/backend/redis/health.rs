@@ -79,14 +79,9 @@ impl Health {
         };
         open.failures += 1;
         let ms = open.since.elapsed().as_millis();
-        let down = format!(
-            "Redis at {} has refused connections for {ms} ms",
-            self.server
-        );
+        let down = format!("Redis at {} has refused connections for {ms} ms", self.server);
         let error = BackendError::new(BackendErrorKind::Unavailable, down);
-        Err(error
-            .back_at(open.next_probe.unwrap_or_else(Instant::now))
-            .reported())
+        Err(error.back_at(open.next_probe.unwrap_or_else(Instant::now)).reported())
     }
 
     /// Records a failed command, and tells whether the probe must start (the command opened

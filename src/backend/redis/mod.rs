@@ -261,10 +261,7 @@ impl RedisBackend {
                 !quarantine.is_on() || state.run_verified.load(Ordering::Relaxed)
             });
         let mut set = redis::cmd("SET");
-        set.arg(grant.key.as_str())
-            .arg(grant.attempt)
-            .arg("NX")
-            .arg("PXAT");
+        set.arg(grant.key.as_str()).arg(grant.attempt).arg("NX").arg("PXAT");
         let set: Option<()> = match not_after.filter(|_| plain) {
             Some(pxat) => set.arg(pxat).query_async(conn).await?,
             None => None,
@@ -300,11 +297,7 @@ impl RedisBackend {
     /// acquire fails with, of kind `shortfall`.
     async fn unacknowledged(&self, grant: Grant<'_>, shortfall: BackendErrorKind) -> BackendError {
         let key = grant.key.as_str();
-        tracing::warn!(
-            key,
-            ?shortfall,
-            "a grant was not acknowledged as configured; undoing"
-        );
+        tracing::warn!(key, ?shortfall, "a grant was not acknowledged as configured; undoing");
         match self.abandon(grant).await {
             Ok(_) => BackendError::from_kind(shortfall).with_key(key),
             // The grant may still stand: report an unknown outcome, so the engine keeps trying
@@ -323,9 +316,7 @@ impl RedisBackend {
         #[cfg(feature = "cluster")]
         if let Transport::Cluster(cluster) = &self.inner.transport {
             let replies = futures_util::future::join_all(
-                batches
-                    .iter()
-                    .map(async |(_, call)| call.run(&mut cluster.conn.clone()).await),
+                batches.iter().map(async |(_, call)| call.run(&mut cluster.conn.clone()).await),
             );
             return tokio::time::timeout(self.inner.command_timeout, replies)
                 .await
@@ -337,22 +328,12 @@ impl RedisBackend {
             for (_, call) in batches {
                 pipe.add_command(call.cmd(by_hash).into_owned());
             }
-            let values = self.with_conn(None, async |conn| {
-                pipe.query_async::<Vec<Value>>(conn).await
-            });
-            Ok::<_, BackendError>(
-                values
-                    .await?
-                    .into_iter()
-                    .map(Value::extract_error)
-                    .collect(),
-            )
+            let values =
+                self.with_conn(None, async |conn| pipe.query_async::<Vec<Value>>(conn).await);
+            Ok::<_, BackendError>(values.await?.into_iter().map(Value::extract_error).collect())
         };
         let replies: Vec<_> = pipeline(true).await?;
-        match replies
-            .iter()
-            .any(|reply| reply.as_ref().is_err_and(is_noscript))
-        {
+        match replies.iter().any(|reply| reply.as_ref().is_err_and(is_noscript)) {
             true => pipeline(false).await,
             false => Ok(replies),
         }
@@ -416,9 +397,7 @@ impl Store for RedisBackend {
             [1, raw] => Ok(AcquireReply::Acquired { token: token(raw) }),
             [0, retry] => Ok(AcquireReply::Held { ttl: millis(retry) }),
             [QUARANTINED, left] => {
-                let left = millis(left)
-                    .unwrap_or_default()
-                    .max(Duration::from_millis(1));
+                let left = millis(left).unwrap_or_default().max(Duration::from_millis(1));
                 let server = self.inner.transport.describe();
                 self.inner.quarantine.held_back(&server, key, left);
                 Err(errors::quarantined(left).with_key(key))
@@ -459,9 +438,7 @@ impl Store for RedisBackend {
         let reply: Vec<i64> = self.invoke(&call, release.key).await?;
         match *reply.as_slice() {
             [0] => Ok(ReleaseReply::NotHeld),
-            [2, n] => Ok(ReleaseReply::Released {
-                notified: u64::try_from(n).ok(),
-            }),
+            [2, n] => Ok(ReleaseReply::Released { notified: u64::try_from(n).ok() }),
             [3, raw] => Ok(ReleaseReply::HandedOff { token: token(raw) }),
             _ => Err(protocol_error("release reply").with_key(release.key.as_str())),
         }
@@ -509,9 +486,8 @@ impl Store for RedisBackend {
     }
 
     async fn abandon(&self, grant: Grant<'_>) -> Result<bool, BackendError> {
-        let reply: Vec<i64> = self
-            .invoke(&calls::abandon(self.scripts(), &grant), grant.key)
-            .await?;
+        let reply: Vec<i64> =
+            self.invoke(&calls::abandon(self.scripts(), &grant), grant.key).await?;
         Ok(reply.first() == Some(&2))
     }
 
@@ -540,16 +516,12 @@ impl Store for RedisBackend {
     }
 
     async fn inspect(&self, key: &LockKey, kind: LockKind) -> Result<LockInfo, BackendError> {
-        let value = self
-            .invoke(&calls::inspect(self.scripts(), key, kind, false), key)
-            .await?;
+        let value = self.invoke(&calls::inspect(self.scripts(), key, kind, false), key).await?;
         lock_info(value, kind).map_err(|error| error.with_key(key.as_str()))
     }
 
     async fn force_unlock(&self, key: &LockKey, kind: LockKind) -> Result<LockInfo, BackendError> {
-        let value = self
-            .invoke(&calls::inspect(self.scripts(), key, kind, true), key)
-            .await?;
+        let value = self.invoke(&calls::inspect(self.scripts(), key, kind, true), key).await?;
         lock_info(value, kind).map_err(|error| error.with_key(key.as_str()))
     }
 }

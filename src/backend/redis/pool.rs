@@ -51,10 +51,7 @@ impl Pool {
         match self {
             Self::Own(connections) => connections.get().await.map_err(unavailable),
             Self::Shared(pool) => match pool.get().await {
-                Ok(pooled) => Ok(Conn {
-                    link: Link::Node(pooled.clone()),
-                    state: None,
-                }),
+                Ok(pooled) => Ok(Conn { link: Link::Node(pooled.clone()), state: None }),
                 Err(bb8::RunError::User(error)) => Err(unavailable(error)),
                 Err(bb8::RunError::TimedOut) => {
                     Err(BackendError::from_kind(BackendErrorKind::Unavailable))
@@ -97,8 +94,7 @@ impl Connections {
     /// A connection for one command: the next place's.
     pub(super) async fn get(&self) -> Result<Conn, RedisError> {
         let next = self.next.fetch_add(1, Ordering::Relaxed);
-        self.connection(&self.places[next % self.places.len()])
-            .await
+        self.connection(&self.places[next % self.places.len()]).await
     }
 
     /// Opens the connection of every place that has none (one that fails is opened by the
@@ -112,11 +108,8 @@ impl Connections {
     async fn connection(&self, place: &Place) -> Result<Conn, RedisError> {
         let ready = || {
             let mut current = place.current.lock().unwrap_or_else(PoisonError::into_inner);
-            let broken = |conn: &Conn| {
-                conn.state
-                    .as_ref()
-                    .is_none_or(|s| s.broken.load(Ordering::Relaxed))
-            };
+            let broken =
+                |conn: &Conn| conn.state.as_ref().is_none_or(|s| s.broken.load(Ordering::Relaxed));
             current.take_if(|conn| broken(conn));
             current.clone()
         };
@@ -141,19 +134,10 @@ impl Connections {
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(self.connect_timeout))
                 .set_response_timeout(None);
-            let mut conn = client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await?;
+            let mut conn = client.get_multiplexed_async_connection_with_config(&config).await?;
             let (clock, run) = ServerClock::read(&mut conn).await?;
-            let state = ConnState {
-                clock,
-                run: run.unwrap_or_default(),
-                ..ConnState::default()
-            };
-            Ok(Conn {
-                link: Link::Node(conn),
-                state: Some(Arc::new(state)),
-            })
+            let state = ConnState { clock, run: run.unwrap_or_default(), ..ConnState::default() };
+            Ok(Conn { link: Link::Node(conn), state: Some(Arc::new(state)) })
         })
     }
 }
@@ -187,12 +171,8 @@ impl ServerClock {
         conn: &mut impl ConnectionLike,
     ) -> Result<(Option<Self>, Option<String>), RedisError> {
         let asked = Instant::now();
-        let reply: Result<((u64, u64), String), RedisError> = redis::pipe()
-            .cmd("TIME")
-            .cmd("INFO")
-            .arg("server")
-            .query_async(conn)
-            .await;
+        let reply: Result<((u64, u64), String), RedisError> =
+            redis::pipe().cmd("TIME").cmd("INFO").arg("server").query_async(conn).await;
         let answered = Instant::now();
         let ((seconds, micros), info) = match reply {
             Ok(reply) => reply,
@@ -200,11 +180,8 @@ impl ServerClock {
             Err(error) if error.code().is_some() => return Ok((None, None)),
             Err(error) => return Err(error),
         };
-        let field = |name: &str| {
-            info.lines()
-                .find_map(|line| line.strip_prefix(name))
-                .map(str::trim)
-        };
+        let field =
+            |name: &str| info.lines().find_map(|line| line.strip_prefix(name)).map(str::trim);
         let run = field("run_id:").map(str::to_owned);
         let version = field("redis_version:").unwrap_or("");
         let mut parts = version.split('.').map(str::parse::<u32>);
@@ -225,9 +202,7 @@ impl ServerClock {
     /// which takes the server's own clock, grants the hold instead, so that it never outlives
     /// its lease.
     pub(super) fn expiry(&self, lease: &Lease) -> Option<u64> {
-        let at_least = self
-            .server_ms
-            .saturating_add(whole_ms(self.answered.elapsed()));
+        let at_least = self.server_ms.saturating_add(whole_ms(self.answered.elapsed()));
         // What the server's clock may be past `at_least`: the round trip, rounded up, and a
         // millisecond for each rounding down (the reading, the time elapsed, the lease).
         let spread = whole_ms(self.round_trip) + 1 + 3;

@@ -55,15 +55,7 @@ pub(super) struct Feed {
 impl PubSub {
     /// Starts the task on the current runtime; it stops when `stop` is cancelled.
     pub(super) fn start(target: Arc<Target>, timeout: Duration, stop: CancellationToken) -> Self {
-        Self::spawn(timeout, false, |feed| {
-            Task {
-                target,
-                feed,
-                timeout,
-                stop,
-            }
-            .run()
-        })
+        Self::spawn(timeout, false, |feed| Task { target, feed, timeout, stop }.run())
     }
 
     /// Spawns the task `serve` builds from the feed of a new handle. With `always_confirmed`,
@@ -88,13 +80,7 @@ impl PubSub {
             reconnects: reconnects.clone(),
             connected: connected.clone(),
         }));
-        Self {
-            listeners,
-            requests,
-            reconnects,
-            connected,
-            timeout,
-        }
+        Self { listeners, requests, reconnects, connected, timeout }
     }
 
     /// Listens on `channel`: resolves once Redis confirmed the subscription, or at once while

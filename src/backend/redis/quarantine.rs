@@ -82,10 +82,7 @@ impl Quarantine {
         let (now, until) = (BootInstant::now(), self.warned_until.load(Relaxed));
         let ends = (now + left).as_nanos();
         if now.as_nanos() < until
-            || (self
-                .warned_until
-                .compare_exchange(until, ends, Relaxed, Relaxed))
-            .is_err()
+            || (self.warned_until.compare_exchange(until, ends, Relaxed, Relaxed)).is_err()
         {
             return tracing::debug!(server, key, ?left, "lock store in quarantine after a start");
         }

@@ -25,21 +25,14 @@ impl Lua {
             Some((common, rest)) => format!("{publish}{common}{prelude}{rest}"),
             None => format!("{publish}{prelude}{file}"),
         };
-        Self {
-            script: Script::new(&code),
-            code,
-        }
+        Self { script: Script::new(&code), code }
     }
 
     /// A call of this script with `keys` keys: the keys go in first, then the arguments.
     pub(super) fn call(&'static self, keys: usize) -> Call {
         let mut cmd = Cmd::with_capacity(keys + 12, 256);
         cmd.arg("EVALSHA").arg(self.script.get_hash()).arg(keys);
-        Call {
-            lua: self,
-            cmd,
-            keys_left: keys,
-        }
+        Call { lua: self, cmd, keys_left: keys }
     }
 }
 

@@ -42,10 +42,9 @@ impl Transport {
         match self {
             Self::Node { pool, .. } => pool.get().await,
             #[cfg(feature = "cluster")]
-            Self::Cluster(cluster) => Ok(Conn {
-                link: Link::Cluster(cluster.conn.clone()),
-                state: None,
-            }),
+            Self::Cluster(cluster) => {
+                Ok(Conn { link: Link::Cluster(cluster.conn.clone()), state: None })
+            }
         }
     }
 
@@ -64,11 +63,8 @@ impl Transport {
             Self::Node { target, .. } => target.describe(),
             #[cfg(feature = "cluster")]
             Self::Cluster(cluster) => {
-                let nodes: Vec<_> = cluster
-                    .nodes
-                    .iter()
-                    .map(|node| node.addr().to_string())
-                    .collect();
+                let nodes: Vec<_> =
+                    cluster.nodes.iter().map(|node| node.addr().to_string()).collect();
                 format!("the Redis Cluster at {nodes:?}")
             }
         }
@@ -174,11 +170,7 @@ impl RedisBackend {
     /// Opens every connection of the backend's own now (within the command timeout), so the
     /// first commands do not pay for connecting.
     pub(super) async fn open_pool(&self) {
-        if let Transport::Node {
-            pool: Pool::Own(connections),
-            ..
-        } = &self.inner.transport
-        {
+        if let Transport::Node { pool: Pool::Own(connections), .. } = &self.inner.transport {
             let _ = tokio::time::timeout(self.inner.command_timeout, connections.open_all()).await;
         }
     }
@@ -221,8 +213,7 @@ impl RedisBackend {
         key: Option<&LockKey>,
         op: impl AsyncFnOnce(&mut Conn) -> Result<T, RedisError>,
     ) -> Result<T, BackendError> {
-        self.with_conn_within(key, self.inner.command_timeout, op)
-            .await
+        self.with_conn_within(key, self.inner.command_timeout, op).await
     }
 
     /// [`with_conn`](Self::with_conn) within `budget`.

@@ -49,10 +49,8 @@ pub(super) fn join(
         let mut counts: Vec<u64> = on_nodes.iter().map(|h| h.hold_count).collect();
         counts.sort_unstable_by(|a, b| b.cmp(a));
         // No expiry (`None`) outlasts every lease.
-        let mut leases: Vec<Duration> = on_nodes
-            .iter()
-            .map(|h| h.remaining_lease.unwrap_or(Duration::MAX))
-            .collect();
+        let mut leases: Vec<Duration> =
+            on_nodes.iter().map(|h| h.remaining_lease.unwrap_or(Duration::MAX)).collect();
         leases.sort_unstable_by(|a, b| b.cmp(a));
         let lease = Some(leases[nth]).filter(|lease| *lease != Duration::MAX);
         joined = joined.with_holder(HolderInfo::new(id, kind, counts[nth], lease));

@@ -25,11 +25,7 @@ pub struct RedlockListener {
 
 impl RedlockListener {
     pub(super) fn new(nodes: Vec<Listener>, quorum: usize) -> Self {
-        Self {
-            nodes,
-            heard: Mutex::new(0),
-            quorum,
-        }
+        Self { nodes, heard: Mutex::new(0), quorum }
     }
 
     /// Records a notification from `node`; true when a majority has now been heard (and
@@ -54,17 +50,15 @@ impl Listen for RedlockListener {
         loop {
             // Each node's listener keeps its own permit, so dropping the futures of the nodes
             // that did not fire loses nothing.
-            let pending = self
-                .nodes
-                .iter()
-                .enumerate()
-                .filter(|(node, _)| !self.is_heard(*node))
-                .map(|(node, listener)| {
-                    Box::pin(async move {
-                        listener.notified().await;
-                        node
-                    })
-                });
+            let pending =
+                self.nodes.iter().enumerate().filter(|(node, _)| !self.is_heard(*node)).map(
+                    |(node, listener)| {
+                        Box::pin(async move {
+                            listener.notified().await;
+                            node
+                        })
+                    },
+                );
             let (node, _, _) = select_all(pending).await;
             if self.heard_from(node) {
                 return;

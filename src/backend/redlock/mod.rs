@@ -142,9 +142,7 @@ const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 // A std mutex: one field read or written, never held across an await.
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Locks held on a majority of independent Redis masters. See the [module docs](self).
@@ -416,9 +414,9 @@ impl RedlockBackend {
                         call_node(node, skipped_until, timeout, node.acquire(owned.grant())).await;
                     // A node in its restart quarantine votes "held" until it ends.
                     let reply = match reply {
-                        Err(error) if error.quarantine_ends().is_some() => Ok(AcquireReply::Held {
-                            ttl: error.retry_after(),
-                        }),
+                        Err(error) if error.quarantine_ends().is_some() => {
+                            Ok(AcquireReply::Held { ttl: error.retry_after() })
+                        }
                         reply => reply,
                     };
                     (index, reply)
@@ -445,31 +443,20 @@ impl RedlockBackend {
                 })
             })
             .collect();
-        let stragglers = Stragglers {
-            pending,
-            grant: owned,
-            inner: self.inner.clone(),
-        };
+        let stragglers = Stragglers { pending, grant: owned, inner: self.inner.clone() };
         (replies, stragglers)
     }
 
     /// Gives back an attempt that lost its vote on every node that took it or may have.
     async fn give_back(&self, grant: Grant<'_>, replies: &[NodeResult<AcquireReply>]) {
-        let took = self
-            .inner
-            .nodes
-            .iter()
-            .zip(replies)
-            .filter(|(_, reply)| took_or_may_have(reply));
+        let took =
+            self.inner.nodes.iter().zip(replies).filter(|(_, reply)| took_or_may_have(reply));
         let undo =
             join_all(took.map(|(node, _)| {
                 tokio::time::timeout(self.inner.node_timeout, node.abandon(grant))
             }))
             .await;
-        let failed = undo
-            .iter()
-            .filter(|result| !matches!(result, Ok(Ok(_))))
-            .count();
+        let failed = undo.iter().filter(|result| !matches!(result, Ok(Ok(_)))).count();
         if failed > 0 {
             // Those nodes free it when the attempt's lease runs out.
             tracing::debug!(key = %grant.key, failed, "could not give a lost attempt back on every node");
@@ -512,11 +499,7 @@ impl Stragglers {
     /// Lets the late calls finish in the background. With `undo` (the acquire failed), what
     /// each took, or may have, is given back.
     fn settle(self, undo: bool) {
-        let Self {
-            mut pending,
-            grant,
-            inner,
-        } = self;
+        let Self { mut pending, grant, inner } = self;
         if pending.is_empty() {
             return;
         }
@@ -628,11 +611,7 @@ impl Inner {
         holds.retain(|_, held| held.lease_ends > now);
         holds.insert(
             (grant.key.clone(), grant.attempt.clone()),
-            Held {
-                lease_ends,
-                grant: grant.clone(),
-                unanswered: unanswered.collect(),
-            },
+            Held { lease_ends, grant: grant.clone(), unanswered: unanswered.collect() },
         );
     }
 
@@ -650,8 +629,7 @@ impl Inner {
             return;
         }
         let until = Instant::now() + grant.lease.duration();
-        self.until_answered(node, until, |node| node.abandon(grant.grant()))
-            .await;
+        self.until_answered(node, until, |node| node.abandon(grant.grant())).await;
     }
 
     /// Makes a release that some nodes answered at once true on the others too (see
@@ -675,9 +653,8 @@ impl Inner {
             }
             let (inner, grant, until) = (self.clone(), held.grant.clone(), held.lease_ends);
             tokio::spawn(async move {
-                let undone = inner
-                    .until_answered(node, until, |node| node.abandon(grant.grant()))
-                    .await;
+                let undone =
+                    inner.until_answered(node, until, |node| node.abandon(grant.grant())).await;
                 tracing::debug!(key = %grant.key, node, undone = ?undone, "released a grant on a node that missed the release or its acquire");
             });
         }
@@ -690,10 +667,7 @@ impl Inner {
             return;
         }
         for (renew, reply) in renewals.iter().zip(tally) {
-            let Renew::Grant {
-                key, grant, lease, ..
-            } = renew
-            else {
+            let Renew::Grant { key, grant, lease, .. } = renew else {
                 continue;
             };
             if *reply != RenewReply::Renewed {
@@ -818,10 +792,7 @@ impl Store for RedlockBackend {
     async fn release(&self, release: Release<'_>) -> Result<ReleaseReply, BackendError> {
         refuse(release.kind, false, release.key)?;
         // No hand-off: it could not be atomic across nodes.
-        let plain = Release {
-            handoff: None,
-            ..release
-        };
+        let plain = Release { handoff: None, ..release };
         let replies = self.on_every_node(|node| node.release(plain)).await;
         self.inner.released(&plain, &replies);
         match vote::release(&replies, self.inner.quorum) {
@@ -881,12 +852,8 @@ impl Store for RedlockBackend {
         // A waiter wakes once a majority of the nodes published a release, so it listens as
         // soon as a majority confirmed its subscriptions: a node that is down (it subscribes
         // when it is back) or slow does not hold up every waiter for its timeout.
-        let (listeners, confirmations): (Vec<_>, FuturesUnordered<_>) = self
-            .inner
-            .nodes
-            .iter()
-            .map(|node| node.subscribe(key, only_for))
-            .unzip();
+        let (listeners, confirmations): (Vec<_>, FuturesUnordered<_>) =
+            self.inner.nodes.iter().map(|node| node.subscribe(key, only_for)).unzip();
         let mut confirmations = confirmations;
         let mut confirmed = 0;
         while confirmed < self.inner.quorum {
@@ -943,18 +910,15 @@ impl RedlockBackend {
             })
             .await;
         // Foreign data on any node is not a lock: say so rather than vote it away.
-        if let Some(Err(error)) = replies
-            .iter()
-            .find(|r| r.as_ref().is_err_and(BackendError::is_wrong_type))
+        if let Some(Err(error)) =
+            replies.iter().find(|r| r.as_ref().is_err_and(BackendError::is_wrong_type))
         {
             let found = match error.kind() {
                 BackendErrorKind::WrongType { found } => found.clone(),
                 _ => String::new(),
             };
-            return Err(
-                BackendError::from_kind(BackendErrorKind::WrongType { found })
-                    .with_key(key.as_str()),
-            );
+            return Err(BackendError::from_kind(BackendErrorKind::WrongType { found })
+                .with_key(key.as_str()));
         }
         let at_least = if clear { 1 } else { self.inner.quorum };
         inspect::join(&replies, at_least, self.inner.quorum).map_err(|reachable| {

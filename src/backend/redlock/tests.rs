@@ -45,27 +45,16 @@ fn grant<'a>(key: &'a LockKey, attempt: &'a str) -> Grant<'a> {
 
 /// The same acquire sent through the scripts (the uncontended `SET NX` cannot see an undo).
 fn contended(grant: Grant<'_>) -> Grant<'_> {
-    Grant {
-        contended: true,
-        ..grant
-    }
+    Grant { contended: true, ..grant }
 }
 
 fn release<'a>(key: &'a LockKey, grant: &'a str) -> Release<'a> {
-    Release {
-        key,
-        kind: LockKind::Exclusive,
-        grant,
-        token: None,
-        handoff: None,
-    }
+    Release { key, kind: LockKind::Exclusive, grant, token: None, handoff: None }
 }
 
 fn three() -> (Vec<RedisServer>, RedlockBackend) {
     let servers: Vec<_> = (0..3).map(|_| RedisServer::start()).collect();
-    let backend = support::redlock_backend(servers.iter().map(RedisServer::url))
-        .build()
-        .unwrap();
+    let backend = support::redlock_backend(servers.iter().map(RedisServer::url)).build().unwrap();
     (servers, backend)
 }
 
@@ -99,18 +88,11 @@ async fn a_grant_is_one_record_on_a_majority() {
     assert!(acquired(backend.acquire(grant(&key, "a#1")).await.unwrap()));
     // A won vote answers once a majority granted; the last node's call may still be on its way.
     support::eventually(Duration::from_secs(1), "the record on every node", || {
-        servers
-            .iter()
-            .all(|server| record(server, &key).as_deref() == Some("a#1"))
+        servers.iter().all(|server| record(server, &key).as_deref() == Some("a#1"))
     })
     .await;
     assert!(
-        acquired(
-            backend
-                .acquire(contended(grant(&key, "a#1")))
-                .await
-                .unwrap()
-        ),
+        acquired(backend.acquire(contended(grant(&key, "a#1"))).await.unwrap()),
         "the same acquire, sent again, finds its own record"
     );
     let lost = backend.acquire(grant(&key, "b#1")).await.unwrap();
@@ -124,10 +106,7 @@ async fn a_grant_is_one_record_on_a_majority() {
         lease: Lease::fixed(Duration::from_secs(30)),
         fencing: false,
     };
-    assert_eq!(
-        backend.extend(extend).await.unwrap(),
-        ExtendReply::Extended { token: None }
-    );
+    assert_eq!(backend.extend(extend).await.unwrap(), ExtendReply::Extended { token: None });
     for server in &servers[..2] {
         assert!(pttl(server, &key) > 20_000, "extended on every live node");
     }
@@ -137,10 +116,7 @@ async fn a_grant_is_one_record_on_a_majority() {
         grant: "a#1",
         lease: Lease::fixed(Duration::from_secs(40)),
     };
-    assert_eq!(
-        backend.renew(&[renew]).await.unwrap(),
-        [RenewReply::Renewed]
-    );
+    assert_eq!(backend.renew(&[renew]).await.unwrap(), [RenewReply::Renewed]);
     assert!(matches!(
         backend.release(release(&key, "a#1")).await.unwrap(),
         ReleaseReply::Released { .. }
@@ -165,10 +141,7 @@ async fn a_lost_vote_is_undone_where_it_won() {
     assert!(matches!(lost, AcquireReply::Spent { .. }), "{lost:?}");
     assert_eq!(record(&servers[2], &key), None, "undone where it won");
     assert!(voided(&servers[2], &key, "b#1"));
-    let late = backend.nodes()[2]
-        .acquire(contended(grant(&key, "b#1")))
-        .await
-        .unwrap();
+    let late = backend.nodes()[2].acquire(contended(grant(&key, "b#1"))).await.unwrap();
     assert!(!acquired(late), "a late copy of the lost attempt: {late:?}");
     assert_eq!(record(&servers[2], &key), None);
 
@@ -180,9 +153,7 @@ async fn a_lost_vote_is_undone_where_it_won() {
     }
     assert!(acquired(backend.acquire(grant(&key, "b#2")).await.unwrap()));
     support::eventually(Duration::from_secs(1), "the record on every node", || {
-        servers
-            .iter()
-            .all(|server| record(server, &key).as_deref() == Some("b#2"))
+        servers.iter().all(|server| record(server, &key).as_deref() == Some("b#2"))
     })
     .await;
 }
@@ -203,20 +174,14 @@ async fn a_lost_round_spends_its_attempt() {
     }
     backend.release(release(&key, "a#1")).await.unwrap();
 
-    let reused = backend
-        .acquire(contended(grant(&key, "b#1")))
-        .await
-        .unwrap();
+    let reused = backend.acquire(contended(grant(&key, "b#1"))).await.unwrap();
     assert!(
         matches!(reused, AcquireReply::Spent { .. }),
         "the reused id won on the nodes that gave it up: {reused:?}"
     );
     assert!(acquired(backend.acquire(grant(&key, "b#2")).await.unwrap()));
     let third = backend.acquire(grant(&key, "c#1")).await.unwrap();
-    assert!(
-        matches!(third, AcquireReply::Spent { .. }),
-        "a third holder got in: {third:?}"
-    );
+    assert!(matches!(third, AcquireReply::Spent { .. }), "a third holder got in: {third:?}");
 }
 
 #[allow(dead_code)]
@@ -281,10 +246,7 @@ async fn a_release_missed_by_stalled_nodes_reaches_them_once_they_are_back() {
         proxy.set(Mode::Blackhole);
     }
     let released = backend.release(release(&key, "a#1")).await.unwrap();
-    assert!(
-        matches!(released, ReleaseReply::Released { .. }),
-        "{released:?}"
-    );
+    assert!(matches!(released, ReleaseReply::Released { .. }), "{released:?}");
     assert_eq!(record(&servers[0], &key), None);
     for server in &servers[1..] {
         assert_eq!(record(server, &key).as_deref(), Some("a#1"), "stalled");
@@ -300,10 +262,7 @@ async fn a_release_missed_by_stalled_nodes_reaches_them_once_they_are_back() {
     })
     .await;
     let next = acquire_within(&backend, &key, "b", Duration::from_secs(2)).await;
-    assert!(
-        acquired(next),
-        "the stalled nodes kept the released grant: {next:?}"
-    );
+    assert!(acquired(next), "the stalled nodes kept the released grant: {next:?}");
 }
 
 /// An acquire's call to one node is held back past the node timeout; the vote is won on the
@@ -318,17 +277,11 @@ async fn a_late_grant_on_a_node_never_outlives_the_release() {
     let late_by = Duration::from_millis(800);
     let sets = servers[2].calls("set");
 
-    proxies[2].set(Mode::Delay {
-        up: late_by,
-        down: Duration::ZERO,
-    });
+    proxies[2].set(Mode::Delay { up: late_by, down: Duration::ZERO });
     assert!(acquired(backend.acquire(grant(&key, "a#1")).await.unwrap()));
     proxies[2].set(Mode::Pass);
     let released = backend.release(release(&key, "a#1")).await.unwrap();
-    assert!(
-        matches!(released, ReleaseReply::Released { .. }),
-        "{released:?}"
-    );
+    assert!(matches!(released, ReleaseReply::Released { .. }), "{released:?}");
     support::eventually(late_by * 4, "the late acquire lands and is undone", || {
         servers[2].calls("set") > sets
             && record(&servers[2], &key).is_none()
@@ -370,37 +323,18 @@ async fn an_extend_and_a_renewal_hold_on_a_majority_only() {
         backend.extend(extend(30_000)).await.unwrap(),
         ExtendReply::Extended { token: None }
     );
-    assert_eq!(
-        backend.renew(&[renew(40_000)]).await.unwrap(),
-        [RenewReply::Renewed]
-    );
+    assert_eq!(backend.renew(&[renew(40_000)]).await.unwrap(), [RenewReply::Renewed]);
     for server in &servers[1..] {
         assert!(pttl(server, &key) > 30_000, "renewed where it is held");
     }
-    assert_eq!(
-        record(&servers[0], &key),
-        None,
-        "never created where it is gone"
-    );
+    assert_eq!(record(&servers[0], &key), None, "never created where it is gone");
 
     servers[1].cmd(&["DEL", key.as_str()]);
-    assert_eq!(
-        backend.extend(extend(50_000)).await.unwrap(),
-        ExtendReply::NotHeld
-    );
-    assert_eq!(
-        backend.renew(&[renew(50_000)]).await.unwrap(),
-        [RenewReply::NotHeld]
-    );
+    assert_eq!(backend.extend(extend(50_000)).await.unwrap(), ExtendReply::NotHeld);
+    assert_eq!(backend.renew(&[renew(50_000)]).await.unwrap(), [RenewReply::NotHeld]);
 
     servers[0].kill();
     servers[1].kill();
-    assert!(
-        backend.extend(extend(50_000)).await.is_err(),
-        "no majority answers"
-    );
-    assert!(
-        backend.renew(&[renew(50_000)]).await.is_err(),
-        "no majority answers"
-    );
+    assert!(backend.extend(extend(50_000)).await.is_err(), "no majority answers");
+    assert!(backend.renew(&[renew(50_000)]).await.is_err(), "no majority answers");
 }

@@ -20,10 +20,7 @@ pub(super) enum AcquireVote {
     Won,
     /// A majority answered but did not grant it. With `blocked`, a majority is held by another
     /// holder and frees up after `ttl`; otherwise the vote was split.
-    Lost {
-        blocked: bool,
-        ttl: Option<Duration>,
-    },
+    Lost { blocked: bool, ttl: Option<Duration> },
     /// Fewer than a majority answered.
     NoQuorum { reachable: usize },
 }
@@ -31,10 +28,8 @@ pub(super) enum AcquireVote {
 /// Tallies one acquire round. `quorum` is the majority of all nodes.
 pub(super) fn acquire(replies: &[NodeResult<AcquireReply>], quorum: usize) -> AcquireVote {
     let reachable = replies.iter().filter(|reply| reply.is_ok()).count();
-    let granted = replies
-        .iter()
-        .filter(|reply| matches!(reply, Ok(AcquireReply::Acquired { .. })))
-        .count();
+    let granted =
+        replies.iter().filter(|reply| matches!(reply, Ok(AcquireReply::Acquired { .. }))).count();
     if granted >= quorum {
         return AcquireVote::Won;
     }
@@ -52,17 +47,11 @@ pub(super) fn acquire(replies: &[NodeResult<AcquireReply>], quorum: usize) -> Ac
     // The lock can be taken once no more than `nodes - quorum` nodes still hold it.
     let must_expire = (held.len() + quorum).saturating_sub(nodes);
     if must_expire == 0 {
-        return AcquireVote::Lost {
-            blocked: false,
-            ttl: None,
-        };
+        return AcquireVote::Lost { blocked: false, ttl: None };
     }
     // Unknown expiries (`None`) sort last: they never free up on their own.
     held.sort_unstable_by_key(|ttl| ttl.unwrap_or(Duration::MAX));
-    AcquireVote::Lost {
-        blocked: true,
-        ttl: held[must_expire - 1],
-    }
+    AcquireVote::Lost { blocked: true, ttl: held[must_expire - 1] }
 }
 
 /// Whether an acquire round can stop listening to the replies so far (`None`: not answered
@@ -126,15 +115,9 @@ pub(super) fn renew(
     }
     Ok((0..entries)
         .map(|entry| {
-            let renewed = answered
-                .iter()
-                .filter(|batch| batch[entry] == RenewReply::Renewed)
-                .count();
-            if renewed >= quorum {
-                RenewReply::Renewed
-            } else {
-                RenewReply::NotHeld
-            }
+            let renewed =
+                answered.iter().filter(|batch| batch[entry] == RenewReply::Renewed).count();
+            if renewed >= quorum { RenewReply::Renewed } else { RenewReply::NotHeld }
         })
         .collect())
 }
@@ -158,10 +141,7 @@ pub(super) fn no_quorum<T>(
         }
         first.get_or_insert(error);
     }
-    let kind = BackendErrorKind::QuorumUnavailable {
-        reachable,
-        needed: quorum,
-    };
+    let kind = BackendErrorKind::QuorumUnavailable { reachable, needed: quorum };
     match first {
         Some(source) => BackendError::new(kind, source),
         None => BackendError::from_kind(kind),
@@ -177,9 +157,7 @@ mod tests {
     }
 
     fn held(ms: u64) -> NodeResult<AcquireReply> {
-        Ok(AcquireReply::Held {
-            ttl: Some(Duration::from_millis(ms)),
-        })
+        Ok(AcquireReply::Held { ttl: Some(Duration::from_millis(ms)) })
     }
 
     fn down<T>() -> NodeResult<T> {
@@ -198,38 +176,15 @@ mod tests {
     fn a_round_is_decided_by_a_majority_of_grants_or_every_answer() {
         let pending = || None;
         // Three grants of five: won, whatever the other two say later.
-        let won = [
-            Some(acquired(1)),
-            pending(),
-            Some(acquired(1)),
-            pending(),
-            Some(acquired(1)),
-        ];
+        let won = [Some(acquired(1)), pending(), Some(acquired(1)), pending(), Some(acquired(1))];
         assert!(acquire_decided(&won, 3));
         // Not won yet: the rest decide, or must be given back if they took it.
-        let open = [
-            Some(acquired(1)),
-            Some(held(5)),
-            Some(acquired(1)),
-            Some(down()),
-            pending(),
-        ];
+        let open = [Some(acquired(1)), Some(held(5)), Some(acquired(1)), Some(down()), pending()];
         assert!(!acquire_decided(&open, 3));
-        let lost = [
-            Some(held(5)),
-            Some(down()),
-            pending(),
-            Some(held(5)),
-            Some(held(5)),
-        ];
+        let lost = [Some(held(5)), Some(down()), pending(), Some(held(5)), Some(held(5))];
         assert!(!acquire_decided(&lost, 3));
-        let all = [
-            Some(acquired(1)),
-            Some(acquired(1)),
-            Some(held(5)),
-            Some(held(5)),
-            Some(down()),
-        ];
+        let all =
+            [Some(acquired(1)), Some(acquired(1)), Some(held(5)), Some(held(5)), Some(down())];
         assert!(acquire_decided(&all, 3));
     }
 
@@ -237,13 +192,7 @@ mod tests {
     fn a_split_vote_is_lost_without_a_wait() {
         let replies = [acquired(1), acquired(1), held(900), held(900), down()];
         let vote = acquire(&replies, 3);
-        assert_eq!(
-            vote,
-            AcquireVote::Lost {
-                blocked: false,
-                ttl: None
-            }
-        );
+        assert_eq!(vote, AcquireVote::Lost { blocked: false, ttl: None });
     }
 
     #[test]
@@ -276,13 +225,8 @@ mod tests {
 
     #[test]
     fn release_is_not_held_only_when_a_majority_says_so() {
-        let replies = [
-            Ok(ReleaseReply::NotHeld),
-            Ok(ReleaseReply::NotHeld),
-            down(),
-            down(),
-            down(),
-        ];
+        let replies =
+            [Ok(ReleaseReply::NotHeld), Ok(ReleaseReply::NotHeld), down(), down(), down()];
         assert!(release(&replies, 3).is_err());
         let replies = [
             Ok(ReleaseReply::NotHeld),
@@ -304,10 +248,7 @@ mod tests {
             down(),
             down(),
         ];
-        assert_eq!(
-            renew(&replies, 2, 3).expect("quorum"),
-            vec![Renewed, NotHeld]
-        );
+        assert_eq!(renew(&replies, 2, 3).expect("quorum"), vec![Renewed, NotHeld]);
         assert!(renew(&replies[1..], 2, 3).is_err());
     }
 }

@@ -66,11 +66,7 @@ async fn contention(name: &'static str, flush_every: Option<Duration>) {
     let mut leaked_client = 0;
     for holder in &mut holders {
         match holder.reply(Duration::from_secs(600)).await {
-            Reply::Done {
-                completed: done,
-                errors: failed,
-                leaked,
-            } => {
+            Reply::Done { completed: done, errors: failed, leaked } => {
                 completed += done;
                 errors.extend(failed);
                 leaked_client += leaked;
@@ -101,14 +97,8 @@ async fn contention(name: &'static str, flush_every: Option<Duration>) {
     s.figure("lost_updates", lost_updates);
     s.figure("token_errors", sweep.token_errors);
     s.figure("errors", format!("{}/{total}", errors.len()));
-    s.figure(
-        "handoff_p50_ms",
-        format!("{:.2}", run::quantile_ms(&gaps, 0.5)),
-    );
-    s.figure(
-        "handoff_p99_ms",
-        format!("{:.2}", run::quantile_ms(&gaps, 0.99)),
-    );
+    s.figure("handoff_p50_ms", format!("{:.2}", run::quantile_ms(&gaps, 0.5)));
+    s.figure("handoff_p99_ms", format!("{:.2}", run::quantile_ms(&gaps, 0.99)));
     if flush_every.is_some() {
         s.figure("flushes", flushes.load(Ordering::SeqCst));
         // A flushed script is sent again in full with `EVAL`, which caches it.
@@ -119,16 +109,8 @@ async fn contention(name: &'static str, flush_every: Option<Duration>) {
     s.figure("secs", format!("{:.1}", elapsed.as_secs_f64()));
     s.report();
 
-    assert_eq!(
-        violations, 0,
-        "mutual exclusion broken: {:?}",
-        sweep.examples
-    );
-    assert!(
-        errors.is_empty(),
-        "caller-visible errors: {:?}",
-        &errors[..errors.len().min(5)]
-    );
+    assert_eq!(violations, 0, "mutual exclusion broken: {:?}", sweep.examples);
+    assert!(errors.is_empty(), "caller-visible errors: {:?}", &errors[..errors.len().min(5)]);
     assert_eq!(completed, ok, "holders and history disagree");
     assert_eq!(ok, total, "every section completed");
     assert_eq!(leaks.count(), 0, "left in Redis: {leaks:?}");

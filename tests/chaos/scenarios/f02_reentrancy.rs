@@ -44,9 +44,7 @@ async fn nest(
         .scope(async {
             let mut guards = Vec::new();
             for level in 1..=depth {
-                let guard = client
-                    .lock(&key)
-                    .lease(Lease::watchdog(Duration::from_secs(2)));
+                let guard = client.lock(&key).lease(Lease::watchdog(Duration::from_secs(2)));
                 let guard = guard.wait(Duration::from_secs(30)).acquire().await;
                 let guard = guard.expect("acquire");
                 if level == 1 {
@@ -107,22 +105,11 @@ async fn f02_reentrancy_under_load() {
     let leaks = checker::server_settled(&bed.redis, &bed.prefix).await;
     let s = &mut bed.scenario;
     s.figure("sections", sweep.held);
-    s.figure(
-        "hold_count_mismatches",
-        format!("{mismatches}/{}", sweep.held),
-    );
+    s.figure("hold_count_mismatches", format!("{mismatches}/{}", sweep.held));
     s.figure("violations", sweep.violations as u64 + seen.overlaps);
     s.figure("keys_left", leaks.keys.len());
     s.report();
-    assert_eq!(
-        mismatches, 0,
-        "hold counts or the grant's record diverged from the nesting"
-    );
-    assert_eq!(
-        sweep.violations as u64 + seen.overlaps,
-        0,
-        "{:?}",
-        sweep.examples
-    );
+    assert_eq!(mismatches, 0, "hold counts or the grant's record diverged from the nesting");
+    assert_eq!(sweep.violations as u64 + seen.overlaps, 0, "{:?}", sweep.examples);
     assert_eq!(leaks.count(), 0, "{leaks:?}");
 }

@@ -99,13 +99,7 @@ async fn one_run(
         let owned = owned_by(|args| bed.redis.cmd(args), &bed.lock_key(&key), &b.holder);
         let wrong_deletion = !owned;
         let mut c = history.begin(&key, "");
-        match clients
-            .c
-            .lock(&key)
-            .wait(Duration::from_millis(100))
-            .acquire()
-            .await
-        {
+        match clients.c.lock(&key).wait(Duration::from_millis(100)).acquire().await {
             Ok(c_guard) => {
                 c.t_ok = Some(clock::now_ns());
                 c.holder = c_guard.holder().id().to_owned();
@@ -126,20 +120,13 @@ async fn one_run(
         b.t_rel_inv = Some(clock::now_ns());
         let released = guard.release().await;
         b.t_rel_ok = Some(clock::now_ns());
-        b.result = if released.is_ok() {
-            Outcome::Ok
-        } else {
-            Outcome::Fail
-        };
+        b.result = if released.is_ok() { Outcome::Ok } else { Outcome::Fail };
         history.record(&b);
         if !plain_del {
             assert!(renewable, "B lost its lock after A's stale release");
             released.expect("B releases");
         }
-        (
-            wrong_deletion,
-            clock::between(a_expires, b.t_ok.expect("held")),
-        )
+        (wrong_deletion, clock::between(a_expires, b.t_ok.expect("held")))
     };
     let a_side = async {
         hold_until(witness, &mut a, &a_guard, WORK).await;
@@ -149,9 +136,7 @@ async fn one_run(
             let node = bed.redis.clone();
             let name = bed.lock_key(&key);
             drop(a_guard); // the guard knows it is lost and leaves Redis alone
-            tokio::task::spawn_blocking(move || node.cmd(&["DEL", &name]))
-                .await
-                .expect("DEL");
+            tokio::task::spawn_blocking(move || node.cmd(&["DEL", &name])).await.expect("DEL");
             "DEL".to_owned()
         } else {
             match a_guard.release().await {
@@ -166,28 +151,19 @@ async fn one_run(
         result
     };
     let (a_release, (wrong_deletion, b_delay)) = tokio::join!(a_side, b_side);
-    Outcomes {
-        wrong_deletion,
-        b_delay,
-        a_release,
-    }
+    Outcomes { wrong_deletion, b_delay, a_release }
 }
 
 /// Runs `runs` F3 runs, `batch` at a time on distinct keys; returns (violations, wrong deletions).
 async fn expired_release(name: &'static str, plain_del: bool, runs: usize) -> (u64, usize) {
     let mut bed = Bed::new(name, Topology::Single).await;
-    let clients = Clients {
-        a: bed.client().await,
-        b: bed.client().await,
-        c: bed.client().await,
-    };
+    let clients = Clients { a: bed.client().await, b: bed.client().await, c: bed.client().await };
     let history = bed.scenario.history();
     let mut outcomes = Vec::new();
     let stalls = super::StallMeter::start();
     for batch in (0..runs).collect::<Vec<_>>().chunks(10) {
-        let batch = batch
-            .iter()
-            .map(|run| one_run(&bed, &clients, &history, format!("k{run}"), plain_del));
+        let batch =
+            batch.iter().map(|run| one_run(&bed, &clients, &history, format!("k{run}"), plain_del));
         outcomes.extend(join_all(batch).await);
     }
     let sweep = checker::sweep(&History::read(&bed.scenario.history_path()));
@@ -232,9 +208,6 @@ async fn f03_expired_release_leaves_successor_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f03_control_plain_del_is_caught() {
     let (violations, wrong) = expired_release("F3-control", true, 3).await;
-    assert!(
-        wrong > 0,
-        "checker blind: a plain DEL removed nothing of B's"
-    );
+    assert!(wrong > 0, "checker blind: a plain DEL removed nothing of B's");
     assert!(violations > 0, "checker blind: C got in beside B unnoticed");
 }

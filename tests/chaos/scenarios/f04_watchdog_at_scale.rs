@@ -50,39 +50,30 @@ fn start_holder(url: String, prefix: String, recorder: DebuggingRecorder) -> Hol
     let (release_one, release_rx) = oneshot::channel::<oneshot::Sender<(usize, Instant)>>();
     let (finish, finish_rx) = oneshot::channel();
     let thread = thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
+        let runtime =
+            tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         metrics::with_local_recorder(&recorder, || {
             runtime.block_on(async move {
-                let backend = crate::support::redis_backend(&url)
-                    .connect()
-                    .await
-                    .expect("connect");
+                let backend = crate::support::redis_backend(&url).connect().await.expect("connect");
                 let holder = LockClient::builder(backend)
                     .prefix(&prefix)
                     .build()
                     .expect("client configuration");
                 let burst = Instant::now();
-                let mut guards: Vec<_> = join_all((0..LOCKS).map(|i| {
-                    holder
-                        .lock(format!("k{i}"))
-                        .lease(Lease::watchdog(LEASE))
-                        .acquire()
-                }))
-                .await
-                .into_iter()
-                .collect::<Result<_, _>>()
-                .expect("acquire the thousand locks");
+                let mut guards: Vec<_> =
+                    join_all((0..LOCKS).map(|i| {
+                        holder.lock(format!("k{i}")).lease(Lease::watchdog(LEASE)).acquire()
+                    }))
+                    .await
+                    .into_iter()
+                    .collect::<Result<_, _>>()
+                    .expect("acquire the thousand locks");
                 ready_tx.send(burst.elapsed()).expect("the scenario waits");
                 let answer = release_rx.await.expect("the scenario asks");
                 let lost = guards.iter().filter(|guard| guard.is_lost()).count();
                 let last = guards.pop().expect("a guard");
                 last.release().await.expect("release");
-                answer
-                    .send((lost, Instant::now()))
-                    .expect("the scenario waits");
+                answer.send((lost, Instant::now())).expect("the scenario waits");
                 finish_rx.await.expect("the scenario asks");
                 join_all(guards.into_iter().map(|guard| guard.release()))
                     .await
@@ -92,12 +83,7 @@ fn start_holder(url: String, prefix: String, recorder: DebuggingRecorder) -> Hol
             });
         });
     });
-    Holder {
-        ready,
-        release_one,
-        finish,
-        thread,
-    }
+    Holder { ready, release_one, finish, thread }
 }
 
 /// The renewal batches recorded since the last call: how long each took.
@@ -159,11 +145,7 @@ async fn f04_thousand_locks_renewed_in_batches() {
     let waiter = {
         let competitor = competitor.clone();
         tokio::spawn(async move {
-            let guard = competitor
-                .lock(&key)
-                .wait(Duration::from_secs(5))
-                .acquire()
-                .await;
+            let guard = competitor.lock(&key).wait(Duration::from_secs(5)).acquire().await;
             (guard, Instant::now())
         })
     };
@@ -172,18 +154,11 @@ async fn f04_thousand_locks_renewed_in_batches() {
         "the competitor did not queue"
     );
     let (answer, answered) = oneshot::channel();
-    assert!(
-        holder.release_one.send(answer).is_ok(),
-        "the holder stopped"
-    );
+    assert!(holder.release_one.send(answer).is_ok(), "the holder stopped");
     let (lost, released_at) = answered.await.expect("the holder answers");
     let (guard, granted_at) = waiter.await.expect("waiter task");
     let gap = granted_at.saturating_duration_since(released_at);
-    guard
-        .expect("the competitor acquires")
-        .release()
-        .await
-        .expect("release");
+    guard.expect("the competitor acquires").release().await.expect("release");
     assert!(holder.finish.send(()).is_ok(), "the holder stopped");
     holder.thread.join().expect("the holder thread");
 
@@ -196,14 +171,8 @@ async fn f04_thousand_locks_renewed_in_batches() {
     s.figure("renewals", renewals);
     s.figure("renewals_per_lock_tick", format!("{per_lock_tick:.3}"));
     s.figure("round_trips_per_tick", format!("{per_tick:.2}"));
-    s.figure(
-        "tick_p50_ms",
-        format!("{:.2}", run::quantile_ms(&round_trips, 0.5)),
-    );
-    s.figure(
-        "tick_p99_ms",
-        format!("{:.2}", run::quantile_ms(&round_trips, 0.99)),
-    );
+    s.figure("tick_p50_ms", format!("{:.2}", run::quantile_ms(&round_trips, 0.5)));
+    s.figure("tick_p99_ms", format!("{:.2}", run::quantile_ms(&round_trips, 0.99)));
     s.figure("competitor_gap_ms", format!("{:.2}", clock::ms(gap)));
     s.figure("acquire_burst_ms", format!("{:.2}", clock::ms(burst)));
     s.report();
@@ -220,8 +189,5 @@ async fn f04_thousand_locks_renewed_in_batches() {
         per_tick <= BATCHES_PER_TICK * groups,
         "{per_tick:.2} renewal round trips per tick (the locks were taken over {burst:?})"
     );
-    assert!(
-        gap < Duration::from_millis(10),
-        "woken {gap:?} after the release"
-    );
+    assert!(gap < Duration::from_millis(10), "woken {gap:?} after the release");
 }

@@ -50,11 +50,7 @@ async fn f05_waiters_woken_one_at_a_time() {
     let mut errors = Vec::new();
     for holder in &mut holders {
         match holder.reply(Duration::from_secs(300)).await {
-            Reply::Done {
-                errors: failed,
-                leaked,
-                ..
-            } => {
+            Reply::Done { errors: failed, leaked, .. } => {
                 errors.extend(failed);
                 assert_eq!(leaked, 0, "left in a holder's client");
             }
@@ -83,14 +79,7 @@ async fn f05_waiters_woken_one_at_a_time() {
     assert_eq!(sweep.violations, 0, "{:?}", sweep.examples);
     assert_eq!(seen.overlaps, 0);
     assert!(errors.is_empty(), "{:?}", &errors[..errors.len().min(5)]);
-    assert_eq!(
-        held,
-        PROCESSES * TASKS * per_task,
-        "every section completed"
-    );
+    assert_eq!(held, PROCESSES * TASKS * per_task, "every section completed");
     assert!(gap_p99 < clock::ms(GAP), "hand-off p99 {gap_p99:.2} ms");
-    assert!(
-        per_handoff <= EVALSHA_PER_HANDOFF,
-        "{per_handoff:.2} scripts per hand-off: a herd"
-    );
+    assert!(per_handoff <= EVALSHA_PER_HANDOFF, "{per_handoff:.2} scripts per hand-off: a herd");
 }

@@ -42,11 +42,7 @@ async fn f06_dropped_waiters_leave_nothing() {
             let guard = if !fair(i) {
                 holder.lock(format!("k{i}")).lease(lease).acquire().await
             } else {
-                holder
-                    .fair_lock(format!("k{i}"))
-                    .lease(lease)
-                    .acquire()
-                    .await
+                holder.fair_lock(format!("k{i}")).lease(lease).acquire().await
             };
             guard.expect("acquire")
         }
@@ -107,10 +103,7 @@ async fn f06_dropped_waiters_leave_nothing() {
             .map(|i| {
                 let name = bed.lock_key(&format!("k{i}"));
                 bed.redis.cmd(&["LLEN", &format!("{name}:queue")]).as_int()
-                    + bed
-                        .redis
-                        .cmd(&["ZCARD", &format!("{name}:timeouts")])
-                        .as_int()
+                    + bed.redis.cmd(&["ZCARD", &format!("{name}:timeouts")]).as_int()
             })
             .sum()
     };
@@ -141,25 +134,14 @@ async fn f06_dropped_waiters_leave_nothing() {
     s.figure("queue_places_left", queued);
     s.figure("drained_after_ms", drained_after.as_millis());
     s.figure("client_state_left", checker::client_leaks(&waiter));
-    s.figure(
-        "tasks_over_baseline",
-        checker::tasks().saturating_sub(baseline),
-    );
+    s.figure("tasks_over_baseline", checker::tasks().saturating_sub(baseline));
     s.figure("void_records", voids);
     s.figure("leaked_keys", leaks.count());
     s.figure("secs", format!("{:.1}", elapsed.as_secs_f64()));
     s.report();
-    assert!(
-        quiet,
-        "the waiting client still tracks state: {}",
-        checker::client_state(&waiter)
-    );
+    assert!(quiet, "the waiting client still tracks state: {}", checker::client_state(&waiter));
     assert_eq!(numsub, 0, "subscriptions left behind");
     assert_eq!(queued, 0, "fair queue places left behind");
-    assert!(
-        settled,
-        "{} tasks alive, {baseline} before",
-        checker::tasks()
-    );
+    assert!(settled, "{} tasks alive, {baseline} before", checker::tasks());
     assert_eq!(leaks.count(), 0, "{leaks:?}");
 }

@@ -53,10 +53,7 @@ const PLACE_LEFT: &str = "
 
 /// A client in this process with the shared waiter timeout.
 async fn client(bed: &Bed) -> LockClient<RedisBackend> {
-    let backend = crate::support::redis_backend(bed.redis.url())
-        .connect()
-        .await
-        .expect("connect");
+    let backend = crate::support::redis_backend(bed.redis.url()).connect().await.expect("connect");
     LockClient::builder(backend)
         .prefix(&bed.prefix)
         .waiter_timeout(WAITER_TIMEOUT)
@@ -106,11 +103,7 @@ async fn f07_fair_lock_purges_a_killed_waiter() {
 
         let mut doomed = HolderProc::spawn(&setup).await;
         for (proc, place) in [(&mut first, 1), (&mut doomed, 2)] {
-            proc.send(&Command::Hold {
-                key: key.clone(),
-                lease_ms: LEASE_MS,
-                fair: true,
-            });
+            proc.send(&Command::Hold { key: key.clone(), lease_ms: LEASE_MS, fair: true });
             assert!(
                 eventually(Duration::from_secs(5), queued(place)).await,
                 "run {run}: holder process not queued at place {place}"
@@ -169,23 +162,14 @@ async fn f07_fair_lock_purges_a_killed_waiter() {
     s.figure("runs", runs);
     s.figure("fifo_inversions", format!("{inversions}/{runs}"));
     s.figure("violations", sweep.violations);
-    s.figure(
-        "stall_p50_ms",
-        format!("{:.0}", run::quantile_ms(&stalls, 0.5)),
-    );
-    s.figure(
-        "stall_max_ms",
-        format!("{:.0}/{}", clock::ms(slowest), WAITER_TIMEOUT.as_millis()),
-    );
+    s.figure("stall_p50_ms", format!("{:.0}", run::quantile_ms(&stalls, 0.5)));
+    s.figure("stall_max_ms", format!("{:.0}/{}", clock::ms(slowest), WAITER_TIMEOUT.as_millis()));
     s.figure("leaked_keys", leaks.count());
     s.report();
 
     assert_eq!(inversions, 0, "the lock skipped a live waiter's turn");
     assert_eq!(sweep.violations, 0, "{:?}", sweep.examples);
-    assert!(
-        slowest <= WAITER_TIMEOUT + SLACK,
-        "the dead waiter held the queue up {slowest:?}"
-    );
+    assert!(slowest <= WAITER_TIMEOUT + SLACK, "the dead waiter held the queue up {slowest:?}");
     assert_eq!(leaks.count(), 0, "left in Redis: {leaks:?}");
 }
 
@@ -203,14 +187,7 @@ struct Watch {
 
 impl Watch {
     fn look(&mut self) -> i64 {
-        let args = [
-            "EVAL",
-            PLACE_LEFT,
-            "2",
-            &self.queue,
-            &self.timeouts,
-            &self.holder,
-        ];
+        let args = ["EVAL", PLACE_LEFT, "2", &self.queue, &self.timeouts, &self.holder];
         self.last = self.node.cmd(&args).as_int();
         self.least = self.least.min(self.last);
         self.last
@@ -272,11 +249,7 @@ async fn live_waiter(name: &'static str, stall: Duration, stalls: u32, runs: usi
         let queued = |n: i64| queue_holds(&bed, &key, n);
         let (held, mut own) = hold_first(&locks, &history, &key).await;
 
-        live.send(&Command::Hold {
-            key: key.clone(),
-            lease_ms: LEASE_MS,
-            fair: true,
-        });
+        live.send(&Command::Hold { key: key.clone(), lease_ms: LEASE_MS, fair: true });
         assert!(
             eventually(Duration::from_secs(5), queued(1)).await,
             "run {run}: the live waiter did not queue"
@@ -364,35 +337,18 @@ async fn live_waiter(name: &'static str, stall: Duration, stalls: u32, runs: usi
     let shortest = waited.iter().min().copied().unwrap_or_default();
     let s = &mut bed.scenario;
     s.figure("runs", runs);
-    s.figure(
-        "stalls",
-        format!(
-            "{stalls}x{}ms/{}",
-            stall.as_millis(),
-            WAITER_TIMEOUT.as_millis()
-        ),
-    );
+    s.figure("stalls", format!("{stalls}x{}ms/{}", stall.as_millis(), WAITER_TIMEOUT.as_millis()));
     s.figure("live_purged", format!("{purged}/{runs}"));
     s.figure("place_left_min_ms", least);
     s.figure(
         "waited_min_x_timeout",
-        format!(
-            "{:.1}",
-            shortest.as_secs_f64() / WAITER_TIMEOUT.as_secs_f64()
-        ),
+        format!("{:.1}", shortest.as_secs_f64() / WAITER_TIMEOUT.as_secs_f64()),
     );
     s.figure("fifo_inversions", format!("{inversions}/{runs}"));
     s.figure("violations", sweep.violations);
     s.figure("leaked_keys", leaks.count());
     s.report();
-    Live {
-        purged,
-        inversions,
-        least_left_ms: least,
-        waited,
-        sweep,
-        leaks,
-    }
+    Live { purged, inversions, least_left_ms: least, waited, sweep, leaks }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -417,12 +373,6 @@ async fn f07_fair_lock_keeps_a_slow_live_waiter() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f07_control_waiter_stalled_past_its_timeout_is_purged() {
     let live = live_waiter("F7-live-control", LONG_STALL, 1, 1).await;
-    assert_eq!(
-        live.purged, 1,
-        "watch blind: a waiter stopped past its timeout kept its place"
-    );
-    assert_eq!(
-        live.inversions, 1,
-        "the waiter behind a purged one was not served first"
-    );
+    assert_eq!(live.purged, 1, "watch blind: a waiter stopped past its timeout kept its place");
+    assert_eq!(live.inversions, 1, "the waiter behind a purged one was not served first");
 }

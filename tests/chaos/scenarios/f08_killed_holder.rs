@@ -88,12 +88,7 @@ async fn f08_killed_holder_frees_within_one_lease() {
     s.figure("leaked_keys", leaks.count());
     s.report();
 
-    assert_eq!(
-        sweep.violations + sweep.token_errors,
-        0,
-        "{:?}",
-        sweep.examples
-    );
+    assert_eq!(sweep.violations + sweep.token_errors, 0, "{:?}", sweep.examples);
     let slowest = takeovers.iter().max().expect("runs");
     assert!(
         *slowest <= LEASE + TOLERANCE,

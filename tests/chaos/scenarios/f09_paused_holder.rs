@@ -73,10 +73,7 @@ async fn paused_holder(name: &'static str, stall: Stall, enforce: bool, runs: us
             enforce,
             blocking: stall == Stall::Blocking,
         });
-        assert!(matches!(
-            holder.reply(Duration::from_secs(5)).await,
-            Reply::Checked
-        ));
+        assert!(matches!(holder.reply(Duration::from_secs(5)).await, Reply::Checked));
         let stopped_at = tokio::time::Instant::now();
         if stall == Stall::Signal {
             holder.signal("STOP");
@@ -100,9 +97,7 @@ async fn paused_holder(name: &'static str, stall: Stall, enforce: bool, runs: us
         let newer = section.token.expect("fencing token");
         assert!(newer > token, "tokens rise: {newer} after {token}");
         assert!(
-            bed.witness
-                .fenced_write(&key, &section.holder, newer, enforce)
-                .await,
+            bed.witness.fenced_write(&key, &section.holder, newer, enforce).await,
             "the current holder's write is accepted"
         );
 
@@ -114,18 +109,12 @@ async fn paused_holder(name: &'static str, stall: Stall, enforce: bool, runs: us
         let Reply::Wrote { accepted, .. } = holder.reply(Duration::from_secs(5)).await else {
             panic!("the stalled holder did not write");
         };
-        assert_eq!(
-            accepted, !enforce,
-            "run {run}: stale write accepted={accepted}"
-        );
+        assert_eq!(accepted, !enforce, "run {run}: stale write accepted={accepted}");
         holder.send(&Command::Release);
         let Reply::Released { result, t_lost } = holder.reply(Duration::from_secs(5)).await else {
             panic!("no release reply");
         };
-        assert!(
-            result.contains("Lost"),
-            "run {run}: stale holder's release: {result}"
-        );
+        assert!(result.contains("Lost"), "run {run}: stale holder's release: {result}");
         let t_lost = t_lost.unwrap_or_else(|| panic!("run {run}: lost() never fired"));
         lost_after_resume.push(clock::between(resumed, t_lost));
 
@@ -157,20 +146,10 @@ async fn paused_holder(name: &'static str, stall: Stall, enforce: bool, runs: us
 /// Asserts the fenced run: every stale write rejected, overlaps only fenced ones.
 fn assert_fenced(figures: &Figures, runs: usize) {
     assert_eq!(figures.stale_accepted, 0);
-    assert_eq!(
-        figures.stale_rejected, runs as u64,
-        "one stale write per run, rejected"
-    );
+    assert_eq!(figures.stale_rejected, runs as u64, "one stale write per run, rejected");
     assert_eq!(figures.sweep.violations, 0, "{:?}", figures.sweep.examples);
-    assert_eq!(
-        figures.sweep.token_errors, 0,
-        "{:?}",
-        figures.sweep.examples
-    );
-    assert_eq!(
-        figures.sweep.fenced_overlaps, runs,
-        "each pause is seen as a fenced overlap"
-    );
+    assert_eq!(figures.sweep.token_errors, 0, "{:?}", figures.sweep.examples);
+    assert_eq!(figures.sweep.fenced_overlaps, runs, "each pause is seen as a fenced overlap");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,10 +163,7 @@ async fn f09_paused_holder_is_fenced() {
 /// `lost()` fires from the local deadline as soon as the process runs again.
 fn assert_lost_on_resume(figures: &Figures) {
     let slowest = figures.lost_after_resume.iter().max().expect("runs");
-    assert!(
-        *slowest < Duration::from_millis(200),
-        "lost() {slowest:?} after SIGCONT"
-    );
+    assert!(*slowest < Duration::from_millis(200), "lost() {slowest:?} after SIGCONT");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,10 +188,7 @@ async fn f09_paused_service_answers_503() {
     let runs = run::count(3, 100);
     let other = bed.client().await;
     let mut service = bed.holder_process().await;
-    service.send(&Command::Serve {
-        lease_ms: LEASE.as_millis() as u64,
-        delay_ms: 200,
-    });
+    service.send(&Command::Serve { lease_ms: LEASE.as_millis() as u64, delay_ms: 200 });
     let Reply::Serving { url } = service.reply(Duration::from_secs(5)).await else {
         panic!("the service did not start");
     };
@@ -247,9 +220,7 @@ async fn f09_paused_service_answers_503() {
             });
         let token = guard.fencing_token().expect("fencing token");
         assert!(
-            bed.witness
-                .fenced_write(&key, guard.holder().id(), token, true)
-                .await,
+            bed.witness.fenced_write(&key, guard.holder().id(), token, true).await,
             "the current holder's write is accepted"
         );
 
@@ -279,19 +250,10 @@ async fn f09_paused_service_answers_503() {
     s.figure("leaked_keys", leaks.count());
     s.report();
 
-    assert_eq!(
-        unavailable, runs,
-        "requests that lost their lock were answered {other_answers:?}"
-    );
+    assert_eq!(unavailable, runs, "requests that lost their lock were answered {other_answers:?}");
     assert_eq!(seen.stale_accepted, 0);
-    assert_eq!(
-        seen.stale_rejected, runs as u64,
-        "one stale write per run, rejected"
-    );
+    assert_eq!(seen.stale_rejected, runs as u64, "one stale write per run, rejected");
     let slowest = answered_after_resume.iter().max().expect("runs");
-    assert!(
-        *slowest < Duration::from_millis(200),
-        "503 {slowest:?} after SIGCONT"
-    );
+    assert!(*slowest < Duration::from_millis(200), "503 {slowest:?} after SIGCONT");
     assert_eq!(leaks.count(), 0, "left in Redis: {leaks:?}");
 }

@@ -35,18 +35,10 @@ async fn f10_stalled_redis_holder_lost_first() {
     let other = bed.client().await;
     let (mut margins, mut latencies, mut revived) = (Vec::new(), Vec::new(), 0);
     for run in 0..runs * 2 {
-        let stall = if run % 2 != 1 {
-            Stall::Signal
-        } else {
-            Stall::DebugSleep
-        };
+        let stall = if run % 2 != 1 { Stall::Signal } else { Stall::DebugSleep };
         let key = format!("k{run}");
-        let guard = client
-            .lock(&key)
-            .lease(Lease::watchdog(LEASE))
-            .acquire()
-            .await
-            .expect("acquire");
+        let guard =
+            client.lock(&key).lease(Lease::watchdog(LEASE)).acquire().await.expect("acquire");
         // The last renewal that Redis answered bounds when the key expires there.
         let ttl_before = bed.redis.cmd(&["PTTL", &bed.lock_key(&key)]).as_int();
         let stalled_at = tokio::time::Instant::now();
@@ -95,11 +87,7 @@ async fn f10_stalled_redis_holder_lost_first() {
         );
         stall_task.await.expect("stall");
         // Renewals queued during the stall ran after it: the lock must be gone, not revived.
-        let taken = other
-            .lock(&key)
-            .wait(Duration::from_secs(1))
-            .acquire()
-            .await;
+        let taken = other.lock(&key).wait(Duration::from_secs(1)).acquire().await;
         match taken {
             Ok(theirs) => theirs.release().await.expect("release"),
             Err(_) => revived += 1,
@@ -114,21 +102,12 @@ async fn f10_stalled_redis_holder_lost_first() {
     if leaks.channels.is_empty() && leaks.keys.iter().all(|key| key.ends_with(":void")) {
         leaks = checker::server_drains(&bed.redis, &bed.prefix, LEASE + TOLERANCE).await;
     }
-    let ttls: Vec<i64> = leaks
-        .keys
-        .iter()
-        .map(|k| bed.redis.cmd(&["PTTL", k]).as_int())
-        .collect();
+    let ttls: Vec<i64> = leaks.keys.iter().map(|k| bed.redis.cmd(&["PTTL", k]).as_int()).collect();
     let bounded = |(key, ttl): (&String, &i64)| {
         key.ends_with(":void") && *ttl > 0 && *ttl <= LEASE.as_millis() as i64
     };
-    let leaked = leaks.channels.len()
-        + leaks
-            .keys
-            .iter()
-            .zip(&ttls)
-            .filter(|&pair| !bounded(pair))
-            .count();
+    let leaked =
+        leaks.channels.len() + leaks.keys.iter().zip(&ttls).filter(|&pair| !bounded(pair)).count();
     let s = &mut bed.scenario;
     s.figure("runs", runs * 2);
     s.figure_ms("margin_min_ms", &margins, 0.0);
@@ -137,15 +116,9 @@ async fn f10_stalled_redis_holder_lost_first() {
     s.figure("revived", revived);
     s.figure("leaked_keys", leaked);
     s.report();
-    assert_eq!(
-        revived, 0,
-        "a renewal queued during the stall brought the lock back"
-    );
+    assert_eq!(revived, 0, "a renewal queued during the stall brought the lock back");
     let longest = latencies.iter().max().expect("runs");
     // As in F17: an attempt runs to its command timeout and a lost reply is resolved first.
-    assert!(
-        *longest <= WAIT + 2 * COMMAND_TIMEOUT + TOLERANCE,
-        "caller waited {longest:?}"
-    );
+    assert!(*longest <= WAIT + 2 * COMMAND_TIMEOUT + TOLERANCE, "caller waited {longest:?}");
     assert_eq!(leaked, 0, "left in Redis: {leaks:?} ttls {ttls:?}");
 }

@@ -34,20 +34,11 @@ async fn f11_redis_restart_recovers() {
         let guards: Vec<_> = guards.into_iter().map(|g| g.expect("acquire")).collect();
         // A waiter that waited for a release: the pub/sub connection (opened by the first
         // listener) is open when the server dies.
-        let blocker = b
-            .lock("blocker")
-            .lease(lease)
-            .acquire()
-            .await
-            .expect("acquire");
+        let blocker = b.lock("blocker").lease(lease).acquire().await.expect("acquire");
         let waiting = {
             let a = a.clone();
             tokio::spawn(async move {
-                a.lock("blocker")
-                    .lease(lease)
-                    .wait(Duration::from_secs(10))
-                    .acquire()
-                    .await
+                a.lock("blocker").lease(lease).wait(Duration::from_secs(10)).acquire().await
             })
         };
         assert!(
@@ -75,21 +66,15 @@ async fn f11_redis_restart_recovers() {
             let a = a.clone();
             async move {
                 let started = tokio::time::Instant::now();
-                let outcome = a
-                    .lock(format!("down{run}-{i}"))
-                    .lease(lease)
-                    .wait(WAIT)
-                    .acquire()
-                    .await;
+                let outcome =
+                    a.lock(format!("down{run}-{i}")).lease(lease).wait(WAIT).acquire().await;
                 (started.elapsed(), outcome)
             }
         }));
         let restart = async {
             tokio::time::sleep(DOWN).await;
             let node = bed.redis.clone();
-            tokio::task::spawn_blocking(move || node.restart())
-                .await
-                .expect("restart");
+            tokio::task::spawn_blocking(move || node.restart()).await.expect("restart");
             tokio::time::Instant::now()
         };
         let (losses, callers, restarted) =
@@ -112,12 +97,7 @@ async fn f11_redis_restart_recovers() {
         // reaches the server again (within a second of the restart).
         for (name, client) in [("a", &a), ("b", &b)] {
             loop {
-                match client
-                    .lock(format!("first{run}{name}"))
-                    .lease(lease)
-                    .try_acquire()
-                    .await
-                {
+                match client.lock(format!("first{run}{name}")).lease(lease).try_acquire().await {
                     Ok(guard) => {
                         if name == "a" {
                             first_acquire.push(restarted.elapsed());
@@ -143,20 +123,11 @@ async fn f11_redis_restart_recovers() {
         .await;
         assert!(reconnected, "run {run}: pub/sub did not reconnect");
         // A release wakes a waiter again.
-        let holder = b
-            .lock(format!("wake{run}"))
-            .lease(lease)
-            .acquire()
-            .await
-            .expect("acquire");
+        let holder = b.lock(format!("wake{run}")).lease(lease).acquire().await.expect("acquire");
         let waiter = {
             let (a, key) = (a.clone(), format!("wake{run}"));
             tokio::spawn(async move {
-                a.lock(key)
-                    .lease(lease)
-                    .wait(Duration::from_secs(5))
-                    .acquire()
-                    .await
+                a.lock(key).lease(lease).wait(Duration::from_secs(5)).acquire().await
             })
         };
         let a_waits = super::eventually(Duration::from_secs(2), || a.waiters() == 1).await;
@@ -164,10 +135,7 @@ async fn f11_redis_restart_recovers() {
         tokio::time::sleep(Duration::from_millis(20)).await;
         let released = tokio::time::Instant::now();
         holder.release().await.expect("release");
-        let woken = waiter
-            .await
-            .expect("waiter task")
-            .expect("the waiter gets the lock");
+        let woken = waiter.await.expect("waiter task").expect("the waiter gets the lock");
         wakes.push(released.elapsed());
         woken.release().await.expect("release");
         drop(guards);
@@ -185,25 +153,13 @@ async fn f11_redis_restart_recovers() {
     s.figure("error_kinds", kinds.join(","));
     s.figure("leaked_keys", leaks.count());
     s.report();
-    assert_eq!(
-        hung, 0,
-        "callers waited past their wait and command timeout"
-    );
+    assert_eq!(hung, 0, "callers waited past their wait and command timeout");
     let slowest = lost_after_kill.iter().max().expect("runs");
-    assert!(
-        *slowest <= LEASE + TOLERANCE,
-        "a guard heard lost() {slowest:?} after the kill"
-    );
+    assert!(*slowest <= LEASE + TOLERANCE, "a guard heard lost() {slowest:?} after the kill");
     let first = first_acquire.iter().max().expect("runs");
-    assert!(
-        *first < Duration::from_secs(1),
-        "first acquire {first:?} after the restart"
-    );
+    assert!(*first < Duration::from_secs(1), "first acquire {first:?} after the restart");
     let wake = wakes.iter().max().expect("runs");
-    assert!(
-        *wake < Duration::from_secs(1),
-        "a waiter woke {wake:?} after a release"
-    );
+    assert!(*wake < Duration::from_secs(1), "a waiter woke {wake:?} after a release");
     checker::assert_settled(quiet, &a);
     assert_eq!(leaks.count(), 0, "left in Redis: {leaks:?}");
 }

@@ -29,11 +29,7 @@ async fn f13_pubsub_kill_strands_nobody() {
     let (mut wakes, mut stranded) = (Vec::new(), 0);
     for run in 0..runs {
         let keys: Vec<_> = (0..WAITERS).map(|i| format!("k{run}-{i}")).collect();
-        let held = join_all(
-            keys.iter()
-                .map(|key| holder.lock(key).lease(lease).acquire()),
-        )
-        .await;
+        let held = join_all(keys.iter().map(|key| holder.lock(key).lease(lease).acquire())).await;
         let held: Vec<_> = held.into_iter().map(|g| g.expect("acquire")).collect();
         let waiting: Vec<_> = keys
             .iter()
@@ -51,10 +47,7 @@ async fn f13_pubsub_kill_strands_nobody() {
         .await;
         assert!(subscribed, "run {run}: waiters did not all subscribe");
 
-        let killed = bed
-            .redis
-            .cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])
-            .as_int();
+        let killed = bed.redis.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]).as_int();
         assert!(killed >= 1, "run {run}: no pub/sub connection killed");
         tokio::time::sleep(Duration::from_millis(10)).await;
         let released = tokio::time::Instant::now();
@@ -85,24 +78,11 @@ async fn f13_pubsub_kill_strands_nobody() {
     s.figure_ms("wake_p99_ms", &wakes, 0.99);
     s.figure("pubsub_reconnects", waiter.backend().pubsub_reconnects());
     s.figure("leaked_keys", leaks.count());
-    s.figure(
-        "tasks_over_baseline",
-        checker::tasks().saturating_sub(baseline),
-    );
+    s.figure("tasks_over_baseline", checker::tasks().saturating_sub(baseline));
     s.report();
-    assert_eq!(
-        stranded, 0,
-        "waiters stranded after the pub/sub connection was killed"
-    );
-    assert!(
-        run::quantile_ms(&wakes, 0.99) < 1000.0,
-        "wake-ups took too long: p99 over 1 s"
-    );
+    assert_eq!(stranded, 0, "waiters stranded after the pub/sub connection was killed");
+    assert!(run::quantile_ms(&wakes, 0.99) < 1000.0, "wake-ups took too long: p99 over 1 s");
     assert!(quiet, "the clients still track state");
-    assert!(
-        settled,
-        "{} tasks alive, {baseline} before",
-        checker::tasks()
-    );
+    assert!(settled, "{} tasks alive, {baseline} before", checker::tasks());
     assert_eq!(leaks.count(), 0, "{leaks:?}");
 }

@@ -72,10 +72,7 @@ async fn f14_killed_connections_leave_no_ambiguity() {
             }
         } else {
             let (acquired, ()) = tokio::join!(
-                a.lock(&key)
-                    .lease(lease)
-                    .wait(Duration::from_secs(1))
-                    .acquire(),
+                a.lock(&key).lease(lease).wait(Duration::from_secs(1)).acquire(),
                 fault
             );
             match acquired {
@@ -119,12 +116,7 @@ async fn f14_killed_connections_leave_no_ambiguity() {
         }
         // The next holder gets the lock and keeps it while A's stragglers arrive.
         let started = tokio::time::Instant::now();
-        let next = b
-            .lock(&key)
-            .lease(lease)
-            .wait(LEASE + TOLERANCE)
-            .acquire()
-            .await;
+        let next = b.lock(&key).lease(lease).wait(LEASE + TOLERANCE).acquire().await;
         let next = next.unwrap_or_else(|e| {
             // Say who had the key: a straggler of A, or nobody (B's own call failed).
             panic!(
@@ -160,10 +152,7 @@ async fn f14_killed_connections_leave_no_ambiguity() {
     s.figure("leaked_keys", leaks.count());
     s.report();
     assert!(held_after_release.is_empty(), "{held_after_release:#?}");
-    assert!(
-        tracked.is_empty(),
-        "the client kept tracking a finished call: {tracked:#?}"
-    );
+    assert!(tracked.is_empty(), "the client kept tracking a finished call: {tracked:#?}");
     assert_eq!(orphans, 0, "a failed acquire left the lock held");
     assert_eq!(harmed, 0, "a straggler harmed the next holder");
     assert_eq!(stuck, 0, "a failed release kept the lock past its lease");

@@ -30,11 +30,7 @@ async fn warm(client: &LockClient<RedisBackend>) {
     // own and the calls after it may be handed a connection that the cut killed.
     futures_util::future::join_all((0..8).map(|i| async move {
         let guard = client.lock(format!("warm{i}")).acquire().await;
-        guard
-            .expect("warm-up")
-            .release()
-            .await
-            .expect("warm-up release");
+        guard.expect("warm-up").release().await.expect("warm-up release");
     }))
     .await;
 }
@@ -44,9 +40,7 @@ async fn f15_dropped_replies_leave_nothing_ambiguous() {
     let mut bed = Bed::new("F15", Topology::Single).await;
     let runs = run::count(20, 1000);
     let proxy = Proxy::start(bed.redis.url()).await;
-    let client = bed
-        .client_via(&proxy.url(), Duration::from_millis(500))
-        .await;
+    let client = bed.client_via(&proxy.url(), Duration::from_millis(500)).await;
     warm(&client).await;
 
     let (mut acquire_errors, mut acquire_retried, mut orphans, mut release_errors, mut unreleased) =
@@ -56,11 +50,7 @@ async fn f15_dropped_replies_leave_nothing_ambiguous() {
         // Acquire: the script runs, its answer is lost.
         let key = format!("a{run}");
         proxy.drop_next_reply();
-        let outcome = client
-            .lock(&key)
-            .wait(Duration::from_secs(1))
-            .acquire()
-            .await;
+        let outcome = client.lock(&key).wait(Duration::from_secs(1)).acquire().await;
         assert!(proxy.reply_dropped(), "run {run}: no reply was swallowed");
         match outcome {
             // The client resolved the attempt and then took the lock for real.
@@ -116,10 +106,7 @@ async fn f15_dropped_replies_leave_nothing_ambiguous() {
     s.figure("leaked_keys", leaks.count());
     s.report();
     assert_eq!(orphans, 0, "a failed acquire left the lock held");
-    assert_eq!(
-        unreleased, 0,
-        "a release whose reply was lost left the lock held"
-    );
+    assert_eq!(unreleased, 0, "a release whose reply was lost left the lock held");
     checker::assert_settled(quiet, &client);
     assert_eq!(leaks.count(), 0, "{leaks:?}");
 }
@@ -148,10 +135,8 @@ async fn f15_lost_reply_with_late_resolution_is_released() {
             tokio::time::sleep(command_timeout + Duration::from_millis(30)).await;
             proxy.set(Mode::Pass);
         };
-        let (outcome, ()) = tokio::join!(
-            client.lock(&key).wait(Duration::from_secs(2)).acquire(),
-            heal
-        );
+        let (outcome, ()) =
+            tokio::join!(client.lock(&key).wait(Duration::from_secs(2)).acquire(), heal);
         let guard = outcome.unwrap_or_else(|e| panic!("run {run}: {e:?}"));
         let owned = owned_by(|args| bed.redis.cmd(args), &name, guard.holder().id());
         if !owned {
@@ -171,9 +156,6 @@ async fn f15_lost_reply_with_late_resolution_is_released() {
     s.figure("held_after_release", format!("{held_after_release}/{runs}"));
     s.figure("client_state_left", checker::client_leaks(&client));
     s.report();
-    assert_eq!(
-        held_after_release, 0,
-        "a released lock stayed held in Redis"
-    );
+    assert_eq!(held_after_release, 0, "a released lock stayed held in Redis");
     checker::assert_settled(quiet, &client);
 }

@@ -30,10 +30,7 @@ async fn f16_late_acquire_reply_is_not_success() {
     for run in 0..runs {
         let key = format!("k{run}");
         let name = bed.lock_key(&key);
-        proxy.set(Mode::Delay {
-            up: Duration::ZERO,
-            down: DELAY,
-        });
+        proxy.set(Mode::Delay { up: Duration::ZERO, down: DELAY });
         let outcome = client
             .lock(&key)
             .lease(Lease::watchdog(LEASE))
@@ -48,10 +45,7 @@ async fn f16_late_acquire_reply_is_not_success() {
                 drop(guard);
             }
             Err(error) => assert!(
-                matches!(
-                    error,
-                    tower_lock::LockError::Backend(_) | tower_lock::LockError::Lost
-                ),
+                matches!(error, tower_lock::LockError::Backend(_) | tower_lock::LockError::Lost),
                 "run {run}: {error:?}"
             ),
         }
@@ -70,9 +64,6 @@ async fn f16_late_acquire_reply_is_not_success() {
     s.figure_ms("key_gone_after_answer_p99_ms", &cleanup, 0.99);
     s.figure("leaked_keys", leaks.count());
     s.report();
-    assert_eq!(
-        false_successes, 0,
-        "an acquire answered after its lease reported success"
-    );
+    assert_eq!(false_successes, 0, "an acquire answered after its lease reported success");
     assert_eq!(leaks.count(), 0, "{leaks:?}");
 }

@@ -67,11 +67,7 @@ async fn f17_blackhole_bounded_by_deadline_and_wait() {
             .wait(Duration::from_secs(2))
             .acquire()
             .await;
-        after
-            .expect("acquire after the blackhole")
-            .release()
-            .await
-            .expect("release");
+        after.expect("acquire after the blackhole").release().await.expect("release");
     }
     kinds.sort_unstable();
     kinds.dedup();

@@ -22,24 +22,8 @@ async fn f18_foreign_data_is_reported_not_overwritten() {
     let attempts = [
         (&plain, client.lock("plain").wait(WAIT).acquire().await),
         (&fair, client.fair_lock("fair").wait(WAIT).acquire().await),
-        (
-            &rw,
-            client
-                .read_write_lock("rw")
-                .write()
-                .wait(WAIT)
-                .acquire()
-                .await,
-        ),
-        (
-            &rw,
-            client
-                .read_write_lock("rw")
-                .read()
-                .wait(WAIT)
-                .acquire()
-                .await,
-        ),
+        (&rw, client.read_write_lock("rw").write().wait(WAIT).acquire().await),
+        (&rw, client.read_write_lock("rw").read().wait(WAIT).acquire().await),
     ];
     let (mut typed, mut overwrites) = (0, 0);
     let mut kinds = Vec::new();
@@ -64,9 +48,6 @@ async fn f18_foreign_data_is_reported_not_overwritten() {
     s.figure("overwrites", overwrites);
     s.figure("error_kinds", kinds.join(","));
     s.report();
-    assert_eq!(
-        typed, 4,
-        "errors must say wrong type `string` and name the key: {kinds:?}"
-    );
+    assert_eq!(typed, 4, "errors must say wrong type `string` and name the key: {kinds:?}");
     assert_eq!(overwrites, 0, "foreign data was overwritten");
 }

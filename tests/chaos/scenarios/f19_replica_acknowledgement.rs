@@ -75,9 +75,7 @@ async fn sync(replica: &Node, master: &Node) {
 async fn in_sync(replica: &Node, master: &Node) {
     let online = || {
         replica.replica_in_sync()
-            && master
-                .info("replication")
-                .is_some_and(|info| info.contains("state=online"))
+            && master.info("replication").is_some_and(|info| info.contains("state=online"))
     };
     assert!(
         eventually(SYNC_TIMEOUT, online).await,
@@ -107,18 +105,10 @@ async fn failover(
     let builder =
         crate::support::redis_backend(proxy.url()).command_timeout(Duration::from_secs(1));
     let first = bed
-        .client_of(if acknowledged {
-            builder.min_replicas(1, ACK_TIMEOUT)
-        } else {
-            builder
-        })
+        .client_of(if acknowledged { builder.min_replicas(1, ACK_TIMEOUT) } else { builder })
         .await;
     let mut first_section = history.begin(key, "");
-    let granted = first
-        .lock(key)
-        .lease(Lease::fixed(LEASE))
-        .try_acquire()
-        .await;
+    let granted = first.lock(key).lease(Lease::fixed(LEASE)).try_acquire().await;
     match &granted {
         Ok(guard) => {
             first_section.t_ok = Some(clock::now_ns());
@@ -126,9 +116,7 @@ async fn failover(
         }
         Err(error) => {
             first_section.result = Outcome::Fail;
-            let left = master
-                .cmd(&["EXISTS", &redis_key(&bed.prefix, key)])
-                .as_int();
+            let left = master.cmd(&["EXISTS", &redis_key(&bed.prefix, key)]).as_int();
             let clean = matches!(error, LockError::Backend(e) if matches!(
                 e.kind(),
                 BackendErrorKind::ReplicasNotAcknowledged { wanted: 1, acknowledged: 0 }
@@ -136,9 +124,7 @@ async fn failover(
             if clean && left == 0 && first.active_keys() == 0 {
                 failovers.clean_failures += 1;
             } else {
-                failovers
-                    .unclean
-                    .push(format!("{key}: {error:?}, key left: {left}"));
+                failovers.unclean.push(format!("{key}: {error:?}, key left: {left}"));
             }
         }
     }
@@ -160,9 +146,7 @@ async fn failover(
 /// Acquire latencies of `samples` uncontended acquisitions on `master`, alternating a client
 /// without and one with `min_replicas`: (without, with).
 async fn wait_overhead(bed: &Bed, master: &Node, samples: usize) -> (Vec<Duration>, Vec<Duration>) {
-    let plain = bed
-        .client_of(crate::support::redis_backend(master.url()))
-        .await;
+    let plain = bed.client_of(crate::support::redis_backend(master.url())).await;
     let acknowledged = bed
         .client_of(crate::support::redis_backend(master.url()).min_replicas(1, HEALTHY_ACK_TIMEOUT))
         .await;
@@ -216,28 +200,19 @@ async fn f19_failover_double_grants_with_and_without_wait() {
     let (without, with) = wait_overhead(&bed, &master, run::count(200, 2000)).await;
 
     let leaks = checker::server_settled(&master, &bed.prefix).await;
-    let (p50_without, p50_with) = (
-        run::quantile_ms(&without, 0.5),
-        run::quantile_ms(&with, 0.5),
-    );
+    let (p50_without, p50_with) = (run::quantile_ms(&without, 0.5), run::quantile_ms(&with, 0.5));
     let wait_aof = wait_aof_detection(&mut bed).await;
     let s = &mut bed.scenario;
     let (without_wait, with_wait) = super::double_grant_figures(s, runs, failovers.clean_failures);
     s.figure("acquire_p50_ms", format!("{p50_without:.2}"));
     s.figure("acquire_wait_p50_ms", format!("{p50_with:.2}"));
-    s.figure(
-        "wait_overhead_p50_ms",
-        format!("{:.2}", p50_with - p50_without),
-    );
+    s.figure("wait_overhead_p50_ms", format!("{:.2}", p50_with - p50_without));
     s.figure("leaked_keys", leaks.count());
     s.figure("failover_secs", format!("{failover_secs:.1}"));
     s.figure("waitaof", wait_aof);
     s.report();
 
-    assert!(
-        without_wait.violations > 0,
-        "checker blind: no double grant without WAIT"
-    );
+    assert!(without_wait.violations > 0, "checker blind: no double grant without WAIT");
     assert_eq!(with_wait.violations, 0, "{:?}", with_wait.examples);
     assert_eq!(with_wait.token_errors, 0, "{:?}", with_wait.examples);
     assert!(failovers.unclean.is_empty(), "{:?}", failovers.unclean);
@@ -295,10 +270,7 @@ async fn wait_aof_detection(bed: &mut Bed) -> String {
             )),
             "{error:?}"
         );
-        assert_eq!(
-            aof.cmd(&["EXISTS", &bed.lock_key("aof-replica")]).as_int(),
-            0
-        );
+        assert_eq!(aof.cmd(&["EXISTS", &bed.lock_key("aof-replica")]).as_int(), 0);
         format!("supported (redis {version})")
     } else {
         assert!(
@@ -325,11 +297,7 @@ async fn hold(holders: &LockClient<RedisBackend>, history: &History, run: usize)
     for i in 0..HELD_PER_FAILOVER {
         let key = format!("kept{run}-{i}");
         let renewed = i % 2 == 1;
-        let lease = if renewed {
-            Lease::watchdog(WATCHDOG_LEASE)
-        } else {
-            Lease::fixed(LEASE)
-        };
+        let lease = if renewed { Lease::watchdog(WATCHDOG_LEASE) } else { Lease::fixed(LEASE) };
         let mut section = history.begin(&key, "");
         let guard = holders
             .lock(&key)
@@ -341,11 +309,7 @@ async fn hold(holders: &LockClient<RedisBackend>, history: &History, run: usize)
         section.t_ok = Some(clock::now_ns());
         section.holder = guard.holder().id().to_owned();
         section.token = guard.fencing_token();
-        kept.push(Kept {
-            guard,
-            section,
-            renewed,
-        });
+        kept.push(Kept { guard, section, renewed });
     }
     kept
 }
@@ -358,10 +322,7 @@ async fn coordinated_failover(master: &Node, replica: &Node) -> Duration {
     let reply = master.cmd(&["FAILOVER", "TIMEOUT", &timeout]);
     assert_eq!(reply.as_str().as_deref(), Some("OK"), "FAILOVER: {reply:?}");
     let swapped = || has_role(replica, "master") && has_role(master, "slave");
-    assert!(
-        eventually(FAILOVER_TIMEOUT + SYNC_TIMEOUT, swapped).await,
-        "the roles did not swap"
-    );
+    assert!(eventually(FAILOVER_TIMEOUT + SYNC_TIMEOUT, swapped).await, "the roles did not swap");
     started.elapsed()
 }
 
@@ -376,11 +337,7 @@ async fn rival_takes(rival: &LockClient<RedisBackend>, history: &History, key: &
             section.t_rel_inv = Some(clock::now_ns());
             let released = guard.release().await;
             section.t_rel_ok = Some(clock::now_ns());
-            section.result = if released.is_ok() {
-                Outcome::Ok
-            } else {
-                Outcome::Info
-            };
+            section.result = if released.is_ok() { Outcome::Ok } else { Outcome::Info };
             history.record(&section);
             true
         }
@@ -415,19 +372,9 @@ async fn check_kept(
         }
     }
     let mut lost = Vec::new();
-    for (
-        Kept {
-            guard, mut section, ..
-        },
-        mut problems,
-    ) in kept.into_iter().zip(problems)
-    {
+    for (Kept { guard, mut section, .. }, mut problems) in kept.into_iter().zip(problems) {
         let key = section.key.clone();
-        let owned = owned_by(
-            |args| master.cmd(args),
-            &bed.lock_key(&key),
-            &section.holder,
-        );
+        let owned = owned_by(|args| master.cmd(args), &bed.lock_key(&key), &section.holder);
         if !owned {
             problems.push("not in Redis under its holder".to_owned());
         }
@@ -493,10 +440,7 @@ async fn f19_coordinated_failover_loses_no_lock() {
     let total = runs * HELD_PER_FAILOVER;
     let s = &mut bed.scenario;
     s.figure("runs", runs);
-    s.figure(
-        "coordinated_failover_lost",
-        format!("{}/{total}", lost.len()),
-    );
+    s.figure("coordinated_failover_lost", format!("{}/{total}", lost.len()));
     s.figure("double_grants", sweep.violations);
     s.figure_ms("failover_ms_p50", &durations, 0.5);
     s.figure_ms("failover_ms_max", &durations, 1.0);

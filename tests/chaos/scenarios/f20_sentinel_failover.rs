@@ -52,14 +52,8 @@ fn following(group: &SentinelGroup) -> RedisBackendBuilder {
 }
 
 async fn client_of(builder: RedisBackendBuilder) -> LockClient<RedisBackend> {
-    let backend = builder
-        .connect()
-        .await
-        .expect("connect through the sentinels");
-    LockClient::builder(backend)
-        .prefix(PREFIX)
-        .build()
-        .expect("client configuration")
+    let backend = builder.connect().await.expect("connect through the sentinels");
+    LockClient::builder(backend).prefix(PREFIX).build().expect("client configuration")
 }
 
 async fn client(group: &SentinelGroup) -> LockClient<RedisBackend> {
@@ -73,9 +67,7 @@ fn redis_key(key: &str) -> String {
 
 /// Whether `server` holds the lock `key` (false when it does not answer).
 fn has(server: &RedisServer, key: &str) -> bool {
-    server
-        .try_cmd(&["EXISTS", &redis_key(key)])
-        .is_ok_and(|reply| reply.as_int() == 1)
+    server.try_cmd(&["EXISTS", &redis_key(key)]).is_ok_and(|reply| reply.as_int() == 1)
 }
 
 /// `SIGKILL`s the master and waits until the sentinels have promoted the replica; returns when
@@ -109,12 +101,7 @@ async fn waiter(
     witness: Witness,
 ) -> Result<u64, LockError> {
     let mut section = history.begin(key, "");
-    let result = locks
-        .lock(key)
-        .lease(Lease::watchdog(LEASE))
-        .wait(WAIT)
-        .acquire()
-        .await;
+    let result = locks.lock(key).lease(Lease::watchdog(LEASE)).wait(WAIT).acquire().await;
     let guard = match result {
         Ok(guard) => guard,
         Err(error) => {
@@ -127,9 +114,7 @@ async fn waiter(
     section.t_ok = Some(t_ok);
     section.holder = guard.holder().id().to_owned();
     witness.enter(key).await;
-    witness
-        .increment_slowly(key, Duration::from_millis(5))
-        .await;
+    witness.increment_slowly(key, Duration::from_millis(5)).await;
     witness.exit(key).await;
     section.t_rel_inv = Some(clock::now_ns());
     // A release racing the failover may fail; the lease then frees the lock.
@@ -157,10 +142,9 @@ async fn failover(run: usize, history: &History, witness: &Witness) -> Failover 
             ))
         })
         .collect();
-    let copied = eventually(Duration::from_secs(5), || {
-        KEYS.iter().all(|key| has(&group.replica, key))
-    })
-    .await;
+    let copied =
+        eventually(Duration::from_secs(5), || KEYS.iter().all(|key| has(&group.replica, key)))
+            .await;
     assert!(copied, "run {run}: the locks did not reach the replica");
     let queued = eventually(Duration::from_secs(5), || {
         clients.iter().map(LockClient::waiters).sum::<usize>() == WAITERS
@@ -202,11 +186,8 @@ async fn failover(run: usize, history: &History, witness: &Witness) -> Failover 
                 Ok(t_ok) => {
                     outcome.acquired += 1;
                     let after = clock::between(killed_ns, t_ok);
-                    outcome.first_acquire = Some(
-                        outcome
-                            .first_acquire
-                            .map_or(after, |first| first.min(after)),
-                    );
+                    outcome.first_acquire =
+                        Some(outcome.first_acquire.map_or(after, |first| first.min(after)));
                 }
                 Err(LockError::WaitTimeout { .. }) => outcome.timed_out += 1,
                 Err(other) => outcome.other_errors.push(format!("{other:?}")),
@@ -257,20 +238,10 @@ async fn f20_sentinel_failover_with_holders_and_waiters() {
     scenario.figure("violations", violations);
     scenario.report();
 
-    assert_eq!(
-        violations, 0,
-        "mutual exclusion broken: {:?}",
-        sweep.examples
-    );
+    assert_eq!(violations, 0, "mutual exclusion broken: {:?}", sweep.examples);
     assert_eq!(stranded, 0, "waiters stranded by the failover");
-    assert!(
-        other_errors.is_empty(),
-        "waiters ended with {other_errors:?}"
-    );
-    assert_eq!(
-        never_acquired, 0,
-        "a failover after which no waiter got a lock"
-    );
+    assert!(other_errors.is_empty(), "waiters ended with {other_errors:?}");
+    assert_eq!(never_acquired, 0, "a failover after which no waiter got a lock");
 }
 
 /// What one failover after an unreplicated grant showed.
@@ -308,57 +279,35 @@ async fn unreplicated_grant(run: usize, acknowledged: bool, history: &History) -
     let proxy = Proxy::start(&format!("redis://127.0.0.1:{}", group.master.port())).await;
     let through = port_of(&proxy.url()).to_owned();
     let reply = group.replica.cmd(&["REPLICAOF", "127.0.0.1", &through]);
-    assert_eq!(
-        reply.as_str().as_deref(),
-        Some("OK"),
-        "run {run}: REPLICAOF: {reply:?}"
-    );
+    assert_eq!(reply.as_str().as_deref(), Some("OK"), "run {run}: REPLICAOF: {reply:?}");
     // The sentinels keep the replica: the master lists it under its own listening port. They
     // point a replica of another address back at the master only failover-timeout (5 s) after
     // they see the change, and the master is dead well before (a partial resync takes
     // milliseconds).
-    let linked = eventually(Duration::from_secs(2), || {
-        replicates_through(&group.replica, &through)
-    })
-    .await;
-    assert!(
-        linked,
-        "run {run}: the replica did not sync through the proxy"
-    );
+    let linked =
+        eventually(Duration::from_secs(2), || replicates_through(&group.replica, &through)).await;
+    assert!(linked, "run {run}: the replica did not sync through the proxy");
 
     let builder = following(&group);
-    let first = client_of(if acknowledged {
-        builder.min_replicas(1, ACK_TIMEOUT)
-    } else {
-        builder
-    })
-    .await;
+    let first =
+        client_of(if acknowledged { builder.min_replicas(1, ACK_TIMEOUT) } else { builder }).await;
     let key = format!("{}{run}", if acknowledged { "wait" } else { "nowait" });
     // Unlike a paused or killed replica, the replica stays up and promotable; what the master
     // sends it from now on is read by the proxy and dropped.
     proxy.set(Mode::Blackhole);
     let mut first_section = history.begin(&key, "");
-    let granted = first
-        .lock(&key)
-        .lease(Lease::fixed(UNREPLICATED_LEASE))
-        .try_acquire()
-        .await;
+    let granted = first.lock(&key).lease(Lease::fixed(UNREPLICATED_LEASE)).try_acquire().await;
     let (mut clean_failure, mut unclean) = (false, None);
     match &granted {
         Ok(guard) => {
             first_section.t_ok = Some(clock::now_ns());
             first_section.holder = guard.holder().id().to_owned();
             if acknowledged {
-                unclean = Some(format!(
-                    "{key}: granted, though no replica could acknowledge"
-                ));
+                unclean = Some(format!("{key}: granted, though no replica could acknowledge"));
             }
         }
         Err(error) => {
-            assert!(
-                acknowledged,
-                "run {run}: {key}: the master does not grant: {error:?}"
-            );
+            assert!(acknowledged, "run {run}: {key}: the master does not grant: {error:?}");
             first_section.result = Outcome::Fail;
             let left = has(&group.master, &key);
             let not_acknowledged = matches!(error, LockError::Backend(e) if matches!(
@@ -382,11 +331,7 @@ async fn unreplicated_grant(run: usize, acknowledged: bool, history: &History) -
     let second = client(&group).await;
     let t_ok =
         super::grant_again_after_failover(history, &second, &key, (first_section, granted)).await;
-    Unreplicated {
-        failover: clock::between(killed_ns, t_ok),
-        clean_failure,
-        unclean,
-    }
+    Unreplicated { failover: clock::between(killed_ns, t_ok), clean_failure, unclean }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

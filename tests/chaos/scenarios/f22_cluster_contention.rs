@@ -41,10 +41,7 @@ fn stat(node: &RedisServer, section: &str, name: &str) -> u64 {
 
 /// The sum of a stat over the nodes `nodes`.
 fn total(cluster: &RedisCluster, nodes: &[usize], section: &str, name: &str) -> u64 {
-    nodes
-        .iter()
-        .map(|&i| stat(cluster.node(i), section, name))
-        .sum()
+    nodes.iter().map(|&i| stat(cluster.node(i), section, name)).sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -63,10 +60,7 @@ async fn f22_cluster_contention_over_all_masters() {
                 .await
                 .expect("connect to the cluster");
             clients.push(
-                LockClient::builder(backend)
-                    .prefix(PREFIX)
-                    .build()
-                    .expect("client configuration"),
+                LockClient::builder(backend).prefix(PREFIX).build().expect("client configuration"),
             );
         } else {
             let shared = clients[clients.len() - 1].clone();
@@ -74,9 +68,8 @@ async fn f22_cluster_contention_over_all_masters() {
         }
     }
     let masters = cluster.masters();
-    let owners: std::collections::BTreeSet<usize> = (0..KEYS)
-        .map(|k| cluster.owner_of(&format!("{PREFIX}{{k{k}}}")))
-        .collect();
+    let owners: std::collections::BTreeSet<usize> =
+        (0..KEYS).map(|k| cluster.owner_of(&format!("{PREFIX}{{k{k}}}"))).collect();
 
     let started = Instant::now();
     let load = Contention {
@@ -112,10 +105,7 @@ async fn f22_cluster_contention_over_all_masters() {
         })
         .sum();
 
-    scenario.figure(
-        "masters_used",
-        format!("{}/{}", owners.len(), masters.len()),
-    );
+    scenario.figure("masters_used", format!("{}/{}", owners.len(), masters.len()));
     scenario.figure("violations", format!("{violations}/{}", sweep.held));
     scenario.figure("witness_overlaps", seen.overlaps);
     scenario.figure("lost_updates", lost_updates);
@@ -133,11 +123,7 @@ async fn f22_cluster_contention_over_all_masters() {
     scenario.report();
 
     assert_eq!(owners.len(), masters.len(), "the keys cover every master");
-    assert_eq!(
-        violations, 0,
-        "mutual exclusion broken: {:?}",
-        sweep.examples
-    );
+    assert_eq!(violations, 0, "mutual exclusion broken: {:?}", sweep.examples);
     assert!(
         seen_by_clients.errors.is_empty(),
         "caller-visible errors: {:?}",
@@ -147,9 +133,6 @@ async fn f22_cluster_contention_over_all_masters() {
     assert_eq!(crossslot, 0, "a command spanned slots");
     assert_eq!(publish, 0, "a release was published cluster-wide");
     assert!(spublish > 0, "no release was published to its shard");
-    assert_eq!(
-        moved, 0,
-        "a command went to a node that does not own its slot"
-    );
+    assert_eq!(moved, 0, "a command went to a node that does not own its slot");
     assert_eq!(leaks, 0, "keys left on the masters");
 }

@@ -32,10 +32,8 @@ const RECOVERY_LIMIT: Duration = Duration::from_secs(6);
 const PROMPT: Duration = Duration::from_secs(1);
 
 async fn client(cluster: &RedisCluster) -> LockClient<RedisBackend> {
-    let backend = RedisBackend::cluster(cluster.urls())
-        .connect()
-        .await
-        .expect("connect to the cluster");
+    let backend =
+        RedisBackend::cluster(cluster.urls()).connect().await.expect("connect to the cluster");
     LockClient::builder(backend)
         .prefix(PREFIX)
         .wait(Duration::from_secs(30))
@@ -61,11 +59,8 @@ fn replicas_caught_up(master: &RedisServer) -> bool {
     let Ok(info) = master.info("replication") else {
         return false;
     };
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|line| line.strip_prefix(name))
-            .map(str::to_owned)
-    };
+    let field =
+        |name: &str| info.lines().find_map(|line| line.strip_prefix(name)).map(str::to_owned);
     let Some(offset) = field("master_repl_offset:").and_then(|o| o.trim().parse::<u64>().ok())
     else {
         return false;
@@ -121,10 +116,7 @@ async fn migrate_then_fail(run: usize, history: &History, outcomes: &mut Outcome
     for key in [&moved, &untouched] {
         held.push(super::in_process::hold(&a, key, LEASE, history, run).await);
     }
-    let waiters = [
-        spawn_waiter(&b, history, &moved),
-        spawn_waiter(&b, history, &untouched),
-    ];
+    let waiters = [spawn_waiter(&b, history, &moved), spawn_waiter(&b, history, &untouched)];
     assert!(
         eventually(Duration::from_secs(5), || b.waiters() == 2).await,
         "run {run}: the waiters did not queue"
@@ -133,10 +125,7 @@ async fn migrate_then_fail(run: usize, history: &History, outcomes: &mut Outcome
     // The held and waited slot moves from master 0 to master 1, which then dies.
     tokio::task::block_in_place(|| cluster.migrate_slot(cluster.slot_of(&lock_name(&moved)), 1));
     assert!(
-        eventually(Duration::from_secs(5), || replicas_caught_up(
-            cluster.node(1)
-        ))
-        .await,
+        eventually(Duration::from_secs(5), || replicas_caught_up(cluster.node(1))).await,
         "run {run}: master 1's replica did not catch up"
     );
     let probe = key_on(&cluster, "probe", 1);
@@ -149,11 +138,7 @@ async fn migrate_then_fail(run: usize, history: &History, outcomes: &mut Outcome
     // The kill happens on the failover's thread: from when the master stops accepting
     // connections until the failed shard grants a lock again (polling, with deadlines).
     assert!(
-        eventually(Duration::from_secs(5), || std::net::TcpStream::connect(
-            doomed
-        )
-        .is_err())
-        .await,
+        eventually(Duration::from_secs(5), || std::net::TcpStream::connect(doomed).is_err()).await,
         "run {run}: master 1 still accepts connections"
     );
     let killed = Instant::now();
@@ -220,31 +205,19 @@ async fn f23_cluster_slot_migrated_then_master_killed() {
     let slowest_recovery = outcomes.recovery.iter().max().copied().unwrap_or_default();
     let slowest_handoff = outcomes.handoffs.iter().max().copied().unwrap_or_default();
     scenario.figure("runs", runs);
-    scenario.figure(
-        "spurious_lost",
-        format!("{}/{}", outcomes.spurious_lost, 2 * runs),
-    );
+    scenario.figure("spurious_lost", format!("{}/{}", outcomes.spurious_lost, 2 * runs));
     scenario.figure("stranded", format!("{}/{}", outcomes.stranded, 2 * runs));
     scenario.figure("violations", sweep.violations);
     scenario.figure(
         "recovery_max_ms",
         format!("{:.0}/{}", clock::ms(slowest_recovery), bound.as_millis()),
     );
-    scenario.figure(
-        "handoff_max_ms",
-        format!("{:.1}", clock::ms(slowest_handoff)),
-    );
+    scenario.figure("handoff_max_ms", format!("{:.1}", clock::ms(slowest_handoff)));
     scenario.report();
 
     assert_eq!(outcomes.spurious_lost, 0, "a holder lost a replicated lock");
     assert_eq!(outcomes.stranded, 0, "a waiter never got its lock");
     assert_eq!(sweep.violations, 0, "{:?}", sweep.examples);
-    assert!(
-        slowest_handoff < PROMPT,
-        "a waiter woke {slowest_handoff:?} after the release"
-    );
-    assert!(
-        slowest_recovery <= RECOVERY_LIMIT,
-        "recovered after {slowest_recovery:?}"
-    );
+    assert!(slowest_handoff < PROMPT, "a waiter woke {slowest_handoff:?} after the release");
+    assert!(slowest_recovery <= RECOVERY_LIMIT, "recovered after {slowest_recovery:?}");
 }

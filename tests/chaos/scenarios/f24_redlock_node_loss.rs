@@ -36,28 +36,13 @@ async fn f24_redlock_with_nodes_killed() {
     let mut rng = bed.scenario.rng();
     let started = Instant::now();
     // With two nodes down every acquire and release waits a node timeout for them.
-    let (all_up_sections, killed_sections, two_down_sections) = (
-        run::count(800, 10_000),
-        run::count(48, 1000),
-        run::count(48, 1000),
-    );
-    let clients: Vec<_> = (0..CLIENTS)
-        .map(|_| bed.redlock_client(NODE_TIMEOUT))
-        .collect();
+    let (all_up_sections, killed_sections, two_down_sections) =
+        (run::count(800, 10_000), run::count(48, 1000), run::count(48, 1000));
+    let clients: Vec<_> = (0..CLIENTS).map(|_| bed.redlock_client(NODE_TIMEOUT)).collect();
 
     let history = bed.scenario.history();
-    let load = |sections| Contention {
-        sections,
-        keys: KEYS,
-        wait: WAIT,
-    };
-    let all_up = contend(
-        (&history, &bed.witness),
-        &clients,
-        load(all_up_sections),
-        &mut rng,
-    )
-    .await;
+    let load = |sections| Contention { sections, keys: KEYS, wait: WAIT };
+    let all_up = contend((&history, &bed.witness), &clients, load(all_up_sections), &mut rng).await;
     // Two nodes picked by the seed die once the witness has seen a third of the next load's
     // sections; three remain, a majority.
     let mut order: Vec<usize> = (0..REDLOCK_NODES).collect();
@@ -65,12 +50,7 @@ async fn f24_redlock_with_nodes_killed() {
         order.swap(i, rng.below(i as u64 + 1) as usize);
     }
     let killed_at = bed.witness.seen().await.counted + (killed_sections / 3) as u64;
-    let killing = contend(
-        (&history, &bed.witness),
-        &clients,
-        load(killed_sections),
-        &mut rng,
-    );
+    let killing = contend((&history, &bed.witness), &clients, load(killed_sections), &mut rng);
     let kill_mid_load = async {
         while bed.witness.seen().await.counted < killed_at {
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -80,13 +60,8 @@ async fn f24_redlock_with_nodes_killed() {
         }
     };
     let (killed, ()) = tokio::join!(killing, kill_mid_load);
-    let two_down = contend(
-        (&history, &bed.witness),
-        &clients,
-        load(two_down_sections),
-        &mut rng,
-    )
-    .await;
+    let two_down =
+        contend((&history, &bed.witness), &clients, load(two_down_sections), &mut rng).await;
 
     // Alone, an acquire with two nodes down takes at most a node timeout more than a round
     // trip.
@@ -94,19 +69,13 @@ async fn f24_redlock_with_nodes_killed() {
     let mut solo = Vec::new();
     for attempt in 0..run::count(10, 200) {
         let asked = Instant::now();
-        let guard = alone
-            .lock(format!("alone{attempt}"))
-            .try_acquire()
-            .await
-            .expect("acquire on 3 of 5");
+        let guard =
+            alone.lock(format!("alone{attempt}")).try_acquire().await.expect("acquire on 3 of 5");
         solo.push(asked.elapsed());
         guard.release().await.expect("release on 3 of 5");
     }
     let (rounds, won): (u64, u64) = clients.iter().fold((0, 0), |(rounds, won), client| {
-        (
-            rounds + client.backend().acquire_rounds(),
-            won + client.backend().acquire_rounds_won(),
-        )
+        (rounds + client.backend().acquire_rounds(), won + client.backend().acquire_rounds_won())
     });
 
     let live = &order[3..];
@@ -126,19 +95,12 @@ async fn f24_redlock_with_nodes_killed() {
     let mut wrong_errors = Vec::new();
     for attempt in 0..run::count(5, 50) {
         let asked = Instant::now();
-        let result = alone
-            .lock(format!("three-down{attempt}"))
-            .wait(QUORUM_WAIT)
-            .acquire()
-            .await;
+        let result = alone.lock(format!("three-down{attempt}")).wait(QUORUM_WAIT).acquire().await;
         failures.push(asked.elapsed());
         match result {
             Err(LockError::Backend(e))
                 if *e.kind()
-                    == (BackendErrorKind::QuorumUnavailable {
-                        reachable: 2,
-                        needed: 3,
-                    }) => {}
+                    == (BackendErrorKind::QuorumUnavailable { reachable: 2, needed: 3 }) => {}
             other => wrong_errors.push(format!("{:?}", other.map(|_| "the lock"))),
         }
     }
@@ -158,10 +120,8 @@ async fn f24_redlock_with_nodes_killed() {
     let ok = checker::completed(&recorded);
     let lost_updates = (ok as u64).abs_diff(seen.counted);
     let violations = sweep.violations as u64 + seen.overlaps + lost_updates;
-    let errors: Vec<_> = [&all_up, &killed, &two_down]
-        .iter()
-        .flat_map(|phase| &phase.errors)
-        .collect();
+    let errors: Vec<_> =
+        [&all_up, &killed, &two_down].iter().flat_map(|phase| &phase.errors).collect();
     let slowest_failure = failures.iter().max().copied().unwrap_or_default();
     let s = &mut bed.scenario;
     s.figure("violations", format!("{violations}/{}", sweep.held));
@@ -169,65 +129,33 @@ async fn f24_redlock_with_nodes_killed() {
     s.figure("witness_overlaps", seen.overlaps);
     s.figure("lost_updates", lost_updates);
     s.figure("errors", errors.len());
-    for (name, phase) in [
-        ("all_up", &all_up),
-        ("killed", &killed),
-        ("two_down", &two_down),
-    ] {
+    for (name, phase) in [("all_up", &all_up), ("killed", &killed), ("two_down", &two_down)] {
         s.figure(
             &format!("contended_p99_ms_{name}"),
             format!("{:.1}", run::quantile_ms(&phase.latencies, 0.99)),
         );
     }
-    s.figure(
-        "acquire_p99_ms_two_down",
-        format!("{:.2}", run::quantile_ms(&solo, 0.99)),
-    );
-    s.figure(
-        "attempts_per_acquisition",
-        format!("{:.3}", rounds as f64 / won.max(1) as f64),
-    );
+    s.figure("acquire_p99_ms_two_down", format!("{:.2}", run::quantile_ms(&solo, 0.99)));
+    s.figure("attempts_per_acquisition", format!("{:.3}", rounds as f64 / won.max(1) as f64));
     s.figure(
         "failure_max_ms_three_down",
-        format!(
-            "{:.0}/{}",
-            clock::ms(slowest_failure),
-            QUORUM_WAIT.as_millis()
-        ),
+        format!("{:.0}/{}", clock::ms(slowest_failure), QUORUM_WAIT.as_millis()),
     );
     s.figure("void_records", voids);
     s.figure("leaked_keys", leaks + left_on_two);
     s.figure("secs", format!("{:.1}", started.elapsed().as_secs_f64()));
     s.report();
 
-    assert_eq!(
-        violations, 0,
-        "mutual exclusion broken: {:?}",
-        sweep.examples
-    );
-    assert!(
-        errors.is_empty(),
-        "caller-visible errors: {:?}",
-        &errors[..errors.len().min(5)]
-    );
+    assert_eq!(violations, 0, "mutual exclusion broken: {:?}", sweep.examples);
+    assert!(errors.is_empty(), "caller-visible errors: {:?}", &errors[..errors.len().min(5)]);
     let total = [all_up_sections, killed_sections, two_down_sections]
         .iter()
         .map(|sections| sections / CLIENTS * CLIENTS)
         .sum::<usize>();
     assert_eq!(ok, total, "every section completed");
     let slowest = solo.iter().max().copied().unwrap_or_default();
-    assert!(
-        slowest <= NODE_TIMEOUT + SLACK,
-        "acquire with 2 down took {slowest:?}"
-    );
+    assert!(slowest <= NODE_TIMEOUT + SLACK, "acquire with 2 down took {slowest:?}");
     assert!(wrong_errors.is_empty(), "with 3 down: {wrong_errors:?}");
-    assert!(
-        slowest_failure <= QUORUM_WAIT + SLACK,
-        "failed after {slowest_failure:?}"
-    );
-    assert_eq!(
-        leaks + left_on_two,
-        0,
-        "keys or channels left on the live nodes: {left:?}"
-    );
+    assert!(slowest_failure <= QUORUM_WAIT + SLACK, "failed after {slowest_failure:?}");
+    assert_eq!(leaks + left_on_two, 0, "keys or channels left on the live nodes: {left:?}");
 }

@@ -22,10 +22,7 @@ async fn f25_redlock_paused_nodes() {
     let mut bed = Bed::new("F25", Topology::Redlock).await;
     let runs = run::count(3, 30);
     let mut rng = bed.scenario.rng();
-    let (holder, competitor) = (
-        bed.redlock_client(NODE_TIMEOUT),
-        bed.redlock_client(NODE_TIMEOUT),
-    );
+    let (holder, competitor) = (bed.redlock_client(NODE_TIMEOUT), bed.redlock_client(NODE_TIMEOUT));
     let mut false_lost = 0;
     let mut intrusions = 0;
     let mut not_lost = 0;
@@ -54,14 +51,8 @@ async fn f25_redlock_paused_nodes() {
                 break guard;
             }
             tries += 1;
-            assert!(
-                tries < 5,
-                "run {run}: the lock never reached all five nodes"
-            );
-            guard
-                .release()
-                .await
-                .expect("release a lock held on a majority");
+            assert!(tries < 5, "run {run}: the lock never reached all five nodes");
+            guard.release().await.expect("release a lock held on a majority");
         };
 
         for node in &paused[..2] {
@@ -95,10 +86,7 @@ async fn f25_redlock_paused_nodes() {
             matches!(guard.release().await, Err(LockError::Lost)),
             "run {run}: release of a lost guard"
         );
-        println!(
-            "F25 run {run}: lost {:?} after the third pause",
-            lost_at - paused_at
-        );
+        println!("F25 run {run}: lost {:?} after the third pause", lost_at - paused_at);
     }
     let s = &mut bed.scenario;
     s.figure("runs", runs);
@@ -112,30 +100,16 @@ async fn f25_redlock_paused_nodes() {
     assert_eq!(false_lost, 0, "lost with only 2 of 5 nodes paused");
     assert_eq!(intrusions, 0, "another holder got in with 2 of 5 paused");
     assert_eq!(not_lost, 0, "not lost with 3 of 5 paused");
-    assert!(
-        lost_early.is_empty(),
-        "lost before the deadline: {lost_early:?}"
-    );
-    let latest = lost_after_deadline
-        .iter()
-        .max()
-        .copied()
-        .unwrap_or_default();
-    assert!(
-        latest <= LOSS_LATENCY,
-        "lost {:.1} ms after the deadline",
-        clock::ms(latest)
-    );
+    assert!(lost_early.is_empty(), "lost before the deadline: {lost_early:?}");
+    let latest = lost_after_deadline.iter().max().copied().unwrap_or_default();
+    assert!(latest <= LOSS_LATENCY, "lost {:.1} ms after the deadline", clock::ms(latest));
 }
 
 /// Waits until `client`'s backend skips no node (a second at most: a skip ends on its own).
 async fn every_node_answering(client: &LockClient<RedlockBackend>) {
     let given_up = Instant::now() + Duration::from_secs(2);
     while !client.backend().skipped_nodes().is_empty() {
-        assert!(
-            Instant::now() < given_up,
-            "a node is still skipped 2 s after resuming"
-        );
+        assert!(Instant::now() < given_up, "a node is still skipped 2 s after resuming");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -145,11 +119,7 @@ async fn held_everywhere(bed: &Bed, key: &str) -> bool {
     let name = bed.lock_key(key);
     let given_up = Instant::now() + Duration::from_millis(300);
     loop {
-        if bed
-            .nodes
-            .iter()
-            .all(|node| node.cmd(&["EXISTS", &name]).as_int() == 1)
-        {
+        if bed.nodes.iter().all(|node| node.cmd(&["EXISTS", &name]).as_int() == 1) {
             return true;
         }
         if Instant::now() >= given_up {

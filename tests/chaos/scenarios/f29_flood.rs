@@ -14,20 +14,14 @@ const CAP: usize = 1024;
 
 /// How many clients Redis has connected.
 fn connections(bed: &Bed) -> usize {
-    let list = bed
-        .redis
-        .cmd(&["CLIENT", "LIST"])
-        .as_str()
-        .unwrap_or_default();
+    let list = bed.redis.cmd(&["CLIENT", "LIST"]).as_str().unwrap_or_default();
     list.lines().count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f29_flood_is_capped_with_constant_connections() {
     let mut bed = Bed::new("F29", Topology::Single).await;
-    let flood: usize = std::env::var("F29_FLOOD")
-        .map(|v| v.parse().unwrap())
-        .unwrap_or(10_001);
+    let flood: usize = std::env::var("F29_FLOOD").map(|v| v.parse().unwrap()).unwrap_or(10_001);
     let distinct = run::count(2_000, 100_000);
     let holder = bed.client().await;
     let client = bed.client().await;
@@ -47,11 +41,7 @@ async fn f29_flood_is_capped_with_constant_connections() {
         .map(|_| {
             let client = client.clone();
             tokio::spawn(async move {
-                let guard = client
-                    .lock("hot")
-                    .wait(Duration::from_secs(30))
-                    .acquire()
-                    .await?;
+                let guard = client.lock("hot").wait(Duration::from_secs(30)).acquire().await?;
                 guard.release().await
             })
         })
@@ -61,16 +51,9 @@ async fn f29_flood_is_capped_with_constant_connections() {
     let mut rejects = Vec::new();
     for _ in CAP..flood {
         let started = tokio::time::Instant::now();
-        let outcome = client
-            .lock("hot")
-            .wait(Duration::from_secs(30))
-            .acquire()
-            .await;
+        let outcome = client.lock("hot").wait(Duration::from_secs(30)).acquire().await;
         rejects.push(started.elapsed());
-        assert!(
-            matches!(outcome, Err(LockError::TooManyWaiters)),
-            "{outcome:?}"
-        );
+        assert!(matches!(outcome, Err(LockError::TooManyWaiters)), "{outcome:?}");
     }
     let during = connections(&bed);
     held.release().await.expect("release");
@@ -99,30 +82,17 @@ async fn f29_flood_is_capped_with_constant_connections() {
     let s = &mut bed.scenario;
     s.figure("waiters", flood);
     s.figure("rejected", rejects.len());
-    s.figure(
-        "reject_p99_ms",
-        format!("{:.3}", run::quantile_ms(&rejects, 0.99)),
-    );
+    s.figure("reject_p99_ms", format!("{:.3}", run::quantile_ms(&rejects, 0.99)));
     s.figure("distinct_keys", distinct);
     s.figure("distinct_failures", failures);
-    s.figure(
-        "distinct_per_s",
-        format!("{:.0}", distinct as f64 / distinct_secs),
-    );
+    s.figure("distinct_per_s", format!("{:.0}", distinct as f64 / distinct_secs));
     s.figure("connections", format!("{before}/{during}/{after}"));
     s.figure("leaked_keys", leaks.count());
     s.report();
     assert_eq!(rejects.len(), flood - CAP);
-    assert!(
-        run::quantile_ms(&rejects, 0.99) < 1.0,
-        "rejections are not immediate"
-    );
+    assert!(run::quantile_ms(&rejects, 0.99) < 1.0, "rejections are not immediate");
     assert_eq!(failures, 0);
-    assert_eq!(
-        (during, after),
-        (before, before),
-        "connections grew with the flood"
-    );
+    assert_eq!((during, after), (before, before), "connections grew with the flood");
     checker::assert_settled(quiet, &client);
     assert_eq!(leaks.count(), 0, "{leaks:?}");
 }

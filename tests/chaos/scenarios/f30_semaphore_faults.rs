@@ -42,18 +42,13 @@ fn permits_of(node: &Node, grants: &str, holders: &[HolderProc]) -> Vec<usize> {
         RespValue::Array(Some(ids)) => ids.iter().filter_map(RespValue::as_str).collect(),
         other => panic!("unexpected ZRANGE reply {other:?}"),
     };
-    holders
-        .iter()
-        .map(|holder| ids.iter().filter(|id| holder.made(id)).count())
-        .collect()
+    holders.iter().map(|holder| ids.iter().filter(|id| holder.made(id)).count()).collect()
 }
 
 /// Among the processes not `out`, one that holds the most permits now, if any holds one.
 fn holding(node: &Node, grants: &str, holders: &[HolderProc], out: &[usize]) -> Option<usize> {
     let counts = permits_of(node, grants, holders);
-    (0..holders.len())
-        .filter(|i| !out.contains(i) && counts[*i] > 0)
-        .max_by_key(|&i| counts[i])
+    (0..holders.len()).filter(|i| !out.contains(i) && counts[*i] > 0).max_by_key(|&i| counts[i])
 }
 
 /// What one round saw.
@@ -153,11 +148,7 @@ async fn f30_permits_never_exceeded_under_faults() {
                 continue;
             }
             match holder.reply(LOAD + Duration::from_secs(60)).await {
-                Reply::Done {
-                    completed: n,
-                    errors,
-                    leaked,
-                } => {
+                Reply::Done { completed: n, errors, leaked } => {
                     completed += n;
                     leaked_client += leaked;
                     for error in errors {
@@ -166,11 +157,8 @@ async fn f30_permits_never_exceeded_under_faults() {
                             kind,
                             "Backend(Interrupted)" | "Backend(Unavailable)" | "Backend(Timeout)"
                         ) || (i == paused && matches!(kind, "Lost" | "NotHeld"));
-                        let label = if i == paused {
-                            format!("{kind}(paused)")
-                        } else {
-                            kind.to_owned()
-                        };
+                        let label =
+                            if i == paused { format!("{kind}(paused)") } else { kind.to_owned() };
                         if i != paused && kind == "Backend(Timeout)" {
                             round.stuck_calls += 1;
                         }
@@ -195,14 +183,8 @@ async fn f30_permits_never_exceeded_under_faults() {
     let crowd = checker::max_holders(&sections, permits);
     // As if a paused holder believed it held until it saw the loss: the pause really let
     // the others take its permits (a figure, not a check).
-    let late: Vec<Section> = sections
-        .iter()
-        .cloned()
-        .map(|s| Section {
-            t_deadline: None,
-            ..s
-        })
-        .collect();
+    let late: Vec<Section> =
+        sections.iter().cloned().map(|s| Section { t_deadline: None, ..s }).collect();
     let crowd_if_seen_late = checker::max_holders(&late, permits);
     let takeover = |after: u64, excluded: &[u32]| {
         checker::first_full(&sections, KEY, permits, after, excluded)
@@ -271,32 +253,19 @@ async fn f30_permits_never_exceeded_under_faults() {
     s.figure_ms("pause_takeover_max_ms", &pause_takeovers, 1.0);
     s.figure(
         "rounds_with_stuck_calls",
-        format!(
-            "{}/{rounds}",
-            done.iter().filter(|r| r.stuck_calls > 0).count()
-        ),
+        format!("{}/{rounds}", done.iter().filter(|r| r.stuck_calls > 0).count()),
     );
-    s.figure(
-        "takeovers_late_by_stuck_calls",
-        format!("{}/{rounds}", late_by_stuck_calls.len()),
-    );
+    s.figure("takeovers_late_by_stuck_calls", format!("{}/{rounds}", late_by_stuck_calls.len()));
     s.figure("leaked_keys", leaks.count());
     s.figure("leaked_client", leaked_client);
     s.figure("secs", format!("{:.1}", elapsed.as_secs_f64()));
     s.report();
 
     assert_eq!(crowd.excess, 0, "permits exceeded: {:#?}", crowd.examples);
-    assert!(
-        crowd.max <= permits,
-        "{} holders of {PERMITS} permits",
-        crowd.max
-    );
+    assert!(crowd.max <= permits, "{} holders of {PERMITS} permits", crowd.max);
     assert_eq!(crowd.max, permits, "the load never filled the permits");
     assert!(unexpected.is_empty(), "unexpected errors: {unexpected:#?}");
-    assert!(
-        dead_sections > 0,
-        "no process was killed while holding a permit"
-    );
+    assert!(dead_sections > 0, "no process was killed while holding a permit");
     let bound = LEASE + TOLERANCE;
     for (what, takeovers) in [("killed", &kill_takeovers), ("paused", &pause_takeovers)] {
         let Some(slowest) = takeovers.iter().max() else {
@@ -315,10 +284,7 @@ async fn f30_permits_never_exceeded_under_faults() {
     );
     assert!(spanning > 0, "the pause hit no held permit");
     assert!(not_told.is_empty(), "paused and not told: {not_told:#?}");
-    assert_eq!(
-        sem_keys_unseen, 0,
-        "the leak check does not see the semaphore's keys"
-    );
+    assert_eq!(sem_keys_unseen, 0, "the leak check does not see the semaphore's keys");
     assert_eq!(leaks.count(), 0, "left in Redis: {leaks:?}");
     assert_eq!(leaked_client, 0, "left in the holders' clients");
 }
@@ -390,10 +356,7 @@ fn close_dead(scenario: &Scenario, pid: u32, t_kill: u64) -> usize {
             s.holder == open.holder && s.key == open.key && s.t_ok == open.t_ok && !s.is_open()
         });
         if !ended {
-            history.record(&Section {
-                t_lost: Some(t_kill),
-                ..open.clone()
-            });
+            history.record(&Section { t_lost: Some(t_kill), ..open.clone() });
             closed += 1;
         }
     }
@@ -436,10 +399,7 @@ fn f30_max_holders_sees_one_holder_too_many() {
     sections.push(hold("d", 3, 15, 16));
     let over = checker::max_holders(&sections, 3);
     assert_eq!((over.max, over.excess), (4, 1));
-    assert!(
-        over.examples[0].contains("4 holders of 3 permits"),
-        "{over:?}"
-    );
+    assert!(over.examples[0].contains("4 holders of 3 permits"), "{over:?}");
 
     // A paused holder that learned of its loss at 40 ms but was promised only until 18 ms:
     // past 18 ms it no longer counts; the open record of a killed one counts.
@@ -455,9 +415,6 @@ fn f30_max_holders_sees_one_holder_too_many() {
     let crowd = checker::max_holders(&late, 2);
     assert_eq!((crowd.max, crowd.excess), (3, 1), "{:?}", crowd.examples);
     assert!(crowd.examples[0].contains("x@5"), "{crowd:?}");
-    assert_eq!(
-        checker::first_full(&late, "k", 2, ms(18), &[4]),
-        Some(ms(19))
-    );
+    assert_eq!(checker::first_full(&late, "k", 2, ms(18), &[4]), Some(ms(19)));
     assert_eq!(checker::first_full(&late, "k", 3, 0, &[4, 5]), None);
 }

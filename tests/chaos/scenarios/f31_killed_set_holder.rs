@@ -95,10 +95,7 @@ impl Taken {
 
     /// Releases and records each key's section.
     async fn release(self, history: &History) -> Result<(), LockError> {
-        let Self {
-            guard,
-            mut sections,
-        } = self;
+        let Self { guard, mut sections } = self;
         let (t_rel_inv, lost) = (clock::now_ns(), guard.is_lost());
         let result = guard.release().await;
         let t_rel_ok = clock::now_ns();
@@ -106,11 +103,7 @@ impl Taken {
             section.t_rel_inv = Some(t_rel_inv);
             section.t_rel_ok = Some(t_rel_ok);
             section.t_lost = lost.then_some(t_rel_inv);
-            section.result = if result.is_ok() && !lost {
-                Outcome::Ok
-            } else {
-                Outcome::Fail
-            };
+            section.result = if result.is_ok() && !lost { Outcome::Ok } else { Outcome::Fail };
             history.record(section);
         }
         result
@@ -161,10 +154,7 @@ fn waiter(
         let taken = take(&client, &history, &keys, WAIT).await?;
         let t_ok = taken.t_ok();
         tokio::time::sleep(hold).await;
-        taken
-            .release(&history)
-            .await
-            .map_err(|e| format!("{keys:?}: release: {e:?}"))?;
+        taken.release(&history).await.map_err(|e| format!("{keys:?}: release: {e:?}"))?;
         Ok(t_ok)
     })
 }
@@ -188,11 +178,8 @@ async fn victim_holds(
         let mut ids = Vec::new();
         let mut others = 0;
         for key in keys {
-            let of_victim: Vec<String> = holders(client, key)
-                .await
-                .into_iter()
-                .filter(|id| victim.made(id))
-                .collect();
+            let of_victim: Vec<String> =
+                holders(client, key).await.into_iter().filter(|id| victim.made(id)).collect();
             match of_victim.as_slice() {
                 [] => ids.push(None),
                 [id] => ids.push(Some(id.clone())),
@@ -204,10 +191,7 @@ async fn victim_holds(
             && others == 0;
         if expected {
             let id = ids[0].clone().expect("held");
-            if ids[..held]
-                .iter()
-                .all(|other| other.as_deref() == Some(&*id))
-            {
+            if ids[..held].iter().all(|other| other.as_deref() == Some(&*id)) {
                 return Some(id);
             }
         }
@@ -220,10 +204,7 @@ async fn victim_holds(
 /// its owner record is `<attempt>~<token>`.
 fn token_in_redis(bed: &Bed, key: &str) -> Option<u64> {
     let reply = bed.redis.cmd(&["GET", &bed.lock_key(key)]);
-    assert!(
-        !matches!(reply, RespValue::Error(_)),
-        "GET {key}: {reply:?}"
-    );
+    assert!(!matches!(reply, RespValue::Error(_)), "GET {key}: {reply:?}");
     let record = reply.as_str()?;
     record.split_once('~')?.1.parse().ok()
 }
@@ -262,10 +243,7 @@ async fn killed(name: &'static str, holds: Holds, runs: usize) {
             Holds::Whole => None,
         };
         let mut victim = bed.holder_process().await;
-        victim.send(&Command::HoldAll {
-            keys: keys.clone(),
-            lease_ms: LEASE.as_millis() as u64,
-        });
+        victim.send(&Command::HoldAll { keys: keys.clone(), lease_ms: LEASE.as_millis() as u64 });
         if holds == Holds::Whole {
             let reply = victim.reply(WAIT).await;
             assert!(
@@ -279,10 +257,8 @@ async fn killed(name: &'static str, holds: Holds, runs: usize) {
         confirmed += 1;
         let t_confirmed = clock::now_ns();
         // Only the victim can have been granted them yet: these are its tokens.
-        let tokens: Vec<Option<u64>> = keys[..held]
-            .iter()
-            .map(|key| token_in_redis(&bed, key))
-            .collect();
+        let tokens: Vec<Option<u64>> =
+            keys[..held].iter().map(|key| token_in_redis(&bed, key)).collect();
         assert!(
             tokens.iter().all(Option::is_some),
             "run {run}: no token in the victim's holds: {tokens:?}"
@@ -332,10 +308,7 @@ async fn killed(name: &'static str, holds: Holds, runs: usize) {
             // The blocker lets the last key go at a random moment before the dead holds
             // expire: the second set must then complete within one lease of the kill.
             tokio::time::sleep(rng.between(Duration::ZERO, LEASE * 3 / 4)).await;
-            blocked
-                .release(&history)
-                .await
-                .expect("the blocker releases");
+            blocked.release(&history).await.expect("the blocker releases");
         }
         for single in singles {
             let t_ok = single.await.expect("waiter task");
@@ -367,10 +340,7 @@ async fn killed(name: &'static str, holds: Holds, runs: usize) {
     s.report();
 
     assert_eq!(violations, 0, "{:?}", sweep.examples);
-    assert_eq!(
-        dead_holds_seen, runs,
-        "the victim's holds were gone before its lease ran out"
-    );
+    assert_eq!(dead_holds_seen, runs, "the victim's holds were gone before its lease ran out");
     let bound = LEASE + TOLERANCE;
     let slowest = all.iter().max().expect("runs");
     assert!(
@@ -394,10 +364,7 @@ fn close_dead(scenario: &Scenario, pid: u32, t_kill: u64) {
         }
     }
     for open in last {
-        history.record(&Section {
-            t_lost: Some(t_kill),
-            ..open.clone()
-        });
+        history.record(&Section { t_lost: Some(t_kill), ..open.clone() });
     }
 }
 
@@ -416,10 +383,7 @@ async fn f31_paused_set_holder_told_lost() {
     let mut stops = Vec::new();
     for run in 0..runs {
         let keys = keys(&bed, run);
-        victim.send(&Command::HoldAll {
-            keys: keys.clone(),
-            lease_ms: LEASE.as_millis() as u64,
-        });
+        victim.send(&Command::HoldAll { keys: keys.clone(), lease_ms: LEASE.as_millis() as u64 });
         let reply = victim.reply(WAIT).await;
         assert!(
             matches!(reply, Reply::HeldAll { .. }),
@@ -466,10 +430,7 @@ async fn f31_paused_set_holder_told_lost() {
             kept &= holders(&observer, key).await == [of_second.clone()];
         }
         intact += usize::from(kept);
-        second
-            .release(&history)
-            .await
-            .expect("the second set releases");
+        second.release(&history).await.expect("the second set releases");
         stranded += usize::from(!fresh_client_takes_all(&bed, &history, &keys).await);
     }
 
@@ -482,10 +443,7 @@ async fn f31_paused_set_holder_told_lost() {
         .iter()
         .filter(|s| !s.is_open())
         .cloned()
-        .map(|s| Section {
-            t_deadline: None,
-            ..s
-        })
+        .map(|s| Section { t_deadline: None, ..s })
         .collect();
     let seen_late = checker::sweep(&late);
     // The latest deadline the victim recorded for each key it held at a stop: after the stop
@@ -508,14 +466,8 @@ async fn f31_paused_set_holder_told_lost() {
     let s = &mut bed.scenario;
     s.figure("runs", runs);
     s.figure("lease_ms", LEASE.as_millis());
-    s.figure(
-        "deadline_after_stop_min_ms",
-        format!("{:.1}", min_ms(&after_stop)),
-    );
-    s.figure(
-        "takeover_after_deadline_min_ms",
-        format!("{:.1}", min_ms(&before_takeover)),
-    );
+    s.figure("deadline_after_stop_min_ms", format!("{:.1}", min_ms(&after_stop)));
+    s.figure("takeover_after_deadline_min_ms", format!("{:.1}", min_ms(&before_takeover)));
     s.figure_ms("takeover_p50_ms", &takeovers, 0.5);
     s.figure_ms("takeover_p99_ms", &takeovers, 0.99);
     s.figure_ms("takeover_max_ms", &takeovers, 1.0);
@@ -525,10 +477,7 @@ async fn f31_paused_set_holder_told_lost() {
     s.figure("successor_intact", format!("{intact}/{runs}"));
     let violations = sweep.violations + sweep.fenced_overlaps + sweep.token_errors;
     s.figure("violations", violations);
-    s.figure(
-        "overlaps_if_loss_seen_late",
-        seen_late.violations + seen_late.fenced_overlaps,
-    );
+    s.figure("overlaps_if_loss_seen_late", seen_late.violations + seen_late.fenced_overlaps);
     s.figure("stranded", format!("{stranded}/{runs}"));
     s.figure("leaked_keys", leaks.count());
     s.report();
@@ -549,10 +498,7 @@ async fn f31_paused_set_holder_told_lost() {
         *slowest <= LEASE + TOLERANCE,
         "a paused set holder's keys were taken over only after {slowest:?} (lease {LEASE:?})"
     );
-    assert_eq!(
-        told_after_cont, runs,
-        "the paused holder's lost() did not fire after SIGCONT"
-    );
+    assert_eq!(told_after_cont, runs, "the paused holder's lost() did not fire after SIGCONT");
     assert_eq!(release_failed, runs, "a paused holder's release succeeded");
     assert_eq!(intact, runs, "a stale release touched the second set");
     assert_eq!(stranded, 0, "a fresh client could not take the whole set");

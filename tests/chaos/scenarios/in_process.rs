@@ -85,9 +85,7 @@ async fn sections<B: Backend>(
         section.t_ok = Some(clock::now_ns());
         section.holder = guard.holder().id().to_owned();
         witness.enter(&key).await;
-        witness
-            .increment_slowly(&key, Duration::from_micros(rng.below(500)))
-            .await;
+        witness.increment_slowly(&key, Duration::from_micros(rng.below(500))).await;
         witness.exit(&key).await;
         section.t_rel_inv = Some(clock::now_ns());
         match guard.release().await {

@@ -136,23 +136,18 @@ impl Bed {
         url: &str,
         command_timeout: Duration,
     ) -> LockClient<RedisBackend> {
-        self.client_of(crate::support::redis_backend(url).command_timeout(command_timeout))
-            .await
+        self.client_of(crate::support::redis_backend(url).command_timeout(command_timeout)).await
     }
 
     /// A client in this process on the backend `builder` describes, with the bed's prefix.
     pub(crate) async fn client_of(&self, builder: RedisBackendBuilder) -> LockClient<RedisBackend> {
         let backend = builder.connect().await.expect("connect");
-        LockClient::builder(backend)
-            .prefix(&self.prefix)
-            .build()
-            .expect("client configuration")
+        LockClient::builder(backend).prefix(&self.prefix).build().expect("client configuration")
     }
 
     /// A client in this process on the bed's Redis.
     pub(crate) async fn client(&self) -> LockClient<RedisBackend> {
-        self.client_via(self.redis.url(), Duration::from_secs(1))
-            .await
+        self.client_via(self.redis.url(), Duration::from_secs(1)).await
     }
 
     /// A Redlock client over every node of the bed, with its own connections (as a separate
@@ -163,10 +158,7 @@ impl Bed {
             .retry_jitter(Duration::from_millis(20))
             .build()
             .expect("Redlock configuration");
-        LockClient::builder(backend)
-            .prefix(&self.prefix)
-            .build()
-            .expect("client configuration")
+        LockClient::builder(backend).prefix(&self.prefix).build().expect("client configuration")
     }
 
     /// The Redis key of the exclusive lock `key`.
@@ -196,14 +188,12 @@ pub(crate) async fn warm_up(
         crate::support::RespValue::Array(Some(items)) if items.len() == 2 => items[1].as_int() == 1,
         other => panic!("unexpected PUBSUB NUMSUB reply: {other:?}"),
     };
-    let (waited, ()) = tokio::join!(
-        waiter.lock("warm").wait(Duration::from_secs(30)).acquire(),
-        async {
+    let (waited, ()) =
+        tokio::join!(waiter.lock("warm").wait(Duration::from_secs(30)).acquire(), async {
             let listening = eventually(Duration::from_secs(30), subscribed).await;
             assert!(listening, "the waiter subscribed to the release");
             warm.release().await.expect("release");
-        }
-    );
+        });
     let waited = waited.expect("the waiter gets the lock once released");
     waited.release().await.expect("release");
 }
@@ -243,10 +233,7 @@ pub(crate) async fn grant_again_after_failover(
     section.t_ok = Some(t_ok);
     section.holder = guard.holder().id().to_owned();
     section.t_rel_inv = Some(clock::now_ns());
-    guard
-        .release()
-        .await
-        .expect("release on the promoted replica");
+    guard.release().await.expect("release on the promoted replica");
     section.t_rel_ok = Some(clock::now_ns());
     section.result = Outcome::Ok;
 
@@ -272,27 +259,15 @@ pub(crate) fn double_grant_figures(
 ) -> (Sweep, Sweep) {
     let sections = History::read(&scenario.history_path());
     let double_grants = |prefix: &str| {
-        let variant: Vec<Section> = sections
-            .iter()
-            .filter(|s| s.key.starts_with(prefix))
-            .cloned()
-            .collect();
+        let variant: Vec<Section> =
+            sections.iter().filter(|s| s.key.starts_with(prefix)).cloned().collect();
         checker::sweep(&variant)
     };
     let (without_wait, with_wait) = (double_grants("nowait"), double_grants("wait"));
     scenario.figure("runs", runs);
-    scenario.figure(
-        "double_grants_without_wait",
-        format!("{}/{runs}", without_wait.violations),
-    );
-    scenario.figure(
-        "double_grants_with_wait",
-        format!("{}/{runs}", with_wait.violations),
-    );
-    scenario.figure(
-        "clean_failures_with_wait",
-        format!("{clean_failures}/{runs}"),
-    );
+    scenario.figure("double_grants_without_wait", format!("{}/{runs}", without_wait.violations));
+    scenario.figure("double_grants_with_wait", format!("{}/{runs}", with_wait.violations));
+    scenario.figure("clean_failures_with_wait", format!("{clean_failures}/{runs}"));
     (without_wait, with_wait)
 }
 
