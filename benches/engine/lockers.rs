@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tower_lock::{LockClient, LockError, LockGuard, MemoryBackend, RedisBackend};
+use tower_lock::{Lease, LockClient, LockError, LockGuard, MemoryBackend, RedisBackend};
 
 use crate::{
     handwritten::{HandError, HandGuard, HandLock},
@@ -12,8 +12,8 @@ use crate::{
     support,
 };
 
-/// Every lock's lease: tower-lock's default watchdog lease, and the TTL of the baselines'
-/// keys (they have no watchdog).
+/// Every lock's lease: tower-lock's watchdog lease (its default is 5 s), and the TTL of the
+/// baselines' keys (they have no watchdog).
 pub(crate) const LEASE: Duration = Duration::from_secs(30);
 /// How long one acquire may wait before it counts as an error.
 pub(crate) const WAIT: Duration = Duration::from_secs(30);
@@ -119,12 +119,14 @@ impl Locker {
                     .await
                     .map_err(|e| format!("tower-lock connect: {e:#}"))?;
                 let client = LockClient::builder(backend)
+                    .lease(Lease::watchdog(LEASE))
                     .build()
                     .map_err(|e| format!("tower-lock client: {e}"))?;
                 Self::Tower(client, which == Impl::TowerFair)
             }
             Impl::Memory => Self::Memory(
                 LockClient::builder(MemoryBackend::new())
+                    .lease(Lease::watchdog(LEASE))
                     .build()
                     .map_err(|e| format!("memory client: {e}"))?,
             ),

@@ -343,8 +343,9 @@ async fn nodes_refusing_connections_are_skipped() {
 }
 
 /// Two clients (two processes' worth of connections) pass one lock back and forth: with 2 of
-/// 5 nodes refusing connections, the lock changes owner at least half as often as with all 5
-/// up, in the same test.
+/// 5 nodes refusing connections, the lock changes owner at least a quarter as often as with all
+/// 5 up, in the same test (about half on an idle machine; waiting out the refusing nodes'
+/// timeouts instead of skipping them would allow a few hand-offs a second).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn hand_offs_keep_pace_with_two_nodes_refusing() {
     const RUN: Duration = Duration::from_millis(1500);
@@ -360,7 +361,7 @@ async fn hand_offs_keep_pace_with_two_nodes_refusing() {
         healthy as f64 / RUN.as_secs_f64()
     );
     assert!(
-        down * 2 >= healthy,
+        down * 4 >= healthy,
         "{down} owner changes with 2 of 5 refusing, {healthy} with all up"
     );
 }

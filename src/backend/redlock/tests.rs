@@ -318,6 +318,12 @@ async fn an_extend_and_a_renewal_hold_on_a_majority_only() {
         lease: Lease::fixed(Duration::from_millis(ms)),
     };
     assert!(acquired(backend.acquire(grant(&key, "a#1")).await.unwrap()));
+    // The vote is won on a majority: the grant may still be on its way to the third node.
+    let since = std::time::Instant::now();
+    while servers.iter().any(|server| record(server, &key).is_none()) {
+        assert!(since.elapsed() < Duration::from_secs(5), "the grant never reached every node");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     servers[0].cmd(&["DEL", key.as_str()]);
     assert_eq!(
         backend.extend(extend(30_000)).await.unwrap(),
