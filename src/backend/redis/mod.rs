@@ -345,6 +345,25 @@ fn token(raw: i64) -> Option<u64> {
     u64::try_from(raw).ok()
 }
 
+/// A release or undo script's reply: `-1` not held, `n >= 0` freed (n subscribers told),
+/// `{3, token}` handed off.
+fn release_reply(reply: &redis::Value) -> Option<ReleaseReply> {
+    use redis::Value::{Array, Int};
+    match reply {
+        Int(-1) => Some(ReleaseReply::NotHeld),
+        Int(n) => Some(ReleaseReply::Released { notified: u64::try_from(*n).ok() }),
+        Array(items) => match items.as_slice() {
+            // A token beyond a Lua number's exact range comes as a string.
+            [Int(3), raw] => {
+                let raw = redis::from_redis_value::<i64>(raw.clone()).ok()?;
+                Some(ReleaseReply::HandedOff { token: token(raw) })
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// A reply's milliseconds (`-1` or less: unknown).
 fn millis(raw: i64) -> Option<Duration> {
     u64::try_from(raw).ok().map(Duration::from_millis)
@@ -435,13 +454,9 @@ impl Store for RedisBackend {
             self.inner.quarantine.note_lease(next.lease.duration());
         }
         let call = calls::release(self.scripts(), &release, handoff.as_ref());
-        let reply: Vec<i64> = self.invoke(&call, release.key).await?;
-        match *reply.as_slice() {
-            [0] => Ok(ReleaseReply::NotHeld),
-            [2, n] => Ok(ReleaseReply::Released { notified: u64::try_from(n).ok() }),
-            [3, raw] => Ok(ReleaseReply::HandedOff { token: token(raw) }),
-            _ => Err(protocol_error("release reply").with_key(release.key.as_str())),
-        }
+        let reply = self.invoke(&call, release.key).await?;
+        release_reply(&reply)
+            .ok_or_else(|| protocol_error("release reply").with_key(release.key.as_str()))
     }
 
     async fn renew(&self, renewals: &[Renew<'_>]) -> Result<Vec<RenewReply>, BackendError> {
@@ -486,9 +501,8 @@ impl Store for RedisBackend {
     }
 
     async fn abandon(&self, grant: Grant<'_>) -> Result<bool, BackendError> {
-        let reply: Vec<i64> =
-            self.invoke(&calls::abandon(self.scripts(), &grant), grant.key).await?;
-        Ok(reply.first() == Some(&2))
+        let reply = self.invoke(&calls::abandon(self.scripts(), &grant), grant.key).await?;
+        Ok(matches!(release_reply(&reply), Some(ReleaseReply::Released { .. })))
     }
 
     async fn leave(&self, key: &LockKey, holder: &str, kind: LockKind) -> Result<(), BackendError> {

@@ -8,16 +8,16 @@
 -- ARGV[3]  '' for a release; for an undo, how long (ms) to remember the attempt as given up on
 --          (whether or not it held a grant: a copy still on its way then takes nothing)
 --
--- Returns {0} when the grant is not held (nothing changed but an undo's record of the attempt),
--- {2, n} when it was given back (n subscribers were told).
+-- Returns -1 when the grant is not held (nothing changed but an undo's record of the attempt),
+-- n >= 0 when it was given back (n subscribers were told), as release.lua does.
 if ARGV[3] == '' and redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
-  return {2, publish(ARGV[2], 'released')}
+  return publish(ARGV[2], 'released')
 end
 -- @helpers
 if ARGV[3] ~= '' then
   give_up(KEYS[2], ARGV[1], ARGV[3])
   if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
-    return {2, publish(ARGV[2], 'released')}
+    return publish(ARGV[2], 'released')
   end
 end
-return {0}
+return -1
