@@ -73,13 +73,14 @@ use std::{
 };
 
 use futures_util::FutureExt as _;
-use support::{RedisServer, RespValue, rng::Rng};
+use support::{RedisServer, RespValue, forward_to_inner, rng::Rng};
 use tokio::time::Instant;
 use tower_lock::{
     Backend, BackendError, Lease, LockClient, LockError, LockGuard, LockInfo, LockKey, LockKind,
     MemoryBackend, MultiGuard,
     backend::store::{
-        AcquireReply, Extend, ExtendReply, Grant, Release, ReleaseReply, Renew, RenewReply, Store,
+        AcquireReply, Extend, ExtendReply, Grant, OwnedGrant, Release, ReleaseReply, Renew,
+        RenewReply, Store,
     },
     error::BackendErrorKind,
 };
@@ -312,53 +313,6 @@ fn holder_of(attempt: &str) -> &str {
     attempt.rsplit_once('#').map_or(attempt, |(holder, _)| holder)
 }
 
-/// A grant with owned fields, for a write run later.
-#[derive(Clone)]
-struct OwnedGrant {
-    key: LockKey,
-    holder: String,
-    attempt: String,
-    lease: Lease,
-    fencing: bool,
-    kind: LockKind,
-    queue: Option<Duration>,
-    contended: bool,
-    permits: u32,
-    within: Option<String>,
-}
-
-impl OwnedGrant {
-    fn of(grant: &Grant<'_>) -> Self {
-        Self {
-            key: grant.key.clone(),
-            holder: grant.holder.to_owned(),
-            attempt: grant.attempt.to_owned(),
-            lease: grant.lease,
-            fencing: grant.fencing,
-            kind: grant.kind,
-            queue: grant.queue,
-            contended: grant.contended,
-            permits: grant.permits,
-            within: grant.within.map(str::to_owned),
-        }
-    }
-
-    fn grant(&self) -> Grant<'_> {
-        Grant {
-            key: &self.key,
-            holder: &self.holder,
-            attempt: &self.attempt,
-            lease: self.lease,
-            fencing: self.fencing,
-            kind: self.kind,
-            queue: self.queue,
-            contended: self.contended,
-            permits: self.permits,
-            within: self.within.as_deref(),
-        }
-    }
-}
-
 /// A renewal with owned fields.
 enum OwnedRenew {
     Grant(LockKey, LockKind, String, Lease),
@@ -402,10 +356,13 @@ impl Store for Faulty {
                 // (its send time plus its lease). From then on it does nothing (the memory
                 // store's ends are exclusive: its undo's record of it is gone then).
                 if Instant::now() >= not_after {
-                    faults.note(format_args!("late acquire of {} arrived too late", owned.attempt));
+                    faults.note(format_args!(
+                        "late acquire of {} arrived too late",
+                        owned.grant().attempt
+                    ));
                     return;
                 }
-                let id = (owned.key.as_str().to_owned(), owned.attempt.clone());
+                let id = (owned.grant().key.as_str().to_owned(), owned.grant().attempt.to_owned());
                 let undone = lock(&faults.undone).contains(&id);
                 let reply = inner.acquire(owned.grant()).await;
                 faults.note(format_args!("late acquire of {} delivered: {reply:?}", id.1));
@@ -491,7 +448,8 @@ impl Store for Faulty {
         let later = move || -> Later {
             Box::pin(async move {
                 if inner.abandon(owned.grant()).await.is_ok() {
-                    let id = (owned.key.as_str().to_owned(), owned.attempt.clone());
+                    let id =
+                        (owned.grant().key.as_str().to_owned(), owned.grant().attempt.to_owned());
                     lock(&faults.undone).insert(id);
                 }
             })
@@ -525,13 +483,7 @@ impl Store for Faulty {
         self.inner.listen(key, only_for).await
     }
 
-    async fn inspect(&self, key: &LockKey, kind: LockKind) -> BackendResult<LockInfo> {
-        self.inner.inspect(key, kind).await
-    }
-
-    async fn force_unlock(&self, key: &LockKey, kind: LockKind) -> BackendResult<LockInfo> {
-        self.inner.force_unlock(key, kind).await
-    }
+    forward_to_inner!(inspect, force_unlock);
 }
 
 /// Which lock a key of the program is.

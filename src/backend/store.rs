@@ -39,6 +39,59 @@ pub struct Grant<'a> {
     pub within: Option<&'a str>,
 }
 
+/// A [`Grant`] that owns its fields, for a call made after the request that made the grant is
+/// gone (a node call that outlives a Redlock vote; in tests, an acquire held back to be
+/// delivered late).
+#[derive(Clone, Debug)]
+#[cfg_attr(not(feature = "unstable-backend"), allow(unreachable_pub, dead_code))]
+pub struct OwnedGrant {
+    key: LockKey,
+    holder: String,
+    attempt: String,
+    lease: Lease,
+    fencing: bool,
+    kind: LockKind,
+    queue: Option<Duration>,
+    contended: bool,
+    permits: u32,
+    within: Option<String>,
+}
+
+#[cfg_attr(not(feature = "unstable-backend"), allow(unreachable_pub, dead_code))]
+impl OwnedGrant {
+    /// A copy of `grant`.
+    pub fn of(grant: &Grant<'_>) -> Self {
+        Self {
+            key: grant.key.clone(),
+            holder: grant.holder.to_owned(),
+            attempt: grant.attempt.to_owned(),
+            lease: grant.lease,
+            fencing: grant.fencing,
+            kind: grant.kind,
+            queue: grant.queue,
+            contended: grant.contended,
+            permits: grant.permits,
+            within: grant.within.map(str::to_owned),
+        }
+    }
+
+    /// The grant, borrowed from this copy.
+    pub fn grant(&self) -> Grant<'_> {
+        Grant {
+            key: &self.key,
+            holder: &self.holder,
+            attempt: &self.attempt,
+            lease: self.lease,
+            fencing: self.fencing,
+            kind: self.kind,
+            queue: self.queue,
+            contended: self.contended,
+            permits: self.permits,
+            within: self.within.as_deref(),
+        }
+    }
+}
+
 /// The answer to an acquire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AcquireReply {

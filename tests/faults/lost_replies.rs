@@ -9,7 +9,7 @@
 //! command is on the wire, so it runs once the server resumes, after the client gave up
 //! waiting for its reply.
 
-use crate::support;
+use crate::support::{self, forward_to_inner};
 
 use std::{
     collections::HashSet,
@@ -26,12 +26,9 @@ use support::{
 };
 use tokio::sync::watch;
 use tower_lock::{
-    Backend, BackendError, Lease, LockClient, LockError, LockInfo, LockKind, MemoryBackend,
-    backend::store::{
-        AcquireReply, Extend, ExtendReply, Grant, Release, ReleaseReply, Renew, RenewReply, Store,
-    },
+    Backend, BackendError, Lease, LockClient, LockError, MemoryBackend,
+    backend::store::{AcquireReply, Extend, ExtendReply, Grant, Release, ReleaseReply, Store},
     error::BackendErrorKind,
-    key::LockKey,
 };
 
 /// Faults armed for the next matching calls (each counter is how many calls to hit).
@@ -152,9 +149,7 @@ impl<B: Store> Store for Lossy<B> {
         reply
     }
 
-    async fn renew(&self, renewals: &[Renew<'_>]) -> BackendResult<Vec<RenewReply>> {
-        self.inner.renew(renewals).await
-    }
+    forward_to_inner!(renew, leave, listen, inspect, force_unlock);
 
     async fn abandon(&self, grant: Grant<'_>) -> BackendResult<bool> {
         let refused = hit(&self.faults.abandon_refused);
@@ -164,22 +159,6 @@ impl<B: Store> Store for Lossy<B> {
         };
         self.abandons.send_modify(|tried| *tried += 1);
         reply
-    }
-
-    async fn leave(&self, key: &LockKey, holder: &str, kind: LockKind) -> BackendResult<()> {
-        self.inner.leave(key, holder, kind).await
-    }
-
-    async fn listen(&self, key: &LockKey, only_for: Option<&str>) -> BackendResult<B::Listener> {
-        self.inner.listen(key, only_for).await
-    }
-
-    async fn inspect(&self, key: &LockKey, kind: LockKind) -> BackendResult<LockInfo> {
-        self.inner.inspect(key, kind).await
-    }
-
-    async fn force_unlock(&self, key: &LockKey, kind: LockKind) -> BackendResult<LockInfo> {
-        self.inner.force_unlock(key, kind).await
     }
 }
 

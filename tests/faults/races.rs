@@ -10,7 +10,7 @@
 //! test decides what happens in between. On Redis, the faults are also real: a future dropped
 //! with its script on the wire, a server frozen with SIGSTOP.
 
-use crate::support;
+use crate::support::{self, forward_to_inner};
 
 use std::{
     future::Future,
@@ -25,12 +25,10 @@ use support::{
 };
 use tokio::sync::oneshot;
 use tower_lock::{
-    Backend, BackendError, Lease, LockClient, LockError, LockGuard, LockInfo, LockKind,
-    MemoryBackend, RedisBackend,
+    Backend, BackendError, Lease, LockClient, LockError, LockGuard, MemoryBackend, RedisBackend,
     backend::store::{
         AcquireReply, Extend, ExtendReply, Grant, Release, ReleaseReply, Renew, RenewReply, Store,
     },
-    key::LockKey,
 };
 
 /// Which call the gate holds next.
@@ -149,29 +147,7 @@ impl<B: Store> Store for Gated<B> {
         self.pass(Call::Renew, self.inner.renew(renewals)).await
     }
 
-    async fn abandon(&self, grant: Grant<'_>) -> Result<bool, BackendError> {
-        self.inner.abandon(grant).await
-    }
-
-    async fn leave(&self, key: &LockKey, holder: &str, kind: LockKind) -> Result<(), BackendError> {
-        self.inner.leave(key, holder, kind).await
-    }
-
-    async fn listen(
-        &self,
-        key: &LockKey,
-        only_for: Option<&str>,
-    ) -> Result<B::Listener, BackendError> {
-        self.inner.listen(key, only_for).await
-    }
-
-    async fn inspect(&self, key: &LockKey, kind: LockKind) -> Result<LockInfo, BackendError> {
-        self.inner.inspect(key, kind).await
-    }
-
-    async fn force_unlock(&self, key: &LockKey, kind: LockKind) -> Result<LockInfo, BackendError> {
-        self.inner.force_unlock(key, kind).await
-    }
+    forward_to_inner!(abandon, leave, listen, inspect, force_unlock);
 }
 
 fn client<B: Backend>(backend: B, lease: Lease) -> LockClient<B> {

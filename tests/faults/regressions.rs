@@ -21,16 +21,13 @@ use tower_lock::{
     backend::{
         Backend, LockKind,
         store::{
-            AcquireReply, Extend, ExtendReply, Grant, Release, ReleaseReply, Renew, RenewReply,
-            Store,
+            AcquireReply, Extend, ExtendReply, Grant, OwnedGrant, Release, ReleaseReply, Store,
         },
     },
     error::{BackendError, BackendErrorKind},
-    inspect::LockInfo,
-    key::LockKey,
 };
 
-use crate::support::{self, RedisServer};
+use crate::support::{self, RedisServer, forward_to_inner};
 
 /// What [`Lossy`] does to the next calls.
 #[derive(Default)]
@@ -112,33 +109,6 @@ impl<B: Store> Lossy<B> {
     }
 }
 
-/// An acquire with owned fields, held back to be delivered late.
-struct OwnedGrant {
-    key: LockKey,
-    holder: String,
-    attempt: String,
-    lease: Lease,
-    kind: LockKind,
-    permits: u32,
-}
-
-impl OwnedGrant {
-    fn grant(&self) -> Grant<'_> {
-        Grant {
-            key: &self.key,
-            holder: &self.holder,
-            attempt: &self.attempt,
-            lease: self.lease,
-            fencing: false,
-            kind: self.kind,
-            queue: None,
-            contended: false,
-            permits: self.permits,
-            within: None,
-        }
-    }
-}
-
 impl<B: Store + Clone> Store for Lossy<B> {
     type Listener = B::Listener;
 
@@ -149,14 +119,7 @@ impl<B: Store + Clone> Store for Lossy<B> {
             .unwrap_or_else(PoisonError::into_inner)
             .push(grant.attempt.to_owned());
         if take(&self.plan.acquires_held_back) {
-            let held = OwnedGrant {
-                key: grant.key.clone(),
-                holder: grant.holder.to_owned(),
-                attempt: grant.attempt.to_owned(),
-                lease: grant.lease,
-                kind: grant.kind,
-                permits: grant.permits,
-            };
+            let held = OwnedGrant::of(&grant);
             self.plan.held_back.lock().unwrap_or_else(PoisonError::into_inner).push(held);
             return Err(timeout());
         }
@@ -191,33 +154,7 @@ impl<B: Store + Clone> Store for Lossy<B> {
         reply
     }
 
-    async fn renew(&self, renewals: &[Renew<'_>]) -> Result<Vec<RenewReply>, BackendError> {
-        self.inner.renew(renewals).await
-    }
-
-    async fn abandon(&self, grant: Grant<'_>) -> Result<bool, BackendError> {
-        self.inner.abandon(grant).await
-    }
-
-    async fn leave(&self, key: &LockKey, holder: &str, kind: LockKind) -> Result<(), BackendError> {
-        self.inner.leave(key, holder, kind).await
-    }
-
-    async fn listen(
-        &self,
-        key: &LockKey,
-        only_for: Option<&str>,
-    ) -> Result<Self::Listener, BackendError> {
-        self.inner.listen(key, only_for).await
-    }
-
-    async fn inspect(&self, key: &LockKey, kind: LockKind) -> Result<LockInfo, BackendError> {
-        self.inner.inspect(key, kind).await
-    }
-
-    async fn force_unlock(&self, key: &LockKey, kind: LockKind) -> Result<LockInfo, BackendError> {
-        self.inner.force_unlock(key, kind).await
-    }
+    forward_to_inner!(renew, abandon, leave, listen, inspect, force_unlock);
 }
 
 fn client<B: Backend>(store: B) -> LockClient<B> {

@@ -5,10 +5,8 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tower_lock::{
-    BackendError, LockInfo, LockKind,
-    backend::store::{
-        AcquireReply, Extend, ExtendReply, Grant, Release, ReleaseReply, Renew, RenewReply, Store,
-    },
+    BackendError,
+    backend::store::{AcquireReply, Extend, ExtendReply, Grant, Release, ReleaseReply, Store},
     key::LockKey,
 };
 
@@ -83,35 +81,9 @@ impl<B: Store> Store for Granted<B> {
         Some(reply)
     }
 
-    async fn renew(&self, renewals: &[Renew<'_>]) -> Result<Vec<RenewReply>, BackendError> {
-        self.inner.renew(renewals).await
-    }
-
-    async fn abandon(&self, grant: Grant<'_>) -> Result<bool, BackendError> {
-        self.inner.abandon(grant).await
-    }
-
-    async fn leave(&self, key: &LockKey, holder: &str, kind: LockKind) -> Result<(), BackendError> {
-        self.inner.leave(key, holder, kind).await
-    }
-
-    async fn listen(
-        &self,
-        key: &LockKey,
-        only_for: Option<&str>,
-    ) -> Result<B::Listener, BackendError> {
-        self.inner.listen(key, only_for).await
-    }
+    forward_to_inner!(renew, abandon, leave, listen, inspect, force_unlock);
 
     async fn shutdown(&self) {
         self.inner.shutdown().await;
-    }
-
-    async fn inspect(&self, key: &LockKey, kind: LockKind) -> Result<LockInfo, BackendError> {
-        self.inner.inspect(key, kind).await
-    }
-
-    async fn force_unlock(&self, key: &LockKey, kind: LockKind) -> Result<LockInfo, BackendError> {
-        self.inner.force_unlock(key, kind).await
     }
 }

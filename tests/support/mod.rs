@@ -34,9 +34,75 @@ use std::{
     time::{Duration, Instant},
 };
 
+/// Inside `impl Store for Wrapper`, the named store methods, passed on to `self.inner`
+/// unchanged: `forward_to_inner!(listen, inspect, force_unlock);`, with the macro imported
+/// by name (`use crate::support::forward_to_inner;`): it names itself for each method.
+#[cfg(feature = "unstable-backend")]
+#[allow(unused_macros)]
+macro_rules! forward_to_inner {
+    ($($method:ident),* $(,)?) => { $(forward_to_inner!(@ $method);)* };
+    (@ renew) => {
+        async fn renew(
+            &self,
+            renewals: &[tower_lock::backend::store::Renew<'_>],
+        ) -> Result<Vec<tower_lock::backend::store::RenewReply>, tower_lock::BackendError> {
+            self.inner.renew(renewals).await
+        }
+    };
+    (@ abandon) => {
+        async fn abandon(
+            &self,
+            grant: tower_lock::backend::store::Grant<'_>,
+        ) -> Result<bool, tower_lock::BackendError> {
+            self.inner.abandon(grant).await
+        }
+    };
+    (@ leave) => {
+        async fn leave(
+            &self,
+            key: &tower_lock::LockKey,
+            holder: &str,
+            kind: tower_lock::LockKind,
+        ) -> Result<(), tower_lock::BackendError> {
+            self.inner.leave(key, holder, kind).await
+        }
+    };
+    (@ listen) => {
+        async fn listen(
+            &self,
+            key: &tower_lock::LockKey,
+            only_for: Option<&str>,
+        ) -> Result<Self::Listener, tower_lock::BackendError> {
+            self.inner.listen(key, only_for).await
+        }
+    };
+    (@ inspect) => {
+        async fn inspect(
+            &self,
+            key: &tower_lock::LockKey,
+            kind: tower_lock::LockKind,
+        ) -> Result<tower_lock::LockInfo, tower_lock::BackendError> {
+            self.inner.inspect(key, kind).await
+        }
+    };
+    (@ force_unlock) => {
+        async fn force_unlock(
+            &self,
+            key: &tower_lock::LockKey,
+            kind: tower_lock::LockKind,
+        ) -> Result<tower_lock::LockInfo, tower_lock::BackendError> {
+            self.inner.force_unlock(key, kind).await
+        }
+    };
+}
+#[cfg(feature = "unstable-backend")]
+#[allow(unused_imports)]
+pub(crate) use forward_to_inner;
+
 pub mod cluster;
 #[cfg(feature = "unstable-backend")]
 pub mod granted;
+
 pub mod kinds;
 #[cfg(feature = "metrics")]
 pub mod recorded;

@@ -81,7 +81,8 @@ use super::{
     LockKind,
     redis::RedisBackend,
     store::{
-        AcquireReply, Extend, ExtendReply, Grant, Release, ReleaseReply, Renew, RenewReply, Store,
+        AcquireReply, Extend, ExtendReply, Grant, OwnedGrant, Release, ReleaseReply, Renew,
+        RenewReply, Store,
     },
 };
 use crate::{
@@ -403,7 +404,7 @@ impl RedlockBackend {
     /// once every node answered. Nodes that have not answered by then are [`Stragglers`],
     /// shown as not answering.
     async fn acquire_round(&self, grant: Grant<'_>) -> (Vec<NodeResult<AcquireReply>>, Stragglers) {
-        let owned = Arc::new(OwnedGrant::of(grant));
+        let owned = Arc::new(OwnedGrant::of(&grant));
         let timeout = self.inner.call_timeout();
         let mut pending: FuturesUnordered<StragglerCall> = (0..self.inner.nodes.len())
             .map(|index| {
@@ -513,53 +514,13 @@ impl Stragglers {
                     let given_back =
                         tokio::time::timeout(inner.node_timeout, node.abandon(grant.grant())).await;
                     if !matches!(given_back, Ok(Ok(_))) {
-                        tracing::debug!(key = %grant.key, node = index, "could not give a late grant back; its lease frees it");
+                        tracing::debug!(key = %grant.grant().key, node = index, "could not give a late grant back; its lease frees it");
                     }
                 } else {
                     inner.straggled(&grant, index).await;
                 }
             }
         });
-    }
-}
-
-/// An acquire's grant with owned fields, for node calls that outlive the acquire.
-struct OwnedGrant {
-    key: LockKey,
-    holder: String,
-    attempt: String,
-    lease: crate::lease::Lease,
-    kind: LockKind,
-    contended: bool,
-}
-
-impl OwnedGrant {
-    fn of(grant: Grant<'_>) -> Self {
-        Self {
-            key: grant.key.clone(),
-            holder: grant.holder.to_owned(),
-            attempt: grant.attempt.to_owned(),
-            lease: grant.lease,
-            kind: grant.kind,
-            contended: grant.contended,
-        }
-    }
-
-    fn grant(&self) -> Grant<'_> {
-        Grant {
-            key: &self.key,
-            holder: &self.holder,
-            attempt: &self.attempt,
-            lease: self.lease,
-            // Redlock refuses fencing, queues, semaphores and read-write locks.
-            fencing: false,
-            kind: self.kind,
-            queue: None,
-            // A node skips its first try for a free lock when the lock was found held.
-            contended: self.contended,
-            permits: 0,
-            within: None,
-        }
     }
 }
 
@@ -610,7 +571,7 @@ impl Inner {
         let mut holds = lock(&self.holds);
         holds.retain(|_, held| held.lease_ends > now);
         holds.insert(
-            (grant.key.clone(), grant.attempt.clone()),
+            (grant.grant().key.clone(), grant.grant().attempt.to_owned()),
             Held { lease_ends, grant: grant.clone(), unanswered: unanswered.collect() },
         );
     }
@@ -621,14 +582,14 @@ impl Inner {
     /// Otherwise the node is owed the grant's undo after its release (see [`Held`]): a late
     /// grant there may come after the release.
     async fn straggled(self: &Arc<Self>, grant: &Arc<OwnedGrant>, node: usize) {
-        let hold = (grant.key.clone(), grant.attempt.clone());
+        let hold = (grant.grant().key.clone(), grant.grant().attempt.to_owned());
         if let Some(held) = lock(&self.holds).get_mut(&hold) {
             // Granted late, its record may come after the grant's release reached that node:
             // the node gets the undo after the release either way.
             held.unanswered.push(node);
             return;
         }
-        let until = Instant::now() + grant.lease.duration();
+        let until = Instant::now() + grant.grant().lease.duration();
         self.until_answered(node, until, |node| node.abandon(grant.grant())).await;
     }
 
@@ -655,7 +616,7 @@ impl Inner {
             tokio::spawn(async move {
                 let undone =
                     inner.until_answered(node, until, |node| node.abandon(grant.grant())).await;
-                tracing::debug!(key = %grant.key, node, undone = ?undone, "released a grant on a node that missed the release or its acquire");
+                tracing::debug!(key = %grant.grant().key, node, undone = ?undone, "released a grant on a node that missed the release or its acquire");
             });
         }
     }
