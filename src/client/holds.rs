@@ -12,15 +12,11 @@
 
 use std::{
     collections::HashMap,
-    hash::BuildHasher,
-    sync::{
-        Mutex, PoisonError,
-        atomic::{AtomicUsize, Ordering::Relaxed},
-    },
+    sync::atomic::{AtomicUsize, Ordering::Relaxed},
     time::Duration,
 };
 
-use crate::lock_key::LockKey;
+use crate::lock_key::{LockKey, Shards};
 
 /// How many families a client keeps figures for. Keys come from requests, so the families
 /// are capped: a family first seen once the cap is reached gets no figure of its own (its busy
@@ -38,22 +34,12 @@ pub(crate) const MIN_RETRY: Duration = Duration::from_millis(10);
 /// Average hold times in milliseconds, by family.
 type Averages = HashMap<Box<str>, u64>;
 
-/// Running averages of hold times per lock family, spread over a few mutexes (every release
-/// records one; two releases of different families rarely share a mutex).
+/// Running averages of hold times per lock family, spread over the shards every client table
+/// uses (every release records one; two releases of different families rarely share a mutex).
+#[derive(Default)]
 pub(crate) struct HoldStats {
-    shards: Box<[Mutex<Averages>]>,
+    shards: Shards<Averages>,
     families: AtomicUsize,
-    hasher: std::collections::hash_map::RandomState,
-}
-
-impl Default for HoldStats {
-    fn default() -> Self {
-        Self {
-            shards: (0..8).map(|_| Mutex::default()).collect(),
-            families: AtomicUsize::new(0),
-            hasher: std::collections::hash_map::RandomState::new(),
-        }
-    }
 }
 
 impl std::fmt::Debug for HoldStats {
@@ -63,16 +49,11 @@ impl std::fmt::Debug for HoldStats {
 }
 
 impl HoldStats {
-    fn shard(&self, family: &str) -> std::sync::MutexGuard<'_, Averages> {
-        let index = (self.hasher.hash_one(family) % self.shards.len() as u64) as usize;
-        self.shards[index].lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Adds one hold of the lock `key` (weight 1/8: recent holds count most).
     pub(crate) fn record(&self, key: &LockKey, held: Duration) {
         let family = family(key.as_str());
         let sample = u64::try_from(held.as_millis()).unwrap_or(u64::MAX).max(1);
-        let mut shard = self.shard(family);
+        let mut shard = self.shards.of_name(family);
         if let Some(average) = shard.get_mut(family) {
             *average = *average - *average / 8 + sample / 8;
             return;
@@ -88,7 +69,7 @@ impl HoldStats {
     /// How long holds of `key`'s family typically last, once one was recorded.
     pub(crate) fn typical(&self, key: &LockKey) -> Option<Duration> {
         let family = family(key.as_str());
-        self.shard(family).get(family).map(|&ms| Duration::from_millis(ms))
+        self.shards.of_name(family).get(family).map(|&ms| Duration::from_millis(ms))
     }
 
     /// When a request that waited `waited` for `key` may try again: see [`likely_free_in`].

@@ -132,8 +132,17 @@ impl<T> Shards<T> {
 
     /// The shard that keeps what concerns the lock `key`.
     pub(crate) fn of(&self, key: &LockKey) -> MutexGuard<'_, T> {
+        self.by_hash(key.name_hash())
+    }
+
+    /// The shard that keeps what concerns `name` (a lock's name, or a part of one).
+    pub(crate) fn of_name(&self, name: &str) -> MutexGuard<'_, T> {
+        self.by_hash(NAME_HASHER.hash_one(name))
+    }
+
+    fn by_hash(&self, hash: u64) -> MutexGuard<'_, T> {
         // The remainder is below COUNT: the cast cannot truncate.
-        let shard = &self.0[(key.name_hash() % Self::COUNT as u64) as usize];
+        let shard = &self.0[(hash % Self::COUNT as u64) as usize];
         shard.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
